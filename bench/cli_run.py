@@ -1,0 +1,164 @@
+"""``run_bench.py run MATRIX.yaml``: plan, then run the sweep (or print the plan with ``--dry-run``)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from bench.engines.base import get_engine
+from bench.errors import BenchError
+from bench.matrix import load_matrix
+from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.plan import Plan, make_plan
+from bench.results import check_writable
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``run``."""
+    p.add_argument("matrix", type=Path, help="matrix YAML file (see matrix/)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print each cell, its levels and exactly what would be launched; run nothing")
+    p.add_argument("--force", action="store_true", help="start a new sweep: rerun cells already finished")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="run each cell as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")
+
+
+def _levels(levels: dict[str, int | None]) -> str:
+    return " ".join(f"{k}={'n/a' if v is None else v}" for k, v in levels.items())
+
+
+def print_plan(plan: Plan, console: Console) -> None:
+    """The ``--dry-run`` listing: runs with argv/env/patches, merged cells, dropped cells and why."""
+    console.print(f"[bold]{plan.matrix_name}[/]: engine={plan.engine} platform={plan.platform} "
+                  f"design cells={plan.design_cells} runs={len(plan.runs)} x {plan.repeats} repeat(s) "
+                  f"dropped={len(plan.dropped)}")
+    if plan.resolution:
+        console.print(f"fractional design, resolution {plan.resolution}; aliases of main effects:")
+        for line in plan.aliases[: len(plan.varied)]:
+            console.print(f"  {line}")
+    na = {k: r for r in plan.runs for k, r in r.not_applicable.items()}
+    for key, reason in na.items():
+        console.print(f"[yellow]not applicable[/] {key}: {reason}")
+    for i, run in enumerate(plan.runs, 1):
+        console.print(f"\n[bold]run {i}/{len(plan.runs)}[/] cell {run.cell_id} ({run.label})")
+        console.print(f"  levels: {_levels(run.levels)}")
+        if len(run.cells) > 1:
+            spread = {k: sorted({c[k] for c in run.cells}) for k in run.cells[0]}
+            varying = " ".join(f"{k} in {v}" for k, v in spread.items() if len(v) > 1)
+            console.print(f"  merged {len(run.cells)} design cells that differ only in not-applicable factors: {varying}")
+        launch = run.launch
+        console.print(f"  argv: {json.dumps(launch.argv)}", soft_wrap=True)
+        console.print(f"  env: {json.dumps(launch.env, sort_keys=True)}", soft_wrap=True)
+        console.print(f"  patches: {json.dumps(launch.patches)}")
+        if launch.config and plan.engine == "embedded":
+            console.print(f"  {launch.config_file}: {json.dumps(launch.config, sort_keys=True)}", soft_wrap=True)
+        for note in launch.notes:
+            console.print(f"  [yellow]note[/]: {note}")
+    for d in plan.dropped:
+        console.print(f"[red]dropped[/] ({d.kind}) {_levels(d.cell)}: {d.reason}")
+
+
+class ConsoleView:
+    """Progress bar over cell repeats plus a line per finished run (a growing live table)."""
+
+    def __init__(self, console: Console):
+        self.console = console
+        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TimeElapsedColumn(), console=console, transient=True)
+        self.task = None
+        self.ref: float | None = None
+
+    def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        if kind == "start":
+            verb = "resuming" if data.get("resumed") else "sweep"
+            self.console.print(f"{verb}: {data['sweep_dir']}")
+            self.progress.start()
+            self.task = self.progress.add_task("cells", total=data["total"])
+            self.console.print(f"{'status':8} {'cell':34} {'rep':>3} {'step s':>8} {'speedup':>8} "
+                               f"{'rollout':>8} {'Free':>6}")
+        elif kind == "launch":
+            self.progress.update(self.task, description=f"running {data['spec'].label} r{data['repeat']}")
+        elif kind in ("done", "skip"):
+            rec = data["record"] or {}
+            s = rec.get("summary") or {}
+            st = s.get("step_time_median_s")
+            if data["spec"].is_all_off() and st and self.ref is None:
+                self.ref = st
+            speed = f"{self.ref / st:8.3f}" if (self.ref and st) else f"{'-':>8}"
+            status = ("cached" if kind == "skip" else rec.get("status", "?"))
+            fr, rs = s.get("free_ratio_median"), s.get("rollout_share_median")
+            line = (f"{status:8} {data['spec'].label[:34]:34} {data['repeat']:>3} "
+                    f"{(f'{st:.3f}' if st else '-'):>8} {speed} {(f'{rs:.3f}' if rs is not None else '-'):>8} "
+                    f"{(f'{fr:.3f}' if fr is not None else '-'):>6}")
+            if rec.get("status") == "failed":
+                line += f"  {rec.get('failure_kind')}: {rec.get('reason', '')[:100]}"
+            self.console.print(line, style="red" if rec.get("status") == "failed" else None, soft_wrap=True)
+            self.progress.advance(self.task)
+        elif kind == "warn":
+            self.console.print(f"[yellow]warning[/]: {data['message']}")
+
+    def stop(self) -> None:
+        self.progress.stop()
+
+
+def summary_table(rows: list[dict[str, Any]]) -> Table:
+    """The final rich table of cells."""
+    t = Table(title="cells")
+    for col in ("cell", *[k for k in FACTOR_KEYS], "step s", "IQR", "speedup", "rollout", "Free", "status"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(r["label"], *[r[k] for k in FACTOR_KEYS],
+                  *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
+                    (r["step_time_median_s"], r["step_time_iqr_s"], r["speedup"], r["rollout_share"], r["free_ratio"])),
+                  r["status"])
+    return t
+
+
+def make_executor(args: argparse.Namespace):
+    """Local executor, or the Ray job executor when ``--ray-address`` is given."""
+    if getattr(args, "ray_address", None):
+        from bench.ray_executor import RayJobExecutor
+
+        return RayJobExecutor(args.ray_address)
+    from bench.executors import LocalExecutor
+
+    return LocalExecutor()
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run (or dry-run) a matrix; 0 when every cell finished, 1 when some failed, 2 on bad input."""
+    console = Console(highlight=False, soft_wrap=True)
+    matrix = load_matrix(args.matrix)
+    plan = make_plan(matrix, strict=not args.dry_run)
+    if args.dry_run:
+        print_plan(plan, console)
+        return 0
+    get_engine(matrix.engine).preflight(matrix, [r.launch for r in plan.runs], plan.platform)
+    check_writable(args.results)
+    from bench.sweep import Sweep
+
+    view = ConsoleView(console)
+    try:
+        out = Sweep(matrix, plan, args.results, args.tracking_uri, executor=make_executor(args),
+                    force=args.force, on_event=view).run()
+    finally:
+        view.stop()
+    console.print(summary_table(out.rows))
+    console.print(f"sweep folder: {out.sweep_dir}")
+    console.print(f"summary: {out.sweep_dir / 'summary.md'}")
+    console.print(f"MLflow: {args.tracking_uri} (parent run {out.parent_run_id}); browse with "
+                  f"`mlflow ui --backend-store-uri {args.tracking_uri}`")
+    console.print(f"executed {out.executed}, cached {out.skipped}, failed {out.failed}; wall {out.wall_s:.1f} s, "
+                  f"in GRPO steps {out.in_step_s:.1f} s, harness overhead {out.overhead_share:.1%}")
+    if out.failed:
+        console.print(f"[red]{out.failed} run(s) failed[/]: see the status column and each run.log")
+    return 1 if any(r["status"] != "ok" for r in out.rows) else 0
+
+
+__all__ = ["add_arguments", "main", "print_plan", "BenchError", "REGISTRY"]

@@ -1,0 +1,151 @@
+"""Experiment designs: turn a matrix's factors into cells (one combination of factor levels each).
+
+Designs know nothing of engines or verl: a cell is a ``dict[factor key, level]`` over every factor of
+the registry (factors a matrix does not list are held at their first, "off", level).
+
+- ``full``: the full factorial (itertools.product of the levels).
+- ``one_at_a_time``: a reference cell (all off, or all at their last level) plus one cell per factor and
+  non-reference level.
+- ``fractional``: a two-level fractional factorial from pyDOE3 (``fracfact_by_res`` or ``fracfact``
+  with generators); -1 -> first level, +1 -> last level; the alias structure comes from
+  ``pyDOE3.fracfact_aliasing`` (Montgomery, *Design and Analysis of Experiments*, ch. 8).
+- ``explicit``: the cells listed in the file.
+"""
+
+from __future__ import annotations
+
+import itertools
+import string
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bench.errors import BenchError
+from bench.matrix import ExplicitDesign, FractionalDesign, Matrix, OneAtATimeDesign
+from bench.optimizations import FACTOR_KEYS, REGISTRY
+
+Cell = dict[str, int]
+
+
+@dataclass
+class DesignResult:
+    """Cells of a design plus, for fractional designs, what was confounded.
+
+    Attributes:
+        cells: one dict per cell over every registry factor.
+        varied: the factors that take more than one level, in design column order.
+        aliases: pyDOE3 alias strings with letters replaced by factor keys (fractional only).
+        resolution: the design resolution (fractional only): length of the shortest defining word.
+    """
+
+    cells: list[Cell]
+    varied: list[str]
+    aliases: list[str] = field(default_factory=list)
+    resolution: int | None = None
+
+
+def _levels(matrix: Matrix) -> dict[str, list[int]]:
+    """Levels of every registry factor: the matrix's, or the first level held fixed."""
+    return {k: list(matrix.factors.get(k, [REGISTRY[k].off])) for k in FACTOR_KEYS}
+
+
+def full(matrix: Matrix) -> DesignResult:
+    """Full factorial over the matrix's factors: prod(len(levels)) cells."""
+    levels = _levels(matrix)
+    keys = list(levels)
+    cells = [dict(zip(keys, combo)) for combo in itertools.product(*(levels[k] for k in keys))]
+    return DesignResult(cells=cells, varied=[k for k in keys if len(levels[k]) > 1])
+
+
+def one_at_a_time(matrix: Matrix, design: OneAtATimeDesign) -> DesignResult:
+    """Reference cell plus one cell per (varied factor, other level): 1 + sum(len(levels) - 1) cells."""
+    levels = _levels(matrix)
+    pick = 0 if design.reference == "baseline" else -1
+    ref = {k: v[pick] for k, v in levels.items()}
+    cells = [dict(ref)]
+    varied = [k for k in levels if len(levels[k]) > 1]
+    for key in varied:
+        for level in levels[key]:
+            if level != ref[key]:
+                cells.append({**ref, key: level})
+    return DesignResult(cells=cells, varied=varied)
+
+
+def _resolution(design: np.ndarray) -> int | None:
+    """Length of the shortest word of the defining relation of a +-1 design (columns = factors).
+
+    A word is a set of columns whose elementwise product is constant over all runs; ``None`` for a
+    full factorial (no defining word).
+    """
+    n = design.shape[1]
+    for size in range(2, n + 1):
+        for cols in itertools.combinations(range(n), size):
+            prod = np.prod(design[:, cols], axis=1)
+            if np.all(prod == prod[0]):
+                return size
+    return None
+
+
+def fractional(matrix: Matrix, design: FractionalDesign) -> DesignResult:
+    """Two-level fractional factorial via pyDOE3 over the factors with two levels.
+
+    Raises:
+        BenchError: a varied factor has more than two levels, or pyDOE3 cannot build the design.
+    """
+    import pyDOE3
+
+    levels = _levels(matrix)
+    varied = [k for k in levels if len(levels[k]) > 1]
+    many = [k for k in varied if len(levels[k]) != 2]
+    if many:
+        raise BenchError(
+            f"{matrix.source}: design.type: fractional designs need two levels per factor; "
+            f"{', '.join(f'{k} has {levels[k]}' for k in many)} (e.g. {many[0]}: [0, 1])"
+        )
+    if len(varied) < 3:
+        raise BenchError(f"{matrix.source}: design.type: a fractional design needs at least 3 varied factors")
+    try:
+        if design.generators:
+            x = pyDOE3.fracfact(design.generators)
+        else:
+            x = pyDOE3.fracfact_by_res(len(varied), design.resolution)
+    except Exception as exc:  # pyDOE3 raises ValueError/IndexError for impossible designs
+        raise BenchError(f"{matrix.source}: design: pyDOE3 cannot build it: {exc}") from None
+    if x.shape[1] != len(varied):
+        raise BenchError(
+            f"{matrix.source}: design.generators: {x.shape[1]} columns for {len(varied)} varied factors ({', '.join(varied)})"
+        )
+    x = x.astype(int)
+    fixed = {k: v[0] for k, v in levels.items()}
+    cells = []
+    for row in x:
+        cell = dict(fixed)
+        for key, sign in zip(varied, row):
+            cell[key] = levels[key][0] if sign < 0 else levels[key][-1]
+        cells.append(cell)
+    letters = string.ascii_lowercase[: len(varied)]
+    alias_strings, _ = pyDOE3.fracfact_aliasing(x)
+    rename = dict(zip(letters, varied))
+    aliases = [" = ".join(":".join(rename[c] for c in word) for word in line.split(" = ")) for line in alias_strings]
+    return DesignResult(cells=cells, varied=varied, aliases=aliases, resolution=_resolution(x))
+
+
+def explicit(matrix: Matrix, design: ExplicitDesign) -> DesignResult:
+    """The listed cells; omitted factors take their first level (or the matrix's single fixed level)."""
+    levels = _levels(matrix)
+    base = {k: v[0] for k, v in levels.items()}
+    cells = [{**base, **c} for c in design.cells]
+    varied = [k for k in FACTOR_KEYS if len({c[k] for c in cells}) > 1]
+    return DesignResult(cells=cells, varied=varied)
+
+
+def expand(matrix: Matrix) -> DesignResult:
+    """Cells of the matrix's design (before conflicts, exclusions and merging; see :mod:`bench.plan`)."""
+    d = matrix.design
+    if isinstance(d, OneAtATimeDesign):
+        return one_at_a_time(matrix, d)
+    if isinstance(d, FractionalDesign):
+        return fractional(matrix, d)
+    if isinstance(d, ExplicitDesign):
+        return explicit(matrix, d)
+    return full(matrix)

@@ -1,0 +1,89 @@
+"""The small interface every engine implements, and the lookup of engines by name.
+
+An engine turns one planned cell (the matrix ``base`` block plus the merged :class:`Mechanism` of its
+factor levels) into a :class:`Launch`: the argv, environment, patches and config file of one run. It
+never runs anything itself; executors do (:mod:`bench.executors`). Both engines write verl's
+file-logger JSONL into the run folder, so measuring (:mod:`bench.measure`) is shared.
+
+Placeholders in ``argv`` / ``env`` / ``config``: ``{run_dir}`` (the run folder, absolute) and
+``{python}`` (the interpreter) are filled by the executor at launch time, so the cell id (a hash of the
+launch) does not depend on where results are written.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.matrix import Base, Matrix
+from bench.optimizations import Mechanism
+
+
+class Launch(BaseModel):
+    """What an executor needs to start one run.
+
+    Attributes:
+        argv: the command as a list (never a shell string); may contain ``{python}``/``{run_dir}``.
+        env: environment variables set on top of the harness's environment.
+        patches: runtime patch specs loaded in every process of the run (``patches/``).
+        config: the engine's resolved run configuration (written to ``config_file`` in the run folder).
+        config_file: file name of that configuration inside the run folder.
+        notes: anything the user should see in ``--dry-run`` (warnings, unset variables ...).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    argv: list[str]
+    env: dict[str, str] = Field(default_factory=dict)
+    patches: list[str] = Field(default_factory=list)
+    config: dict[str, Any] = Field(default_factory=dict)
+    config_file: str = "run_config.yaml"
+    notes: list[str] = Field(default_factory=list)
+
+
+class Engine(Protocol):
+    """An engine: ``build`` a launch for one cell; ``preflight`` checks before a real sweep."""
+
+    name: str
+
+    def build(
+        self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool
+    ) -> Launch:
+        """The launch of one cell.
+
+        Args:
+            base: the matrix ``base`` block.
+            mechanism: the merged mechanisms of the cell's applicable factor levels.
+            platform: resolved platform (``cpu``/``cuda``/``npu``).
+            levels: the cell's effective factor levels (``None`` = not applicable).
+            strict: ``True`` for a real run (unset ``${VAR}`` is an error), ``False`` for ``--dry-run``.
+
+        Raises:
+            BenchError: settings the engine cannot launch (message names the matrix key).
+        """
+        ...
+
+    def preflight(self, matrix: Matrix, launches: list[Launch], platform: str) -> None:
+        """Check the machine can run these launches (importable packages, devices, paths).
+
+        Raises:
+            BenchError: with what is missing.
+        """
+        ...
+
+
+def get_engine(name: str) -> Engine:
+    """The engine called ``name`` (``embedded`` or ``verl``).
+
+    Raises:
+        KeyError: unknown engine name (the matrix schema already restricts it).
+    """
+    if name == "embedded":
+        from bench.engines.embedded_launch import EmbeddedEngine
+
+        return EmbeddedEngine()
+    if name == "verl":
+        from bench.engines.verl import VerlEngine
+
+        return VerlEngine()
+    raise KeyError(name)

@@ -1,0 +1,92 @@
+"""Launch side of the embedded engine: a matrix cell -> ``python -m bench.engines.embedded`` + run config.
+
+Kept apart from the engine package so planning (and ``--dry-run``) never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from typing import Any
+
+from bench.engines.base import Launch
+from bench.errors import BenchError
+from bench.matrix import Base, Matrix
+from bench.optimizations import Mechanism
+
+#: Matrix ``base`` keys copied into the embedded run config under the same name.
+_SHARED_KEYS = (
+    "steps",
+    "warmup_steps",
+    "train_batch_size",
+    "n",
+    "ppo_mini_batch_size",
+    "micro_batch_size_per_gpu",
+    "log_prob_micro_batch_size_per_gpu",
+    "max_prompt_length",
+    "max_response_length",
+    "temperature",
+    "use_kl_loss",
+    "seed",
+)
+
+
+def _fill(value: Any, ctx: dict[str, Any]) -> Any:
+    """Fill ``{placeholder}`` templates of the registry; an all-placeholder string becomes an int."""
+    if isinstance(value, str) and "{" in value:
+        filled = value.format(**ctx)
+        return int(filled) if filled.isdigit() else filled
+    return value
+
+
+def default_profile_steps(base: Base) -> list[int]:
+    """Profile the last step only, so earlier measured steps are timed without profiler overhead."""
+    return list(base.profile_steps) if base.profile_steps is not None else [base.steps]
+
+
+class EmbeddedEngine:
+    """Builds launches of the embedded one-process GRPO engine (:mod:`bench.engines.embedded`)."""
+
+    name = "embedded"
+
+    def build(
+        self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool
+    ) -> Launch:
+        """Run config = shared ``base`` keys + ``base.embedded`` + the factors' config keys.
+
+        Raises:
+            BenchError: ``base.embedded`` holds a key the run config does not know.
+        """
+        from bench.engines.embedded.config import RunConfig
+
+        ctx = base.context()
+        config: dict[str, Any] = {k: getattr(base, k) for k in _SHARED_KEYS}
+        config.update(
+            device=platform,
+            profile_steps=default_profile_steps(base),
+            ppo_max_token_len_per_gpu=ctx["ppo_max_token_len"],
+            log_prob_max_token_len_per_gpu=ctx["log_prob_max_token_len"],
+        )
+        if base.model:
+            config["model"] = base.model
+        if base.data:
+            config["data"] = base.data
+        unknown = sorted(set(base.embedded) - set(RunConfig.model_fields))
+        if unknown:
+            raise BenchError(
+                f"base.embedded: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(RunConfig.model_fields))})"
+            )
+        config.update(base.embedded)
+        config.update({k: _fill(v, ctx) for k, v in mechanism.config.items()})
+        config = RunConfig(**config).model_dump()
+        argv = ["{python}", "-m", "bench.engines.embedded", "--out", "{run_dir}", "--config", "{run_dir}/run_config.yaml"]
+        return Launch(argv=argv, env={**base.env, **mechanism.env}, patches=list(mechanism.patches), config=config)
+
+    def preflight(self, matrix: Matrix, launches: list[Launch], platform: str) -> None:
+        """torch and transformers importable; the requested device present.
+
+        Raises:
+            BenchError: a missing package or device.
+        """
+        for mod in ("torch", "transformers", "verl"):
+            if importlib.util.find_spec(mod) is None:
+                raise BenchError(f"{matrix.source}: engine: embedded needs the package {mod!r} (pip install -e .)")

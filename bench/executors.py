@@ -1,0 +1,133 @@
+"""Executors run one resolved launch and report how it ended; they know nothing of engines or factors.
+
+- :class:`LocalExecutor` (default): a child process in its own process group and session, so
+  environment variables and patches never leak between runs and a timeout kills the whole tree.
+- :class:`bench.ray_executor.RayJobExecutor`: a job on an existing Ray cluster (``--ray-address``).
+
+Runs go one after another: benchmark runs must not share devices.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+#: Folder of runtime patches (``patches/`` at the repository root).
+PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
+#: Repository root (put on ``PYTHONPATH`` so ``python -m bench...`` works from any cwd).
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class ResolvedLaunch:
+    """A launch with placeholders filled: ready to execute.
+
+    Attributes:
+        argv: command list.
+        env: the variables this run adds (``BENCH_*``, ``PYTHONPATH`` and the factor/base variables);
+            the local executor layers them over the harness's environment, Ray puts them in ``runtime_env``.
+        run_dir: absolute run folder; ``run.log`` there receives stdout and stderr.
+        timeout_s: wall-clock limit, seconds.
+    """
+
+    argv: list[str]
+    env: dict[str, str]
+    run_dir: Path
+    timeout_s: float
+
+
+@dataclass
+class ExecResult:
+    """How a run ended. ``returncode`` is ``None`` when it was killed at the timeout; times in seconds."""
+
+    returncode: int | None
+    timed_out: bool
+    wall_s: float
+    reason: str = ""
+
+
+class Executor(Protocol):
+    """Runs a :class:`ResolvedLaunch` to completion (blocking) and returns an :class:`ExecResult`."""
+
+    name: str
+
+    def execute(self, launch: ResolvedLaunch) -> ExecResult:
+        """Run it; stdout/stderr go to ``launch.run_dir / "run.log"``."""
+        ...
+
+
+def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run_dir: Path, timeout_s: float,
+                   python: str = sys.executable) -> ResolvedLaunch:
+    """Fill ``{python}``/``{run_dir}`` and add the variables every run gets.
+
+    ``BENCH_RUN_DIR`` = the run folder; ``BENCH_PATCHES`` = comma-separated patch specs, with
+    ``patches/`` first on ``PYTHONPATH`` so its ``sitecustomize`` applies them in every Python process of
+    the run (Ray workers and vLLM included) and writes what it patched into the run folder.
+    """
+    run_dir = Path(run_dir).resolve()
+    fill = {"python": python, "run_dir": str(run_dir)}
+    out_env = {k: v.format(**fill) if "{" in v else v for k, v in env.items()}
+    out_env["BENCH_RUN_DIR"] = str(run_dir)
+    paths = [str(REPO_ROOT)]
+    if patches:
+        out_env["BENCH_PATCHES"] = ",".join(patches)
+        paths.insert(0, str(PATCHES_DIR))
+    existing = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")
+    out_env["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))
+    return ResolvedLaunch(argv=[a.format(**fill) for a in argv], env=out_env, run_dir=run_dir, timeout_s=timeout_s)
+
+
+class LocalExecutor:
+    """Runs each launch as a local child process (new session; the whole group is killed on timeout)."""
+
+    name = "local"
+
+    def execute(self, launch: ResolvedLaunch) -> ExecResult:
+        """Run the command with stdout+stderr to ``run.log``; kill the process group at the timeout."""
+        # the harness's own patch list / run folder (a nested sweep) never leak into a run
+        env = {k: v for k, v in os.environ.items() if k not in ("BENCH_PATCHES", "BENCH_RUN_DIR")}
+        env.update(launch.env)
+        log = launch.run_dir / "run.log"
+        start = time.perf_counter()
+        with open(log, "ab") as fh:
+            try:
+                proc = subprocess.Popen(
+                    launch.argv, env=env, cwd=launch.run_dir, stdout=fh, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, start_new_session=True,
+                )
+            except OSError as exc:
+                return ExecResult(None, False, 0.0, f"cannot start {launch.argv[0]}: {exc.strerror}")
+            try:
+                rc = proc.wait(timeout=launch.timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                return ExecResult(None, True, time.perf_counter() - start, f"timed out after {launch.timeout_s:g} s")
+            except BaseException:
+                _kill_group(proc)  # the harness itself was interrupted: leave no orphan behind
+                raise
+        wall = time.perf_counter() - start
+        if rc < 0:
+            sig = signal.Signals(-rc).name
+            why = "killed by SIGKILL (out of memory?)" if rc == -signal.SIGKILL else f"killed by {sig}"
+            return ExecResult(rc, False, wall, why)
+        return ExecResult(rc, False, wall, "" if rc == 0 else f"exit code {rc}")
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGTERM then SIGKILL the child's process group."""
+    for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

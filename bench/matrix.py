@@ -1,0 +1,316 @@
+"""Matrix files: the YAML that defines a sweep, validated with pydantic.
+
+A matrix names the engine and platform, a ``base`` block of run settings, the ``factors`` (any of the
+seven optimizations of :mod:`bench.optimizations`, each with its levels), a ``design`` that turns
+factors into cells, ``repeats`` and ``exclude`` rules. ``tune`` (Optuna search) and ``expect`` (claims
+checked by the gate) blocks are validated by their own modules.
+
+Every error is a :class:`~bench.errors.BenchError` naming the file, the key (and line where known) and
+the allowed values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from bench.errors import BenchError
+from bench.optimizations import FACTOR_KEYS, REGISTRY
+
+_LEVEL_WORDS = {"off": 0, "on": 1, False: 0, True: 1, "false": 0, "true": 1}
+
+
+def _level(key: str, value: Any) -> int:
+    opt = REGISTRY[key]
+    if isinstance(value, str) and value.lower() in _LEVEL_WORDS:
+        value = _LEVEL_WORDS[value.lower()]
+    elif isinstance(value, bool):
+        value = _LEVEL_WORDS[value]
+    if not isinstance(value, int) or value not in opt.levels:
+        allowed = ", ".join(str(v) for v in opt.levels)
+        raise ValueError(f"unknown level {value!r} (allowed: {allowed}, or off/on)")
+    return value
+
+
+class Base(BaseModel):
+    """Run settings shared by every cell. Lengths in tokens, times in seconds.
+
+    Names follow verl's ``ppo_trainer.yaml``. ``ppo_max_token_len`` / ``log_prob_max_token_len`` default
+    to ``2*(P+R)`` / ``4*(P+R)`` (article 3.2.1). ``overrides`` and ``env`` are passed to every verl run
+    unchanged; ``embedded`` holds extra keys of the embedded engine's run config.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    data: str | None = None
+    val_data: str | None = None
+    steps: int = Field(4, ge=1)
+    warmup_steps: int = Field(1, ge=0)
+    profile_steps: list[int] | None = None
+    train_batch_size: int = Field(8, ge=1)
+    ppo_mini_batch_size: int = Field(8, ge=1)
+    micro_batch_size_per_gpu: int = Field(4, ge=1)
+    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
+    max_prompt_length: int = Field(96, ge=1)
+    max_response_length: int = Field(64, ge=1)
+    ppo_max_token_len: int | None = Field(None, ge=1)
+    log_prob_max_token_len: int | None = Field(None, ge=1)
+    n: int = Field(4, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    use_kl_loss: bool = True
+    seed: int = 0
+    timeout_s: float = Field(900, gt=0)
+    rollout_tp: int = Field(1, ge=1)
+    n_gpus_per_node: int = Field(1, ge=1)
+    nnodes: int = Field(1, ge=1)
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
+    overrides: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    embedded: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> "Base":
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+        if self.profile_steps is not None:
+            bad = [s for s in self.profile_steps if not 1 <= s <= self.steps]
+            if bad:
+                raise ValueError(f"profile_steps {bad} outside 1..{self.steps}")
+        return self
+
+    def context(self) -> dict[str, Any]:
+        """Values the registry's override templates and requirements refer to (P, R, token limits ...)."""
+        seq = self.max_prompt_length + self.max_response_length
+        ctx = self.model_dump(exclude={"overrides", "env", "embedded"})
+        ctx.update(
+            P=self.max_prompt_length,
+            R=self.max_response_length,
+            ppo_max_token_len=self.ppo_max_token_len or 2 * seq,
+            log_prob_max_token_len=self.log_prob_max_token_len or 4 * seq,
+        )
+        return ctx
+
+
+class FullDesign(BaseModel):
+    """Full factorial: every combination of every factor's levels."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["full"] = "full"
+
+
+class OneAtATimeDesign(BaseModel):
+    """A reference cell plus one cell per (factor, other level) changed from the reference.
+
+    ``reference: baseline`` = all factors at their first (off) level; ``all_on`` = all at their last level.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["one_at_a_time"]
+    reference: Literal["baseline", "all_on"] = "baseline"
+
+
+class FractionalDesign(BaseModel):
+    """Two-level fractional factorial (pyDOE3), by ``resolution`` or explicit ``generators``."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["fractional"]
+    resolution: int | None = Field(None, ge=3, le=8)
+    generators: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> "FractionalDesign":
+        if (self.resolution is None) == (self.generators is None):
+            raise ValueError("give exactly one of resolution or generators")
+        return self
+
+
+class ExplicitDesign(BaseModel):
+    """An explicit list of cells; factors a cell omits stay at their first level."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["explicit"]
+    cells: list[dict[str, Any]] = Field(min_length=1)
+
+
+Design = Union[FullDesign, OneAtATimeDesign, FractionalDesign, ExplicitDesign]
+DESIGN_TYPES = ("full", "one_at_a_time", "fractional", "explicit")
+
+
+class Exclude(BaseModel):
+    """Drop every cell whose levels match all of ``when``."""
+
+    model_config = ConfigDict(extra="forbid")
+    when: dict[str, Any]
+    reason: str = "excluded by the matrix"
+
+
+class Matrix(BaseModel):
+    """A validated matrix file. ``factors`` maps factor key -> list of levels (a single level = fixed)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    engine: Literal["embedded", "verl"] = "embedded"
+    platform: Literal["auto", "cpu", "cuda", "npu"] = "auto"
+    base: Base = Field(default_factory=Base)
+    factors: dict[str, list[int]] = Field(default_factory=dict)
+    design: Design = Field(default_factory=FullDesign, discriminator="type")
+    repeats: int = Field(1, ge=1)
+    exclude: list[Exclude] = Field(default_factory=list)
+    tune: dict[str, Any] | None = None
+    expect: list[dict[str, Any]] = Field(default_factory=list)
+    description: str = ""
+
+    # set by load_matrix, not part of the file
+    source: str = Field("", exclude=True)
+
+    @field_validator("factors", mode="before")
+    @classmethod
+    def _factors(cls, raw: Any) -> dict[str, list[int]]:
+        if raw is None:
+            return {}
+        if isinstance(raw, list):  # a bare list of keys: default levels
+            raw = {k: None for k in raw}
+        if not isinstance(raw, dict):
+            raise ValueError("expected a mapping of factor -> levels")
+        out: dict[str, list[int]] = {}
+        for key, levels in raw.items():
+            if key not in REGISTRY:
+                raise ValueError(f"unknown factor {key!r} (allowed: {', '.join(FACTOR_KEYS)})")
+            if levels is None:
+                levels = list(REGISTRY[key].default_levels)
+            elif isinstance(levels, dict):
+                levels = levels.get("levels", list(REGISTRY[key].default_levels))
+            if not isinstance(levels, list):
+                levels = [levels]
+            try:
+                parsed = [_level(key, v) for v in levels]
+            except ValueError as exc:
+                raise ValueError(f"{key}: {exc}") from None
+            if len(set(parsed)) != len(parsed) or not parsed:
+                raise ValueError(f"{key}: levels must be distinct and non-empty, got {levels}")
+            out[key] = parsed
+        return out
+
+    @model_validator(mode="after")
+    def _cells_and_excludes(self) -> "Matrix":
+        if isinstance(self.design, ExplicitDesign):
+            for i, cell in enumerate(self.design.cells):
+                for key, value in cell.items():
+                    if key not in REGISTRY:
+                        raise ValueError(f"design.cells[{i}]: unknown factor {key!r} (allowed: {', '.join(FACTOR_KEYS)})")
+                    try:
+                        cell[key] = _level(key, value)
+                    except ValueError as exc:
+                        raise ValueError(f"design.cells[{i}].{key}: {exc}") from None
+        for i, rule in enumerate(self.exclude):
+            for key, value in rule.when.items():
+                if key not in REGISTRY:
+                    raise ValueError(f"exclude[{i}]: unknown factor {key!r} (allowed: {', '.join(FACTOR_KEYS)})")
+                try:
+                    rule.when[key] = _level(key, value)
+                except ValueError as exc:
+                    raise ValueError(f"exclude[{i}].{key}: {exc}") from None
+        return self
+
+    def fingerprint(self) -> str:
+        """Stable 10-hex-digit hash of the matrix content (used to find the sweep to resume)."""
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def expand_env(value: str, *, file: str, key: str, strict: bool) -> str:
+    """Replace ``${VAR}`` / ``${VAR:-default}`` in ``value`` from the environment.
+
+    With ``strict`` an unset variable without default raises; otherwise it is left as ``${VAR}``.
+
+    Raises:
+        BenchError: ``strict`` and a variable is unset (message names file, key and variable).
+    """
+
+    def sub(m: re.Match[str]) -> str:
+        name, default = m.group(1), m.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        if strict:
+            raise BenchError(f"{file}: {key}: environment variable {name} is not set (export {name}=...)")
+        return m.group(0)
+
+    return _ENV_REF.sub(sub, value)
+
+
+def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """Best-effort line number of the first key of ``loc`` in the YAML text."""
+    for part in loc:
+        if isinstance(part, str):
+            m = re.search(rf"^\s*{re.escape(part)}\s*:", text, re.M)
+            if m:
+                return text.count("\n", 0, m.start()) + 1
+    return None
+
+
+def format_validation_error(file: str | Path, exc: ValidationError, text: str = "", prefix: str = "") -> str:
+    """One line naming file, line (when found), dotted key and pydantic's message for the first error."""
+    err = exc.errors()[0]
+    loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in DESIGN_TYPES))
+    key = ".".join(str(p) for p in loc) or "(root)"
+    if prefix:
+        key = f"{prefix}.{key}"
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "union_tag_invalid" or (err["type"] == "literal_error" and "type" in key):
+        bad = err.get("input")
+        bad = bad.get("type", bad) if isinstance(bad, dict) else bad
+        msg = f"unknown design {bad!r} (allowed: {', '.join(DESIGN_TYPES)})"
+    elif err["type"] == "literal_error":
+        msg = f"{msg.replace('Input should be', 'allowed:')}, got {err.get('input')!r}"
+    elif err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    line = _line_of(text, loc) if text else None
+    where = f"{file}:{line}" if line else str(file)
+    return f"{where}: {key}: {msg}"
+
+
+def load_matrix(path: str | Path) -> Matrix:
+    """Read and validate a matrix YAML file.
+
+    ``design`` may be written as a bare string (``design: full``).
+
+    Raises:
+        BenchError: unreadable file, malformed YAML (with line), or invalid content (file, key, allowed values).
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise BenchError(f"{path}: cannot read matrix: {exc.strerror}") from None
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        if mark is not None and mark.line >= len(text.splitlines()):  # at end of stream: where it opened
+            mark = getattr(exc, "context_mark", None) or mark
+        where = f"{path}:{mark.line + 1}" if mark else str(path)
+        raise BenchError(f"{where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+    if not isinstance(raw, dict):
+        raise BenchError(f"{path}: a matrix must be a mapping with at least 'name'")
+    if isinstance(raw.get("design"), str):
+        raw["design"] = {"type": raw["design"]}
+    try:
+        matrix = Matrix(**raw)
+    except ValidationError as exc:
+        raise BenchError(format_validation_error(path, exc, text)) from None
+    matrix.source = str(path)
+    return matrix

@@ -1,0 +1,101 @@
+"""Small helpers shared by the measurement readers (no side effects)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+from bench.errors import BenchError
+
+
+class MeasureError(BenchError):
+    """A measurement input cannot be read at all (missing file, unusable profiler output).
+
+    Recoverable oddities (a truncated last line, a missing rank) are *reported* in the readers'
+    results instead of raised.
+    """
+
+
+def to_float(value: object) -> float | None:
+    """Coerce a logged value to ``float``.
+
+    Accepts ints, floats, bools, numeric strings (``"1.5"``, ``"NaN"``, ``"inf"``) and ``None``
+    (orjson writes NaN as ``null``; it is read back as NaN). Returns ``None`` when the value is
+    not a number (a list, a dict, a non-numeric string).
+    """
+    if value is None:
+        return math.nan
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def finite(values: Iterable[float | None]) -> list[float]:
+    """The finite floats of ``values`` (``None`` and NaN/inf dropped)."""
+    return [float(v) for v in values if v is not None and math.isfinite(v)]
+
+
+def median(values: Iterable[float | None]) -> float | None:
+    """Median of the finite values, ``None`` when there is none."""
+    vals = finite(values)
+    return float(np.median(vals)) if vals else None
+
+
+def mean(values: Iterable[float | None]) -> float | None:
+    """Arithmetic mean of the finite values, ``None`` when there is none."""
+    vals = finite(values)
+    return float(np.mean(vals)) if vals else None
+
+
+def iqr(values: Iterable[float | None]) -> float | None:
+    """Interquartile range ``q75 - q25`` (numpy's default linear interpolation), ``None`` if empty."""
+    vals = finite(values)
+    if not vals:
+        return None
+    q25, q75 = np.percentile(vals, [25.0, 75.0])
+    return float(q75 - q25)
+
+
+def union_length_in(starts: np.ndarray, ends: np.ndarray, lo: float, hi: float) -> float:
+    """Length of ``[lo, hi]`` covered by sorted, disjoint segments ``[starts[i], ends[i]]``."""
+    if hi <= lo or starts.size == 0:
+        return 0.0
+    i0 = int(np.searchsorted(ends, lo, side="right"))
+    i1 = int(np.searchsorted(starts, hi, side="left"))
+    if i1 <= i0:
+        return 0.0
+    s = np.maximum(starts[i0:i1], lo)
+    e = np.minimum(ends[i0:i1], hi)
+    return float(np.sum(np.clip(e - s, 0.0, None)))
+
+
+def merge_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Union of intervals ``[starts[i], ends[i]]`` as sorted, disjoint segments.
+
+    Touching intervals (one ends where the next starts) are merged. O(n log n).
+    """
+    if starts.size == 0:
+        return starts.astype(float), ends.astype(float)
+    order = np.argsort(starts, kind="stable")
+    s = starts[order]
+    e = ends[order]
+    run_max = np.maximum.accumulate(e)
+    # a new segment begins where the start lies beyond every end seen so far
+    new = np.empty(s.size, dtype=bool)
+    new[0] = True
+    new[1:] = s[1:] > run_max[:-1]
+    idx = np.flatnonzero(new)
+    seg_starts = s[idx]
+    # the end of segment k is the running max just before segment k+1 begins
+    last = np.append(idx[1:] - 1, s.size - 1)
+    seg_ends = run_max[last]
+    return seg_starts, seg_ends

@@ -1,0 +1,504 @@
+"""Free ratio per step and rank from the Ascend PyTorch profiler (torch_npu) output.
+
+Layout written by ``torch_npu.profiler`` (``tensorboard_trace_handler(dir)``)::
+
+    <dir>/<worker>_<timestamp>_ascend_pt/            worker = "<hostname>_<pid>" by default
+        profiler_info_<rank>.json                    "profiler_info.json" when no rank is known
+        FRAMEWORK/, PROF_<...>/                      raw data
+        ASCEND_PROFILER_OUTPUT/                      parsed output (online, or offline ``analyse``)
+            step_trace_time.csv                      export_type Text (verl 0.6.x)
+            analysis.db                              export_type Db (verl >= 0.7): table StepTraceTime
+
+verl puts it under ``<save_path>/[<step>/]<role>/`` (``profile_step`` in the path in 0.6.x).
+
+``step_trace_time.csv`` (torch_npu ``TraceStepTimeParser``; ``csv.writer``, values in us): header
+``Device_id,Step,Computing,Communication(Not Overlapped),Overlapped,Communication,Free,Stage,Bubble,
+Communication(Not Overlapped and Exclude Receive),Preparing``; releases before mid-2025 lack the
+leading ``Device_id``. ``Step`` is empty when the profiler had no ``schedule`` (one row per device).
+The Db variant has the same values (us) in table ``StepTraceTime`` with columns ``deviceId, step,
+computing, communication_not_overlapped, overlapped, communication, free, stage, bubble,
+communication_not_overlapped_and_exclude_receive, preparing``.
+
+Rank: from the file name ``profiler_info_<rank>.json`` (torch_npu writes it from ``$RANK`` or
+``torch.distributed.get_rank()``), else the ``rank_id`` field inside it, else unknown (single card:
+``profiler_info.json``).
+
+Free ratio (msprof-analyze's step time, ``advisor`` ``op_schedule_advice.get_ratio``):
+``free_ratio = Free / (Computing + Communication(Not Overlapped) + Free)``. Several rows of one rank
+in one step (several roles or devices) are combined time weighted: ``sum(Free) / sum(step time)``.
+Across ranks: mean, min, max and spread (= max - min) of the per-rank ratios, and the ranks missing.
+"""
+
+from __future__ import annotations
+
+import csv
+import importlib
+import json
+import math
+import os
+import re
+import sqlite3
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from bench.measure._common import MeasureError, to_float
+
+OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
+STEP_TRACE_CSV = "step_trace_time.csv"
+ANALYSIS_DB = "analysis.db"
+STEP_TRACE_TABLE = "StepTraceTime"
+
+#: CSV column -> field of :class:`StepTraceRow`
+CSV_COLUMNS = {
+    "Computing": "computing_us",
+    "Communication(Not Overlapped)": "communication_not_overlapped_us",
+    "Overlapped": "overlapped_us",
+    "Communication": "communication_us",
+    "Free": "free_us",
+    "Stage": "stage_us",
+    "Bubble": "bubble_us",
+    "Communication(Not Overlapped and Exclude Receive)": "communication_not_overlapped_exclude_receive_us",
+    "Preparing": "preparing_us",
+}
+#: analysis.db StepTraceTime column -> field of :class:`StepTraceRow`
+DB_COLUMNS = {
+    "computing": "computing_us",
+    "communication_not_overlapped": "communication_not_overlapped_us",
+    "overlapped": "overlapped_us",
+    "communication": "communication_us",
+    "free": "free_us",
+    "stage": "stage_us",
+    "bubble": "bubble_us",
+    "communication_not_overlapped_and_exclude_receive": "communication_not_overlapped_exclude_receive_us",
+    "preparing": "preparing_us",
+}
+_REQUIRED = ("Step", "Computing", "Communication(Not Overlapped)", "Free")
+_INFO_RE = re.compile(r"^profiler_info_(\d+)\.json$")
+
+
+@dataclass(frozen=True)
+class StepTraceRow:
+    """One row of ``step_trace_time.csv`` (or of the ``StepTraceTime`` table). Times in us.
+
+    ``step`` is the integer step (``None`` when the Step cell is empty or not an integer; the raw
+    text is kept in ``step_label``). ``device_id`` is ``None`` for the old header without it.
+    """
+
+    source: str
+    rank: int | None
+    device_id: int | None
+    step: int | None
+    step_label: str
+    computing_us: float
+    communication_not_overlapped_us: float
+    overlapped_us: float
+    communication_us: float
+    free_us: float
+    stage_us: float
+    bubble_us: float
+    communication_not_overlapped_exclude_receive_us: float
+    preparing_us: float
+
+    @property
+    def step_time_us(self) -> float:
+        """``Computing + Communication(Not Overlapped) + Free`` (msprof-analyze's step time)."""
+        return self.computing_us + self.communication_not_overlapped_us + self.free_us
+
+    @property
+    def free_ratio(self) -> float:
+        """``Free / step_time_us`` (NaN when the step time is 0)."""
+        total = self.step_time_us
+        return self.free_us / total if total > 0 else math.nan
+
+
+def _int_or_none(text: object) -> int | None:
+    if text is None:
+        return None
+    s = str(text).strip()
+    if not s:
+        return None
+    try:
+        f = float(s)
+    except ValueError:
+        return None
+    return int(f) if math.isfinite(f) and f == int(f) else None
+
+
+def _num(value: object) -> float:
+    f = to_float(value)
+    return 0.0 if f is None or math.isnan(f) else f
+
+
+def read_step_trace_csv(path: str | os.PathLike, rank: int | None = None) -> list[StepTraceRow]:
+    """Rows of one ``step_trace_time.csv`` (either header variant).
+
+    Raises :class:`~bench.measure._common.MeasureError` if the file cannot be read or lacks one of
+    the columns ``Step, Computing, Communication(Not Overlapped), Free``. Missing optional columns
+    read as 0; an unparsable number reads as 0 (msprof-analyze's ``StepTraceTimeBean`` does the same).
+    """
+    p = Path(path)
+    try:
+        with open(p, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.DictReader(fh)
+            header = [h.strip() for h in (reader.fieldnames or [])]
+            missing = [c for c in _REQUIRED if c not in header]
+            if missing:
+                raise MeasureError(
+                    f"{p}: not a step_trace_time.csv: missing column(s) {missing}; header is {header}"
+                )
+            reader.fieldnames = header
+            rows = []
+            for rec in reader:
+                if not any((v or "").strip() for v in rec.values() if isinstance(v, str)):
+                    continue
+                values = {fld: _num(rec.get(col)) for col, fld in CSV_COLUMNS.items()}
+                label = (rec.get("Step") or "").strip()
+                rows.append(
+                    StepTraceRow(
+                        source=str(p),
+                        rank=rank,
+                        device_id=_int_or_none(rec.get("Device_id")),
+                        step=_int_or_none(label),
+                        step_label=label,
+                        **values,
+                    )
+                )
+            return rows
+    except OSError as exc:
+        raise MeasureError(f"{p}: cannot read: {exc.strerror or exc}") from exc
+
+
+def read_step_trace_db(path: str | os.PathLike, rank: int | None = None) -> list[StepTraceRow]:
+    """Rows of table ``StepTraceTime`` in ``ASCEND_PROFILER_OUTPUT/analysis.db`` (export_type Db).
+
+    Returns ``[]`` when the database has no such table (single-card runs without communication may
+    not write it). Raises :class:`~bench.measure._common.MeasureError` if it is not a database.
+    """
+    p = Path(path)
+    try:
+        con = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise MeasureError(f"{p}: cannot open database: {exc}") from exc
+    try:
+        try:
+            cur = con.execute(
+                "SELECT name FROM sqlite_master WHERE type='table' AND name=?", (STEP_TRACE_TABLE,)
+            )
+        except sqlite3.DatabaseError as exc:
+            raise MeasureError(f"{p}: not an SQLite database: {exc}") from exc
+        if cur.fetchone() is None:
+            return []
+        cur = con.execute(f"SELECT * FROM {STEP_TRACE_TABLE}")
+        names = [d[0] for d in cur.description]
+        rows = []
+        for tup in cur.fetchall():
+            rec = dict(zip(names, tup))
+            raw_step = rec.get("step")
+            label = "" if raw_step is None else str(raw_step).strip()
+            rows.append(
+                StepTraceRow(
+                    source=str(p),
+                    rank=rank,
+                    device_id=_int_or_none(rec.get("deviceId")),
+                    step=_int_or_none(label),
+                    step_label=label,
+                    **{fld: _num(rec.get(col)) for col, fld in DB_COLUMNS.items()},
+                )
+            )
+        return rows
+    finally:
+        con.close()
+
+
+def rank_of(ascend_pt_dir: str | os.PathLike) -> int | None:
+    """Rank of one ``*_ascend_pt`` folder from ``profiler_info_<rank>.json`` (name, else ``rank_id``).
+
+    ``None`` when there is only ``profiler_info.json`` without a ``rank_id`` (single card) or no
+    info file at all (collection did not finish).
+    """
+    d = Path(ascend_pt_dir)
+    try:
+        names = sorted(os.listdir(d))
+    except OSError:
+        return None
+    for name in names:
+        m = _INFO_RE.match(name)
+        if m:
+            return int(m.group(1))
+    for name in names:
+        if name == "profiler_info.json" or name.startswith("profiler_info"):
+            try:
+                info = json.loads((d / name).read_text(encoding="utf-8") or "{}")
+            except (OSError, ValueError):
+                continue
+            if isinstance(info, dict):
+                r = _int_or_none(info.get("rank_id"))
+                if r is not None and r >= 0:
+                    return r
+    return None
+
+
+@dataclass
+class AscendProfile:
+    """One ``*_ascend_pt`` folder.
+
+    Attributes:
+        path: the folder.
+        rank: see :func:`rank_of`.
+        role: name of the parent folder (verl's role folder, e.g. ``actor_update``) or ``""``.
+        path_step: the last all-digits folder name between the search root and the folder
+            (verl 0.6.x's ``<save_path>/<step>/<role>/``), else ``None``.
+        output: ``step_trace_time.csv`` or ``analysis.db`` found in ``ASCEND_PROFILER_OUTPUT``
+            (``None`` if neither).
+        has_raw: raw data present (``FRAMEWORK`` or ``PROF_*``), i.e. offline ``analyse`` can parse it.
+    """
+
+    path: str
+    rank: int | None
+    role: str
+    path_step: int | None
+    output: str | None
+    has_raw: bool
+
+    @property
+    def needs_analyse(self) -> bool:
+        """Raw data only: no parsed step trace yet."""
+        return self.output is None and self.has_raw
+
+
+def _find_output(pt_dir: Path) -> str | None:
+    out = pt_dir / OUTPUT_DIR
+    csv_path = out / STEP_TRACE_CSV
+    if csv_path.is_file():
+        return str(csv_path)
+    db_path = out / ANALYSIS_DB
+    if db_path.is_file():
+        return str(db_path)
+    return None
+
+
+def _has_raw(pt_dir: Path) -> bool:
+    try:
+        names = os.listdir(pt_dir)
+    except OSError:
+        return False
+    return any(n == "FRAMEWORK" or n.startswith("PROF_") for n in names)
+
+
+def find_ascend_profiles(root: str | os.PathLike) -> list[AscendProfile]:
+    """Every ``*_ascend_pt`` folder at or below ``root`` (sorted by path)."""
+    base = Path(root)
+    dirs: list[Path] = []
+    if base.is_dir() and base.name.endswith("_ascend_pt"):
+        dirs.append(base)
+    elif base.is_dir():
+        for dirpath, dirnames, _ in os.walk(base):
+            keep = []
+            for name in sorted(dirnames):
+                if name.endswith("_ascend_pt"):
+                    dirs.append(Path(dirpath) / name)
+                else:
+                    keep.append(name)
+            dirnames[:] = keep  # do not descend into an *_ascend_pt folder
+    profiles = []
+    for d in sorted(dirs):
+        try:
+            rel_parts = d.relative_to(base).parts[:-1]
+        except ValueError:
+            rel_parts = ()
+        digits = [int(part) for part in rel_parts if part.isdigit()]
+        profiles.append(
+            AscendProfile(
+                path=str(d),
+                rank=rank_of(d),
+                role=d.parent.name if d != base else "",
+                path_step=digits[-1] if digits else None,
+                output=_find_output(d),
+                has_raw=_has_raw(d),
+            )
+        )
+    return profiles
+
+
+def read_profile_rows(profile: AscendProfile) -> list[StepTraceRow]:
+    """The step rows of one profile folder (``[]`` when it has no parsed output)."""
+    if profile.output is None:
+        return []
+    if profile.output.endswith(".csv"):
+        return read_step_trace_csv(profile.output, rank=profile.rank)
+    return read_step_trace_db(profile.output, rank=profile.rank)
+
+
+@dataclass
+class StepAcrossRanks:
+    """Free ratio of one step across ranks.
+
+    Attributes:
+        step: the step (``None``: no step id anywhere, one row per profile).
+        per_rank: rank -> time-weighted free ratio of that rank in this step.
+        mean / min / max / spread: over ``per_rank`` values (spread = max - min); ``None`` if empty.
+        missing_ranks: expected ranks with no row for this step.
+    """
+
+    step: int | None
+    per_rank: dict[int, float]
+    mean: float | None
+    min: float | None
+    max: float | None
+    spread: float | None
+    missing_ranks: list[int]
+
+
+@dataclass
+class AscendFree:
+    """Result of :func:`read_ascend_free`.
+
+    Attributes:
+        root: the folder searched.
+        profiles: every ``*_ascend_pt`` folder found.
+        rows: every step row read, with its rank (and ``step`` resolved: the CSV's Step, else the
+            folder's ``path_step``).
+        steps: step -> :class:`StepAcrossRanks`, sorted by step (``None`` key last).
+        ranks: ranks seen; expected_ranks: ranks expected (``range(expected)`` if given, else
+            ``0..max(ranks)``); missing_ranks: expected ranks with no data at all.
+        needs_analyse: profile folders with raw data only (see :func:`analyse_raw`).
+        warnings: oddities (unknown ranks, unreadable outputs ...).
+    """
+
+    root: str
+    profiles: list[AscendProfile] = field(default_factory=list)
+    rows: list[StepTraceRow] = field(default_factory=list)
+    steps: dict = field(default_factory=dict)
+    ranks: list[int] = field(default_factory=list)
+    expected_ranks: list[int] = field(default_factory=list)
+    missing_ranks: list[int] = field(default_factory=list)
+    needs_analyse: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        """JSON-friendly form (step keys kept as given; ``None`` step as ``None``)."""
+        return {
+            "root": self.root,
+            "profiles": [asdict(p) for p in self.profiles],
+            "steps": {k: asdict(v) for k, v in self.steps.items()},
+            "ranks": list(self.ranks),
+            "expected_ranks": list(self.expected_ranks),
+            "missing_ranks": list(self.missing_ranks),
+            "needs_analyse": list(self.needs_analyse),
+            "warnings": list(self.warnings),
+        }
+
+
+def read_ascend_free(root: str | os.PathLike, expected_ranks: int | None = None) -> AscendFree:
+    """Per step, the Free ratio of each rank and its spread across ranks, for every profile below ``root``.
+
+    A profile without a known rank is counted under its ``Device_id`` when the row has one, else
+    under ``-1 - index`` (so it still contributes, but is never mistaken for a real rank); a warning
+    says so. Raw-only folders are listed in ``needs_analyse`` (run :func:`analyse_raw` first).
+    """
+    result = AscendFree(root=str(root))
+    result.profiles = find_ascend_profiles(root)
+    for idx, prof in enumerate(result.profiles):
+        if prof.output is None:
+            if prof.has_raw:
+                result.needs_analyse.append(prof.path)
+            else:
+                result.warnings.append(f"{prof.path}: no {OUTPUT_DIR}/{STEP_TRACE_CSV} and no raw data")
+            continue
+        try:
+            rows = read_profile_rows(prof)
+        except MeasureError as exc:
+            result.warnings.append(str(exc))
+            continue
+        for row in rows:
+            rank = prof.rank
+            if rank is None:
+                rank = row.device_id if row.device_id is not None and row.device_id >= 0 else -1 - idx
+                result.warnings.append(f"{prof.path}: rank unknown (no profiler_info_<rank>.json); using {rank}")
+            step = row.step if row.step is not None else prof.path_step
+            result.rows.append(
+                StepTraceRow(**{**asdict(row), "rank": rank, "step": step})
+            )
+    # dedupe repeated warnings, keep order
+    result.warnings = list(dict.fromkeys(result.warnings))
+
+    seen_ranks = sorted({r.rank for r in result.rows if r.rank is not None and r.rank >= 0})
+    result.ranks = seen_ranks
+    if expected_ranks is not None:
+        expected = list(range(expected_ranks))
+    else:
+        expected = list(range(seen_ranks[-1] + 1)) if seen_ranks else []
+    result.expected_ranks = expected
+    result.missing_ranks = [r for r in expected if r not in seen_ranks]
+
+    # step -> rank -> [free, total]
+    acc: dict[int | None, dict[int, list[float]]] = {}
+    for row in result.rows:
+        slot = acc.setdefault(row.step, {}).setdefault(row.rank, [0.0, 0.0])
+        slot[0] += row.free_us
+        slot[1] += row.step_time_us
+    keys = sorted((k for k in acc if k is not None)) + ([None] if None in acc else [])
+    for step in keys:
+        per_rank = {
+            rank: ft[0] / ft[1] for rank, ft in sorted(acc[step].items()) if ft[1] > 0
+        }
+        vals = list(per_rank.values())
+        present = set(acc[step])
+        result.steps[step] = StepAcrossRanks(
+            step=step,
+            per_rank=per_rank,
+            mean=sum(vals) / len(vals) if vals else None,
+            min=min(vals) if vals else None,
+            max=max(vals) if vals else None,
+            spread=(max(vals) - min(vals)) if vals else None,
+            missing_ranks=[r for r in expected if r not in present],
+        )
+    return result
+
+
+def analyse_raw(profiler_path: str | os.PathLike, max_process_number: int | None = None) -> list[str]:
+    """Parse raw Ascend profiler data offline with ``torch_npu.profiler.profiler.analyse``.
+
+    ``profiler_path`` is one ``*_ascend_pt`` folder or a folder holding several. Needs torch_npu
+    (and CANN's ``msprof``). torch_npu's ``analyse`` swallows its own errors, so success is checked
+    afterwards: every raw-only profile below ``profiler_path`` must now have a parsed step trace.
+
+    Returns the step-trace files now present. Raises :class:`~bench.measure._common.MeasureError`
+    when torch_npu is not importable or when the analysis produced no step trace.
+    """
+    path = Path(profiler_path)
+    if not path.is_dir():
+        raise MeasureError(f"{path}: no such profiler folder")
+    try:
+        module = importlib.import_module("torch_npu.profiler.profiler")
+        analyse = module.analyse
+    except (ImportError, AttributeError) as exc:
+        raise MeasureError(
+            f"{path}: raw Ascend profiler data (no {OUTPUT_DIR}) needs torch_npu to be parsed, and "
+            f"torch_npu is not importable here ({exc}); run "
+            "`python -c \"from torch_npu.profiler.profiler import analyse; analyse(profiler_path='<dir>')\"` "
+            "on a machine with torch_npu and CANN, then read the folder again"
+        ) from exc
+    kwargs = {"profiler_path": str(path)}
+    if max_process_number is not None:
+        kwargs["max_process_number"] = max_process_number
+    analyse(**kwargs)
+    profiles = find_ascend_profiles(path)
+    still_raw = [p.path for p in profiles if p.needs_analyse]
+    if still_raw:
+        raise MeasureError(
+            f"torch_npu analyse produced no {OUTPUT_DIR}/{STEP_TRACE_CSV} (or {ANALYSIS_DB}) for "
+            f"{still_raw}; is CANN's msprof installed and the raw data complete?"
+        )
+    return [p.output for p in profiles if p.output]
+
+
+def ensure_analysed(root: str | os.PathLike) -> list[str]:
+    """Run :func:`analyse_raw` on every raw-only ``*_ascend_pt`` folder below ``root``.
+
+    Returns the folders analysed (``[]`` when nothing needed it; torch_npu is then not imported).
+    """
+    todo = [p.path for p in find_ascend_profiles(root) if p.needs_analyse]
+    for folder in todo:
+        analyse_raw(folder)
+    return todo

@@ -1,0 +1,200 @@
+"""Plan: design cells -> runs, applying the registry (applicability, conflicts) and the engine.
+
+For each design cell, in order:
+
+1. a registry conflict (e.g. graph mode with ``TASK_QUEUE_ENABLE=2``) drops it as *invalid*;
+2. a matrix ``exclude`` rule drops it as *excluded*;
+3. factors not applicable on this engine/platform/settings are set to ``None`` (reason kept);
+4. cells whose applicable levels are equal are *merged* into one run, reported for each cell.
+
+Each run becomes a :class:`RunSpec`; its ``cell_id`` is a stable hash of the resolved launch (engine,
+platform, argv, env, patches, config), so the same configuration always maps to the same folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from bench.design import Cell, DesignResult, expand
+from bench.engines.base import Launch, get_engine
+from bench.errors import BenchError
+from bench.matrix import Matrix
+from bench.optimizations import FACTOR_KEYS, REGISTRY, Mechanism, applicability, conflicts_of, resolve
+
+
+class RunSpec(BaseModel):
+    """Everything needed to launch one run (one merged cell; repeats share it).
+
+    Attributes:
+        cell_id: 12 hex digits, stable hash of the resolved launch.
+        engine / platform: where it runs.
+        levels: effective factor levels; ``None`` = not applicable here.
+        cells: the design cells this run stands for (several when merged).
+        not_applicable: factor -> reason, for the factors set to ``None``.
+        launch: argv, env, patches and config of the run.
+        timeout_s: wall-clock limit of one run, seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    cell_id: str
+    engine: str
+    platform: str
+    levels: dict[str, int | None]
+    cells: list[dict[str, int]]
+    not_applicable: dict[str, str] = Field(default_factory=dict)
+    launch: Launch
+    timeout_s: float
+
+    @property
+    def label(self) -> str:
+        """Short human label: the applicable factors that are on, or ``all-off``."""
+        on = [f"{k}={v}" if REGISTRY[k].levels != (0, 1) else k for k, v in self.levels.items() if v]
+        return "+".join(on) if on else "all-off"
+
+    def is_all_off(self) -> bool:
+        """True when every applicable factor is at its off level (the reference for speedups)."""
+        return all(v is None or v == REGISTRY[k].off for k, v in self.levels.items())
+
+
+class Dropped(BaseModel):
+    """A design cell that will not run, with the reason."""
+
+    cell: dict[str, int]
+    kind: str  # invalid | excluded
+    reason: str
+
+
+class Plan(BaseModel):
+    """The outcome of planning a matrix."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+    matrix_name: str
+    engine: str
+    platform: str
+    runs: list[RunSpec]
+    dropped: list[Dropped]
+    design_cells: int
+    varied: list[str]
+    aliases: list[str] = Field(default_factory=list)
+    resolution: int | None = None
+    repeats: int = 1
+
+
+def detect_platform() -> str:
+    """``npu`` when torch_npu sees a device, else ``cuda`` when torch does, else ``cpu``."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch_npu") is not None:
+        try:
+            import torch
+            import torch_npu  # noqa: F401
+
+            if torch.npu.is_available():
+                return "npu"
+        except Exception:
+            pass
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        if torch.cuda.is_available():
+            return "cuda"
+    return "cpu"
+
+
+def merge_mechanisms(mechs: list[Mechanism]) -> Mechanism:
+    """Union of several mechanisms (env and config: later wins; overrides and patches: concatenated)."""
+    env: dict[str, str] = {}
+    config: dict[str, Any] = {}
+    overrides: list[str] = []
+    patches: list[str] = []
+    for m in mechs:
+        env.update(m.env)
+        config.update(m.config)
+        overrides.extend(m.overrides)
+        patches.extend(m.patches)
+    return Mechanism(env=env, config=config, overrides=tuple(overrides), patches=tuple(patches))
+
+
+def cell_id_of(engine: str, platform: str, launch: Launch) -> str:
+    """Stable 12-hex-digit SHA-256 of the resolved launch (independent of results folder and machine)."""
+    blob = json.dumps(
+        {"engine": engine, "platform": platform, **launch.model_dump(exclude={"notes"})}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _matches(cell: Cell, when: dict[str, int]) -> bool:
+    return all(cell.get(k) == v for k, v in when.items())
+
+
+def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = True) -> Plan:
+    """Expand the matrix's design and turn the runnable cells into :class:`RunSpec` s.
+
+    Args:
+        matrix: a validated matrix.
+        platform: resolved platform; ``None`` resolves ``matrix.platform`` (``auto`` = detect).
+        strict: ``False`` for ``--dry-run`` (engines leave unset ``${VAR}`` visible instead of failing).
+
+    Raises:
+        BenchError: the design cannot be built, an engine refuses the settings, or no cell is runnable.
+    """
+    if platform is None:
+        platform = detect_platform() if matrix.platform == "auto" else matrix.platform
+    design: DesignResult = expand(matrix)
+    engine = get_engine(matrix.engine)
+    ctx = matrix.base.context()
+    na = {k: applicability(k, matrix.engine, platform, ctx) for k in FACTOR_KEYS}
+
+    dropped: list[Dropped] = []
+    groups: dict[tuple, list[Cell]] = {}
+    for cell in design.cells:
+        reasons = conflicts_of(cell)
+        if reasons:
+            dropped.append(Dropped(cell=cell, kind="invalid", reason="; ".join(reasons)))
+            continue
+        rule = next((r for r in matrix.exclude if _matches(cell, r.when)), None)
+        if rule is not None:
+            dropped.append(Dropped(cell=cell, kind="excluded", reason=rule.reason))
+            continue
+        effective = tuple((k, None if na[k] else cell[k]) for k in FACTOR_KEYS)
+        groups.setdefault(effective, []).append(cell)
+
+    runs: list[RunSpec] = []
+    for effective, cells in groups.items():
+        levels = dict(effective)
+        mech = merge_mechanisms([resolve(k, v, matrix.engine, platform) for k, v in levels.items() if v is not None])
+        try:
+            launch = engine.build(matrix.base, mech, platform, levels, strict=strict)
+        except BenchError as exc:
+            raise BenchError(f"{matrix.source}: {exc}") from None
+        runs.append(
+            RunSpec(
+                cell_id=cell_id_of(matrix.engine, platform, launch),
+                engine=matrix.engine,
+                platform=platform,
+                levels=levels,
+                cells=cells,
+                not_applicable={k: r for k, r in na.items() if r and k in matrix.factors},
+                launch=launch,
+                timeout_s=matrix.base.timeout_s,
+            )
+        )
+    if not runs:
+        why = "; ".join(sorted({d.reason for d in dropped})) or "the design produced no cell"
+        raise BenchError(f"{matrix.source}: no runnable cell: all {len(design.cells)} cells were dropped ({why})")
+    return Plan(
+        matrix_name=matrix.name,
+        engine=matrix.engine,
+        platform=platform,
+        runs=runs,
+        dropped=dropped,
+        design_cells=len(design.cells),
+        varied=design.varied,
+        aliases=design.aliases,
+        resolution=design.resolution,
+        repeats=matrix.repeats,
+    )

@@ -1,0 +1,127 @@
+"""Measure a finished run folder into a run record (the JSON every later stage reads).
+
+A record holds the run's status (``ok`` / ``failed`` with a kind and a one-line reason and the tail of
+its log), the per-step metrics of the verl JSONL, the per-step Free ratio, the summary statistics of
+:func:`bench.measure.summarize`, and the evidence that each factor took effect.
+
+Step-time statistics use the *timed* steps: the measured (non-warm-up) steps that ran without the
+profiler when there are any, else all measured steps (the summary says which: profiling perturbs
+timing). The Free ratio comes from the profiled steps.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.executors import ExecResult
+from bench.measure import MeasureError, collect, summarize
+from bench.measure._common import iqr, mean, median
+from bench.results import RECORD, atomic_write_json, read_json
+
+SCHEMA_VERSION = 1
+LOG_TAIL_LINES = 30
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
+    """The last ``lines`` lines of a text file ('' when missing); reads at most the last 64 KiB."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, 2)
+            size = fh.tell()
+            fh.seek(max(0, size - 65536))
+            data = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    return "\n".join(data.splitlines()[-lines:])
+
+
+def _failure(run_dir: Path, res: ExecResult) -> tuple[str, str]:
+    """(kind, reason) of a failed run: the engine's ``failure.json`` if any, else the executor's view."""
+    info = read_json(run_dir / "failure.json") or {}
+    if info.get("reason"):
+        return str(info.get("kind", "error")), str(info["reason"])
+    if res.timed_out:
+        return "timeout", res.reason
+    tail = log_tail(run_dir / "run.log", 200).lower()
+    if "out of memory" in tail or "outofmemoryerror" in tail or (res.returncode == -9):
+        return "oom", res.reason + (" (out of memory in log)" if "out of memory" in tail else "")
+    last = next((ln.strip() for ln in reversed(log_tail(run_dir / "run.log").splitlines()) if ln.strip()), "")
+    return "crash", f"{res.reason}: {last}"[:500] if last else res.reason
+
+
+def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat: int, warmup_steps: int,
+                 started_at: float) -> dict[str, Any]:
+    """Measure ``run_dir`` after the executor returned ``res``; the record as a JSON-ready dict."""
+    run_dir = Path(run_dir)
+    rec: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "cell_id": spec["cell_id"],
+        "repeat": repeat,
+        "engine": spec["engine"],
+        "platform": spec["platform"],
+        "levels": spec["levels"],
+        "cells": spec["cells"],
+        "not_applicable": spec.get("not_applicable", {}),
+        "started_at": started_at,
+        "finished_at": time.time(),
+        "wall_s": res.wall_s,
+        "returncode": res.returncode,
+        "status": "ok",
+        "failure_kind": None,
+        "reason": "",
+        "log_tail": "",
+        "steps": {},
+        "free_ratio": {},
+        "summary": {},
+        "evidence": read_json(run_dir / "evidence.json") or {},
+        "patch_reports": [read_json(p) for p in sorted((run_dir / "patches").glob("*.json"))],
+        "warnings": [],
+    }
+    try:
+        got = collect(run_dir)
+    except MeasureError as exc:
+        got = None
+        rec["warnings"].append(str(exc))
+    if got is not None:
+        rec["steps"] = {str(k): v for k, v in got["metrics"].items()}
+        rec["free_ratio"] = {str(k): v for k, v in got["free_ratio"].items()}
+        rec["free_ratio_detail"] = {str(k): v for k, v in got["free_ratio_detail"].items()}
+        rec["warnings"].extend(got["warnings"])
+        if got["metrics"]:
+            rec["summary"] = summarize(got, warmup_steps)
+            _timed_stats(rec["summary"], got["metrics"])
+    if res.returncode != 0 or res.timed_out:
+        rec["status"] = "failed"
+        rec["failure_kind"], rec["reason"] = _failure(run_dir, res)
+    elif not rec["summary"] or rec["summary"].get("step_time_median_s") is None:
+        rec["status"] = "failed"
+        rec["failure_kind"], rec["reason"] = "no_metrics", "the run exited 0 but wrote no step metrics"
+    if rec["status"] != "ok":
+        rec["log_tail"] = log_tail(run_dir / "run.log")
+    return rec
+
+
+def _timed_stats(summary: dict[str, Any], metrics: dict[int, dict[str, float]]) -> None:
+    """Recompute step-time statistics over the timed (unprofiled, measured) steps, in place."""
+    measured = summary["measured_steps"]
+    prof = set(summary["profiled_steps"])
+    timed = [s for s in measured if s not in prof] or list(measured)
+    times = [metrics[s].get("timing_s/step") for s in timed]
+    summary["timed_steps"] = timed
+    summary["step_time_samples_s"] = [t for t in times if t is not None]
+    summary["step_time_median_s"] = median(times)
+    summary["step_time_iqr_s"] = iqr(times)
+    summary["step_time_mean_s"] = mean(times)
+
+
+def write_record(run_dir: Path, record: dict[str, Any]) -> None:
+    """Write ``record.json`` atomically (last file of a run: its presence marks the run measured)."""
+    atomic_write_json(Path(run_dir) / RECORD, record)
+
+
+def is_finished(run_dir: Path) -> bool:
+    """True when the run folder holds a record with status ``ok``."""
+    rec = read_json(Path(run_dir) / RECORD)
+    return bool(rec and rec.get("status") == "ok")

@@ -1,0 +1,340 @@
+"""Run a plan: one process per cell repeat, measure, record (results folder + MLflow), summarize.
+
+The sweep goes on when a run fails (recorded with its reason and log tail); each finished run's
+``record.json`` is written atomically before anything else happens, so a killed harness loses no
+finished run; rerunning the same matrix resumes the newest sweep of the same content.
+
+Harness overhead = wall time of this invocation not spent inside GRPO steps (the sum of
+``timing_s/step`` of every step the runs executed), as a share of the invocation's wall time.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from bench.executors import Executor, LocalExecutor, resolve_launch
+from bench.matrix import Matrix
+from bench.measure._common import iqr, median
+from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.plan import Plan, RunSpec
+from bench.record import build_record, is_finished, write_record
+from bench.results import SWEEP, ResultsDir, atomic_write_json, atomic_write_text, new_sweep_id, read_json, run_dir
+from bench.tracking import Tracker, git_commit, versions
+
+MLFLOW_MARK = "mlflow.json"
+#: base settings logged as params on every child run
+KEY_SETTINGS = ("steps", "warmup_steps", "train_batch_size", "n", "max_prompt_length", "max_response_length",
+                "ppo_mini_batch_size", "rollout_tp", "n_gpus_per_node", "nnodes")
+
+
+@dataclass
+class SweepOutcome:
+    """What a sweep invocation did. Times in seconds."""
+
+    sweep_dir: Path
+    parent_run_id: str | None
+    rows: list[dict[str, Any]]
+    executed: int
+    skipped: int
+    failed: int
+    wall_s: float
+    in_step_s: float
+    overhead_share: float
+    notes: list[str] = field(default_factory=list)
+
+
+def _levels_str(levels: dict[str, int | None]) -> dict[str, str]:
+    return {k: ("n/a" if v is None else str(v)) for k, v in levels.items()}
+
+
+def cell_rows(plan_runs: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One summary row per run spec, pooling the timed step samples of all its repeats.
+
+    ``speedup`` = all-off cell's median step time / this cell's (> 1 = faster). Columns: cell_id, label,
+    one per factor, merged (design cells represented), repeats_ok, repeats, step_time_median_s,
+    step_time_iqr_s, speedup, rollout_share, free_ratio, throughput, peak_memory_gb, status, reason.
+    """
+    by_cell: dict[str, list[dict]] = {}
+    for rec in records:
+        by_cell.setdefault(rec["cell_id"], []).append(rec)
+    rows = []
+    for spec in plan_runs:
+        recs = by_cell.get(spec["cell_id"], [])
+        ok = [r for r in recs if r.get("status") == "ok"]
+        samples = [t for r in ok for t in r["summary"].get("step_time_samples_s", [])]
+        row = {"cell_id": spec["cell_id"], "label": spec["label"], **_levels_str(spec["levels"]),
+               "merged": len(spec["cells"]), "repeats_ok": len(ok), "repeats": len(recs),
+               "step_time_median_s": median(samples), "step_time_iqr_s": iqr(samples),
+               "rollout_share": median(r["summary"].get("rollout_share_median") for r in ok),
+               "free_ratio": median(r["summary"].get("free_ratio_median") for r in ok),
+               "throughput": median(r["summary"].get("throughput_median") for r in ok),
+               "peak_memory_gb": max((r["summary"].get("peak_memory_gb") or 0 for r in ok), default=None),
+               "status": "ok" if ok and len(ok) == len(recs) else ("failed" if recs else "pending"),
+               "reason": next((r.get("reason", "") for r in recs if r.get("status") != "ok"), ""),
+               "all_off": spec.get("all_off", False)}
+        rows.append(row)
+    ref = next((r for r in rows if r["all_off"] and r["step_time_median_s"]), None)
+    for row in rows:
+        st = row["step_time_median_s"]
+        row["speedup"] = (ref["step_time_median_s"] / st) if (ref and st) else None
+    return rows
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str, Any]) -> tuple[Path, Path]:
+    """Write ``summary.csv`` and ``summary.md`` (atomically) into the sweep folder; returns both paths."""
+    cols = ["cell_id", "label", *FACTOR_KEYS, "merged", "repeats_ok", "repeats", "step_time_median_s",
+            "step_time_iqr_s", "speedup", "rollout_share", "free_ratio", "throughput", "peak_memory_gb",
+            "status", "reason"]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+    csv_path, md_path = sweep_dir / "summary.csv", sweep_dir / "summary.md"
+    atomic_write_text(csv_path, buf.getvalue())
+    md = [f"# Sweep {header.get('sweep_id')} of `{header.get('matrix')}`", ""]
+    md += [f"- {k}: {v}" for k, v in header.items() if k not in ("sweep_id", "matrix")]
+    md += ["", "| cell | " + " | ".join(REGISTRY[k].key for k in FACTOR_KEYS)
+           + " | step time s (median) | IQR s | speedup vs all-off | rollout share | Free ratio | tokens/s | status |",
+           "|---" * (len(FACTOR_KEYS) + 8) + "|"]
+    for r in rows:
+        md.append(
+            f"| {r['label']} (`{r['cell_id']}`) | " + " | ".join(r[k] for k in FACTOR_KEYS)
+            + f" | {_fmt(r['step_time_median_s'])} | {_fmt(r['step_time_iqr_s'])} | {_fmt(r['speedup'])}"
+            f" | {_fmt(r['rollout_share'])} | {_fmt(r['free_ratio'])} | {_fmt(r['throughput'], 1)}"
+            f" | {r['status']}{(': ' + r['reason'][:80]) if r['reason'] else ''} |"
+        )
+    atomic_write_text(md_path, "\n".join(md) + "\n")
+    return csv_path, md_path
+
+
+def plan_summary(plan: Plan) -> list[dict[str, Any]]:
+    """JSON-ready list of the plan's runs (cell id, label, levels, merged cells, not-applicable reasons)."""
+    return [{"cell_id": r.cell_id, "label": r.label, "levels": r.levels, "cells": r.cells,
+             "not_applicable": r.not_applicable, "all_off": r.is_all_off()} for r in plan.runs]
+
+
+class Sweep:
+    """Executes a :class:`Plan` into a results folder and an MLflow store.
+
+    Args:
+        matrix: the validated matrix.
+        plan: its plan (strict).
+        results_root: the ``--results`` folder.
+        tracking_uri: MLflow tracking URI.
+        executor: how runs are launched (default: local subprocess).
+        force: start a new sweep even if a resumable one exists.
+        on_row: callback per finished run (for the console), given the record.
+    """
+
+    def __init__(self, matrix: Matrix, plan: Plan, results_root: Path, tracking_uri: str,
+                 executor: Executor | None = None, force: bool = False,
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None):
+        self.matrix, self.plan = matrix, plan
+        self.rd = ResultsDir(results_root, matrix.name)
+        self.tracking_uri = tracking_uri
+        self.executor = executor or LocalExecutor()
+        self.force = force
+        self.on_event = on_event or (lambda kind, data: None)
+
+    def run(self) -> SweepOutcome:
+        """Run every unfinished cell repeat; returns the outcome (failed runs do not raise)."""
+        t0 = time.perf_counter()
+        tracker = Tracker(self.tracking_uri, self.matrix.name)
+        with self.rd.lock():
+            sweep_dir, meta = self._open_sweep(tracker)
+            specs = {r.cell_id: r for r in self.plan.runs}
+            plan_runs = meta["plan"]["runs"]
+            todo = [(specs[c["cell_id"]], k) for c in plan_runs for k in range(self.plan.repeats)]
+            self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed")})
+            executed = skipped = failed = 0
+            in_step = 0.0
+            for spec, k in todo:
+                rdir = run_dir(sweep_dir, spec.cell_id, k)
+                if is_finished(rdir):
+                    skipped += 1
+                    self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
+                    self.on_event("skip", {"spec": spec, "repeat": k, "record": read_json(rdir / "record.json")})
+                    continue
+                self.on_event("launch", {"spec": spec, "repeat": k})
+                rec = self._run_one(sweep_dir, spec, k)
+                executed += 1
+                failed += rec["status"] != "ok"
+                in_step += sum(float(s.get("timing_s/step", 0.0)) for s in rec["steps"].values())
+                self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
+                self.on_event("done", {"spec": spec, "repeat": k, "record": rec})
+            wall = time.perf_counter() - t0
+            overhead = (wall - in_step) / wall if wall > 0 and executed else 0.0
+            outcome = self._finish(tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead)
+        return outcome
+
+    # -- pieces ---------------------------------------------------------------------------------
+    def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
+        fp = self.matrix.fingerprint()
+        sweep_dir = None if self.force else self.rd.find_resumable(fp, self.plan.platform)
+        if sweep_dir is not None:
+            meta = read_json(sweep_dir / SWEEP)
+            meta["resumed"] = True
+            if not (meta.get("parent_run_id") and tracker.parent_alive(meta["parent_run_id"])):
+                meta["parent_run_id"] = self._start_parent(tracker, meta["sweep_id"])
+        else:
+            sweep_id = new_sweep_id(fp)
+            sweep_dir = self.rd.base / sweep_id
+            sweep_dir.mkdir(parents=True)
+            meta = {
+                "sweep_id": sweep_id, "matrix_name": self.matrix.name, "matrix_source": self.matrix.source,
+                "fingerprint": fp, "engine": self.plan.engine, "platform": self.plan.platform,
+                "matrix": self.matrix.model_dump(mode="json"), "created_at": time.time(),
+                "plan": {"runs": plan_summary(self.plan), "dropped": [d.model_dump() for d in self.plan.dropped],
+                         "design_cells": self.plan.design_cells, "varied": self.plan.varied,
+                         "aliases": self.plan.aliases, "resolution": self.plan.resolution,
+                         "repeats": self.plan.repeats},
+                "versions": versions(), "git_commit": git_commit(), "tracking_uri": self.tracking_uri,
+                "invocations": [], "resumed": False,
+            }
+            meta["parent_run_id"] = self._start_parent(tracker, sweep_id)
+        meta["status"] = "running"
+        atomic_write_json(sweep_dir / SWEEP, meta)
+        for spec in self.plan.runs:
+            atomic_write_json(sweep_dir / spec.cell_id / "spec.json", spec.model_dump(mode="json"))
+        self.rd.point_latest(sweep_dir)
+        return sweep_dir, meta
+
+    def _start_parent(self, tracker: Tracker, sweep_id: str) -> str:
+        m = self.matrix
+        tags = {"bench.kind": "sweep", "bench.sweep_id": sweep_id, "bench.fingerprint": m.fingerprint(),
+                "engine": self.plan.engine, "platform": self.plan.platform, "git_commit": git_commit(),
+                "matrix_file": m.source, "design": m.design.type,
+                **{f"version.{k}": v for k, v in versions().items()}}
+        params = {"design": m.design.type, "repeats": m.repeats, "cells": len(self.plan.runs),
+                  "design_cells": self.plan.design_cells, "factors": ",".join(self.plan.varied),
+                  **{f"base.{k}": v for k, v in m.base.model_dump(exclude={"env", "overrides", "embedded"}).items()}}
+        return tracker.start_parent(sweep_id, tags, params)
+
+    def _run_one(self, sweep_dir: Path, spec: RunSpec, repeat: int) -> dict[str, Any]:
+        return execute_spec(spec, run_dir(sweep_dir, spec.cell_id, repeat), repeat, self.executor,
+                            self.matrix.base.warmup_steps)
+
+    def _log_mlflow(self, tracker: Tracker, parent_id: str, spec: RunSpec, rdir: Path) -> None:
+        if (rdir / MLFLOW_MARK).exists():
+            return
+        rec = read_json(rdir / "record.json")
+        if rec is None:
+            return
+        try:
+            rid = log_record(tracker, parent_id, spec, rec, rdir, self.matrix)
+        except Exception as exc:  # the store went away: keep going, the next resume logs it
+            self.on_event("warn", {"message": f"MLflow logging of {spec.cell_id}/r{rec['repeat']} failed: {exc}"})
+            return
+        atomic_write_json(rdir / MLFLOW_MARK, {"run_id": rid, "tracking_uri": self.tracking_uri})
+
+    def _finish(self, tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead) -> SweepOutcome:
+        from bench.results import load_records
+
+        records = load_records(sweep_dir)
+        rows = cell_rows(meta["plan"]["runs"], records)
+        meta["invocations"].append({"finished_at": time.time(), "wall_s": wall, "in_step_s": in_step,
+                                    "overhead_share": overhead, "executed": executed, "skipped": skipped,
+                                    "failed": failed})
+        all_ok = all(r["status"] == "ok" for r in rows)
+        meta["status"] = "complete" if all_ok else "incomplete"
+        header = {"sweep_id": meta["sweep_id"], "matrix": meta["matrix_name"], "engine": meta["engine"],
+                  "platform": meta["platform"], "design": meta["matrix"]["design"]["type"],
+                  "cells run / design cells": f"{len(rows)} / {meta['plan']['design_cells']}",
+                  "dropped": len(meta["plan"]["dropped"]),
+                  "timed steps": "measured steps without the profiler (profiled steps give the Free ratio)",
+                  "harness overhead": f"{overhead:.1%} of {wall:.1f} s wall (in GRPO steps {in_step:.1f} s)"}
+        csv_path, md_path = write_summary(sweep_dir, rows, header)
+        atomic_write_json(sweep_dir / SWEEP, meta)
+        try:
+            tracker.finish_parent(
+                meta["parent_run_id"],
+                metrics={"harness_overhead_share": overhead, "sweep_wall_s": wall, "in_step_s": in_step,
+                         "cells_failed": sum(r["status"] != "ok" for r in rows)},
+                artifacts=[csv_path, md_path, sweep_dir / SWEEP],
+                status="FINISHED" if all_ok else "FAILED",
+                tags={"bench.status": meta["status"]},
+            )
+        except Exception as exc:
+            self.on_event("warn", {"message": f"MLflow parent update failed: {exc}"})
+        return SweepOutcome(sweep_dir, meta["parent_run_id"], rows, executed, skipped, failed, wall, in_step,
+                            overhead)
+
+
+def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, warmup_steps: int) -> dict[str, Any]:
+    """Run one repeat of ``spec`` in the fresh folder ``rdir``, measure it and write its record.
+
+    An earlier unfinished attempt in ``rdir`` is removed first. Returns the record (status ``ok`` or
+    ``failed`` with ``failure_kind`` in bad_input | infeasible | oom | timeout | crash | error | no_metrics).
+    """
+    rdir = Path(rdir)
+    if rdir.exists():
+        shutil.rmtree(rdir)
+    rdir.mkdir(parents=True)
+    launch = spec.launch
+    launch_res = resolve_launch(launch.argv, launch.env, launch.patches, rdir, spec.timeout_s)
+    if launch.config:
+        cfg = json.loads(json.dumps(launch.config).replace("{run_dir}", str(rdir.resolve())))
+        atomic_write_text(rdir / launch.config_file, yaml.safe_dump(cfg, sort_keys=False))
+    started = time.time()
+    res = executor.execute(launch_res)
+    rec = build_record(rdir, res, spec=spec.model_dump(mode="json"), repeat=repeat, warmup_steps=warmup_steps,
+                       started_at=started)
+    rec["label"] = spec.label
+    rec["all_off"] = spec.is_all_off()
+    write_record(rdir, rec)
+    return rec
+
+
+def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, Any], rdir: Path,
+               matrix: Matrix) -> str:
+    """Log one run record as an MLflow child run of ``parent_id``; returns the child's run id."""
+    summ = rec.get("summary") or {}
+    series: dict[str, list[tuple[int, float]]] = {}
+    for step, metrics in rec.get("steps", {}).items():
+        for key, value in metrics.items():
+            series.setdefault(key, []).append((int(step), value))
+    for step, value in rec.get("free_ratio", {}).items():
+        series.setdefault("free_ratio/step", []).append((int(step), value))
+    summary = {
+        "step_time_s": summ.get("step_time_median_s"), "step_time_iqr_s": summ.get("step_time_iqr_s"),
+        "rollout_share": summ.get("rollout_share_median"), "free_ratio": summ.get("free_ratio_median"),
+        "throughput": summ.get("throughput_median"), "peak_memory_gb": summ.get("peak_memory_gb"),
+        "long_tail_waste": summ.get("long_tail_waste_median"), "wall_s": rec.get("wall_s"),
+        **{f"phase/{k}_s": v for k, v in (summ.get("phase_median_s") or {}).items()},
+    }
+    evidence = rec.get("evidence") or {}
+    tags = {"bench.kind": "cell", "cell_id": spec.cell_id, "repeat": rec["repeat"], "status": rec["status"],
+            "label": spec.label, "engine": spec.engine, "platform": spec.platform,
+            "merged_cells": len(spec.cells), "git_commit": git_commit(),
+            "timed_steps": summ.get("timed_steps"), "profiled_steps": summ.get("profiled_steps"),
+            **{f"version.{k}": v for k, v in versions().items()},
+            **{f"evidence.{k}": v for k, v in evidence.items() if k in REGISTRY},
+            **{f"not_applicable.{k}": v for k, v in spec.not_applicable.items()}}
+    if rec.get("patch_reports"):
+        tags["evidence.patches"] = rec["patch_reports"]
+    if rec["status"] != "ok":
+        tags.update({"failure_kind": rec.get("failure_kind"), "failure_reason": rec.get("reason")})
+    params = {**{f"factor.{k}": ("n/a" if v is None else v) for k, v in spec.levels.items()},
+              **{k: getattr(matrix.base, k) for k in KEY_SETTINGS}, "cell_id": spec.cell_id}
+    arts = [rdir / n for n in ("run_config.yaml", "metrics.jsonl", "run.log", "evidence.json", "record.json",
+                               "engine.log")]
+    return tracker.log_child(parent_id, f"{spec.label}#r{rec['repeat']}", params=params, tags=tags,
+                             series=series, summary=summary, artifacts=arts, status=rec["status"])

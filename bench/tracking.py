@@ -1,0 +1,161 @@
+"""MLflow recording: a parent run per sweep, a child run per cell and repeat.
+
+- experiment = matrix name;
+- parent run: tags ``bench.kind=sweep``, sweep id, engine, platform, versions, git commit; params = the
+  matrix's base settings; at the end the sweep's summary table (CSV, markdown) as artifacts and the
+  harness overhead as a metric;
+- child run (``bench.kind=cell``): params = factor levels (``n/a`` when not applicable) and key
+  settings; tags = cell id, repeat, status, failure reason, evidence per factor; metrics = every
+  per-step series of the verl JSONL (with its step index), per-step ``free_ratio`` and the summary
+  values (``step_time_median_s``, ``rollout_share``, ``free_ratio`` ...); artifacts = resolved config,
+  JSONL, log, evidence and the profiler summary.
+
+Uses :class:`mlflow.MlflowClient` with ``log_batch`` (one round trip per child), which works against a
+``sqlite:///`` store and an ``http://`` tracking server alike.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import time
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from bench.errors import BenchError
+
+#: Packages whose versions are recorded as tags when installed.
+VERSIONED = ("torch", "transformers", "verl", "torch_npu", "vllm", "vllm_ascend", "mlflow", "optuna")
+_MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """Installed versions of :data:`VERSIONED` packages (absent ones omitted)."""
+    out = {}
+    for name in VERSIONED:
+        for dist in (name, name.replace("_", "-")):
+            try:
+                out[name] = metadata.version(dist)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+    return out
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    """The project's git commit (``+dirty`` when the tree has changes), or ``unknown``."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def _finite(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def _tag(v: Any) -> str:
+    s = v if isinstance(v, str) else __import__("json").dumps(v, sort_keys=True, default=str)
+    return s[:5000]
+
+
+class Tracker:
+    """Thin wrapper over :class:`mlflow.MlflowClient` for one experiment.
+
+    Raises:
+        BenchError: the tracking URI cannot be opened (bad scheme, unreachable server, unwritable file).
+    """
+
+    def __init__(self, tracking_uri: str, experiment: str):
+        import mlflow
+        from mlflow import MlflowClient
+
+        self.uri = tracking_uri
+        self.client = MlflowClient(tracking_uri=tracking_uri)
+        self._mlflow = mlflow
+        try:
+            exp = self.client.get_experiment_by_name(experiment)
+            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+        except Exception as exc:  # MlflowException, requests errors, sqlalchemy errors
+            raise BenchError(f"--tracking-uri {tracking_uri}: cannot open MLflow store: {str(exc).splitlines()[0]}") from None
+
+    def start_parent(self, name: str, tags: dict[str, Any], params: dict[str, Any]) -> str:
+        """Create a parent run (status RUNNING); returns its run id."""
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={k: _tag(v) for k, v in tags.items()})
+        self._log(run.info.run_id, params=params)
+        return run.info.run_id
+
+    def parent_alive(self, run_id: str) -> bool:
+        """Whether the parent run exists in this store (resume reuses it)."""
+        try:
+            self.client.get_run(run_id)
+            return True
+        except Exception:
+            return False
+
+    def log_child(self, parent_id: str, name: str, *, params: dict[str, Any], tags: dict[str, Any],
+                  series: dict[str, list[tuple[int, float]]], summary: dict[str, Any],
+                  artifacts: list[Path], status: str) -> str:
+        """Create a finished child run under ``parent_id`` with everything logged; returns its id.
+
+        ``series``: metric -> [(step, value)]; ``summary``: metric -> value (non-numbers skipped).
+        """
+        from mlflow.entities import Metric
+
+        tags = {**tags, "mlflow.parentRunId": parent_id}
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={k: _tag(v) for k, v in tags.items()})
+        rid = run.info.run_id
+        now = int(time.time() * 1000)
+        metrics = [Metric(_key(k), f, now, int(step)) for k, pts in series.items() for step, v in pts
+                   if (f := _finite(v)) is not None]
+        metrics += [Metric(_key(k), f, now, 0) for k, v in summary.items() if (f := _finite(v)) is not None]
+        self._log(rid, params=params, metrics=metrics)
+        for path in artifacts:
+            if Path(path).is_file():
+                self.client.log_artifact(rid, str(path))
+        self.client.set_terminated(rid, status="FINISHED" if status == "ok" else "FAILED")
+        return rid
+
+    def finish_parent(self, run_id: str, *, metrics: dict[str, Any], artifacts: list[Path], status: str,
+                      tags: dict[str, Any] | None = None) -> None:
+        """Log final metrics/artifacts/tags on the parent and mark it finished (or failed/killed)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        ms = [Metric(_key(k), f, now, 0) for k, v in metrics.items() if (f := _finite(v)) is not None]
+        self._log(run_id, metrics=ms)
+        for k, v in (tags or {}).items():
+            self.client.set_tag(run_id, k, _tag(v))
+        for path in artifacts:
+            if Path(path).is_file():
+                self.client.log_artifact(run_id, str(path))
+        self.client.set_terminated(run_id, status=status)
+
+    def _log(self, run_id: str, params: dict[str, Any] | None = None, metrics: list | None = None) -> None:
+        from mlflow.entities import Param
+
+        ps = [Param(_key(k), str(v)[:6000]) for k, v in (params or {}).items()]
+        metrics = metrics or []
+        for i in range(0, max(len(metrics), len(ps), 1), _MAX_BATCH):
+            self.client.log_batch(run_id, metrics=metrics[i:i + _MAX_BATCH], params=ps[i:i + 100] if i == 0 else [])
+        for i in range(100, len(ps), 100):
+            self.client.log_batch(run_id, params=ps[i:i + 100])
+
+
+def _key(k: str) -> str:
+    """MLflow-safe metric/param key (letters, digits, ``_-./ :`` kept; others -> ``_``)."""
+    return "".join(c if c.isalnum() or c in "_-./ :" else "_" for c in str(k))
