@@ -25,6 +25,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dry-run", action="store_true",
                    help="print each cell, its levels and exactly what would be launched; run nothing")
     p.add_argument("--force", action="store_true", help="start a new sweep: rerun cells already finished")
+    p.add_argument("--spawn", action="store_true",
+                   help="start every run in a fresh interpreter (default on CPU for the embedded engine: "
+                   "fork each run from a warm server that has imported torch/transformers/verl once)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run each cell as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")
 
@@ -44,7 +47,7 @@ def print_plan(plan: Plan, console: Console) -> None:
             console.print(f"  {line}")
     na = {k: r for r in plan.runs for k, r in r.not_applicable.items()}
     for key, reason in na.items():
-        console.print(f"[yellow]not applicable[/] {key}: {reason}")
+        console.print(f"not applicable {key}: {reason}", markup=False)
     for i, run in enumerate(plan.runs, 1):
         console.print(f"\n[bold]run {i}/{len(plan.runs)}[/] cell {run.cell_id} ({run.label})")
         console.print(f"  levels: {_levels(run.levels)}")
@@ -53,15 +56,16 @@ def print_plan(plan: Plan, console: Console) -> None:
             varying = " ".join(f"{k} in {v}" for k, v in spread.items() if len(v) > 1)
             console.print(f"  merged {len(run.cells)} design cells that differ only in not-applicable factors: {varying}")
         launch = run.launch
-        console.print(f"  argv: {json.dumps(launch.argv)}", soft_wrap=True)
-        console.print(f"  env: {json.dumps(launch.env, sort_keys=True)}", soft_wrap=True)
-        console.print(f"  patches: {json.dumps(launch.patches)}")
+        console.print(f"  argv: {json.dumps(launch.argv)}", soft_wrap=True, markup=False)
+        console.print(f"  env: {json.dumps(launch.env, sort_keys=True)}", soft_wrap=True, markup=False)
+        console.print(f"  patches: {json.dumps(launch.patches)}", markup=False)
         if launch.config and plan.engine == "embedded":
-            console.print(f"  {launch.config_file}: {json.dumps(launch.config, sort_keys=True)}", soft_wrap=True)
+            console.print(f"  {launch.config_file}: {json.dumps(launch.config, sort_keys=True)}", soft_wrap=True,
+                          markup=False)
         for note in launch.notes:
-            console.print(f"  [yellow]note[/]: {note}")
+            console.print(f"  note: {note}", markup=False)
     for d in plan.dropped:
-        console.print(f"[red]dropped[/] ({d.kind}) {_levels(d.cell)}: {d.reason}")
+        console.print(f"dropped ({d.kind}) {_levels(d.cell)}: {d.reason}", markup=False)
 
 
 class ConsoleView:
@@ -108,24 +112,30 @@ class ConsoleView:
 
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
-    """The final rich table of cells."""
+    """The final rich table of cells (factor columns only for factors that apply and vary)."""
+    factors = [k for k in FACTOR_KEYS if len({r[k] for r in rows}) > 1 or any(r[k] not in ("n/a", "0") for r in rows)]
     t = Table(title="cells")
-    for col in ("cell", *[k for k in FACTOR_KEYS], "step s", "IQR", "speedup", "rollout", "Free", "status"):
+    for col in ("cell", *factors, "step s", "IQR", "speedup", "rollout", "Free", "status"):
         t.add_column(col, overflow="fold")
     for r in rows:
-        t.add_row(r["label"], *[r[k] for k in FACTOR_KEYS],
+        t.add_row(r["label"], *[r[k] for k in factors],
                   *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
                     (r["step_time_median_s"], r["step_time_iqr_s"], r["speedup"], r["rollout_share"], r["free_ratio"])),
-                  r["status"])
+                  r["status"] + (f": {r['reason'][:60]}" if r["reason"] else ""))
     return t
 
 
-def make_executor(args: argparse.Namespace):
-    """Local executor, or the Ray job executor when ``--ray-address`` is given."""
+def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""):
+    """Ray job executor with ``--ray-address``; the fork server for embedded CPU runs (unless ``--spawn``);
+    else a fresh local process per run."""
     if getattr(args, "ray_address", None):
         from bench.ray_executor import RayJobExecutor
 
         return RayJobExecutor(args.ray_address)
+    if engine == "embedded" and platform == "cpu" and not getattr(args, "spawn", False):
+        from bench.forkserver import ForkServerExecutor
+
+        return ForkServerExecutor()
     from bench.executors import LocalExecutor
 
     return LocalExecutor()
@@ -135,6 +145,10 @@ def main(args: argparse.Namespace) -> int:
     """Run (or dry-run) a matrix; 0 when every cell finished, 1 when some failed, 2 on bad input."""
     console = Console(highlight=False, soft_wrap=True)
     matrix = load_matrix(args.matrix)
+    if matrix.expect:  # claims checked by the gate: a bad block fails now, not after the sweep
+        from bench.gate import validate_expect
+
+        validate_expect(matrix.expect, args.matrix, Path(args.matrix).read_text())
     plan = make_plan(matrix, strict=not args.dry_run)
     if args.dry_run:
         print_plan(plan, console)
@@ -145,7 +159,7 @@ def main(args: argparse.Namespace) -> int:
 
     view = ConsoleView(console)
     try:
-        out = Sweep(matrix, plan, args.results, args.tracking_uri, executor=make_executor(args),
+        out = Sweep(matrix, plan, args.results, args.tracking_uri, executor=make_executor(args, matrix.engine, plan.platform),
                     force=args.force, on_event=view).run()
     finally:
         view.stop()

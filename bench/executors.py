@@ -72,7 +72,13 @@ def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run
     """
     run_dir = Path(run_dir).resolve()
     fill = {"python": python, "run_dir": str(run_dir)}
-    out_env = {k: v.format(**fill) if "{" in v else v for k, v in env.items()}
+
+    def _fill(text: str) -> str:  # only these two placeholders: verl overrides may hold other braces
+        for key, value in fill.items():
+            text = text.replace("{" + key + "}", value)
+        return text
+
+    out_env = {k: _fill(v) for k, v in env.items()}
     out_env["BENCH_RUN_DIR"] = str(run_dir)
     paths = [str(REPO_ROOT)]
     if patches:
@@ -80,7 +86,7 @@ def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run
         paths.insert(0, str(PATCHES_DIR))
     existing = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")
     out_env["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))
-    return ResolvedLaunch(argv=[a.format(**fill) for a in argv], env=out_env, run_dir=run_dir, timeout_s=timeout_s)
+    return ResolvedLaunch(argv=[_fill(a) for a in argv], env=out_env, run_dir=run_dir, timeout_s=timeout_s)
 
 
 class LocalExecutor:

@@ -1,28 +1,35 @@
 """Statistics shared by the gate and the report: pure functions on numbers, no files, no MLflow.
 
-Two-sample comparison (gate, per-cell speedups of the report)
+Two-sample comparison (gate, per-cell speedups of the report): :func:`compare`
     ``base`` and ``cand`` are per-step samples grouped by repeat (one array per run).
 
-    * **relative change** ``exp(HL) - 1`` where ``HL`` is the Hodges-Lehmann shift of the log values:
-      the median of all pairwise differences ``log(c_j) - log(b_i)`` (the estimator that goes with the
-      Mann-Whitney U test; robust to an outlying step). For metrics that can be 0 (ratios such as the
-      Free ratio) the shift is taken on the raw values and divided by the baseline median.
-    * **p value**: two-sided Mann-Whitney U (``scipy.stats.mannwhitneyu``, exact for small samples
-      without ties) on the pooled step samples of all repeats.
+    * **unpaired** (default): relative change ``exp(HL) - 1`` where ``HL`` is the Hodges-Lehmann
+      shift of the log values, the median of all pairwise differences ``log(c_j) - log(b_i)`` (the
+      estimator that goes with the Mann-Whitney U test; robust to an outlying step); p value: two-sided
+      Mann-Whitney U (``scipy.stats.mannwhitneyu``, exact distribution when there are no ties) on
+      the pooled step samples of all repeats.
+    * **paired** (``paired=True``: the groups align sample by sample, i.e. the same steps did the same
+      work on both sides): the per-step log ratios ``d``; change ``exp(HL1(d)) - 1`` with ``HL1`` the
+      one-sample Hodges-Lehmann estimate (median of the Walsh averages); p value: two-sided Wilcoxon
+      signed-rank (``scipy.stats.wilcoxon``).
+    * For metrics that can be 0 (ratios such as the Free ratio) the shift is taken on the raw values
+      and divided by the baseline median.
     * **confidence interval** of the relative change at level ``1 - alpha``: percentile bootstrap that
       resamples *repeats* first and then steps within each drawn repeat (a two-level bootstrap, so the
       run-to-run spread widens the interval, not only the step-to-step spread).
+    * :func:`verdict`: regression / improvement only when the change passes the threshold AND p < alpha.
 
-Effects (report)
-    :func:`fit_effects`: OLS (statsmodels) of log step time on +-1 coded two-level factors (dummy
-    coded for factors with more levels) with every estimable two-factor interaction; a term's effect
-    is ``2 x coefficient`` (the change of log step time from the low to the high level). Columns that
-    are linearly dependent on earlier ones (aliased in a fractional design, or not estimable in a
-    one-at-a-time design) are dropped and reported with what they are aliased with.
+Effects (report): :func:`fit_effects`
+    OLS (statsmodels) of log step time on +-1 coded two-level factors (dummy coded for factors with
+    more levels) with every estimable two-factor interaction; a term's effect is ``2 x coefficient``
+    (the change of log step time from the low to the high level). Columns that are linearly dependent
+    on earlier ones (aliased in a fractional design, or not estimable in a one-at-a-time design) are
+    dropped and reported with what they are aliased with.
 
-Minimal detectable effect
-    :func:`mde_two_sample` and :func:`mde_effect`: the smallest true change detected with the given
-    power at the given alpha, from the measured noise (normal approximation on the log scale).
+Noise and minimal detectable effect: :func:`noise_components`, :func:`mde_from_se`
+    Within-run and between-run spread of log step time (one-way ANOVA per cell); the smallest true
+    change found with the given power at the given alpha from a standard error (normal approximation
+    on the log scale), optionally under the gate's threshold as well.
 """
 
 from __future__ import annotations
@@ -50,12 +57,18 @@ def hl_shift(base: np.ndarray, cand: np.ndarray) -> float:
 
 
 def mannwhitney_p(base: np.ndarray, cand: np.ndarray) -> float:
-    """Two-sided Mann-Whitney U p value (1.0 when a side has no sample or all values are equal)."""
+    """Two-sided Mann-Whitney U p value (1.0 when a side has no sample or all values are equal).
+
+    Exact distribution when there are no ties (and at most 400 samples), else the normal
+    approximation with tie correction.
+    """
     if len(base) == 0 or len(cand) == 0:
         return 1.0
     if np.ptp(np.concatenate([base, cand])) == 0:
         return 1.0
-    return float(sps.mannwhitneyu(cand, base, alternative="two-sided").pvalue)
+    both = np.concatenate([base, cand])
+    exact = len(np.unique(both)) == len(both) and len(both) <= 400
+    return float(sps.mannwhitneyu(cand, base, alternative="two-sided", method="exact" if exact else "asymptotic").pvalue)
 
 
 def min_attainable_p(n: int, m: int) -> float:
@@ -81,7 +94,9 @@ class Comparison:
     """Candidate vs baseline for one metric. ``change`` = relative change of the candidate (+0.1 = 10 % higher).
 
     ``ci_low``/``ci_high``: bootstrap interval of ``change`` at ``level`` (``None`` when not computed);
-    ``p_value``: two-sided Mann-Whitney U; ``min_p``: the smallest p these sample counts allow.
+    ``p_value``: two-sided Mann-Whitney U (or Wilcoxon signed-rank when paired, see ``test``);
+    ``min_p``: the smallest p these sample counts allow; ``se``: standard error of the log shift
+    (normal approximation x 1.05 for the rank tests' efficiency; log scale only).
     """
 
     n_base: int
@@ -97,6 +112,8 @@ class Comparison:
     p_value: float
     min_p: float
     scale: str = "log"
+    test: str = "mann-whitney u"
+    se: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -113,9 +130,24 @@ def _boot_draw(groups: list[np.ndarray], rng: np.random.Generator) -> np.ndarray
     return np.concatenate([g[rng.integers(0, len(g), size=len(g))] for g in (groups[i] for i in picks)])
 
 
+def walsh_hl(d: np.ndarray) -> float:
+    """One-sample Hodges-Lehmann estimate: median of the Walsh averages ``(d_i + d_j) / 2``, ``i <= j``."""
+    i, j = np.triu_indices(len(d))
+    return float(np.median((d[i] + d[j]) / 2.0))
+
+
+def wilcoxon_p(d: np.ndarray) -> float:
+    """Two-sided Wilcoxon signed-rank p value of paired differences (1.0 when all are 0)."""
+    d = d[d != 0]
+    if len(d) == 0:
+        return 1.0
+    exact = len(np.unique(np.abs(d))) == len(d) and len(d) <= 50
+    return float(sps.wilcoxon(d, alternative="two-sided", method="exact" if exact else "approx").pvalue)
+
+
 def compare(base_groups: Sequence[Sequence[float]], cand_groups: Sequence[Sequence[float]], *,
             alpha: float = 0.01, n_boot: int = N_BOOT, seed: int = 0, scale: str = "log",
-            ci: bool = True) -> Comparison:
+            ci: bool = True, paired: bool = False) -> Comparison:
     """Compare candidate samples with baseline samples (each grouped by repeat).
 
     Args:
@@ -124,39 +156,69 @@ def compare(base_groups: Sequence[Sequence[float]], cand_groups: Sequence[Sequen
         n_boot: bootstrap resamples (0 or ``ci=False``: no interval).
         seed: bootstrap seed (results are reproducible).
         scale: ``log`` (strictly positive metrics: shift of logs) or ``linear`` (shift / baseline median).
+        paired: the groups are aligned sample by sample (same repeats, same steps, same work in each
+            step): compare the per-step differences (one-sample Hodges-Lehmann, Wilcoxon signed-rank,
+            bootstrap over repeats then steps of the differences). Unaligned groups fall back to unpaired.
     """
     bg, cg = _groups(base_groups), _groups(cand_groups)
+    if paired and (len(bg) != len(cg) or any(len(x) != len(y) for x, y in zip(bg, cg)) or not bg):
+        paired = False
     b = np.concatenate(bg) if bg else np.array([])
     c = np.concatenate(cg) if cg else np.array([])
     out = Comparison(n_base=len(b), n_cand=len(c), runs_base=len(bg), runs_cand=len(cg),
                      base_median=float(np.median(b)) if len(b) else None,
                      cand_median=float(np.median(c)) if len(c) else None,
                      change=None, ci_low=None, ci_high=None, level=1 - alpha,
-                     p_value=mannwhitney_p(b, c), min_p=min_attainable_p(len(b), len(c)), scale=scale)
+                     p_value=1.0, min_p=min_attainable_p(len(b), len(c)), scale=scale)
     if not len(b) or not len(c):
         return out
+    if len(b) < 2 or len(c) < 2:
+        ci = False  # a bootstrap of one sample says nothing
     if scale == "log" and (np.any(b <= 0) or np.any(c <= 0)):
         scale = out.scale = "linear"
         out.notes.append("non-positive values: relative change taken on the linear scale")
+    med_b = float(np.median(b))
 
-    def stat(bb: np.ndarray, cc: np.ndarray) -> float:
-        if scale == "log":
-            return math.expm1(hl_shift(np.log(bb), np.log(cc)))
-        med = float(np.median(bb))
-        return hl_shift(bb, cc) / med if med != 0 else math.nan
+    if paired:
+        out.test = "wilcoxon signed-rank (paired by repeat and step)"
+        diffs = [np.log(y) - np.log(x) if scale == "log" else (y - x) / (med_b or math.nan) for x, y in zip(bg, cg)]
+        d = np.concatenate(diffs)
+        out.p_value = wilcoxon_p(d)
+        out.min_p = min(1.0, 2.0 / 2.0 ** len(d))
 
-    out.change = stat(b, c)
-    if out.change is not None and not math.isfinite(out.change):
+        def pstat(dd: np.ndarray) -> float:
+            return math.expm1(walsh_hl(dd)) if scale == "log" else walsh_hl(dd)
+
+        out.change = pstat(d)
+        if scale == "log" and len(d) > 1:
+            out.se = 1.05 * float(np.std(d, ddof=1)) / math.sqrt(len(d))
+        if ci and n_boot > 0 and math.isfinite(out.change):
+            rng = np.random.default_rng(seed)
+            draws = np.array([pstat(_boot_draw(diffs, rng)) for _ in range(n_boot)])
+            lo, hi = np.percentile(draws[np.isfinite(draws)], [100 * alpha / 2, 100 * (1 - alpha / 2)])
+            out.ci_low, out.ci_high = float(lo), float(hi)
+    else:
+        out.p_value = mannwhitney_p(b, c)
+
+        def stat(bb: np.ndarray, cc: np.ndarray) -> float:
+            if scale == "log":
+                return math.expm1(hl_shift(np.log(bb), np.log(cc)))
+            med = float(np.median(bb))
+            return hl_shift(bb, cc) / med if med != 0 else math.nan
+
+        out.change = stat(b, c)
+        if scale == "log" and len(b) > 1 and len(c) > 1:
+            out.se = 1.05 * math.sqrt(float(np.var(np.log(b), ddof=1)) / len(b) + float(np.var(np.log(c), ddof=1)) / len(c))
+        if ci and n_boot > 0 and math.isfinite(out.change):
+            rng = np.random.default_rng(seed)
+            draws = np.array([stat(_boot_draw(bg, rng), _boot_draw(cg, rng)) for _ in range(n_boot)])
+            draws = draws[np.isfinite(draws)]
+            if len(draws):
+                lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
+                out.ci_low, out.ci_high = float(lo), float(hi)
+    if not math.isfinite(out.change):
         out.change = None
         out.notes.append("baseline median is 0: relative change undefined")
-        return out
-    if ci and n_boot > 0:
-        rng = np.random.default_rng(seed)
-        draws = np.array([stat(_boot_draw(bg, rng), _boot_draw(cg, rng)) for _ in range(n_boot)])
-        draws = draws[np.isfinite(draws)]
-        if len(draws):
-            lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
-            out.ci_low, out.ci_high = float(lo), float(hi)
     return out
 
 
@@ -317,35 +379,66 @@ def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors
 
 # -- minimal detectable effect ----------------------------------------------------------------
 
-def pooled_log_sd(groups_by_cell: Sequence[Sequence[float]]) -> float | None:
-    """Pooled within-cell standard deviation of log values (cells with one sample add nothing)."""
-    ss, df = 0.0, 0
-    for g in groups_by_cell:
-        a = _arr(g)
-        a = a[a > 0]
-        if len(a) > 1:
-            la = np.log(a)
-            ss += float(np.sum((la - la.mean()) ** 2))
-            df += len(a) - 1
-    return math.sqrt(ss / df) if df else None
+def mde_from_se(se: float, *, alpha: float, power: float = 0.8, threshold: float = 0.0) -> float:
+    """Smallest true relative change detected with probability ``power`` given the log-scale SE.
 
-
-def mde_two_sample(sd_log: float, n: int, m: int, *, alpha: float, power: float = 0.8,
-                   threshold: float = 0.0) -> float:
-    """Smallest true relative change found with probability ``power`` by a two-sided test at ``alpha``.
-
-    Normal approximation on the log scale, ``se = sd_log * sqrt(1/n + 1/m)`` (x 1.05 for the
-    Mann-Whitney test's efficiency); with a ``threshold`` the estimate must also exceed it, so the
-    MDE is at least ``threshold`` plus ``z_power`` standard errors.
+    Two-sided test at ``alpha`` (normal approximation); with a ``threshold`` the estimate must also
+    exceed it (the gate's rule).
     """
-    se = 1.05 * sd_log * math.sqrt(1.0 / n + 1.0 / m)
     zp = sps.norm.ppf(power)
-    d = max((sps.norm.ppf(1 - alpha / 2) + zp) * se, math.log1p(threshold) + zp * se if threshold else 0.0)
+    d = (sps.norm.ppf(1 - alpha / 2) + zp) * se
+    if threshold:
+        d = max(d, math.log1p(threshold) + zp * se)
     return math.expm1(d)
 
 
-def mde_effect(se_effect: float, df: float, *, alpha: float, power: float = 0.8) -> float:
-    """Smallest true effect (relative change of step time) an OLS effect with this SE detects."""
-    t_a = sps.t.ppf(1 - alpha / 2, df) if df > 0 else math.inf
-    t_b = sps.t.ppf(power, df) if df > 0 else math.inf
-    return math.expm1((t_a + t_b) * se_effect)
+@dataclass
+class Noise:
+    """Noise of log step time: ``sd_step`` within a run, ``sd_run`` between runs of one cell (beyond
+    what ``sd_step`` explains), ``steps_per_run`` (mean), ``runs_per_cell`` (mean)."""
+
+    sd_step: float | None
+    sd_run: float | None
+    steps_per_run: float
+    runs_per_cell: float
+
+    def run_mean_sd(self) -> float | None:
+        """SD of one run's mean log step time: ``sqrt(sd_run^2 + sd_step^2 / steps_per_run)``."""
+        if self.sd_step is None:
+            return None
+        return math.sqrt((self.sd_run or 0.0) ** 2 + self.sd_step ** 2 / max(self.steps_per_run, 1.0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "run_mean_sd": self.run_mean_sd()}
+
+
+def noise_components(cells: Sequence[Sequence[Sequence[float]]]) -> Noise:
+    """Split the noise of log step time into within-run and between-run parts (one-way ANOVA per cell).
+
+    ``cells``: per cell, per run, the step samples (seconds). ``sd_run`` is estimated from cells with
+    at least two runs: variance of run means minus ``sd_step^2 / k`` (floored at 0).
+    """
+    ss_w, df_w = 0.0, 0
+    between: list[float] = []
+    ks: list[int] = []
+    rs: list[int] = []
+    for runs in cells:
+        logs = [np.log(a[a > 0]) for a in (_arr(r) for r in runs)]
+        logs = [x for x in logs if len(x)]
+        if not logs:
+            continue
+        rs.append(len(logs))
+        for x in logs:
+            ks.append(len(x))
+            if len(x) > 1:
+                ss_w += float(np.sum((x - x.mean()) ** 2))
+                df_w += len(x) - 1
+        if len(logs) > 1:
+            means = np.array([x.mean() for x in logs])
+            between.append(float(np.var(means, ddof=1)))
+    sd_step = math.sqrt(ss_w / df_w) if df_w else None
+    k = float(np.mean(ks)) if ks else 1.0
+    sd_run = None
+    if between and sd_step is not None:
+        sd_run = math.sqrt(max(0.0, float(np.mean(between)) - sd_step ** 2 / k))
+    return Noise(sd_step=sd_step, sd_run=sd_run, steps_per_run=k, runs_per_cell=float(np.mean(rs)) if rs else 0.0)

@@ -4,7 +4,7 @@ The sweep goes on when a run fails (recorded with its reason and log tail); each
 ``record.json`` is written atomically before anything else happens, so a killed harness loses no
 finished run; rerunning the same matrix resumes the newest sweep of the same content.
 
-Harness overhead = wall time of this invocation not spent inside GRPO steps (the sum of
+Harness overhead = wall time of this invocation (from process start) not spent inside GRPO steps (the sum of
 ``timing_s/step`` of every step the runs executed), as a share of the invocation's wall time.
 """
 
@@ -50,6 +50,13 @@ class SweepOutcome:
     in_step_s: float
     overhead_share: float
     notes: list[str] = field(default_factory=list)
+
+
+def process_start() -> float:
+    """Epoch seconds at which this process started (the harness overhead counts from there)."""
+    import psutil
+
+    return psutil.Process().create_time()
 
 
 def _levels_str(levels: dict[str, int | None]) -> dict[str, str]:
@@ -156,7 +163,6 @@ class Sweep:
 
     def run(self) -> SweepOutcome:
         """Run every unfinished cell repeat; returns the outcome (failed runs do not raise)."""
-        t0 = time.perf_counter()
         tracker = Tracker(self.tracking_uri, self.matrix.name)
         with self.rd.lock():
             sweep_dir, meta = self._open_sweep(tracker)
@@ -164,26 +170,35 @@ class Sweep:
             plan_runs = meta["plan"]["runs"]
             todo = [(specs[c["cell_id"]], k) for c in plan_runs for k in range(self.plan.repeats)]
             self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed")})
-            executed = skipped = failed = 0
-            in_step = 0.0
-            for spec, k in todo:
-                rdir = run_dir(sweep_dir, spec.cell_id, k)
-                if is_finished(rdir):
-                    skipped += 1
-                    self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
-                    self.on_event("skip", {"spec": spec, "repeat": k, "record": read_json(rdir / "record.json")})
-                    continue
-                self.on_event("launch", {"spec": spec, "repeat": k})
-                rec = self._run_one(sweep_dir, spec, k)
-                executed += 1
-                failed += rec["status"] != "ok"
-                in_step += sum(float(s.get("timing_s/step", 0.0)) for s in rec["steps"].values())
-                self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
-                self.on_event("done", {"spec": spec, "repeat": k, "record": rec})
-            wall = time.perf_counter() - t0
+            counts = {"executed": 0, "skipped": 0, "failed": 0, "in_step": 0.0}
+            try:
+                self._loop(tracker, sweep_dir, meta, todo, counts)
+            finally:
+                close = getattr(self.executor, "close", None)
+                if close is not None:
+                    close()
+            executed, skipped, failed, in_step = (counts[k] for k in ("executed", "skipped", "failed", "in_step"))
+            wall = time.time() - process_start()
             overhead = (wall - in_step) / wall if wall > 0 and executed else 0.0
             outcome = self._finish(tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead)
         return outcome
+
+    def _loop(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], todo: list, counts: dict) -> None:
+        """Run or skip every (spec, repeat) of ``todo``, updating ``counts`` as runs finish."""
+        for spec, k in todo:
+            rdir = run_dir(sweep_dir, spec.cell_id, k)
+            if is_finished(rdir):
+                counts["skipped"] += 1
+                self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
+                self.on_event("skip", {"spec": spec, "repeat": k, "record": read_json(rdir / "record.json")})
+                continue
+            self.on_event("launch", {"spec": spec, "repeat": k})
+            rec = self._run_one(sweep_dir, spec, k)
+            counts["executed"] += 1
+            counts["failed"] += rec["status"] != "ok"
+            counts["in_step"] += sum(float(s.get("timing_s/step", 0.0)) for s in rec["steps"].values())
+            self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
+            self.on_event("done", {"spec": spec, "repeat": k, "record": rec})
 
     # -- pieces ---------------------------------------------------------------------------------
     def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
@@ -278,6 +293,24 @@ class Sweep:
                             overhead)
 
 
+def host_load() -> dict[str, float | None]:
+    """CPU contention on the harness host: PSI ``some`` avg10/avg60 of ``/proc/pressure/cpu`` (% of time a
+    task waited for a CPU; ``None`` where PSI is absent) and the 1-minute load average per CPU."""
+    import os
+
+    out: dict[str, float | None] = {"cpu_pressure_avg10": None, "cpu_pressure_avg60": None, "load1_per_cpu": None}
+    try:
+        kv = dict(x.split("=") for x in Path("/proc/pressure/cpu").read_text().splitlines()[0].split()[1:])
+        out["cpu_pressure_avg10"], out["cpu_pressure_avg60"] = float(kv["avg10"]), float(kv["avg60"])
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+    try:
+        out["load1_per_cpu"] = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        pass
+    return out
+
+
 def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, warmup_steps: int) -> dict[str, Any]:
     """Run one repeat of ``spec`` in the fresh folder ``rdir``, measure it and write its record.
 
@@ -294,9 +327,11 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
         cfg = json.loads(json.dumps(launch.config).replace("{run_dir}", str(rdir.resolve())))
         atomic_write_text(rdir / launch.config_file, yaml.safe_dump(cfg, sort_keys=False))
     started = time.time()
+    load0 = host_load()
     res = executor.execute(launch_res)
     rec = build_record(rdir, res, spec=spec.model_dump(mode="json"), repeat=repeat, warmup_steps=warmup_steps,
                        started_at=started)
+    rec["host_load"] = {"before": load0, "after": host_load()}  # the gate reports contention from it
     rec["label"] = spec.label
     rec["all_off"] = spec.is_all_off()
     write_record(rdir, rec)
@@ -329,7 +364,9 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
             **{f"evidence.{k}": v for k, v in evidence.items() if k in REGISTRY},
             **{f"not_applicable.{k}": v for k, v in spec.not_applicable.items()}}
     if rec.get("patch_reports"):
-        tags["evidence.patches"] = rec["patch_reports"]
+        from bench.engines.verl import patch_evidence
+
+        tags.update({f"evidence.patch.{k}": v for k, v in patch_evidence(rdir).items()})
     if rec["status"] != "ok":
         tags.update({"failure_kind": rec.get("failure_kind"), "failure_reason": rec.get("reason")})
     params = {**{f"factor.{k}": ("n/a" if v is None else v) for k, v in spec.levels.items()},

@@ -33,8 +33,12 @@ _MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
 
 @lru_cache(maxsize=1)
 def versions() -> dict[str, str]:
-    """Installed versions of :data:`VERSIONED` packages (absent ones omitted)."""
+    """Installed versions of :data:`VERSIONED` packages and CANN (absent ones omitted)."""
+    from bench.engines.verl import cann_version
+
     out = {}
+    if cann := cann_version():
+        out["cann"] = cann
     for name in VERSIONED:
         for dist in (name, name.replace("_", "-")):
             try:

@@ -125,8 +125,10 @@ def main() -> int:
 
     sizes = args.sizes or [args.size_mb]
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        print(f"{'size MB':>8} {'file MB':>8} {'events':>10} {'gen s':>7} {'parse s':>8} "
-              f"{'events/s':>10} {'MB/s':>7} {'peak RSS MB':>12} {'free ratio':>11}")
+        print(
+            f"{'size MB':>8} {'file MB':>8} {'events':>10} {'gen s':>7} {'parse s':>8} "
+            f"{'events/s':>10} {'MB/s':>7} {'peak RSS MB':>12} {'free ratio':>11}"
+        )
         for size in sizes:
             path = Path(tmp) / ("synthetic.pt.trace.json" + (".gz" if args.gzip else ""))
             t = time.perf_counter()

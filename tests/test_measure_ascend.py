@@ -33,16 +33,24 @@ FIX = Path(__file__).parent / "fixtures" / "measure" / "ascend"
 
 
 def test_csv_new_header_rows():
-    csv_path = next((FIX / "two_ranks_device_id").glob("*1001*_ascend_pt")) / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv"
+    csv_path = (
+        next((FIX / "two_ranks_device_id").glob("*1001*_ascend_pt")) / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv"
+    )
     assert csv_path.read_bytes().endswith(b"\r\n")  # csv.writer line ends, as torch_npu writes
     rows = read_step_trace_csv(csv_path, rank=0)
     assert [(r.device_id, r.step, r.step_label) for r in rows] == [(0, 2, "2"), (0, 3, "3")]
     r = rows[0]
     assert (r.computing_us, r.communication_not_overlapped_us, r.overlapped_us, r.communication_us) == (
-        600.0, 150.0, 50.0, 200.0,
+        600.0,
+        150.0,
+        50.0,
+        200.0,
     )
     assert (r.free_us, r.stage_us, r.bubble_us, r.communication_not_overlapped_exclude_receive_us) == (
-        250.0, 1000.0, 0.0, 150.0,
+        250.0,
+        1000.0,
+        0.0,
+        150.0,
     )
     assert r.preparing_us == 12.5
     assert r.step_time_us == 1000.0
@@ -50,7 +58,11 @@ def test_csv_new_header_rows():
 
 
 def test_csv_old_header_rows():
-    csv_path = next((FIX / "missing_rank_old_header").glob("*2001*_ascend_pt")) / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv"
+    csv_path = (
+        next((FIX / "missing_rank_old_header").glob("*2001*_ascend_pt"))
+        / "ASCEND_PROFILER_OUTPUT"
+        / "step_trace_time.csv"
+    )
     rows = read_step_trace_csv(csv_path)
     assert [(r.device_id, r.step, r.free_ratio) for r in rows] == [(None, 5, 0.25), (None, 6, 0.5)]
 
@@ -154,8 +166,10 @@ def test_db_export_variant(tmp_path):
     (d / "profiler_info_3.json").write_text('{"rank_id": 3}')
     _make_db(
         d / "ASCEND_PROFILER_OUTPUT" / "analysis.db",
-        [(3, "7", 600.0, 100.0, 0.0, 100.0, 300.0, 1000.0, 0.0, 100.0, 1.0),
-         (3, None, 100.0, 0.0, 0.0, 0.0, 100.0, 200.0, 0.0, 0.0, 1.0)],
+        [
+            (3, "7", 600.0, 100.0, 0.0, 100.0, 300.0, 1000.0, 0.0, 100.0, 1.0),
+            (3, None, 100.0, 0.0, 0.0, 0.0, 100.0, 200.0, 0.0, 0.0, 1.0),
+        ],
     )
     rows = read_step_trace_db(d / "ASCEND_PROFILER_OUTPUT" / "analysis.db", rank=3)
     assert [(r.step, r.free_ratio) for r in rows] == [(7, 0.3), (None, 0.5)]
@@ -205,7 +219,9 @@ def _fake_torch_npu(monkeypatch, analyse):
 
 def test_analyse_runs_torch_npu_offline_parse(tmp_path, monkeypatch):
     d = _raw_profile(tmp_path)
-    src_csv = next((FIX / "two_ranks_device_id").glob("*1001*_ascend_pt")) / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv"
+    src_csv = (
+        next((FIX / "two_ranks_device_id").glob("*1001*_ascend_pt")) / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv"
+    )
     calls = []
 
     def analyse(profiler_path, max_process_number=None, export_type=None):

@@ -32,9 +32,10 @@ def _gpu_run(tmp_path: Path) -> Path:
     run = tmp_path / "cell"
     (run / "trace").mkdir(parents=True)
     shutil.copy(FIX / "verl09_metrics.jsonl", run / "metrics.jsonl")
-    with open(FIX / "gpu_two_steps.pt.trace.json", "rb") as src, gzip.open(
-        run / "trace" / "rank0.pt.trace.json.gz", "wb"
-    ) as dst:
+    with (
+        open(FIX / "gpu_two_steps.pt.trace.json", "rb") as src,
+        gzip.open(run / "trace" / "rank0.pt.trace.json.gz", "wb") as dst,
+    ):
         shutil.copyfileobj(src, dst)
     (run / "trace" / "notes.json").write_text('{"not": "a trace"}')
     (run / "run.log").write_text("hello\n")
@@ -164,6 +165,7 @@ def test_collect_unstepped_ascend_and_world_size(tmp_path):
     assert out["profiled_steps"] == []
     assert out["unstepped_free"] == [{"kind": "ascend", "source": "rank 0", "free_ratio": 0.2, "basis": "device"}]
     assert out["ascend"]["missing_ranks"] == [1]
+    json.dumps(out)
 
 
 def test_collect_verl_step_folders(tmp_path):

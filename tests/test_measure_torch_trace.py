@@ -28,13 +28,12 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from bench.measure import MeasureError, parse_trace_free
 from bench.measure._common import merge_segments, union_length_in
 from bench.measure.torch_trace import iter_trace_events, looks_like_chrome_trace
-
-import numpy as np
 
 FIX = Path(__file__).parent / "fixtures" / "measure"
 T0 = 5091018480000.0
@@ -97,7 +96,7 @@ def test_gzip_gives_the_same(tmp_path):
 
 def test_compaction_does_not_change_the_result():
     plain = parse_trace_free(FIX / "gpu_two_steps.pt.trace.json")
-    tiny = parse_trace_free(FIX / "gpu_two_steps.pt.trace.json", compact_every=2)
+    tiny = parse_trace_free(FIX / "gpu_two_steps.pt.trace.json", block=2)
     assert tiny.steps == plain.steps
 
 

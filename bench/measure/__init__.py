@@ -152,8 +152,9 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
         "free_ratio": float, "basis": str}], "min": float, "max": float, "spread": float,
         "missing_ranks": [int]}}, "profiled_steps": [int], "unstepped_free": [{"kind", "source",
         "free_ratio", "basis"}], "traces": [TraceFree.to_dict() with a relative path],
-        "ascend": AscendFree.to_dict() | None, "warnings": [str]}``. Step keys are ``int``.
-        Raises :class:`MeasureError` if ``run_dir`` is not a folder.
+        "ascend": AscendFree.to_dict() | None, "warnings": [str]}``. Step keys are ``int``; all
+        paths are relative to ``run_dir``. Raises :class:`MeasureError` if ``run_dir`` is not a
+        folder, or (only with ``analyse=True``) if raw Ascend data cannot be parsed.
     """
     root = Path(run_dir)
     if not root.is_dir():
@@ -184,9 +185,7 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
         for lineno, reason in log.bad_lines:
             warnings.append(f"{_rel(metrics_path, root)}:{lineno}: skipped: {reason}")
         if others:
-            warnings.append(
-                f"other metrics JSONL files ignored: {[_rel(p, root) for p in others]}"
-            )
+            warnings.append(f"other metrics JSONL files ignored: {[_rel(p, root) for p in others]}")
     else:
         warnings.append("no metrics JSONL found")
 
@@ -227,9 +226,7 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
         out["ascend"] = ad
         warnings.extend(af.warnings)
         if af.needs_analyse:
-            warnings.append(
-                f"raw Ascend profiler data not parsed yet (run analyse): {ad['needs_analyse']}"
-            )
+            warnings.append(f"raw Ascend profiler data not parsed yet (run analyse): {ad['needs_analyse']}")
         if af.missing_ranks:
             warnings.append(f"Ascend profiler output missing for rank(s) {af.missing_ranks}")
         for step, across in af.steps.items():

@@ -143,9 +143,7 @@ def read_step_trace_csv(path: str | os.PathLike, rank: int | None = None) -> lis
             header = [h.strip() for h in (reader.fieldnames or [])]
             missing = [c for c in _REQUIRED if c not in header]
             if missing:
-                raise MeasureError(
-                    f"{p}: not a step_trace_time.csv: missing column(s) {missing}; header is {header}"
-                )
+                raise MeasureError(f"{p}: not a step_trace_time.csv: missing column(s) {missing}; header is {header}")
             reader.fieldnames = header
             rows = []
             for rec in reader:
@@ -181,9 +179,7 @@ def read_step_trace_db(path: str | os.PathLike, rank: int | None = None) -> list
         raise MeasureError(f"{p}: cannot open database: {exc}") from exc
     try:
         try:
-            cur = con.execute(
-                "SELECT name FROM sqlite_master WHERE type='table' AND name=?", (STEP_TRACE_TABLE,)
-            )
+            cur = con.execute("SELECT name FROM sqlite_master WHERE type='table' AND name=?", (STEP_TRACE_TABLE,))
         except sqlite3.DatabaseError as exc:
             raise MeasureError(f"{p}: not an SQLite database: {exc}") from exc
         if cur.fetchone() is None:
@@ -416,9 +412,7 @@ def read_ascend_free(root: str | os.PathLike, expected_ranks: int | None = None)
                 rank = row.device_id if row.device_id is not None and row.device_id >= 0 else -1 - idx
                 result.warnings.append(f"{prof.path}: rank unknown (no profiler_info_<rank>.json); using {rank}")
             step = row.step if row.step is not None else prof.path_step
-            result.rows.append(
-                StepTraceRow(**{**asdict(row), "rank": rank, "step": step})
-            )
+            result.rows.append(StepTraceRow(**{**asdict(row), "rank": rank, "step": step}))
     # dedupe repeated warnings, keep order
     result.warnings = list(dict.fromkeys(result.warnings))
 
@@ -439,9 +433,7 @@ def read_ascend_free(root: str | os.PathLike, expected_ranks: int | None = None)
         slot[1] += row.step_time_us
     keys = sorted((k for k in acc if k is not None)) + ([None] if None in acc else [])
     for step in keys:
-        per_rank = {
-            rank: ft[0] / ft[1] for rank, ft in sorted(acc[step].items()) if ft[1] > 0
-        }
+        per_rank = {rank: ft[0] / ft[1] for rank, ft in sorted(acc[step].items()) if ft[1] > 0}
         vals = list(per_rank.values())
         present = set(acc[step])
         result.steps[step] = StepAcrossRanks(

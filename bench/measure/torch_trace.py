@@ -25,11 +25,14 @@ Busy time, per window ``[ts, ts + dur]`` (HolisticTraceAnalysis's idle-time defi
 Then ``free = window - busy`` and ``free_ratio = free / window``. The aggregate over a trace is
 time weighted: ``sum(free) / sum(window)``; the median of the per-step ratios is given too.
 
-Memory: events are streamed (``ijson.items``, C backend when available); only the start/end of the
-basis intervals are kept (16 bytes each, in ``array('d')``), merged into disjoint segments every
-``compact_every`` intervals, so memory grows with the number of disjoint busy segments, never
-with the file size. Timestamps are float64; absolute epoch-based microsecond timestamps
-(~1.7e15) keep about 0.25 us resolution, far below any step window.
+Memory: events are streamed (``ijson.items``, C backend when available), never loaded whole. Only
+the start/end of the basis intervals are kept (16 bytes each, ``array('d')``), and every ``block``
+of them is merged into disjoint segments, so memory grows with the number of disjoint busy
+segments (16 bytes each; about 1.5% of the file for a dense kernel trace), not with the file
+size; ``cpu_op`` intervals are dropped as soon as a device event shows that the basis is the
+device. ``benchmarks/bench_trace_parse.py`` measures it. Timestamps are float64; absolute
+epoch-based microsecond timestamps (~1.7e15) keep about 0.25 us resolution, far below any step
+window.
 """
 
 from __future__ import annotations
@@ -136,45 +139,74 @@ class TraceFree:
 
 
 class _Intervals:
-    """Append-only interval store, compacted into disjoint segments as it grows."""
+    """Interval store with bounded working memory.
 
-    __slots__ = ("starts", "ends", "seg_s", "seg_e", "compact_every", "lo", "hi", "count")
+    Intervals are appended to ``starts``/``ends`` (``array('d')``, 16 bytes each). Every
+    ``block`` intervals the pending ones are merged into a *block* of sorted, disjoint segments
+    (numpy), so memory holds only the disjoint busy segments plus one pending block; blocks are
+    never merged with each other (that would need transient memory proportional to the whole
+    trace). A window's busy time gathers the few segments of each block that meet the window and
+    merges only those. The pending arrays are cleared in place, so bound ``append`` methods stay
+    valid.
+    """
 
-    def __init__(self, compact_every: int) -> None:
+    __slots__ = ("starts", "ends", "blocks", "block", "count")
+
+    def __init__(self, block: int) -> None:
         self.starts = array("d")
         self.ends = array("d")
-        self.seg_s = np.empty(0)
-        self.seg_e = np.empty(0)
-        self.compact_every = compact_every
-        self.lo = math.inf
-        self.hi = -math.inf
-        self.count = 0
+        self.blocks: list[tuple[np.ndarray, np.ndarray]] = []
+        self.block = max(1, block)
+        self.count = 0  # intervals moved into blocks
 
     def add(self, start: float, end: float) -> None:
         self.starts.append(start)
         self.ends.append(end)
-        self.count += 1
-        if start < self.lo:
-            self.lo = start
-        if end > self.hi:
-            self.hi = end
-        if len(self.starts) >= self.compact_every:
-            self.compact()
+        if len(self.starts) >= self.block:
+            self.flush()
 
-    def compact(self) -> None:
-        if not self.starts:
+    def flush(self) -> None:
+        k = len(self.starts)
+        if not k:
             return
-        s = np.concatenate([self.seg_s, np.frombuffer(self.starts, dtype=float)])
-        e = np.concatenate([self.seg_e, np.frombuffer(self.ends, dtype=float)])
-        self.seg_s, self.seg_e = merge_segments(s, e)
-        self.starts = array("d")
-        self.ends = array("d")
-        # if merging hardly shrinks the data, compact less often (keeps the total cost n log n)
-        self.compact_every = max(self.compact_every, 2 * self.seg_s.size)
+        self.count += k
+        seg = merge_segments(
+            np.frombuffer(self.starts, dtype=float).copy(), np.frombuffer(self.ends, dtype=float).copy()
+        )
+        del self.starts[:]
+        del self.ends[:]
+        self.blocks.append(seg)
 
-    def segments(self) -> tuple[np.ndarray, np.ndarray]:
-        self.compact()
-        return self.seg_s, self.seg_e
+    @property
+    def total(self) -> int:
+        return self.count + len(self.starts)
+
+    def extent(self) -> tuple[float, float]:
+        """``(first start, last end)`` over all intervals (``(inf, -inf)`` if none)."""
+        self.flush()
+        if not self.blocks:
+            return math.inf, -math.inf
+        # block segments are sorted and disjoint: the first start and the last end are the extremes
+        return (min(float(b[0][0]) for b in self.blocks), max(float(b[1][-1]) for b in self.blocks))
+
+    def busy_in(self, lo: float, hi: float) -> float:
+        """Length of ``[lo, hi]`` covered by the union of all intervals."""
+        self.flush()
+        if hi <= lo or not self.blocks:
+            return 0.0
+        if len(self.blocks) == 1:
+            return union_length_in(self.blocks[0][0], self.blocks[0][1], lo, hi)
+        parts_s, parts_e = [], []
+        for seg_s, seg_e in self.blocks:
+            i0 = int(np.searchsorted(seg_e, lo, side="right"))
+            i1 = int(np.searchsorted(seg_s, hi, side="left"))
+            if i1 > i0:
+                parts_s.append(np.maximum(seg_s[i0:i1], lo))
+                parts_e.append(np.minimum(seg_e[i0:i1], hi))
+        if not parts_s:
+            return 0.0
+        s, e = merge_segments(np.concatenate(parts_s), np.concatenate(parts_e))
+        return float(np.sum(e - s))
 
 
 def _open_binary(path: Path):
@@ -222,8 +254,11 @@ def _hashable(value: object) -> object:
     return value if isinstance(value, (int, float, str)) or value is None else str(value)
 
 
-def parse_trace_free(path: str | os.PathLike, compact_every: int = 1 << 20) -> TraceFree:
+def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree:
     """Free ratio per ``ProfilerStep#N`` window of one chrome trace (see the module docstring).
+
+    ``block``: intervals buffered before they are merged into a block of disjoint segments (bounds
+    the transient memory; the result does not depend on it).
 
     Raises :class:`~bench.measure._common.MeasureError` when the file cannot be opened or is not
     a JSON trace at all. A trace cut short (a run killed while writing it) is read up to the cut
@@ -231,39 +266,71 @@ def parse_trace_free(path: str | os.PathLike, compact_every: int = 1 << 20) -> T
     """
     p = Path(path)
     result = TraceFree(path=str(p), basis="none")
-    device = _Intervals(compact_every)
+    device = _Intervals(block)
     cpu_by_thread: dict[tuple, _Intervals] = {}
     windows: dict[tuple, list[tuple[int, float, float]]] = {}
 
+    n = 0
+    n_cpu = 0
+    dev_s_append = device.starts.append
+    dev_e_append = device.ends.append
+    dev_pending = device.starts
+    limit = device.block
+    keep_cpu = True  # cpu_op intervals matter only while no device event has been seen
     try:
-        events = iter_trace_events(p)
-        n = 0
-        for ev in events:
+        for ev in iter_trace_events(p):
             n += 1
-            if not isinstance(ev, dict) or ev.get("ph") != "X":
+            if type(ev) is not dict or ev.get("ph") != "X":
                 continue
             cat = ev.get("cat")
             if cat in DEVICE_CATEGORIES:
-                ts = _num(ev.get("ts"))
-                dur = _num(ev.get("dur"))
-                if ts is None or dur is None or dur < 0:
+                ts = ev.get("ts")
+                dur = ev.get("dur")
+                if type(ts) is not float or type(dur) is not float:
+                    ts, dur = _num(ts), _num(dur)
+                    if ts is None or dur is None:
+                        continue
+                if dur < 0:
                     continue
-                device.add(ts, ts + dur)
+                dev_s_append(ts)
+                dev_e_append(ts + dur)
+                if len(dev_pending) >= limit:
+                    device.flush()
+                if keep_cpu:
+                    keep_cpu = False
+                    cpu_by_thread.clear()  # device basis from now on: free the CPU intervals
             elif cat in STEP_CATEGORIES:
-                ts = _num(ev.get("ts"))
-                dur = _num(ev.get("dur"))
-                if ts is None or dur is None or dur < 0:
+                ts = ev.get("ts")
+                dur = ev.get("dur")
+                if type(ts) is not float or type(dur) is not float:
+                    ts, dur = _num(ts), _num(dur)
+                    if ts is None or dur is None:
+                        continue
+                if dur < 0:
                     continue
-                thread = (_hashable(ev.get("pid")), _hashable(ev.get("tid")))
+                thread = (ev.get("pid"), ev.get("tid"))
                 name = ev.get("name")
-                m = _STEP_RE.match(name) if isinstance(name, str) else None
-                if m:
-                    windows.setdefault(thread, []).append((int(m.group(1)), ts, dur))
-                elif cat == "cpu_op":
-                    store = cpu_by_thread.get(thread)
+                if type(name) is str and name.startswith("ProfilerStep#"):
+                    m = _STEP_RE.match(name)
+                    if m:
+                        thread = (_hashable(thread[0]), _hashable(thread[1]))
+                        windows.setdefault(thread, []).append((int(m.group(1)), ts, dur))
+                        continue
+                if cat == "cpu_op":
+                    n_cpu += 1
+                    if not keep_cpu:
+                        continue
+                    try:
+                        store = cpu_by_thread.get(thread)
+                    except TypeError:  # a pid/tid that is a list or an object
+                        thread = (_hashable(thread[0]), _hashable(thread[1]))
+                        store = cpu_by_thread.get(thread)
                     if store is None:
-                        store = cpu_by_thread[thread] = _Intervals(compact_every)
-                    store.add(ts, ts + dur)
+                        store = cpu_by_thread[thread] = _Intervals(block)
+                    store.starts.append(ts)
+                    store.ends.append(ts + dur)
+                    if len(store.starts) >= store.block:
+                        store.flush()
     except OSError as exc:
         raise MeasureError(f"{p}: cannot read trace: {exc.strerror or exc}") from exc
     except (ijson.common.IncompleteJSONError, ijson.common.JSONError, EOFError, ValueError) as exc:
@@ -271,8 +338,8 @@ def parse_trace_free(path: str | os.PathLike, compact_every: int = 1 << 20) -> T
             raise MeasureError(f"{p}: not a chrome trace ({exc})") from exc
         result.warnings.append(f"trace cut short after {n} events ({exc}); read what was there")
     result.events = n
-    result.device_events = device.count
-    result.cpu_ops = sum(s.count for s in cpu_by_thread.values())
+    result.device_events = device.total
+    result.cpu_ops = n_cpu
 
     # main thread: the one with the most ProfilerStep events
     main = None
@@ -280,35 +347,25 @@ def parse_trace_free(path: str | os.PathLike, compact_every: int = 1 << 20) -> T
         main = max(windows, key=lambda t: len(windows[t]))
         others = [t for t in windows if t != main]
         if others:
-            result.warnings.append(
-                f"ProfilerStep events on several threads {[main, *others]}; using {main}"
-            )
+            result.warnings.append(f"ProfilerStep events on several threads {[main, *others]}; using {main}")
     result.main_thread = main
 
-    if device.count:
+    store: _Intervals | None
+    if device.total:
         basis = "device"
-        seg_s, seg_e = device.segments()
-        lo, hi = device.lo, device.hi
+        store = device
     else:
         if main is not None:
             store = cpu_by_thread.get(main)
         elif cpu_by_thread:
             # no step events: the thread whose cpu_ops cover the most time stands for the main one
-            def covered(st: _Intervals) -> float:
-                s, e = st.segments()
-                return float(np.sum(e - s))
-
-            store = max(cpu_by_thread.values(), key=covered)
+            store = max(cpu_by_thread.values(), key=lambda st: st.busy_in(*st.extent()))
         else:
             store = None
         if store is None and main is None:
             return result
         basis = "cpu"
-        if store is None:
-            seg_s, seg_e, lo, hi = np.empty(0), np.empty(0), math.inf, -math.inf
-        else:
-            seg_s, seg_e = store.segments()
-            lo, hi = store.lo, store.hi
+    lo, hi = store.extent() if store is not None else (math.inf, -math.inf)
     result.basis = basis
 
     if main is None:
@@ -324,7 +381,7 @@ def parse_trace_free(path: str | os.PathLike, compact_every: int = 1 << 20) -> T
 
     for step, start, window in spans:
         end = start + window
-        busy = min(union_length_in(seg_s, seg_e, start, end), window)
+        busy = min(store.busy_in(start, end), window) if store is not None else 0.0
         free = window - busy
         result.steps.append(
             StepFree(

@@ -29,7 +29,7 @@ from typing import Any
 
 from bench.errors import BenchError
 
-DATA_RECIPE_VERSION = 1
+DATA_RECIPE_VERSION = 2
 BUILTIN_SIZE = 256
 REQUIRED_COLUMNS = ("data_source", "prompt", "reward_model")
 IMAGE_PLACEHOLDER = "<image>"
@@ -120,7 +120,9 @@ def _shapes_row(i: int, rng: random.Random) -> dict[str, Any]:
         )
         gt = n_color
         long = f"The {color} shapes are counted one by one: there are {gt} of them. The answer is {gt}."
-    answer = rng.choice([str(gt), f"The answer is {gt}.", long])
+    listing = ", ".join(f"a {c} {k}" for c, k in objs)
+    steps = f"Let me list the shapes in the image: {listing}. {long}"
+    answer = rng.choice([str(gt), f"The answer is {gt}.", long, steps])
     return {
         "data_source": "bench/shapes",
         "prompt": [{"role": "user", "content": IMAGE_PLACEHOLDER + question}],
@@ -141,13 +143,16 @@ def _text_row(i: int, rng: random.Random) -> dict[str, Any]:
         question, gt, long = f"Compute {a} times {b}.", a * b, f"{a} times {b} is {a * b}. The answer is {a * b}."
     elif q == 2:
         c = rng.randint(1, a + b - 1)
-        question = f"Tom has {a} apples. He buys {b} more apples and then gives {c} away. How many apples does Tom have now?"
+        question = (
+            f"Tom has {a} apples. He buys {b} more apples and then gives {c} away. How many apples does Tom have now?"
+        )
         gt = a + b - c
         long = f"Tom has {a} plus {b}, that is {a + b} apples, and {a + b} minus {c} is {gt}. The answer is {gt}."
     else:
         a, b = max(a, b), min(a, b)
         question, gt, long = f"What is {a} minus {b}?", a - b, f"{a} minus {b} is {a - b}. The answer is {a - b}."
-    answer = rng.choice([str(gt), f"The answer is {gt}.", long])
+    steps = f"Let me work it out step by step. The question is: {question} {long}"
+    answer = rng.choice([str(gt), f"The answer is {gt}.", long, steps])
     return {
         "data_source": "bench/text",
         "prompt": [{"role": "user", "content": question}],
@@ -167,7 +172,9 @@ def generate_rows(name: str, n: int = BUILTIN_SIZE, seed: int = 0) -> list[dict[
         BenchError: unknown builtin name.
     """
     if name not in BUILTINS:
-        raise BenchError(f"data: unknown builtin dataset {name!r}; choose one of {', '.join(BUILTINS)} or a parquet path")
+        raise BenchError(
+            f"data: unknown builtin dataset {name!r}; choose one of {', '.join(BUILTINS)} or a parquet path"
+        )
     rng = random.Random(f"{name}:{seed}")
     return [BUILTINS[name](i, rng) for i in range(n)]
 
@@ -228,7 +235,7 @@ def load_prompts(path: Path) -> list[PromptItem]:
     import pyarrow.parquet as pq
 
     try:
-        table = pq.read_table(path)
+        table = pq.ParquetFile(path).read()  # not pq.read_table: that imports pyarrow.dataset and pandas (~1.5 s)
     except Exception as exc:  # pyarrow raises several types for a bad file
         raise BenchError(f"{path}: cannot read parquet: {str(exc).splitlines()[0]}") from None
     for col in REQUIRED_COLUMNS:

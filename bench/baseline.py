@@ -1,0 +1,403 @@
+"""``run_bench.py baseline save SWEEP --name NAME``: store a sweep as a named baseline for the gate.
+
+A baseline is one JSON file, ``<results>/baselines/<NAME>.json`` (format ``grpo-bench-baseline``,
+``format_version`` 1), holding what the gate needs to judge a later sweep without the original
+results folder:
+
+* ``engine``, ``platform``, package ``versions``, ``git_commit`` of the sweep, and a ``machine``
+  description (host, OS, CPU model and count, memory, Python) of the machine that saved it;
+* ``source``: matrix name, sweep id, sweep folder relative to the results folder, MLflow parent run;
+* ``base``/``design``/``repeats``: the matrix settings the samples were taken with;
+* ``cells``: per cell, its factor ``levels`` (the key the gate matches on), label, cell id, and per
+  repeat the per-step ``samples`` of every gate metric (step time of the timed steps, throughput,
+  rollout share, Free ratio of the profiled steps), the timed ``steps`` and their ``workload``
+  fingerprints (response and prompt lengths, so the gate can pair steps that did the same work), plus
+  the run's summary statistics.
+
+Saving tags the sweep's MLflow parent run ``bench.baseline=<NAME>``. Other actions: ``baseline list``
+(the stored baselines) and ``baseline show NAME``.
+
+A sweep with failed or unfinished cells, or a cell without step-time samples, is refused (exit 2):
+a baseline must be complete.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform as _platform
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.errors import BenchError
+from bench.optimizations import FACTOR_KEYS
+from bench.results import SWEEP, atomic_write_json, find_sweep, load_records, read_json
+
+FORMAT = "grpo-bench-baseline"
+FORMAT_VERSION = 1
+BASELINES = "baselines"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: summary values copied per repeat into the snapshot
+_SUMMARY_KEYS = ("step_time_median_s", "step_time_iqr_s", "step_time_mean_s", "rollout_share_median",
+                 "free_ratio_median", "throughput_median", "phase_median_s", "peak_memory_gb",
+                 "response_length_mean", "response_length_max", "response_length_min",
+                 "long_tail_waste_median", "timed_steps", "profiled_steps", "measured_steps")
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A metric the gate can compare: where its per-step samples come from and which way is better."""
+
+    key: str
+    title: str
+    unit: str
+    higher_is_better: bool
+    scale: str  # log (strictly positive) | linear (may be 0)
+    source: str
+
+
+METRICS: dict[str, Metric] = {m.key: m for m in (
+    Metric("step_time", "step time", "s", False, "log", "timing_s/step of the timed steps"),
+    Metric("throughput", "throughput", "tokens/s", True, "log", "perf/throughput of the timed steps"),
+    Metric("rollout_share", "rollout share", "", False, "linear", "timing_s/gen / timing_s/step of the timed steps"),
+    Metric("free_ratio", "Free ratio", "", False, "linear", "per-step Free ratio of the profiled measured steps"),
+)}
+
+
+def levels_key(levels: dict[str, Any]) -> str:
+    """Canonical text of a cell's factor levels (``n/a`` = not applicable); the gate's matching key."""
+    return ",".join(f"{k}={'n/a' if levels.get(k) is None else levels[k]}" for k in FACTOR_KEYS if k in levels)
+
+
+def _num(v: Any) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if f == f and abs(f) != float("inf") else None
+
+
+def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
+    """Per-step samples of every gate metric in one run record (empty lists where absent)."""
+    summ = rec.get("summary") or {}
+    steps = rec.get("steps") or {}
+    timed = [int(s) for s in summ.get("timed_steps") or []]
+
+    def at(step: int, key: str) -> float | None:
+        return _num((steps.get(str(step)) or {}).get(key))
+
+    st = [v for v in (_num(x) for x in summ.get("step_time_samples_s") or []) if v is not None]
+    if not st:
+        st = [v for v in (at(s, "timing_s/step") for s in timed) if v is not None]
+    tp = [v for v in (at(s, "perf/throughput") for s in timed) if v is not None]
+    rs = []
+    for s in timed:
+        gen, step = at(s, "timing_s/gen"), at(s, "timing_s/step")
+        if gen is not None and step:
+            rs.append(gen / step)
+    fr_steps = summ.get("profiled_measured_steps")
+    fr_map = rec.get("free_ratio") or {}
+    if fr_steps is None:
+        fr_steps = [int(k) for k in fr_map]
+    fr = [v for v in (_num(fr_map.get(str(s))) for s in fr_steps) if v is not None]
+    return {"step_time": st, "throughput": tp, "rollout_share": rs, "free_ratio": fr}
+
+
+#: per-step metrics that identify the work a step did (same values = same prompts and responses)
+WORKLOAD_KEYS = ("response_length/mean", "response_length/max", "prompt_length/mean")
+
+
+def record_workload(rec: dict[str, Any]) -> tuple[list[int], list[list[float | None]]]:
+    """The timed steps of a run and, per timed step, its workload fingerprint (:data:`WORKLOAD_KEYS`).
+
+    Runs with the same seed and settings draw the same prompts and sample the same responses in each
+    step; when two runs' fingerprints agree step by step, their samples can be compared pairwise.
+    """
+    summ = rec.get("summary") or {}
+    steps = rec.get("steps") or {}
+    timed = [int(s) for s in summ.get("timed_steps") or []]
+    return timed, [[_num((steps.get(str(s)) or {}).get(k)) for k in WORKLOAD_KEYS] for s in timed]
+
+
+def pairable(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: str) -> bool:
+    """Whether two cells' samples of ``metric`` align sample by sample: the same ok repeats, the same
+    timed steps, a sample at every timed step, and equal workload fingerprints at every step."""
+    if metric == "free_ratio":
+        return False
+    br = [r for r in base_cell["repeats"] if r.get("status") == "ok"]
+    cr = [r for r in cand_cell["repeats"] if r.get("status") == "ok"]
+    if not br or len(br) != len(cr):
+        return False
+    for x, y in zip(br, cr):
+        if not x.get("steps") or x.get("steps") != y.get("steps"):
+            return False
+        if len(x["samples"].get(metric, [])) != len(x["steps"]) or len(y["samples"].get(metric, [])) != len(y["steps"]):
+            return False
+        wx, wy = x.get("workload") or [], y.get("workload") or []
+        if len(wx) != len(x["steps"]) or len(wy) != len(y["steps"]):
+            return False
+        for a, b in zip(wx, wy):
+            known = [(u, v) for u, v in zip(a, b) if u is not None and v is not None]
+            if not known or any(abs(u - v) > 1e-9 * max(1.0, abs(u)) for u, v in known) or \
+                    [u is None for u in a] != [v is None for v in b]:
+                return False
+    return True
+
+
+def machine() -> dict[str, Any]:
+    """A description of this machine: host, OS, architecture, CPU model and count, memory, Python."""
+    cpu = _platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        mem_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"hostname": _platform.node(), "os": _platform.platform(), "arch": _platform.machine(), "cpu": cpu,
+            "cpu_count": os.cpu_count(), "cpus_usable": usable, "memory_gb": mem_gb,
+            "python": _platform.python_version()}
+
+
+def snapshot(sweep: Path, results_root: Path | None = None) -> dict[str, Any]:
+    """Everything the gate compares, read from a sweep folder (same shape as a baseline file).
+
+    Cells come from the sweep's plan; each carries ``status`` (``ok`` when every repeat finished ok,
+    ``failed`` when a repeat failed, ``pending`` when a repeat never ran) and the failures' reasons.
+    """
+    sweep = Path(sweep)
+    meta = read_json(sweep / SWEEP)
+    if not meta:
+        raise BenchError(f"{sweep}: not a sweep folder ({SWEEP} missing or unreadable)")
+    records = load_records(sweep)
+    by_cell: dict[str, list[dict]] = {}
+    for rec in records:
+        by_cell.setdefault(rec["cell_id"], []).append(rec)
+    plan = meta.get("plan") or {}
+    repeats = int(plan.get("repeats") or 1)
+    cells = []
+    for spec in plan.get("runs", []):
+        recs = sorted(by_cell.get(spec["cell_id"], []), key=lambda r: r.get("repeat", 0))
+        reps = []
+        failures = []
+        for r in recs:
+            summ = r.get("summary") or {}
+            steps, work = record_workload(r) if r.get("status") == "ok" else ([], [])
+            reps.append({"repeat": r.get("repeat"), "status": r.get("status"),
+                         "samples": record_samples(r) if r.get("status") == "ok" else {m: [] for m in METRICS},
+                         "steps": steps, "workload": work, "host_load": r.get("host_load"),
+                         "summary": {k: summ.get(k) for k in _SUMMARY_KEYS if k in summ}})
+            if r.get("status") != "ok":
+                failures.append({"repeat": r.get("repeat"), "kind": r.get("failure_kind"),
+                                 "reason": (r.get("reason") or "")[:300]})
+        done = {r.get("repeat") for r in recs}
+        missing = [k for k in range(repeats) if k not in done]
+        status = "failed" if failures else ("pending" if missing or not recs else "ok")
+        cells.append({"key": levels_key(spec["levels"]), "cell_id": spec["cell_id"], "label": spec["label"],
+                      "levels": spec["levels"], "merged_cells": len(spec.get("cells") or []),
+                      "all_off": bool(spec.get("all_off")), "status": status, "failures": failures,
+                      "missing_repeats": missing, "repeats": reps})
+    matrix = meta.get("matrix") or {}
+    rel = sweep.name
+    if results_root is not None:
+        try:
+            rel = sweep.resolve().relative_to(Path(results_root).resolve()).as_posix()
+        except ValueError:
+            rel = f"{meta.get('matrix_name')}/{sweep.name}"
+    return {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "engine": meta.get("engine"), "platform": meta.get("platform"),
+        "versions": meta.get("versions") or {}, "git_commit": meta.get("git_commit"),
+        "source": {"matrix": meta.get("matrix_name"), "sweep_id": meta.get("sweep_id"), "sweep": rel,
+                   "matrix_file": meta.get("matrix_source"), "fingerprint": meta.get("fingerprint"),
+                   "parent_run_id": meta.get("parent_run_id"), "created_at": meta.get("created_at")},
+        "base": matrix.get("base") or {}, "design": matrix.get("design") or {},
+        "repeats": repeats, "varied": plan.get("varied") or [], "aliases": plan.get("aliases") or [],
+        "expect": matrix.get("expect") or [],
+        "cells": cells,
+    }
+
+
+def cpu_pressure(cell_or_snap: dict[str, Any]) -> float | None:
+    """Highest CPU pressure (PSI some avg60, %, at the end of each run) over the runs of a cell or snapshot."""
+    cells = cell_or_snap.get("cells") or [cell_or_snap]
+    vals = [((r.get("host_load") or {}).get("after") or {}).get("cpu_pressure_avg60")
+            for c in cells for r in c.get("repeats", [])]
+    vals = [v for v in vals if isinstance(v, (int, float))]
+    return max(vals) if vals else None
+
+
+def check_complete(snap: dict[str, Any], what: str) -> None:
+    """Refuse a snapshot with failed/unfinished cells or cells without step-time samples.
+
+    Raises:
+        BenchError: naming each offending cell and why.
+    """
+    bad = []
+    for c in snap["cells"]:
+        if c["status"] == "failed":
+            why = "; ".join(f"r{f['repeat']} {f['kind']}: {f['reason'][:120]}" for f in c["failures"])
+            bad.append(f"{c['label']} ({c['cell_id']}) failed: {why}")
+        elif c["status"] == "pending":
+            bad.append(f"{c['label']} ({c['cell_id']}) unfinished: repeats {c['missing_repeats'] or 'all'} never ran")
+        elif not all(r["samples"]["step_time"] for r in c["repeats"]):
+            bad.append(f"{c['label']} ({c['cell_id']}) has a repeat without step-time samples")
+    if bad:
+        raise BenchError(f"{what}: {len(bad)} of {len(snap['cells'])} cells unusable: " + " | ".join(bad))
+
+
+def baselines_dir(results: Path) -> Path:
+    """``<results>/baselines``."""
+    return Path(results) / BASELINES
+
+
+def resolve_baseline(ref: str, results: Path) -> Path:
+    """The file of a baseline given by name (``<results>/baselines/<ref>.json``) or path.
+
+    Raises:
+        BenchError: no such baseline (the message lists the known names).
+    """
+    p = Path(ref)
+    if p.is_file():
+        return p
+    cand = baselines_dir(results) / f"{ref}.json"
+    if _NAME.match(ref) and cand.is_file():
+        return cand
+    known = sorted(x.stem for x in baselines_dir(results).glob("*.json")) if baselines_dir(results).is_dir() else []
+    raise BenchError(f"--baseline {ref}: unknown baseline (no file {cand}; known: "
+                     f"{', '.join(known) or 'none, save one with `run_bench.py baseline save SWEEP --name NAME`'})")
+
+
+def load_baseline(ref: str, results: Path) -> dict[str, Any]:
+    """Read and check a baseline file given by name or path.
+
+    Raises:
+        BenchError: unknown name, unreadable file, not a baseline, or a newer format version.
+    """
+    path = resolve_baseline(ref, results)
+    data = read_json(path)
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise BenchError(f"{path}: not a baseline file (expected \"format\": \"{FORMAT}\")")
+    ver = data.get("format_version")
+    if not isinstance(ver, int) or ver > FORMAT_VERSION:
+        raise BenchError(f"{path}: baseline format_version {ver!r} is not supported (this harness reads <= {FORMAT_VERSION})")
+    for key in ("engine", "platform", "cells"):
+        if key not in data:
+            raise BenchError(f"{path}: baseline file lacks {key!r}")
+    data["_path"] = str(path)
+    return data
+
+
+def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, force: bool = False,
+         note: str = "") -> tuple[Path, dict[str, Any], str | None]:
+    """Store sweep ``sweep_ref`` as baseline ``name``; returns (file, content, MLflow warning or None).
+
+    Raises:
+        BenchError: bad name, existing baseline without ``force``, unknown sweep, incomplete sweep.
+    """
+    if not _NAME.match(name):
+        raise BenchError(f"--name {name!r}: use letters, digits, '_', '-', '.' (starting with a letter or digit)")
+    out = baselines_dir(results) / f"{name}.json"
+    if out.exists() and not force:
+        raise BenchError(f"--name {name}: baseline {out} exists (use --force to replace it)")
+    sweep = find_sweep(sweep_ref, results)
+    snap = snapshot(sweep, results)
+    check_complete(snap, f"{sweep}")
+    snap.update(name=name, created_at=time.time(), note=note, machine=machine())
+    for c in snap["cells"]:
+        c["summary"] = _cell_summary(c)
+    atomic_write_json(out, snap)
+    warn = tag_parent(tracking_uri, snap, {"bench.baseline": name, f"bench.baseline.{name}": out.name})
+    return out, snap, warn
+
+
+def _cell_summary(cell: dict[str, Any]) -> dict[str, Any]:
+    """Pooled medians of a cell's samples over its repeats."""
+    import numpy as np
+
+    out: dict[str, Any] = {"repeats": len(cell["repeats"])}
+    for m in METRICS:
+        vals = [v for r in cell["repeats"] for v in r["samples"].get(m, [])]
+        out[f"{m}_n"] = len(vals)
+        out[f"{m}_median"] = float(np.median(vals)) if vals else None
+    return out
+
+
+def tag_parent(tracking_uri: str | None, snap: dict[str, Any], tags: dict[str, str]) -> str | None:
+    """Set ``tags`` on the sweep's MLflow parent run; returns a warning text instead of raising."""
+    rid = snap["source"].get("parent_run_id")
+    if not tracking_uri or not rid:
+        return "the sweep has no MLflow parent run recorded; nothing tagged"
+    try:
+        from bench.tracking import Tracker
+
+        tr = Tracker(tracking_uri, snap["source"].get("matrix") or "default")
+        for k, v in tags.items():
+            tr.client.set_tag(rid, k, v)
+    except Exception as exc:  # a missing run or an unreachable store must not lose the saved file
+        return f"MLflow tagging of parent run {rid} at {tracking_uri} failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+    return None
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``baseline``."""
+    p.add_argument("action", choices=("save", "list", "show"),
+                   help="save SWEEP --name NAME | list | show NAME")
+    p.add_argument("target", nargs="?", default=None,
+                   help="save: the sweep (folder, matrix name = its latest sweep, or <matrix>/<sweep id>); "
+                        "show: the baseline name or file")
+    p.add_argument("--name", default=None, help="save: the baseline's name (file <results>/baselines/NAME.json)")
+    p.add_argument("--force", action="store_true", help="save: replace an existing baseline of that name")
+    p.add_argument("--note", default="", help="save: free text stored with the baseline")
+
+
+def main(args: argparse.Namespace) -> int:
+    """``baseline save|list|show``; 0 on success, 2 on bad input."""
+    if args.action == "save":
+        if not args.target:
+            raise BenchError("baseline save: give the sweep to save (folder, matrix name or <matrix>/<sweep id>)")
+        if not args.name:
+            raise BenchError("baseline save: --name NAME is required")
+        out, snap, warn = save(args.target, args.name, args.results, args.tracking_uri, force=args.force,
+                               note=args.note)
+        n = sum(len(r["samples"]["step_time"]) for c in snap["cells"] for r in c["repeats"])
+        print(f"baseline {args.name}: {out} ({len(snap['cells'])} cells, {n} step-time samples, "
+              f"engine {snap['engine']}, platform {snap['platform']}, sweep {snap['source']['sweep']})")
+        if warn:
+            print(f"warning: {warn}", file=sys.stderr)
+        else:
+            print(f"MLflow: parent run {snap['source']['parent_run_id']} tagged bench.baseline={args.name}")
+        return 0
+    if args.action == "list":
+        d = baselines_dir(args.results)
+        files = sorted(d.glob("*.json")) if d.is_dir() else []
+        if not files:
+            print(f"no baselines in {d}")
+        for f in files:
+            data = read_json(f) or {}
+            when = time.strftime("%Y-%m-%d %H:%M", time.localtime(data.get("created_at") or 0))
+            print(f"{f.stem:24} {data.get('engine')}/{data.get('platform'):6} {len(data.get('cells') or [])} cells  "
+                  f"sweep {((data.get('source') or {}).get('sweep'))}  saved {when}")
+        return 0
+    if not args.target:
+        raise BenchError("baseline show: give the baseline name or file")
+    data = load_baseline(args.target, args.results)
+    data.pop("_path", None)
+    brief = {k: v for k, v in data.items() if k != "cells"}
+    brief["cells"] = [{"label": c["label"], "levels": c["key"], **c.get("summary", {})} for c in data["cells"]]
+    print(json.dumps(brief, indent=2, default=str))
+    return 0

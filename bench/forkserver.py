@@ -1,0 +1,212 @@
+"""A fork server for Python runs: imports the heavy modules once, then forks one fresh process per run.
+
+Starting a run of the embedded engine costs several seconds of imports (torch, transformers, verl) on 2
+cores, more than the GRPO steps of a short run. The fork server pays that once per sweep: it imports
+the modules named by the engine, then for each run ``fork()`` s a child that
+
+- starts a new session (its own process group: a timeout kills the whole run),
+- sends stdout/stderr to the run's ``run.log`` and ``chdir`` s into the run folder,
+- replaces ``os.environ`` with exactly the run's environment (nothing leaks between runs),
+- applies the run's patches (``BENCH_PATCHES``) in the child only,
+- runs ``python -m <module> <args>`` through :func:`runpy.run_module` and exits with its code.
+
+Each run is still its own process and sees pristine modules (the server never runs anything but
+imports). Limits, stated in each run's ``launcher.json``: variables read *at import time* of the
+preloaded modules (``OMP_NUM_THREADS``, ``TASK_QUEUE_ENABLE`` for torch_npu ...) keep the server's
+values, so :class:`ForkServerExecutor` is used only for CPU runs of the embedded engine, where the engine
+sets its thread count itself; everything else goes through :class:`~bench.executors.LocalExecutor`.
+
+Protocol (JSON lines): request ``{"module", "args", "env", "cwd", "log"}`` on the server's stdin; the
+server answers ``{"pid": N}`` after forking, then ``{"pid": N, "status": waitstatus}`` when it ends.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bench.executors import REPO_ROOT, ExecResult, LocalExecutor, ResolvedLaunch, _kill_group
+
+#: modules the server imports before forking (what an embedded run imports first).
+PRELOAD = ("torch", "transformers", "verl.trainer.ppo.core_algos", "verl.utils.seqlen_balancing",
+           "verl.utils.tracking", "bench.engines.embedded.run")
+
+
+def _child(req: dict) -> None:
+    """In the forked child: become the run, then exit with its code (never returns)."""
+    code = 1
+    try:
+        os.setsid()
+        fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+        sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+        os.chdir(req["cwd"])
+        os.environ.clear()
+        os.environ.update(req["env"])
+        sys.argv = [req["module"], *req["args"]]
+        if os.environ.get("BENCH_PATCHES"):
+            sys.path.insert(0, str(REPO_ROOT / "patches"))
+            import bench_patches
+
+            bench_patches.activate_from_env()
+        import runpy
+
+        try:
+            runpy.run_module(req["module"], run_name="__main__", alter_sys=True)
+            code = 0
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException as exc:  # noqa: BLE001 - the child must always exit
+        print(f"fork server child: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def serve(preload: list[str]) -> None:
+    """Server loop (``python -m bench.forkserver MODULE...``): import, then fork per request line."""
+    sys.modules.setdefault("sklearn", None)  # as the embedded CLI does: transformers never needs it here
+    for name in preload:
+        importlib.import_module(name)
+    out = sys.stdout
+    out.write(json.dumps({"ready": True}) + "\n")
+    out.flush()
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            _child(req)
+        out.write(json.dumps({"pid": pid}) + "\n")
+        out.flush()
+        _, status = os.waitpid(pid, 0)
+        out.write(json.dumps({"pid": pid, "status": status}) + "\n")
+        out.flush()
+
+
+class ForkServerExecutor:
+    """Runs ``{python} -m MODULE ...`` launches as children of a warm fork server; others locally.
+
+    Args:
+        preload: modules the server imports once.
+    """
+
+    name = "forkserver"
+
+    def __init__(self, preload: tuple[str, ...] = PRELOAD, eager: bool = True):
+        self.preload = preload
+        self.proc: subprocess.Popen | None = None
+        self.ready = False
+        self.fallback = LocalExecutor()
+        if eager:  # import in the background while the harness opens MLflow and the results folder
+            self._spawn()
+
+    def _spawn(self) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("BENCH_PATCHES", "BENCH_RUN_DIR")}
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.forkserver", *self.preload],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                                     start_new_session=True)
+        self.ready = False
+
+    def _ensure(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            self._spawn()
+        if not self.ready:
+            if not self.proc.stdout.readline().strip():
+                self.close()
+                raise RuntimeError("fork server did not start")
+            self.ready = True
+
+    def execute(self, launch: ResolvedLaunch) -> ExecResult:
+        """Run through the server when the argv is ``python -m module ...``; else with a local process."""
+        argv = launch.argv
+        if len(argv) < 3 or argv[1] != "-m" or Path(argv[0]).name not in (Path(sys.executable).name, "python", "python3"):
+            return self.fallback.execute(launch)
+        env = {k: v for k, v in os.environ.items() if k not in ("BENCH_PATCHES", "BENCH_RUN_DIR")}
+        env.update(launch.env)
+        start = time.perf_counter()
+        try:
+            self._ensure()
+            (launch.run_dir / "launcher.json").write_text(json.dumps(
+                {"launcher": "forkserver", "preloaded": list(self.preload),
+                 "note": "environment replaced at fork; variables read at import time of preloaded "
+                         "modules keep the fork server's values"}) + "\n")
+            req = {"module": argv[2], "args": argv[3:], "env": env, "cwd": str(launch.run_dir),
+                   "log": str(launch.run_dir / "run.log")}
+            self.proc.stdin.write(json.dumps(req) + "\n")
+            self.proc.stdin.flush()
+            pid = json.loads(self.proc.stdout.readline())["pid"]
+        except (OSError, ValueError, RuntimeError, KeyError):
+            self.close()
+            return self.fallback.execute(launch)
+        deadline = start + launch.timeout_s
+        fd = self.proc.stdout
+        try:
+            status = self._wait(fd, pid, deadline)
+        except BaseException:  # the harness was interrupted: leave no run behind
+            _kill_pgid(pid)
+            self.close()
+            raise
+        if status is None:
+            return ExecResult(None, True, time.perf_counter() - start, f"timed out after {launch.timeout_s:g} s")
+        if status == "died":
+            self.close()
+            return ExecResult(None, False, time.perf_counter() - start, "fork server died")
+        wall = time.perf_counter() - start
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            why = "killed by SIGKILL (out of memory?)" if sig == signal.SIGKILL else f"killed by {signal.Signals(sig).name}"
+            return ExecResult(-sig, False, wall, why)
+        rc = os.WEXITSTATUS(status)
+        return ExecResult(rc, False, wall, "" if rc == 0 else f"exit code {rc}")
+
+    @staticmethod
+    def _wait(fd, pid: int, deadline: float):
+        """The child's wait status; ``None`` after killing it at the deadline; ``"died"`` if the server died."""
+        while True:
+            left = deadline - time.perf_counter()
+            ready, _, _ = select.select([fd], [], [], max(0.0, min(left, 1.0)))
+            if ready:
+                line = fd.readline()
+                return json.loads(line)["status"] if line else "died"
+            if left <= 0:
+                _kill_pgid(pid)
+                fd.readline()  # the server reaps it and reports
+                return None
+
+    def close(self) -> None:
+        """Stop the server (idempotent)."""
+        if self.proc is not None:
+            _kill_group(self.proc)
+            self.proc = None
+            self.ready = False
+
+
+def _kill_pgid(pid: int) -> None:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            return
+        time.sleep(2.0)
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1:])

@@ -1,0 +1,594 @@
+"""``run_bench.py gate --baseline NAME_OR_FILE --candidate SWEEP``: did this change make training slower?
+
+Cells of the candidate sweep are matched to the baseline's by their factor levels (not by cell id:
+a candidate with other base settings, e.g. an injected delay, has other cell ids but the same levels).
+For each matched cell and metric (``--metric``, default ``step_time``; also ``throughput``,
+``rollout_share``, ``free_ratio``) the per-step samples of all repeats are compared
+(:func:`bench.stats.compare`):
+
+* **paired** when both sides ran the same repeats and timed steps and each step did the same work
+  (equal response and prompt lengths: same seed and settings): per step the log ratio
+  candidate/baseline; relative change = ``exp(one-sample Hodges-Lehmann of the log ratios) - 1``,
+  p = two-sided Wilcoxon signed-rank. The workload spread between steps (long and short responses)
+  cancels, which is what makes a 10 % slowdown visible in 20 steps;
+* **unpaired** otherwise (or ``--pairing off``): relative change = ``exp(HL) - 1`` with HL the
+  Hodges-Lehmann shift of the log samples, p = two-sided Mann-Whitney U on the pooled samples;
+* interval: two-level bootstrap (repeats, then steps) at ``1 - alpha``.
+
+Verdict per cell and metric: **regression** when the change is worse than ``--threshold`` (default
+5 %) AND ``p < --alpha`` (default 0.01); **improvement** likewise in the other direction; otherwise
+**unchanged**. Both conditions are needed: identical sweeps on a shared machine differ by a few
+percent from one invocation to the next, a shift the per-step test cannot see as noise (it is common
+to all steps of a sweep), so the threshold has to absorb it; and a large change measured on a handful
+of noisy steps is not evidence, which the test rejects. With a 10 % slowdown to catch and sweep-to-sweep
+drift the enemy, the threshold sits halfway (5 %): ``benchmarks/bench_gate.py`` measures the resulting
+false-alarm and detection rates. Each row also gives the smallest change detected with 80 % power at
+the measured spread (``mde``) and says so when the candidate was too noisy to judge a small slowdown.
+
+Exit code: **1** when a cell regressed, or a candidate cell failed where the baseline's ran (a failure
+is a regression); else **2** when something could not be judged (no matching cells, another engine or
+platform, missing samples, too few samples to ever reach ``p < alpha``, a failed baseline cell, a
+candidate failure of kind ``bad_input``); else **0**. Every reason is written out.
+
+Outputs: ``gate.md`` (a markdown table for a CI job summary; appended to ``$GITHUB_STEP_SUMMARY``
+when set) and ``gate.json`` in ``--out`` (default ``<candidate sweep>/gate/``), and an MLflow run
+(``bench.kind=gate``, tag ``bench.verdict``) in the candidate's experiment; the candidate's parent run
+is tagged ``bench.gate.<baseline>=<verdict>``.
+
+The matrix ``expect`` block (claims such as "dynamic_bsz lowers step time by at least 10 % vs the
+all-off cell") is checked by the same comparison, within the candidate sweep
+(:class:`Expect`, :func:`check_expectations`); a claim not met exits 1. Without ``--baseline`` only
+the claims are checked.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+
+from bench.baseline import METRICS, cpu_pressure, levels_key, load_baseline, pairable, snapshot
+from bench.errors import BenchError
+from bench.matrix import format_validation_error
+from bench.optimizations import FACTOR_KEYS, REGISTRY, applicability
+from bench.results import atomic_write_json, atomic_write_text, find_sweep
+from bench.stats import N_BOOT, compare, mde_from_se, verdict
+
+#: CPU pressure (PSI some avg60, %) above which a side's timings are called contended in the output
+CONTENDED_PSI = 40.0
+DEFAULT_THRESHOLD = 0.05
+DEFAULT_ALPHA = 0.01
+#: candidate failure kinds that are input errors, not regressions of the candidate
+INPUT_FAILURES = ("bad_input",)
+#: base settings whose difference is expected between baseline and candidate (not reported)
+_IGNORED_BASE = {"timeout_s"}
+
+
+# -- expect block ---------------------------------------------------------------------------------
+
+class Expect(BaseModel):
+    """One claim about a factor's effect, checked within a sweep.
+
+    ``factor`` at ``level`` (default: its last level in the matrix) improves ``metric`` by at least
+    ``at_least`` (and at most ``at_most``), as a fraction, against the reference ``vs``:
+
+    * ``vs: all_off``: the cell with only this factor changed from the all-off cell, against the
+      all-off cell (``factor: all``: the all-on cell against the all-off cell, the article's end to end);
+    * ``vs: all_on``: the all-on cell against the all-on cell with this factor off.
+
+    Improvement = relative decrease for lower-is-better metrics (``step_time``: ``1 - cell/ref``),
+    relative increase for ``throughput``. Met when the estimate is within the bounds and, for a
+    positive ``at_least``, the difference is significant (Mann-Whitney p < alpha).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    factor: str
+    level: int | None = None
+    metric: Literal["step_time", "throughput", "rollout_share", "free_ratio"] = "step_time"
+    at_least: float | None = Field(None, gt=-1.0, lt=10.0)
+    at_most: float | None = Field(None, gt=-1.0, lt=10.0)
+    vs: Literal["all_off", "all_on"] = "all_off"
+    name: str = ""
+
+    @field_validator("factor")
+    @classmethod
+    def _factor(cls, v: str) -> str:
+        if v != "all" and v not in REGISTRY:
+            raise ValueError(f"unknown factor {v!r} (allowed: all, {', '.join(FACTOR_KEYS)})")
+        return v
+
+    @field_validator("level")
+    @classmethod
+    def _level(cls, v: int | None, info: ValidationInfo) -> int | None:
+        f = info.data.get("factor")
+        if v is not None and f in REGISTRY and v not in REGISTRY[f].levels:
+            raise ValueError(f"level {v} of {f} unknown (allowed: {', '.join(map(str, REGISTRY[f].levels))})")
+        return v
+
+    @model_validator(mode="after")
+    def _check(self) -> "Expect":
+        if self.at_least is None and self.at_most is None:
+            raise ValueError("give at_least and/or at_most (fractions, e.g. at_least: 0.10)")
+        if self.at_least is not None and self.at_most is not None and self.at_most < self.at_least:
+            raise ValueError(f"at_most ({self.at_most}) is below at_least ({self.at_least})")
+        if self.factor == "all" and (self.vs != "all_off" or self.level is not None):
+            raise ValueError("factor: all compares the all-on cell with the all-off cell (vs: all_off, no level)")
+        return self
+
+    def describe(self) -> str:
+        """Human text of the claim."""
+        if self.name:
+            return self.name
+        m = METRICS[self.metric]
+        verb = "raises" if m.higher_is_better else "lowers"
+        bounds = []
+        if self.at_least is not None:
+            bounds.append(f"at least {self.at_least:.0%}")
+        if self.at_most is not None:
+            bounds.append(f"at most {self.at_most:.0%}")
+        who = "all factors on" if self.factor == "all" else f"{self.factor}" + (f"={self.level}" if self.level is not None else "")
+        return f"{who} {verb} {m.title} by {' and '.join(bounds)} vs {self.vs.replace('_', '-')}"
+
+
+class _ExpectBlock(BaseModel):
+    expect: list[Expect] = Field(default_factory=list)
+
+
+def validate_expect(raw: Any, file: str | Path = "matrix", text: str = "") -> list[Expect]:
+    """Validate a matrix's ``expect`` list.
+
+    Raises:
+        BenchError: one line naming file, line (when found), ``expect.<i>.<key>`` and the problem.
+    """
+    try:
+        return _ExpectBlock(expect=raw or []).expect
+    except ValidationError as exc:
+        raise BenchError(format_validation_error(file, exc, text)) from None
+
+
+def _find_cell(snap: dict[str, Any], levels: dict[str, Any]) -> dict[str, Any] | None:
+    key = levels_key(levels)
+    return next((c for c in snap["cells"] if c["key"] == key), None)
+
+
+def _groups(cell: dict[str, Any], metric: str) -> list[list[float]]:
+    return [r["samples"].get(metric, []) for r in cell["repeats"] if r.get("status") == "ok"]
+
+
+def _matrix_levels(snap: dict[str, Any]) -> dict[str, list[int]]:
+    """Levels of each factor present in the sweep's cells (applicable ones only)."""
+    out: dict[str, set] = {}
+    for c in snap["cells"]:
+        for k, v in c["levels"].items():
+            if v is not None:
+                out.setdefault(k, set()).add(v)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: float, n_boot: int = N_BOOT,
+                       seed: int = 0, pairing: bool = True) -> list[dict[str, Any]]:
+    """Check each claim within one sweep snapshot; one result dict per claim.
+
+    ``result``: ``met``, ``not met``, ``n/a`` (the factor does not apply on this engine/platform) or
+    ``error`` (a cell the claim needs is missing, failed or has no samples; ``reason`` says which).
+    """
+    out = []
+    all_levels = _matrix_levels(snap)
+    any_cell = snap["cells"][0]["levels"] if snap["cells"] else {}
+    # all-off / all-on: every applicable factor at its lowest / highest level in the sweep (a factor the
+    # matrix holds fixed keeps its one level)
+    off = {k: (None if v is None else all_levels[k][0]) for k, v in any_cell.items()}
+    on = {k: (None if v is None else all_levels[k][-1]) for k, v in any_cell.items()}
+    for i, e in enumerate(expects):
+        res: dict[str, Any] = {"index": i, "claim": e.describe(), **e.model_dump(), "result": "error", "reason": ""}
+        out.append(res)
+        if e.factor != "all" and any_cell.get(e.factor, 0) is None:
+            res["result"] = "n/a"
+            res["reason"] = applicability(e.factor, snap["engine"], snap["platform"], snap.get("base") or {}) or \
+                "not applicable in this sweep"
+            continue
+        if e.factor == "all":
+            ref_lv, cell_lv = off, on
+        elif e.vs == "all_off":
+            seen = all_levels.get(e.factor, [])
+            level = e.level if e.level is not None else (seen[-1] if len(seen) > 1 else REGISTRY[e.factor].default_levels[-1])
+            ref_lv, cell_lv = off, {**off, e.factor: level}
+        else:
+            ref_lv, cell_lv = {**on, e.factor: all_levels.get(e.factor, [REGISTRY[e.factor].off])[0]}, on
+        if ref_lv == cell_lv:
+            res["reason"] = f"{e.factor} takes one level in this sweep: nothing to compare"
+            continue
+        ref, cell = _find_cell(snap, ref_lv), _find_cell(snap, cell_lv)
+        missing = [f"{name} cell ({levels_key(lv)})" for name, lv, c in (("reference", ref_lv, ref), ("compared", cell_lv, cell)) if c is None]
+        if missing:
+            res["reason"] = f"the sweep has no {' and no '.join(missing)}: add it to the design"
+            continue
+        res["reference"], res["cell"] = ref["label"], cell["label"]
+        bad = [c for c in (ref, cell) if c["status"] != "ok"]
+        if bad:
+            res["reason"] = "; ".join(f"{c['label']} is {c['status']}" for c in bad)
+            continue
+        m = METRICS[e.metric]
+        cmp = compare(_groups(ref, e.metric), _groups(cell, e.metric), alpha=alpha, n_boot=n_boot, seed=seed,
+                      scale=m.scale, paired=pairing and pairable(ref, cell, e.metric))
+        res["comparison"] = cmp.to_dict()
+        if cmp.change is None:
+            res["reason"] = f"no {e.metric} samples ({cmp.n_base} reference, {cmp.n_cand} compared)" + \
+                (f"; {'; '.join(cmp.notes)}" if cmp.notes else "")
+            continue
+        sign = 1.0 if m.higher_is_better else -1.0
+        imp = sign * cmp.change
+        lo, hi = sorted((sign * cmp.ci_low, sign * cmp.ci_high)) if cmp.ci_low is not None else (None, None)
+        res.update(improvement=imp, improvement_ci=[lo, hi], p_value=cmp.p_value)
+        ok = (e.at_least is None or imp >= e.at_least) and (e.at_most is None or imp <= e.at_most)
+        if ok and e.at_least is not None and e.at_least > 0 and not cmp.p_value < alpha:
+            ok = False
+            if cmp.min_p >= alpha:
+                res["result"] = "error"
+                res["reason"] = (f"{cmp.n_base}+{cmp.n_cand} samples cannot reach p < {alpha} "
+                                 f"(smallest possible p {cmp.min_p:.3g}): add steps or repeats")
+                continue
+            res["reason"] = f"not significant (p = {cmp.p_value:.3g} >= {alpha})"
+        res["result"] = "met" if ok else "not met"
+        if not ok and not res["reason"]:
+            res["reason"] = f"improvement {imp:+.1%} outside the claim"
+    return out
+
+
+# -- baseline vs candidate ------------------------------------------------------------------------
+
+def _diff_dicts(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if k in _IGNORED_BASE:
+            continue
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff_dicts(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: list[str], threshold: float,
+                      alpha: float, n_boot: int = N_BOOT, seed: int = 0, pairing: bool = True) -> dict[str, Any]:
+    """Gate a candidate snapshot against a baseline snapshot.
+
+    Returns ``{"rows": [...], "notes": [...], "unmatched": {...}, "counts": {...}, "verdict", "exit_code"}``.
+
+    Raises:
+        BenchError: different engine or platform, a failed/unfinished baseline cell, or no matching cells.
+    """
+    if (base["engine"], base["platform"]) != (cand["engine"], cand["platform"]):
+        raise BenchError(
+            f"baseline {base.get('name') or base['source'].get('sweep')} is {base['engine']}/{base['platform']} but the "
+            f"candidate {cand['source'].get('sweep')} is {cand['engine']}/{cand['platform']}: "
+            "step times of different engines or platforms are not comparable (save a baseline on this one)")
+    bad_base = [c for c in base["cells"] if c.get("status", "ok") != "ok"]
+    if bad_base:
+        raise BenchError("baseline has unusable cells: " + "; ".join(f"{c['label']} is {c.get('status')}" for c in bad_base))
+    bmap = {c["key"]: c for c in base["cells"]}
+    cmap = {c["key"]: c for c in cand["cells"]}
+    matched = [k for k in bmap if k in cmap]
+    if not matched:
+        raise BenchError(
+            "no matching cells: the candidate's factor levels match none of the baseline's "
+            f"(baseline: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in base['cells'][:6])}; "
+            f"candidate: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in cand['cells'][:6])})")
+    notes: list[str] = []
+    only_b = [bmap[k]["label"] for k in bmap if k not in cmap]
+    only_c = [cmap[k]["label"] for k in cmap if k not in bmap]
+    if only_b:
+        notes.append(f"baseline cells not in the candidate (not compared): {', '.join(only_b)}")
+    if only_c:
+        notes.append(f"candidate cells not in the baseline (not compared): {', '.join(only_c)}")
+    diffs = _diff_dicts(base.get("base") or {}, cand.get("base") or {})
+    if diffs:
+        notes.append("base settings differ: " + "; ".join(diffs))
+    vdiff = _diff_dicts(base.get("versions") or {}, cand.get("versions") or {})
+    if vdiff:
+        notes.append("package versions differ: " + "; ".join(vdiff))
+    bm, cm = base.get("machine") or {}, cand.get("machine") or {}
+    if bm and cm:
+        mdiff = [d for d in _diff_dicts({k: bm.get(k) for k in ("cpu", "cpu_count", "hostname")},
+                                        {k: cm.get(k) for k in ("cpu", "cpu_count", "hostname")})]
+        if mdiff:
+            notes.append("machine differs: " + "; ".join(mdiff))
+    pb = [cpu_pressure(bmap[k]) for k in matched]
+    pc = [cpu_pressure(cmap[k]) for k in matched]
+    pb_max = max((v for v in pb if v is not None), default=None)
+    pc_max = max((v for v in pc if v is not None), default=None)
+    if pb_max is not None or pc_max is not None:
+        fmt = lambda v: "-" if v is None else f"{v:.0f} %"  # noqa: E731
+        line = f"CPU pressure during the runs (PSI some avg60, highest): baseline {fmt(pb_max)}, candidate {fmt(pc_max)}"
+        if max(v for v in (pb_max, pc_max) if v is not None) > CONTENDED_PSI:
+            line = ("**contended machine**: " + line + f" (above {CONTENDED_PSI:.0f} %): other jobs competed for the "
+                    "CPUs, which shifts step times by tens of percent; rerun both on an idle machine before trusting "
+                    "a verdict")
+        notes.insert(0, line)
+    rows = []
+    for key in matched:
+        bc, cc = bmap[key], cmap[key]
+        for metric in metrics:
+            m = METRICS[metric]
+            row: dict[str, Any] = {"cell": cc["label"], "levels": key, "metric": metric,
+                                   "baseline_cell_id": bc["cell_id"], "candidate_cell_id": cc["cell_id"],
+                                   "verdict": "error", "reason": ""}
+            rows.append(row)
+            if cc["status"] == "failed":
+                kinds = {f["kind"] for f in cc["failures"]}
+                row["verdict"] = "error" if kinds <= set(INPUT_FAILURES) else "failed"
+                row["reason"] = "candidate failed: " + "; ".join(
+                    f"r{f['repeat']} {f['kind']}: {f['reason'][:160]}" for f in cc["failures"])
+                continue
+            if cc["status"] == "pending":
+                row["reason"] = f"candidate cell unfinished: repeats {cc['missing_repeats']} never ran (missing samples)"
+                continue
+            bg, cg = _groups(bc, metric), _groups(cc, metric)
+            nb, nc = sum(map(len, bg)), sum(map(len, cg))
+            if not nb or not nc:
+                side = " and ".join(s for s, n in (("baseline", nb), ("candidate", nc)) if not n)
+                row["reason"] = f"missing samples: no {metric} samples in the {side} ({m.source})"
+                row.update(n_base=nb, n_cand=nc)
+                continue
+            cmp = compare(bg, cg, alpha=alpha, n_boot=n_boot, seed=seed, scale=m.scale,
+                          paired=pairing and pairable(bc, cc, metric))
+            row.update(cmp.to_dict())
+            if cmp.min_p >= alpha:
+                row["reason"] = (f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {alpha} "
+                                 f"with the {cmp.test} test (smallest possible p {cmp.min_p:.3g}); add steps or repeats")
+                continue
+            if cmp.change is None:
+                row["reason"] = "; ".join(cmp.notes) or "relative change undefined"
+                continue
+            row["verdict"] = verdict(cmp.change, cmp.p_value, threshold=threshold, alpha=alpha,
+                                     higher_is_better=m.higher_is_better)
+            notes_ = list(cmp.notes)
+            if cmp.se is not None:
+                row["mde"] = mde_from_se(cmp.se, alpha=alpha, threshold=threshold)
+                if row["mde"] > 2 * max(threshold, 0.01) and row["verdict"] == "unchanged":
+                    notes_.append(f"noisy: at this spread a change under {row['mde']:.0%} is often missed "
+                                  "(an idle machine, more steps or repeats narrow it)")
+            if notes_:
+                row["reason"] = "; ".join(notes_)
+    counts = {v: sum(r["verdict"] == v for r in rows) for v in ("regression", "failed", "improvement", "unchanged", "error")}
+    if counts["regression"] or counts["failed"]:
+        v, code = "regression", 1
+    elif counts["error"]:
+        v, code = "error", 2
+    else:
+        v, code = "pass", 0
+    return {"rows": rows, "notes": notes, "unmatched": {"baseline": only_b, "candidate": only_c},
+            "counts": counts, "verdict": v, "exit_code": code}
+
+
+# -- output ----------------------------------------------------------------------------------------
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def _val(v: float | None, metric: str) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" + (f" {METRICS[metric].unit}" if METRICS[metric].unit == "s" else "")
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """The gate's markdown: verdict line, settings, one table row per cell and metric, notes, claims."""
+    s = result["settings"]
+    head = {"pass": "PASS", "regression": "REGRESSION", "error": "ERROR"}[result["verdict"]]
+    lines = [f"## Gate {head}: `{result['candidate']['sweep']}` vs baseline `{result['baseline'].get('name') or '-'}`", ""]
+    if result.get("rows"):
+        c = result["counts"]
+        lines.append(f"{len(result['rows'])} comparisons: {c['regression']} regression, {c['failed']} failed, "
+                     f"{c['improvement']} improvement, {c['unchanged']} unchanged, {c['error']} error. "
+                     f"Threshold {s['threshold']:.0%}, alpha {s['alpha']}, engine {result['candidate']['engine']}/"
+                     f"{result['candidate']['platform']}.")
+        lines += ["", f"| cell | metric | baseline median | candidate median | change | {1 - s['alpha']:.0%} CI | p | "
+                  "n base/cand | test | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in result["rows"]:
+            ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]" if r.get("ci_low") is not None else "-"
+            p = f"{r['p_value']:.2g}" if r.get("p_value") is not None else "-"
+            verdict_txt = f"**{r['verdict']}**" if r["verdict"] in ("regression", "failed", "error") else r["verdict"]
+            if r.get("reason"):
+                verdict_txt += f": {r['reason'][:200]}"
+            lines.append(f"| {r['cell']} | {r['metric']} | {_val(r.get('base_median'), r['metric'])} | "
+                         f"{_val(r.get('cand_median'), r['metric'])} | {_pct(r.get('change'))} | {ci} | {p} | "
+                         f"{r.get('n_base', '-')}/{r.get('n_cand', '-')} | "
+                         f"{('paired' if r['test'].startswith('wilcoxon') else 'unpaired') if r.get('test') else '-'} | {verdict_txt} |")
+    if result.get("expectations"):
+        lines += ["", "### Expectations (matrix `expect`)", "",
+                  "| claim | compared / reference | improvement | CI | p | result |", "|---|---|---|---|---|---|"]
+        for e in result["expectations"]:
+            ci = e.get("improvement_ci") or [None, None]
+            ci_txt = f"[{_pct(ci[0])}, {_pct(ci[1])}]" if ci[0] is not None else "-"
+            p = f"{e['p_value']:.2g}" if e.get("p_value") is not None else "-"
+            res = e["result"] if e["result"] in ("met", "n/a") else f"**{e['result']}**"
+            lines.append(f"| {e['claim']} | {e.get('cell', '-')} / {e.get('reference', '-')} | "
+                         f"{_pct(e.get('improvement'))} | {ci_txt} | {p} | {res}"
+                         f"{': ' + e['reason'][:200] if e.get('reason') else ''} |")
+    if result.get("notes"):
+        lines += ["", "Notes:", *[f"- {n}" for n in result["notes"]]]
+    lines += ["", "Statistics: relative change = exp(Hodges-Lehmann shift of log per-step samples) - 1. Paired "
+              "(steps that did the same work on both sides: same repeat and step, equal response/prompt lengths): "
+              "one-sample Hodges-Lehmann of the per-step log ratios and a two-sided Wilcoxon signed-rank test; "
+              "otherwise the two-sample shift and a two-sided Mann-Whitney U test on the samples of all repeats. "
+              f"CI: bootstrap over repeats, then steps ({s['n_boot']} resamples). A regression needs change > "
+              f"{s['threshold']:.0%} and p < {s['alpha']}.", ""]
+    return "\n".join(lines)
+
+
+def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) -> str | None:
+    """Create the gate run; tag the candidate's parent run. Returns a warning instead of raising."""
+    try:
+        from mlflow.entities import Metric
+
+        from bench.tracking import Tracker, _key
+
+        cand = result["candidate"]
+        tr = Tracker(tracking_uri, cand.get("matrix") or "default")
+        bname = result["baseline"].get("name") or "none"
+        tags = {"bench.kind": "gate", "bench.verdict": result["verdict"], "bench.baseline": bname,
+                "bench.candidate_sweep": cand.get("sweep_id") or "", "engine": cand["engine"], "platform": cand["platform"],
+                "bench.candidate_parent_run": cand.get("parent_run_id") or "",
+                "bench.regressions": ", ".join(sorted({r["cell"] for r in result.get("rows", []) if r["verdict"] in ("regression", "failed")})) or "none"}
+        rid = tr.start_parent(f"gate {bname} vs {cand.get('sweep_id')}", tags,
+                              {k: v for k, v in result["settings"].items()})
+        now = int(time.time() * 1000)
+        ms = []
+        for r in result.get("rows", []):
+            for k in ("change", "p_value", "ci_low", "ci_high"):
+                if isinstance(r.get(k), (int, float)):
+                    ms.append(Metric(_key(f"{r['metric']}.{k}/{r['cell']}"), float(r[k]), now, 0))
+        for k, v in result.get("counts", {}).items():
+            ms.append(Metric(f"count.{k}", float(v), now, 0))
+        for i in range(0, len(ms), 900):
+            tr.client.log_batch(rid, metrics=ms[i:i + 900])
+        for f in files:
+            tr.client.log_artifact(rid, str(f))
+        tr.client.set_terminated(rid, status="FINISHED" if result["verdict"] == "pass" else "FAILED")
+        result["mlflow_run_id"] = rid
+        if cand.get("parent_run_id"):
+            try:
+                tr.client.set_tag(cand["parent_run_id"], _key(f"bench.gate.{bname}"), result["verdict"])
+            except Exception:
+                pass
+    except Exception as exc:
+        return f"MLflow gate run not logged ({tracking_uri}): {str(exc).splitlines()[0] if str(exc) else exc!r}"
+    return None
+
+
+def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tracking_uri: str | None,
+             metrics: list[str], threshold: float, alpha: float, out: Path | None = None, n_boot: int = N_BOOT,
+             seed: int = 0, check_expect: bool = True, pairing: bool = True) -> dict[str, Any]:
+    """Everything ``gate`` does; returns the result dict (``exit_code``, ``verdict``, ``files`` ...).
+
+    Raises:
+        BenchError: unknown baseline or sweep, different engine/platform, no matching cells, bad expect block,
+            nothing to check.
+    """
+    bad = [m for m in metrics if m not in METRICS]
+    if bad:
+        raise BenchError(f"--metric {bad[0]}: unknown metric (allowed: {', '.join(METRICS)})")
+    if not 0 <= threshold < 1:
+        raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
+    if not 0 < alpha < 0.5:
+        raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
+    sweep = find_sweep(candidate_ref, results)
+    cand = snapshot(sweep, results)
+    expects = validate_expect(cand.get("expect"), cand["source"].get("matrix_file") or sweep) if check_expect else []
+    if baseline_ref is None and not expects:
+        raise BenchError("gate: nothing to check: give --baseline NAME_OR_FILE (and/or an `expect` block in the matrix)")
+    base = load_baseline(baseline_ref, results) if baseline_ref is not None else None
+    result: dict[str, Any] = {
+        "format": "grpo-bench-gate", "format_version": 1, "created_at": time.time(),
+        "settings": {"threshold": threshold, "alpha": alpha, "metrics": ",".join(metrics), "n_boot": n_boot,
+                     "seed": seed, "pairing": "auto" if pairing else "off",
+                     "test": "wilcoxon signed-rank when the steps pair up, else mann-whitney u (two-sided)",
+                     "estimate": "exp(hodges-lehmann shift of log samples) - 1",
+                     "ci": "two-level bootstrap (repeats, then steps), percentile"},
+        "candidate": {"sweep": cand["source"]["sweep"], "sweep_id": cand["source"]["sweep_id"],
+                      "matrix": cand["source"]["matrix"], "engine": cand["engine"], "platform": cand["platform"],
+                      "parent_run_id": cand["source"].get("parent_run_id"), "git_commit": cand.get("git_commit")},
+        "baseline": {}, "rows": [], "notes": [], "counts": {}, "verdict": "pass", "exit_code": 0,
+    }
+    if base is not None:
+        result["baseline"] = {"name": base.get("name"), "file": Path(base["_path"]).name,
+                              "sweep": base["source"].get("sweep"), "engine": base["engine"],
+                              "platform": base["platform"], "git_commit": base.get("git_commit"),
+                              "created_at": base.get("created_at")}
+        from bench.baseline import machine
+
+        cand["machine"] = machine()
+        result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,
+                                        n_boot=n_boot, seed=seed, pairing=pairing))
+    if expects:
+        exp = check_expectations(cand, expects, alpha=alpha, n_boot=n_boot, seed=seed, pairing=pairing)
+        result["expectations"] = exp
+        if any(e["result"] == "not met" for e in exp):
+            result["verdict"], result["exit_code"] = "regression", 1
+            result["notes"].append("claim(s) of the matrix `expect` block not met: " +
+                                   "; ".join(e["claim"] for e in exp if e["result"] == "not met"))
+        elif any(e["result"] == "error" for e in exp) and result["exit_code"] == 0:
+            result["verdict"], result["exit_code"] = "error", 2
+    out = Path(out) if out is not None else sweep / "gate"
+    md = render_markdown(result)
+    md_path, json_path = out / "gate.md", out / "gate.json"
+    atomic_write_text(md_path, md)
+    atomic_write_json(json_path, result)
+    result["files"] = [str(md_path), str(json_path)]
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            with open(summary, "a") as fh:
+                fh.write(md + "\n")
+        except OSError as exc:
+            result.setdefault("warnings", []).append(f"$GITHUB_STEP_SUMMARY not written: {exc}")
+    if tracking_uri:
+        warn = _log_mlflow(result, tracking_uri, [md_path, json_path])
+        if warn:
+            result.setdefault("warnings", []).append(warn)
+        else:
+            atomic_write_json(json_path, result)
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``gate``."""
+    p.add_argument("--baseline", default=None, metavar="NAME_OR_FILE",
+                   help="baseline name (<results>/baselines/NAME.json) or a baseline file")
+    p.add_argument("--candidate", required=True, metavar="SWEEP",
+                   help="the sweep to judge: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
+    p.add_argument("--metric", action="append", default=None, metavar="NAME",
+                   help=f"metric(s) to compare, repeatable or comma-separated ({', '.join(METRICS)}; default step_time)")
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help="smallest relative change that counts (default 0.05 = 5 %%)")
+    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
+                   help="significance level of the Mann-Whitney test; CIs at 1-alpha (default 0.01)")
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder for gate.md and gate.json (default: <candidate sweep>/gate/)")
+    p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--no-expect", action="store_true", help="do not check the matrix `expect` block")
+    p.add_argument("--pairing", choices=("auto", "off"), default="auto",
+                   help="auto (default): compare step by step when both sides ran the same steps on the same work "
+                        "(same seed; equal response/prompt lengths per step); off: always unpaired (Mann-Whitney)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the gate; prints the markdown table; returns 0 pass, 1 regression, 2 error."""
+    metrics = [m.strip() for arg in (args.metric or ["step_time"]) for m in arg.split(",") if m.strip()]
+    try:
+        result = run_gate(baseline_ref=args.baseline, candidate_ref=args.candidate, results=args.results,
+                          tracking_uri=args.tracking_uri, metrics=metrics, threshold=args.threshold,
+                          alpha=args.alpha, out=args.out, n_boot=args.bootstrap, seed=args.seed,
+                          check_expect=not args.no_expect, pairing=args.pairing == "auto")
+    except BenchError as exc:
+        summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if summary:
+            try:
+                with open(summary, "a") as fh:
+                    fh.write(f"## Gate ERROR\n\n{exc}\n\n")
+            except OSError:
+                pass
+        raise
+    print(render_markdown(result))
+    for w in result.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"gate: {result['verdict']} (exit {result['exit_code']}); files: {', '.join(result['files'])}")
+    if result["exit_code"] == 2:
+        reasons = [f"{r['cell']}/{r['metric']}: {r['reason']}" for r in result["rows"] if r["verdict"] == "error"]
+        reasons += [f"{e['claim']}: {e['reason']}" for e in result.get("expectations", []) if e["result"] == "error"]
+        print("error: cannot judge: " + " | ".join(reasons), file=sys.stderr)
+    return int(result["exit_code"])
+
+
+__all__ = ["Expect", "validate_expect", "check_expectations", "compare_snapshots", "run_gate", "render_markdown",
+           "add_arguments", "main", "json"]

@@ -1,0 +1,202 @@
+"""Run each launch as a job on an existing Ray cluster, through Ray's Job Submission API.
+
+:class:`RayJobExecutor` implements :class:`bench.executors.Executor`: one job per run, one after
+another (benchmark runs must not share devices). For each run it
+
+- submits the argv (joined with :func:`shlex.join`, run from the run folder: ``cd RUN_DIR && exec ...``)
+  with the run's variables (``BENCH_*``, ``PYTHONPATH`` with ``patches/``, the factors' variables,
+  ``VERL_FILE_LOGGER_PATH`` ...) as ``runtime_env.env_vars``, so the job's driver and every Ray worker
+  it starts see them;
+- waits for the job, appending its logs to ``run_dir/run.log`` as they grow (the same file a local run
+  writes), and at the end records the job's status, exit code and submission id;
+- stops the job at the timeout (``stop_job``) and reports ``timed_out``.
+
+The cluster must see the same paths as the harness (one machine, or a shared filesystem): the run
+folder receives the metrics JSONL, profiler output and patch reports, and ``PYTHONPATH`` names this
+checkout. ``RAY_OVERRIDE_JOB_RUNTIME_ENV=1`` is set so that verl's own ``ray.init(runtime_env=...)``
+inside the job merges with the job's environment instead of failing on a shared variable.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import signal
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from bench.errors import BenchError
+from bench.executors import ExecResult, ResolvedLaunch
+
+_TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+
+
+def _status_name(status: Any) -> str:
+    return str(getattr(status, "value", status)).upper()
+
+
+def submission_id_for(run_dir: Path) -> str:
+    """A unique, readable Ray submission id for a run folder (``bench-<cell>-<repeat>-<8 hex>``)."""
+    parts = [p for p in (Path(run_dir).parent.name, Path(run_dir).name) if p]
+    stem = re.sub(r"[^A-Za-z0-9_-]+", "-", "-".join(parts))[:60].strip("-") or "run"
+    return f"bench-{stem}-{uuid.uuid4().hex[:8]}"
+
+
+class RayJobExecutor:
+    """Runs launches as Ray jobs on the cluster at ``address`` (its dashboard, e.g. ``http://HEAD:8265``).
+
+    Args:
+        address: Ray dashboard / job server address (``--ray-address``).
+        poll_s: seconds between status polls.
+        log_every_s: seconds between log fetches while the job runs.
+        stop_grace_s: how long to wait for a stopped job to end before giving up on it.
+        entrypoint_resources: optional ``entrypoint_num_cpus`` / ``entrypoint_num_gpus`` /
+            ``entrypoint_resources`` for :meth:`JobSubmissionClient.submit_job`.
+        client: a ready client (tests); by default one is created (and the cluster contacted) here.
+
+    Raises:
+        BenchError: the job server at ``address`` cannot be reached.
+    """
+
+    name = "ray"
+
+    def __init__(self, address: str, *, poll_s: float = 1.0, log_every_s: float = 5.0, stop_grace_s: float = 60.0,
+                 entrypoint_resources: dict[str, Any] | None = None, client: Any = None) -> None:
+        self.address = address
+        self.poll_s = poll_s
+        self.log_every_s = log_every_s
+        self.stop_grace_s = stop_grace_s
+        self.entrypoint_resources = dict(entrypoint_resources or {})
+        if client is None:
+            try:
+                from ray.job_submission import JobSubmissionClient
+
+                client = JobSubmissionClient(address)
+            except Exception as exc:  # ConnectionError, RuntimeError, ValueError ...
+                msg = " ".join(str(exc).split())[:300]
+                raise BenchError(f"--ray-address {address}: cannot reach the Ray job server: {msg}") from None
+        self.client = client
+        self.last_submission_id: str | None = None
+
+    # ------------------------------------------------------------------------------------- helpers
+
+    @staticmethod
+    def entrypoint(launch: ResolvedLaunch) -> str:
+        """The job's shell entrypoint: ``cd RUN_DIR && exec ARGV`` (each argument quoted)."""
+        return f"cd {shlex.quote(str(launch.run_dir))} && exec {shlex.join(launch.argv)}"
+
+    @staticmethod
+    def runtime_env(launch: ResolvedLaunch) -> dict[str, Any]:
+        """``{"env_vars": ...}``: the run's variables, plus the flag that lets verl's ray.init merge them."""
+        env = {k: str(v) for k, v in launch.env.items()}
+        env.setdefault("RAY_OVERRIDE_JOB_RUNTIME_ENV", "1")
+        return {"env_vars": env}
+
+    def _append_logs(self, sid: str, log_path: Path, written: int) -> int:
+        """Append what the job logged since ``written`` characters; returns the new count."""
+        try:
+            logs = self.client.get_job_logs(sid) or ""
+        except Exception:
+            return written
+        if len(logs) > written:
+            with open(log_path, "a", encoding="utf-8", errors="replace") as fh:
+                fh.write(logs[written:])
+            written = len(logs)
+        return written
+
+    def _info(self, sid: str) -> Any:
+        try:
+            return self.client.get_job_info(sid)
+        except Exception:
+            return None
+
+    # ------------------------------------------------------------------------------------- execute
+
+    def execute(self, launch: ResolvedLaunch) -> ExecResult:
+        """Submit, wait (stopping the job at the timeout), keep the logs in ``run.log``; never raises for a
+        failed job (only for an interrupted harness, after stopping the job)."""
+        log_path = launch.run_dir / "run.log"
+        sid = submission_id_for(launch.run_dir)
+        self.last_submission_id = sid
+        start = time.perf_counter()
+        try:
+            self.client.submit_job(
+                entrypoint=self.entrypoint(launch),
+                submission_id=sid,
+                runtime_env=self.runtime_env(launch),
+                metadata={"bench_run_dir": str(launch.run_dir)},
+                **self.entrypoint_resources,
+            )
+        except Exception as exc:
+            msg = " ".join(str(exc).split())[:300]
+            with open(log_path, "a") as fh:
+                fh.write(f"[bench] Ray job submission to {self.address} failed: {msg}\n")
+            return ExecResult(None, False, 0.0, f"Ray job submission failed: {msg}")
+
+        written = 0
+        last_log = time.perf_counter()
+        status = "PENDING"
+        try:
+            while True:
+                try:
+                    status = _status_name(self.client.get_job_status(sid))
+                except Exception:
+                    status = "UNKNOWN"
+                if status in _TERMINAL:
+                    break
+                now = time.perf_counter()
+                if now - start > launch.timeout_s:
+                    self._stop(sid)
+                    written = self._append_logs(sid, log_path, written)
+                    with open(log_path, "a") as fh:
+                        fh.write(f"\n[bench] timed out after {launch.timeout_s:g} s: stopped Ray job {sid}\n")
+                    return ExecResult(None, True, time.perf_counter() - start,
+                                      f"timed out after {launch.timeout_s:g} s (Ray job {sid} stopped)")
+                if now - last_log >= self.log_every_s:
+                    written = self._append_logs(sid, log_path, written)
+                    last_log = now
+                time.sleep(self.poll_s)
+        except BaseException:
+            self._stop(sid)  # the harness itself was interrupted: leave no job running
+            raise
+        wall = time.perf_counter() - start
+        self._append_logs(sid, log_path, written)
+        info = self._info(sid)
+        rc = getattr(info, "driver_exit_code", None)
+        message = " ".join(str(getattr(info, "message", "") or "").split())[:300]
+        with open(log_path, "a") as fh:
+            fh.write(f"\n[bench] Ray job {sid}: {status}" + (f" (exit code {rc})" if rc is not None else "") + "\n")
+        if status == "SUCCEEDED":
+            return ExecResult(0 if rc is None else rc, False, wall, "")
+        if rc is None:
+            rc = 1
+        if rc < 0:
+            try:
+                why = f"killed by {signal.Signals(-rc).name}"
+            except ValueError:
+                why = f"exit code {rc}"
+            if rc == -signal.SIGKILL:
+                why = "killed by SIGKILL (out of memory?)"
+        elif rc == 137:
+            why = "killed by SIGKILL (out of memory?)"
+        else:
+            why = f"exit code {rc}"
+        detail = f"Ray job {sid} {status.lower()}: {why}" + (f"; {message}" if message else "")
+        return ExecResult(rc, False, wall, detail)
+
+    def _stop(self, sid: str) -> None:
+        """Stop the job and wait (up to ``stop_grace_s``) until Ray reports it ended."""
+        try:
+            self.client.stop_job(sid)
+        except Exception:
+            return
+        deadline = time.perf_counter() + self.stop_grace_s
+        while time.perf_counter() < deadline:
+            try:
+                if _status_name(self.client.get_job_status(sid)) in _TERMINAL:
+                    return
+            except Exception:
+                return
+            time.sleep(min(self.poll_s, 1.0))

@@ -1,0 +1,719 @@
+"""``run_bench.py tune MATRIX.yaml``: Optuna search of the dynamic-bsz token limits on real runs.
+
+A trial = the fixed factor levels of the matrix's ``tune`` block (dynamic bsz on) + the sampled
+``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``. The harness builds the trial's
+:class:`~bench.plan.RunSpec` exactly as a sweep does (a copy of the matrix whose ``base`` carries the
+limits and whose design is the one fixed cell, through :func:`bench.plan.make_plan`), runs it with
+:func:`bench.sweep.execute_spec` into ``results/<matrix>/tune/<study>/trial-<n>/`` and takes the
+objective from the run record's summary (median step time, minimized; or median throughput, maximized).
+
+How a run's outcome becomes a trial:
+
+- ``ok`` -> COMPLETE with the objective value and constraint ``infeasible = 0``;
+- ``infeasible`` (a limit below the longest sequence: the engine's ``failure.json``) or ``oom`` ->
+  PRUNED with ``trial.set_constraint("infeasible", c)``, ``c = 1 + shortfall / (P+R)`` for a too-small
+  limit and ``c = 1`` for out of memory, and the reason / failure kind / log tail as user attributes.
+  TPE puts constraint-violating trials in its "bad" group, so it learns to avoid the region; a PRUNED
+  trial has no value, so ``study.best_trial`` (COMPLETE trials only), the importance and the plots
+  never see a made-up number. (A NaN/FAIL trial would be ignored by TPE, which then keeps probing the
+  infeasible region: see tests/test_tune.py.)
+- any other failure (crash, timeout, no metrics ...) -> FAIL with the reason and log tail kept; the tune
+  goes on, except after ``bad_input`` (the engine refuses the matrix's settings whatever the limits):
+  the study stops and the command exits 2 with the engine's reason.
+
+Resuming: the same study name (default: the matrix name) in the same storage continues; ``n_trials`` is
+the number of finished trials the study should hold, so an interrupted tune runs only the rest. Trials
+left RUNNING by a killed harness are marked FAIL (``interrupted``) and not counted. A study refuses to
+resume when the settings its values depend on (engine, platform, base, fixed levels, space, objective)
+changed.
+
+MLflow (experiment = matrix name): a parent run per study (its id kept as the study user attribute
+``mlflow_parent_run_id`` and reused on resume), a child per trial: the sweep's per-step metrics and
+summary (:func:`bench.sweep.log_record`) plus the trial number, both limits, the objective value, the
+Optuna state and the constraint. The parent gets the outputs (overrides, matrix fragment, importance,
+plot, trials table) as artifacts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.errors import BenchError
+from bench.executors import Executor
+from bench.matrix import ExplicitDesign, Matrix, load_matrix
+from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.plan import RunSpec, detect_platform, make_plan
+from bench.results import ResultsDir, atomic_write_json, check_writable, read_json
+from bench.tune_report import CONSTRAINT, verl_overrides, write_outputs
+from bench.tune_space import (
+    OBJECTIVES,
+    PARAMS,
+    STUDY_NAME,
+    IntDim,
+    TuneBlock,
+    limits_of,
+    parse_tune,
+    resolve_space,
+    rule_of_thumb,
+    seq_len,
+    tune_fingerprint,
+)
+
+MLFLOW_MARK = "mlflow.json"
+PARENT_ATTR = "mlflow_parent_run_id"
+URI_ATTR = "mlflow_tracking_uri"
+FP_ATTR = "bench_fingerprint"
+SETTINGS_ATTR = "bench_settings"
+INFEASIBLE_KINDS = ("infeasible", "oom")
+LOG_TAIL_CHARS = 4000
+
+
+class TrialFailed(Exception):
+    """A trial whose run failed for a reason other than infeasibility (recorded FAIL, the tune goes on)."""
+
+
+# --------------------------------------------------------------------------------------------------
+# storage
+
+
+def default_storage(results: Path) -> str:
+    """``sqlite:///<results>/optuna.db``."""
+    return f"sqlite:///{Path(results).as_posix()}/optuna.db"
+
+
+def redact(url: str) -> str:
+    """The storage URL without a password (for logs and MLflow tags)."""
+    if url.startswith("journal:"):
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1] if "@" in url else url
+
+
+def open_storage(url: str, where: str = "--storage") -> Any:
+    """An Optuna storage: ``journal:PATH`` (journal file) or any SQLAlchemy URL (RDB).
+
+    Raises:
+        BenchError: the storage cannot be opened (bad URL, missing driver, unwritable/absent folder).
+    """
+    import optuna
+
+    try:
+        if url.startswith("journal:"):
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            path = Path(url.removeprefix("journal:").removeprefix("//"))
+            if not path.parent.is_dir():
+                raise OSError(f"folder {path.parent} does not exist")
+            return JournalStorage(JournalFileBackend(str(path)))
+        if "://" not in url:
+            raise ValueError("not a URL (give e.g. sqlite:///results/optuna.db, postgresql://..., or journal:PATH)")
+        return optuna.storages.RDBStorage(url, skip_table_creation=False)
+    except BaseException as exc:  # sqlalchemy / driver import errors come in many classes
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        msg = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise BenchError(f"{where} {redact(url)}: cannot open Optuna storage: {msg}") from None
+
+
+# --------------------------------------------------------------------------------------------------
+# one trial = one run spec
+
+
+def fixed_cell(matrix: Matrix, block: TuneBlock) -> dict[str, int]:
+    """The factor levels of every trial: ``tune.fixed``, else the matrix's first level (dynamic bsz on)."""
+    cell = {k: matrix.factors.get(k, [REGISTRY[k].off])[0] for k in FACTOR_KEYS}
+    cell.update(block.fixed)
+    cell["dynamic_bsz"] = 1
+    return cell
+
+
+def trial_matrix(matrix: Matrix, cell: dict[str, int], limits: dict[str, int]) -> Matrix:
+    """A copy of ``matrix`` whose ``base`` carries ``limits`` and whose design is the single ``cell``."""
+    base = matrix.base.model_copy(update={PARAMS[k]: v for k, v in limits.items()})
+    return matrix.model_copy(update={"base": base, "design": ExplicitDesign(type="explicit", cells=[dict(cell)]),
+                                     "repeats": 1})
+
+
+def trial_spec(matrix: Matrix, cell: dict[str, int], limits: dict[str, int], platform: str) -> RunSpec:
+    """The :class:`RunSpec` of one trial, built by :func:`bench.plan.make_plan` like a sweep's cell.
+
+    Raises:
+        BenchError: the fixed cell is invalid or excluded, or the engine refuses the settings.
+    """
+    plan = make_plan(trial_matrix(matrix, cell, limits), platform, strict=True)
+    spec = plan.runs[0]
+    if spec.levels.get("dynamic_bsz") != 1:
+        why = spec.not_applicable.get("dynamic_bsz", "not applicable")
+        raise BenchError(f"{matrix.source}: tune: dynamic_bsz is not applicable here ({why}): nothing to tune")
+    return spec
+
+
+#: the longest sequence in a failure message: verl's assert (``max_seq_len=N``) or the embedded engine's
+_MAX_SEQ = re.compile(r"(?:max_seq_len\s*[=:]\s*(?:tensor\()?|longest sequence (?:of |\()?)(\d+)")
+
+
+def constraint_of(rec: dict[str, Any], limits: dict[str, int], seq: int) -> float:
+    """Constraint value (> 0 = infeasible) of a failed record of kind infeasible / oom.
+
+    Too-small limit: ``1 + shortfall / (P+R)``, the shortfall measured against the longest sequence the
+    engine reported (verl's ``max_seq_len=N`` or the embedded engine's "longest sequence of N"
+    tokens in the reason or log), else against P+R, so TPE ranks a
+    deeper violation worse. Out of memory: ``1`` (the threshold is unknown).
+    """
+    if rec.get("failure_kind") != "infeasible":
+        return 1.0
+    found = _MAX_SEQ.findall(f"{rec.get('reason', '')}\n{rec.get('log_tail', '')}")
+    longest = int(found[-1]) if found else seq
+    shortfall = max(0, longest - min(limits.values()))
+    return 1.0 + shortfall / seq
+
+
+# --------------------------------------------------------------------------------------------------
+# the tuner
+
+
+@dataclass
+class TuneSettings:
+    """Everything resolved from the matrix and the command line before anything is written."""
+
+    matrix: Matrix
+    block: TuneBlock
+    platform: str
+    space: dict[str, IntDim]
+    notes: list[str]
+    cell: dict[str, int]
+    study_name: str
+    storage_url: str
+    storage_from: str
+    n_trials: int | None
+    timeout_s: float | None
+    results: Path
+    tracking_uri: str
+
+    @property
+    def objective_key(self) -> str:
+        return OBJECTIVES[self.block.objective][0]
+
+    @property
+    def direction(self) -> str:
+        return OBJECTIVES[self.block.objective][1]
+
+    @property
+    def unit(self) -> str:
+        return OBJECTIVES[self.block.objective][2]
+
+    @property
+    def seq(self) -> int:
+        return seq_len(self.matrix.base)
+
+    @property
+    def study_dir(self) -> Path:
+        return Path(self.results) / self.matrix.name / "tune" / self.study_name
+
+    def identity(self) -> dict[str, Any]:
+        """What a study's values depend on (a resumed study must match)."""
+        base = self.matrix.base.model_dump(mode="json", exclude={"ppo_max_token_len", "log_prob_max_token_len",
+                                                                 "timeout_s"})
+        return {"engine": self.matrix.engine, "platform": self.platform, "base": base, "cell": self.cell,
+                "space": {k: vars(v) for k, v in self.space.items()}, "objective": self.block.objective}
+
+
+def resolve_settings(matrix: Matrix, *, results: Path, tracking_uri: str, study: str | None = None,
+                     storage: str | None = None, n_trials: int | None = None, timeout_s: float | None = None,
+                     platform: str | None = None) -> TuneSettings:
+    """Validate the tune block and the command line; build one trial spec as a check. Writes nothing.
+
+    Raises:
+        BenchError: any bad input (one line).
+    """
+    block = parse_tune(matrix)
+    src = matrix.source or "matrix"
+    if platform is None:
+        platform = detect_platform() if matrix.platform == "auto" else matrix.platform
+    space, notes = resolve_space(block, matrix.base, src)
+    cell = fixed_cell(matrix, block)
+    name = study or block.study or matrix.name
+    if not STUDY_NAME.match(name):
+        raise BenchError(f"--study {name!r}: a study name is letters, digits, '_', '.', '-' (not starting with one)")
+    n = n_trials if n_trials is not None else block.n_trials
+    t = timeout_s if timeout_s is not None else block.timeout_s
+    if n is not None and n < 1:
+        raise BenchError(f"--n-trials {n}: must be >= 1")
+    if t is not None and t <= 0:
+        raise BenchError(f"--timeout {t:g}: must be > 0 seconds")
+    if n is None and t is None and block.sampler.type != "grid":
+        raise BenchError(f"{src}: tune: give n_trials and/or timeout_s (or --n-trials / --timeout)")
+    if storage:
+        url, url_from = storage, "--storage"
+    elif block.storage:
+        url, url_from = block.storage, f"{src}: tune.storage:"
+    else:
+        url, url_from = default_storage(results), "storage"
+    settings = TuneSettings(matrix, block, platform, space, notes, cell, name, url, url_from, n, t,
+                            Path(results), tracking_uri)
+    # one real spec as a check: conflicts, exclusions, engine refusals surface now, before anything is written
+    trial_spec(matrix, cell, limits_of({k: d.low for k, d in space.items()}, matrix.base), platform)
+    return settings
+
+
+@dataclass
+class TuneOutcome:
+    """What a tune invocation did."""
+
+    study_name: str
+    study_dir: Path
+    parent_run_id: str | None
+    ran: int
+    summary: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+
+
+def make_sampler(block: TuneBlock, space: dict[str, IntDim]) -> Any:
+    import optuna
+
+    s = block.sampler
+    if s.type == "grid":
+        return optuna.samplers.GridSampler({k: d.grid() for k, d in space.items()}, seed=s.seed)
+    if s.type == "random":
+        return optuna.samplers.RandomSampler(seed=s.seed)
+    return optuna.samplers.TPESampler(seed=s.seed, n_startup_trials=s.n_startup_trials,
+                                      multivariate=s.multivariate)
+
+
+def _counted(t: Any) -> bool:
+    import optuna
+
+    S = optuna.trial.TrialState
+    return t.state in (S.COMPLETE, S.PRUNED) or (t.state == S.FAIL and not t.user_attrs.get("interrupted"))
+
+
+def _done_points(trials: list[Any]) -> set[tuple]:
+    """Distinct parameter points of the trials that count as finished."""
+    return {tuple(sorted(t.params.items())) for t in trials if _counted(t)}
+
+
+def _finished(trials: list[Any]) -> int:
+    """Trials that count toward ``n_trials``: COMPLETE, PRUNED and FAIL except interrupted ones."""
+    return sum(1 for t in trials if _counted(t))
+
+
+class Tuner:
+    """Runs a study for :class:`TuneSettings`.
+
+    Args:
+        settings: from :func:`resolve_settings`.
+        executor: how runs are launched (default: local subprocess, as a sweep).
+        on_event: callback ``(kind, data)`` for the console (kinds: start, trial, warn, done).
+    """
+
+    def __init__(self, settings: TuneSettings, executor: Executor | None = None,
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None):
+        from bench.executors import LocalExecutor
+
+        self.s = settings
+        self.executor = executor or LocalExecutor()
+        self.on_event = on_event or (lambda kind, data: None)
+        self.tracker = None
+        self.parent_id: str | None = None
+        self.storage: Any = None
+        self.bad_input: str | None = None
+
+    # -- study ---------------------------------------------------------------------------------
+    def open_study(self) -> Any:
+        """Create or load the study; refuse one created from different settings; fail stale RUNNING trials."""
+        import optuna
+
+        s = self.s
+        storage = self.storage if self.storage is not None else open_storage(s.storage_url, s.storage_from)
+        ident = s.identity()
+        fp = tune_fingerprint(ident)
+        try:
+            study = optuna.load_study(study_name=s.study_name, storage=storage,
+                                      sampler=make_sampler(s.block, s.space))
+            resumed = True
+        except KeyError:
+            study = optuna.create_study(study_name=s.study_name, storage=storage, direction=s.direction,
+                                        sampler=make_sampler(s.block, s.space))
+            study.set_user_attr(FP_ATTR, fp)
+            study.set_user_attr(SETTINGS_ATTR, ident)
+            study.set_user_attr("matrix", s.matrix.name)
+            resumed = False
+        if resumed:
+            old = study.user_attrs.get(FP_ATTR)
+            if old != fp:
+                prev = study.user_attrs.get(SETTINGS_ATTR) or {}
+                changed = sorted({*_diff(prev, ident)}) or ["(settings unknown: not a bench study)"]
+                raise BenchError(
+                    f"--study {s.study_name}: the study in {redact(s.storage_url)} was made with other settings "
+                    f"(changed: {', '.join(changed[:6])}); resume with the same matrix, or give --study NEW_NAME")
+        self._fail_stale(study)
+        return study, resumed
+
+    def _requeue_interrupted(self, study: Any, trials: list[Any]) -> None:
+        """Run the points of interrupted trials again first (unless a finished trial covers them)."""
+        import optuna
+
+        done = _done_points(trials)
+        waiting = {tuple(sorted(t.params.items())) for t in trials if t.state == optuna.trial.TrialState.WAITING}
+        for t in trials:
+            point = tuple(sorted(t.params.items()))
+            if t.user_attrs.get("interrupted") and point and point not in done and point not in waiting:
+                study.enqueue_trial(dict(t.params), user_attrs={"rerun_of": t.number})
+                waiting.add(point)
+
+    def _fail_stale(self, study: Any) -> None:
+        import optuna
+
+        S = optuna.trial.TrialState
+        for t in study.get_trials(deepcopy=False, states=[S.RUNNING]):
+            st = study._storage
+            try:
+                st.set_trial_user_attr(t._trial_id, "interrupted", True)
+                st.set_trial_user_attr(t._trial_id, "reason", "the harness stopped during this trial")
+                st.set_trial_state_values(t._trial_id, S.FAIL)
+            except Exception as exc:  # another process finished it meanwhile
+                self.on_event("warn", {"message": f"could not mark stale trial {t.number} failed: {exc}"})
+
+    # -- MLflow --------------------------------------------------------------------------------
+    def open_parent(self, study: Any) -> None:
+        from bench.tracking import Tracker, git_commit, versions
+
+        s = self.s
+        if self.tracker is None:
+            self.tracker = Tracker(s.tracking_uri, s.matrix.name)
+        pid = study.user_attrs.get(PARENT_ATTR)
+        if pid and study.user_attrs.get(URI_ATTR) == s.tracking_uri and self.tracker.parent_alive(pid):
+            self.parent_id = pid
+            try:
+                self.tracker.client.update_run(pid, status="RUNNING")
+            except Exception:
+                pass
+            return
+        tags = {"bench.kind": "tune", "optuna.study": s.study_name, "optuna.storage": redact(s.storage_url),
+                "engine": s.matrix.engine, "platform": s.platform, "git_commit": git_commit(),
+                "matrix_file": s.matrix.source, **{f"version.{k}": v for k, v in versions().items()}}
+        params = {"objective": s.block.objective, "direction": s.direction, "sampler": s.block.sampler.type,
+                  "sampler.seed": s.block.sampler.seed, "seq_len_P_plus_R": s.seq,
+                  **{f"space.{k}": d.describe() for k, d in s.space.items()},
+                  **{f"fixed.{k}": v for k, v in s.cell.items()},
+                  **{f"base.{k}": v for k, v in s.matrix.base.model_dump(exclude={"env", "overrides", "embedded"}).items()}}
+        self.parent_id = self.tracker.start_parent(f"tune-{s.study_name}", tags, params)
+        study.set_user_attr(PARENT_ATTR, self.parent_id)
+        study.set_user_attr(URI_ATTR, s.tracking_uri)
+
+    def log_trial(self, number: int, state: str, value: float | None, constraint: float | None,
+                  limits: dict[str, int], spec: RunSpec, rec: dict[str, Any], rdir: Path) -> str | None:
+        """Log one trial as an MLflow child of the study's parent (once: a mark file in the trial folder)."""
+        from mlflow.entities import Metric, Param, RunTag
+
+        from bench.sweep import log_record
+
+        mark = read_json(rdir / MLFLOW_MARK)
+        if self.tracker is None or (mark and mark.get("tracking_uri") == self.s.tracking_uri):
+            return None
+        try:
+            rid = log_record(self.tracker, self.parent_id, spec, rec, rdir, self.s.matrix)
+            now = int(time.time() * 1000)
+            metrics = [Metric("constraint", float(constraint), now, 0)] if constraint is not None else []
+            if value is not None:
+                metrics.append(Metric("objective", float(value), now, 0))
+            params = [Param("trial", str(number)), Param("objective_name", self.s.block.objective),
+                      *[Param(k, str(v)) for k, v in limits.items()]]
+            tags = [RunTag("mlflow.runName", f"trial-{number}"), RunTag("bench.kind", "trial"),
+                    RunTag("optuna.study", self.s.study_name), RunTag("optuna.trial_number", str(number)),
+                    RunTag("optuna.state", state), RunTag("infeasible", str(bool(constraint and constraint > 0)).lower())]
+            self.tracker.client.log_batch(rid, metrics=metrics, params=params, tags=tags)
+            if value is not None:
+                self.tracker.client.log_batch(self.parent_id, metrics=[Metric("trial_value", float(value), now, number)])
+        except Exception as exc:
+            self.on_event("warn", {"message": f"MLflow logging of trial {number} failed: {exc}"})
+            return None
+        atomic_write_json(rdir / MLFLOW_MARK, {"run_id": rid, "tracking_uri": self.s.tracking_uri})
+        return rid
+
+    def catch_up_mlflow(self, study: Any) -> None:
+        """Log finished trials whose run folder has no MLflow mark (the store was down, or a kill)."""
+        import optuna
+
+        S = optuna.trial.TrialState
+        for t in study.get_trials(deepcopy=False, states=[S.COMPLETE, S.PRUNED, S.FAIL]):
+            rdir = t.user_attrs.get("run_dir")
+            if not rdir:
+                continue
+            rdir = self.s.study_dir / rdir
+            rec, spec, mark = (read_json(rdir / n) for n in ("record.json", "spec.json", MLFLOW_MARK))
+            if rec is None or spec is None or (mark and mark.get("tracking_uri") == self.s.tracking_uri):
+                continue
+            limits = {k: int(t.user_attrs.get(k, t.params.get(k, 0))) for k in PARAMS}
+            self.log_trial(t.number, t.state.name, t.value if t.values else None,
+                           t.constraints.get(CONSTRAINT), limits, RunSpec(**spec), rec, rdir)
+
+    # -- the objective -------------------------------------------------------------------------
+    def objective(self, trial: Any) -> float:
+        import optuna
+
+        from bench.sweep import execute_spec
+
+        s = self.s
+        params = {name: trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log) for name, d in s.space.items()}
+        limits = limits_of(params, s.matrix.base)
+        for k, v in limits.items():
+            trial.set_user_attr(k, v)
+        rel = f"trial-{trial.number}"
+        rdir = s.study_dir / rel
+        trial.set_user_attr("run_dir", rel)
+        spec = trial_spec(s.matrix, s.cell, limits, s.platform)
+        trial.set_user_attr("cell_id", spec.cell_id)
+        self.on_event("launch", {"number": trial.number, "limits": limits})
+        try:
+            rec = execute_spec(spec, rdir, 0, self.executor, s.matrix.base.warmup_steps)
+        except KeyboardInterrupt:
+            trial.set_user_attr("interrupted", True)
+            trial.set_user_attr("reason", "interrupted by the user")
+            raise
+        atomic_write_json(rdir / "spec.json", spec.model_dump(mode="json"))
+        atomic_write_json(rdir / "trial.json", {"study": s.study_name, "number": trial.number, "limits": limits,
+                                                "storage": redact(s.storage_url)})
+        value = (rec.get("summary") or {}).get(s.objective_key)
+        if rec["status"] == "ok" and value is not None:
+            trial.set_constraint(CONSTRAINT, 0.0)
+            self.log_trial(trial.number, "COMPLETE", value, 0.0, limits, spec, rec, rdir)
+            self.on_event("trial", {"number": trial.number, "limits": limits, "kind": "feasible", "value": value})
+            return float(value)
+        kind = rec.get("failure_kind") or "no_metrics"
+        reason = rec.get("reason") or f"the run's summary has no {s.objective_key}"
+        trial.set_user_attr("failure_kind", kind)
+        trial.set_user_attr("reason", reason[:2000])
+        trial.set_user_attr("log_tail", (rec.get("log_tail") or "")[-LOG_TAIL_CHARS:])
+        if kind in INFEASIBLE_KINDS:
+            c = constraint_of(rec, limits, s.seq)
+            trial.set_constraint(CONSTRAINT, c)
+            self.log_trial(trial.number, "PRUNED", None, c, limits, spec, rec, rdir)
+            self.on_event("trial", {"number": trial.number, "limits": limits, "kind": "infeasible",
+                                    "failure_kind": kind, "reason": reason, "constraint": c})
+            raise optuna.TrialPruned(f"infeasible ({kind}): {reason}")
+        self.log_trial(trial.number, "FAIL", None, None, limits, spec, rec, rdir)
+        self.on_event("trial", {"number": trial.number, "limits": limits, "kind": "failed", "failure_kind": kind,
+                                "reason": reason})
+        if kind == "bad_input":  # the engine refuses the matrix's settings: every trial would fail alike
+            self.bad_input = f"trial {trial.number}: the engine refused the settings: {reason.splitlines()[0][:300]}"
+            trial.study.stop()
+        raise TrialFailed(f"{kind}: {reason}")
+
+    # -- run -----------------------------------------------------------------------------------
+    def run(self) -> TuneOutcome:
+        import optuna
+
+        s = self.s
+        optuna.logging.set_verbosity(optuna.logging.ERROR)
+        self.storage = open_storage(s.storage_url, s.storage_from)  # before anything is written
+        from bench.tracking import Tracker
+
+        self.tracker = Tracker(s.tracking_uri, s.matrix.name)  # a bad tracking URI fails before the study exists
+        rd = ResultsDir(s.results, s.matrix.name)
+        with rd.lock():
+            study, resumed = self.open_study()
+            s.study_dir.mkdir(parents=True, exist_ok=True)
+            self.open_parent(study)
+            self.catch_up_mlflow(study)
+            trials = study.get_trials(deepcopy=False)
+            before = len(trials)
+            done = _finished(trials)
+            todo = None if s.n_trials is None else max(0, s.n_trials - done)
+            if s.block.sampler.type == "grid":
+                left = math.prod(len(d.grid()) for d in s.space.values()) - len(_done_points(trials))
+                todo = left if todo is None else min(todo, left)
+            elif not resumed and s.block.start_at_rule_of_thumb:
+                study.enqueue_trial(rule_of_thumb(s.space, s.matrix.base), skip_if_exists=True)
+            if todo is None or todo > 0:
+                self._requeue_interrupted(study, trials)
+            self.on_event("start", {"study": s.study_name, "resumed": resumed, "finished": done, "todo": todo,
+                                    "timeout_s": s.timeout_s, "study_dir": str(s.study_dir),
+                                    "storage": redact(s.storage_url), "space": s.space, "notes": s.notes,
+                                    "cell": s.cell, "parent_run_id": self.parent_id})
+            status = "FINISHED"
+            try:
+                if todo is None or todo > 0:
+                    study.optimize(self.objective, n_trials=todo, timeout=s.timeout_s, catch=(TrialFailed,),
+                                   gc_after_trial=False)
+            except KeyboardInterrupt:
+                status = "KILLED"
+                raise
+            finally:
+                ran = sum(1 for t in study.get_trials(deepcopy=False)[before:] if t.state.is_finished())
+                summary = self.finish(study, "FAILED" if self.bad_input else status)
+        if self.bad_input:
+            raise BenchError(f"{s.matrix.source}: {self.bad_input} (fix the matrix; the study keeps its trials)")
+        return TuneOutcome(s.study_name, s.study_dir, self.parent_id, ran, summary, s.notes)
+
+    def header(self) -> str:
+        s = self.s
+        return (f"tune of {s.matrix.name} ({s.matrix.engine}, {s.platform}), study {s.study_name}, "
+                f"objective {s.block.objective} ({s.direction})\nP+R = {s.seq} tokens; fixed levels: "
+                + " ".join(f"{k}={v}" for k, v in s.cell.items()))
+
+    def finish(self, study: Any, status: str) -> dict[str, Any]:
+        """Write the outputs and log them on the MLflow parent (best effort when interrupted)."""
+        from mlflow.entities import Metric
+
+        s = self.s
+        try:
+            summary = write_outputs(s.study_dir, study, space=s.space, objective=s.block.objective,
+                                    objective_key=s.objective_key, unit=s.unit,
+                                    limits_of_trial=lambda t: {k: int(t.user_attrs.get(k, t.params.get(k)))
+                                                               for k in PARAMS},
+                                    header=self.header(),
+                                    reference={k: s.matrix.base.context()[f] for k, f in PARAMS.items()})
+        except Exception:
+            if status == "KILLED":
+                return {}
+            raise
+        if self.tracker is not None and self.parent_id:
+            try:
+                now = int(time.time() * 1000)
+                c = summary["counts"]
+                ms = [Metric(f"trials_{k}", float(v), now, 0) for k, v in c.items()]
+                best = summary["best"]
+                if best:
+                    ms.append(Metric("best_value", float(best["value"]), now, 0))
+                    for k, v in best["limits"].items():
+                        ms.append(Metric(f"best.{k}", float(v), now, 0))
+                for k, v in (summary["importance"] or {}).items():
+                    ms.append(Metric(f"importance.{k}", float(v), now, 0))
+                self.tracker.client.log_batch(self.parent_id, metrics=ms)
+                if best:
+                    self.tracker.client.set_tag(self.parent_id, "best_trial", str(best["trial"]))
+                    self.tracker.client.set_tag(self.parent_id, "best_overrides", " ".join(verl_overrides(best["limits"])))
+                for p in summary["files"].values():
+                    if Path(p).is_file():
+                        self.tracker.client.log_artifact(self.parent_id, p)
+                self.tracker.client.set_terminated(self.parent_id, status=status)
+            except Exception as exc:
+                self.on_event("warn", {"message": f"MLflow parent update failed: {exc}"})
+        return summary
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys where two JSON-like values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += _diff(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return [] if json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str) else [prefix or "(root)"]
+
+
+# --------------------------------------------------------------------------------------------------
+# CLI
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``tune``."""
+    p.add_argument("matrix", type=Path, help="matrix YAML file with a 'tune' block (e.g. matrix/tune_dynamic_bsz.yaml)")
+    p.add_argument("--n-trials", type=int, default=None, metavar="N",
+                   help="finished trials the study should hold (a resumed study runs only the rest)")
+    p.add_argument("--timeout", type=float, default=None, metavar="S",
+                   help="wall-clock budget of this invocation, seconds (checked before each trial)")
+    p.add_argument("--study", default=None, metavar="NAME", help="study name (default: tune.study, else the matrix name)")
+    p.add_argument("--storage", default=None, metavar="URL",
+                   help="Optuna storage: SQLAlchemy URL or journal:PATH (default: tune.storage, else "
+                        "sqlite:///<results>/optuna.db)")
+    p.add_argument("--ray-address", default=None, metavar="ADDR",
+                   help="run each trial as a job on this existing Ray cluster (as `run --ray-address`)")
+
+
+class ConsoleView:
+    """One line per trial, plus the start and the result."""
+
+    def __init__(self, out=None):
+        self.out = out or sys.stdout
+
+    def p(self, text: str = "") -> None:
+        print(text, file=self.out, flush=True)
+
+    def __call__(self, kind: str, d: dict[str, Any]) -> None:
+        if kind == "start":
+            verb = "resuming" if d["resumed"] else "new"
+            todo = "until the timeout" if d["todo"] is None else f"{d['todo']} trial(s) to run"
+            self.p(f"{verb} study {d['study']} in {d['storage']}: {d['finished']} finished, {todo}"
+                   + (f" (timeout {d['timeout_s']:g} s)" if d["timeout_s"] else ""))
+            for dim in d["space"].values():
+                self.p(f"  search {dim.describe()}")
+            for n in d["notes"]:
+                self.p(f"  note: {n}")
+            self.p(f"  trial folders: {d['study_dir']}/trial-<n>/")
+        elif kind == "launch":
+            lim = " ".join(f"{k}={v}" for k, v in d["limits"].items())
+            self.p(f"trial {d['number']:>3}: {lim} ...")
+        elif kind == "trial":
+            if d["kind"] == "feasible":
+                self.p(f"trial {d['number']:>3}: {d['value']:.4g}")
+            elif d["kind"] == "infeasible":
+                self.p(f"trial {d['number']:>3}: INFEASIBLE ({d['failure_kind']}, constraint {d['constraint']:.3g}): "
+                       f"{d['reason'][:160]}")
+            else:
+                self.p(f"trial {d['number']:>3}: FAILED ({d['failure_kind']}): {d['reason'][:160]}")
+        elif kind == "warn":
+            self.p(f"warning: {d['message']}")
+
+
+def print_result(out: TuneOutcome, settings: TuneSettings, view: ConsoleView) -> None:
+    s, summ = settings, out.summary
+    c = summ.get("counts", {})
+    view.p(f"\nstudy {s.study_name}: {c.get('feasible', 0)} feasible, {c.get('infeasible', 0)} infeasible, "
+           f"{c.get('failed', 0)} failed, {c.get('interrupted', 0)} interrupted (ran {out.ran} now)")
+    best = summ.get("best")
+    if best:
+        view.p(f"best: trial {best['trial']}, {s.block.objective} = {best['value']:.4g} {s.unit}")
+        for k, v in best["limits"].items():
+            view.p(f"  {k} = {v} tokens ({v / s.seq:.2f} x (P+R))")
+        view.p("verl overrides (ready to paste):")
+        for line in verl_overrides(best["limits"]):
+            view.p(f"  {line}")
+        view.p(f"matrix fragment: {summ['files']['fragment']}")
+    else:
+        view.p("no feasible trial yet: no best limits")
+    imp = summ.get("importance")
+    if imp:
+        view.p("parameter importance (fANOVA): " + ", ".join(f"{k} {v:.2f}" for k, v in imp.items()))
+    else:
+        view.p(f"parameter importance: {summ.get('importance_note', 'n/a')}")
+    if summ.get("files"):
+        view.p(f"plot: {summ['files']['plot']}")
+        view.p(f"trials: {summ['files']['trials']}")
+    view.p(f"MLflow: {s.tracking_uri} (parent run {out.parent_run_id}); "
+           f"dashboard: optuna-dashboard {redact(s.storage_url)}")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Tune; 0 when the study has a feasible best trial, 1 when not, 2 on bad input."""
+    from bench.engines.base import get_engine
+
+    matrix = load_matrix(args.matrix)
+    settings = resolve_settings(matrix, results=args.results, tracking_uri=args.tracking_uri, study=args.study,
+                                storage=args.storage, n_trials=args.n_trials, timeout_s=args.timeout)
+    spec = trial_spec(matrix, settings.cell, limits_of({k: d.low for k, d in settings.space.items()}, matrix.base),
+                      settings.platform)
+    get_engine(matrix.engine).preflight(matrix, [spec.launch], settings.platform)
+    check_writable(args.results)
+    if settings.storage_url == default_storage(args.results):
+        Path(args.results).mkdir(parents=True, exist_ok=True)
+    view = ConsoleView()
+    from bench.cli_run import make_executor
+
+    out = Tuner(settings, executor=make_executor(args), on_event=view).run()
+    print_result(out, settings, view)
+    return 0 if out.summary.get("best") else 1

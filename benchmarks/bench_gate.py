@@ -1,0 +1,280 @@
+"""False-alarm and detection rates of the regression gate (``bench.gate``) at its default settings.
+
+Not a test. Two modes:
+
+``real``: runs the gate matrix (:func:`gate_matrix`: the embedded engine, one cell, one repeat, 20
+timed steps; the same matrix as the CI test ``tests/test_gate_embedded.py``) as ``--sweeps`` identical
+sweeps, plus as many with an injected update-phase delay of 5 % and of 10 % of the first sweep's
+median step time (``base.embedded.update_delay_s``), interleaved (identical, 5 %, 10 %, identical ...)
+so that the machine's load drifts over all three kinds alike. Then every identical sweep is gated
+against every other identical sweep (false alarm = the gate does not pass) and every identical sweep
+is the baseline of every delayed sweep (detected = verdict regression). Also prints the noise of the
+sweeps: step-to-step spread, sweep-to-sweep spread of the median, and the CPU pressure
+(``/proc/pressure/cpu``, "some avg60") around each sweep. The pairs share sweeps, so the rates have
+fewer independent trials than pairs; the Wilson intervals printed use the number of pairs.
+
+``synthetic``: simulates ``--trials`` gates with a noise model of log step time = step workload
+(the same in every run: same seed) + sweep offset + step noise, with the spreads estimated from the
+sweeps of a ``real`` run (``--from DIR``) or given (``--sd-step``, ``--sd-sweep``, ``--sd-work``).
+Gives tight figures for a noise level and shows how the rates move with it.
+
+Both modes evaluate the gate with pairing (default) and without (``--pairing off``), at the default
+threshold (5 %) and alpha (0.01).
+
+    python benchmarks/bench_gate.py real --sweeps 8 --results /tmp/gate-bench
+    python benchmarks/bench_gate.py synthetic --from /tmp/gate-bench --trials 2000
+    python benchmarks/bench_gate.py synthetic --sd-step 0.05 --sd-sweep 0.02 --trials 2000
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.baseline import snapshot  # noqa: E402
+from bench.gate import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # noqa: E402
+from bench.results import read_json  # noqa: E402
+
+KINDS = ("identical", "delay5", "delay10")
+
+
+def gate_matrix(name: str = "gate_bench", delay_s: float = 0.0, timed_steps: int = 20) -> dict:
+    """The gate's reference matrix: one embedded cell (dynamic bsz on), one repeat, ``timed_steps`` timed steps.
+
+    No profiled step (every measured step is timed); a fixed seed, so every run does the same work
+    step by step and the gate can pair steps.
+    """
+    m = {
+        "name": name, "engine": "embedded", "platform": "cpu",
+        "base": {"steps": timed_steps + 1, "warmup_steps": 1, "profile_steps": [], "train_batch_size": 4, "n": 2,
+                 "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2, "max_prompt_length": 160,
+                 "max_response_length": 24, "timeout_s": 300, "seed": 0},
+        "factors": {"dynamic_bsz": ["on"]}, "repeats": 1,
+    }
+    if delay_s:
+        m["base"]["embedded"] = {"update_delay_s": round(float(delay_s), 4)}
+    return m
+
+
+def cpu_pressure() -> float | None:
+    """``some avg60`` of ``/proc/pressure/cpu`` (share of time some task waited for a CPU), or None."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        return float(dict(kv.split("=") for kv in line.split()[1:])["avg60"])
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
+
+
+def run_sweep(matrix: dict, results: Path, workdir: Path) -> Path:
+    """Run one sweep of ``matrix`` (``--force``) in-process; returns its folder."""
+    from bench.cli import main
+
+    path = workdir / f"{matrix['name']}.yaml"
+    path.write_text(yaml.safe_dump(matrix, sort_keys=False))
+    rc = main(["run", str(path), "--force", "--results", str(results),
+               "--tracking-uri", f"sqlite:///{(results / 'mlflow.db').as_posix()}"])
+    if rc != 0:
+        raise SystemExit(f"sweep of {matrix['name']} failed (exit {rc}); see {results / matrix['name']}")
+    return (results / matrix["name"] / "latest").resolve()
+
+
+def real(args: argparse.Namespace) -> None:
+    results = Path(args.results)
+    results.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gate-bench-"))
+    log_path = results / "gate_bench_sweeps.json"
+    log = read_json(log_path) or {"sweeps": []}
+    base_med = log.get("base_median_s")
+    t0 = time.time()
+    for i in range(args.sweeps):
+        for kind in KINDS:
+            if sum(s["kind"] == kind for s in log["sweeps"]) > i:
+                continue  # resume: already run
+            if kind != "identical" and base_med is None:
+                continue
+            frac = {"identical": 0.0, "delay5": 0.05, "delay10": 0.10}[kind]
+            delay = frac * (base_med or 0.0)
+            m = gate_matrix(f"gate_bench_{kind}", delay, args.timed_steps)
+            p0 = cpu_pressure()
+            ts = time.time()
+            sweep = run_sweep(m, results, work)
+            entry = {"kind": kind, "sweep": str(sweep), "delay_s": delay, "wall_s": time.time() - ts,
+                     "pressure_before": p0, "pressure_after": cpu_pressure()}
+            snap = snapshot(sweep)
+            st = snap["cells"][0]["repeats"][0]["samples"]["step_time"]
+            entry["median_s"] = float(np.median(st))
+            if base_med is None:
+                base_med = log["base_median_s"] = entry["median_s"]
+            log["sweeps"].append(entry)
+            log_path.write_text(json.dumps(log, indent=1))
+            print(f"[{time.time() - t0:6.0f}s] {kind:9} #{i}: median {entry['median_s']:.3f} s, delay {delay:.3f} s, "
+                  f"CPU pressure {p0}->{entry['pressure_after']}", flush=True)
+    evaluate_real(log)
+
+
+def _snaps(log: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {k: [] for k in KINDS}
+    for s in log["sweeps"]:
+        snap = snapshot(Path(s["sweep"]))
+        snap["_pressure"] = max(x for x in (s.get("pressure_before"), s.get("pressure_after"), -1.0) if x is not None)
+        out[s["kind"]].append(snap)
+    return out
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval of a rate k/n."""
+    if n == 0:
+        return (math.nan, math.nan)
+    p = k / n
+    d = 1 + z * z / n
+    c = (p + z * z / (2 * n)) / d
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / d
+    return (max(0.0, c - h), min(1.0, c + h))
+
+
+def _gate(base: dict, cand: dict, pairing: bool) -> dict:
+    b = copy.deepcopy(base)
+    c = copy.deepcopy(cand)
+    return compare_snapshots(b, c, metrics=["step_time"], threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA,
+                             n_boot=0, pairing=pairing)
+
+
+def _rates(snaps: dict[str, list[dict]], pairing: bool) -> dict[str, tuple[int, int, list[float]]]:
+    ident = snaps["identical"]
+    out = {}
+    fa = [(_gate(a, b, pairing)) for a, b in itertools.permutations(ident, 2)]
+    out["false alarm (identical)"] = (sum(r["verdict"] != "pass" for r in fa), len(fa), [r["rows"][0].get("change") for r in fa])
+    for kind, label in (("delay5", "detection of 5 %"), ("delay10", "detection of 10 %")):
+        res = [_gate(a, b, pairing) for a in ident for b in snaps[kind]]
+        out[label] = (sum(r["verdict"] == "regression" for r in res), len(res), [r["rows"][0].get("change") for r in res])
+    return out
+
+
+def noise(snaps: dict[str, list[dict]]) -> dict[str, float]:
+    """Spreads of log step time over the identical sweeps."""
+    runs = [np.log(np.array(s["cells"][0]["repeats"][0]["samples"]["step_time"])) for s in snaps["identical"]]
+    n = min(map(len, runs))
+    x = np.array([r[:n] for r in runs])  # sweeps x steps
+    sweep_means = x.mean(axis=1)
+    step_means = x.mean(axis=0)
+    resid = x - sweep_means[:, None] - step_means[None, :] + x.mean()
+    med = np.median(x, axis=1)
+    return {"sd_step_within_run": float(np.mean([r.std(ddof=1) for r in runs])),
+            "sd_work": float(step_means.std(ddof=1)) if len(step_means) > 1 else 0.0,
+            "sd_step": float(math.sqrt((resid ** 2).sum() / max(1, (x.shape[0] - 1) * (x.shape[1] - 1)))),
+            "sd_sweep_mean": float(sweep_means.std(ddof=1)) if len(sweep_means) > 1 else 0.0,
+            "sd_sweep_median": float(med.std(ddof=1)) if len(med) > 1 else 0.0,
+            "steps": n, "sweeps": len(runs)}
+
+
+def _print_rates(title: str, rates: dict) -> None:
+    print(title)
+    for label, (k, n, changes) in rates.items():
+        lo, hi = wilson(k, n)
+        ch = [c for c in changes if c is not None]
+        spread = f"; change median {np.median(ch):+.1%}, 5-95% [{np.percentile(ch, 5):+.1%}, {np.percentile(ch, 95):+.1%}]" if ch else ""
+        print(f"  {label:26} {k:4d}/{n:<4d} = {k / n if n else math.nan:6.1%}  (95% CI {lo:.1%}-{hi:.1%}){spread}")
+
+
+def evaluate_real(log: dict) -> None:
+    snaps = _snaps(log)
+    print("\nsweeps: " + ", ".join(f"{k} {len(v)}" for k, v in snaps.items()) +
+          f"; reference median step {log.get('base_median_s', float('nan')):.3f} s")
+    pr = [s["_pressure"] for v in snaps.values() for s in v if s["_pressure"] >= 0]
+    if pr:
+        print(f"CPU pressure (some avg60, %) around the sweeps: median {np.median(pr):.0f}, max {max(pr):.0f}")
+    nz = noise(snaps)
+    print("noise of log step time over identical sweeps: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in nz.items()))
+    for pairing in (True, False):
+        _print_rates(f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}):",
+                     _rates(snaps, pairing))
+
+
+# -- synthetic ------------------------------------------------------------------------------------
+
+def _snap(times: np.ndarray, work: np.ndarray) -> dict:
+    """A one-cell, one-repeat snapshot holding ``times`` with workload fingerprints ``work``."""
+    steps = list(range(2, 2 + len(times)))
+    return {"engine": "embedded", "platform": "cpu", "source": {"sweep": "synthetic"}, "base": {}, "versions": {},
+            "cells": [{"key": "dynamic_bsz=1", "label": "dynamic_bsz", "cell_id": "x", "status": "ok", "failures": [],
+                       "missing_repeats": [],
+                       "repeats": [{"repeat": 0, "status": "ok", "steps": steps,
+                                    "workload": [[float(w), None, None] for w in work],
+                                    "samples": {"step_time": [float(t) for t in times]}}]}]}
+
+
+def synthetic(args: argparse.Namespace) -> None:
+    if args.from_dir:
+        log = read_json(Path(args.from_dir) / "gate_bench_sweeps.json")
+        if not log:
+            raise SystemExit(f"{args.from_dir}: no gate_bench_sweeps.json (run the real mode first)")
+        nz = noise(_snaps(log))
+        sd_step, sd_sweep, sd_work = nz["sd_step"], nz["sd_sweep_mean"], nz["sd_work"]
+        steps = nz["steps"]
+        print(f"noise measured in {args.from_dir}: {nz}")
+    else:
+        sd_step, sd_sweep, sd_work, steps = args.sd_step, args.sd_sweep, args.sd_work, args.timed_steps
+    print(f"model: log t = log 1.0 + work[step] (sd {sd_work:.4f}) + sweep offset (sd {sd_sweep:.4f}) + "
+          f"step noise (sd {sd_step:.4f}); {steps} timed steps per side; {args.trials} trials per figure")
+    rng = np.random.default_rng(args.seed)
+    for pairing in (True, False):
+        counts = {"false alarm (identical)": 0, "detection of 5 %": 0, "detection of 10 %": 0}
+        for _ in range(args.trials):
+            work = rng.normal(0, sd_work, steps)
+            wfp = np.round(np.exp(work) * 100, 6)
+
+            def sweep(delay: float) -> dict:
+                t = np.exp(work + rng.normal(0, sd_sweep) + rng.normal(0, sd_step, steps))
+                return _snap(t + delay, wfp)
+
+            base = sweep(0.0)
+            med = float(np.median(base["cells"][0]["repeats"][0]["samples"]["step_time"]))
+            counts["false alarm (identical)"] += _gate(base, sweep(0.0), pairing)["verdict"] != "pass"
+            counts["detection of 5 %"] += _gate(base, sweep(0.05 * med), pairing)["verdict"] == "regression"
+            counts["detection of 10 %"] += _gate(base, sweep(0.10 * med), pairing)["verdict"] == "regression"
+        _print_rates(f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}):",
+                     {k: (v, args.trials, []) for k, v in counts.items()})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True)
+    r = sub.add_parser("real", help="real embedded sweeps")
+    r.add_argument("--sweeps", type=int, default=8, help="sweeps of each kind (default 8)")
+    r.add_argument("--timed-steps", type=int, default=20)
+    r.add_argument("--results", default=str(Path(tempfile.gettempdir()) / "gate-bench"),
+                   help="results folder (reused: finished sweeps are kept and the run resumes)")
+    r.add_argument("--evaluate-only", action="store_true", help="only evaluate the sweeps already run")
+    s = sub.add_parser("synthetic", help="simulated sweeps with a noise model")
+    s.add_argument("--from", dest="from_dir", default=None, help="estimate the noise from a real run's results folder")
+    s.add_argument("--sd-step", type=float, default=0.05, help="step noise SD of log step time (default 0.05)")
+    s.add_argument("--sd-sweep", type=float, default=0.02, help="sweep-to-sweep SD of log step time (default 0.02)")
+    s.add_argument("--sd-work", type=float, default=0.10, help="SD of the per-step workload (default 0.10)")
+    s.add_argument("--timed-steps", type=int, default=20)
+    s.add_argument("--trials", type=int, default=1000)
+    s.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    if args.mode == "real":
+        if args.evaluate_only:
+            evaluate_real(read_json(Path(args.results) / "gate_bench_sweeps.json"))
+        else:
+            real(args)
+    else:
+        synthetic(args)
+
+
+if __name__ == "__main__":
+    main()

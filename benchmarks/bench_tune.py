@@ -1,0 +1,250 @@
+"""Optuna search vs an exhaustive grid over the same space of dynamic-bsz token limits (embedded engine).
+
+Not a test. Real GRPO runs on the embedded engine, through the same ``tune`` machinery as
+``run_bench.py tune`` (``bench.tune.Tuner``):
+
+1. **grid**: every point of a step-scale space (default 5 x 5 = 25 points over 1..13 x (P+R) for both
+   limits) with Optuna's GridSampler, one real run per point;
+2. **search**: TPE (seeded, the article's rule of thumb as trial 0) on the same space with at most a
+   quarter of the grid's runs, real runs;
+3. **replay** (no new runs, said as such): TPE again for many seeds, its trials answered from the grid's
+   measured values (every point of the space is a grid point), to show the spread over seeds; next to
+   random sampling's exact odds.
+
+"Within 3%": a point whose *grid-measured* step time is <= 1.03 x the grid's best. For the real search
+the script reports when its best-so-far point (chosen by its own measurements) became such a point, and
+also when its own measured best first came within 3% of the grid's best (noisier: its own lucky draws).
+
+    python benchmarks/bench_tune.py                       # ~20 min on 2 cores (grid 25 + search 6 runs)
+    python benchmarks/bench_tune.py --levels 4 --high 10  # 16-point grid
+    python benchmarks/bench_tune.py --results /tmp/bt     # elsewhere; rerunning resumes both studies
+
+Results: ``<results>/bench_tune/bench_tune.json`` plus the usual tune outputs per study.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.matrix import load_matrix  # noqa: E402
+from bench.results import atomic_write_json, read_json  # noqa: E402
+from bench.tune import ConsoleView, Tuner, make_sampler, resolve_settings  # noqa: E402
+from bench.tune_report import CONSTRAINT, is_infeasible  # noqa: E402
+from bench.tune_space import PARAMS, rule_of_thumb  # noqa: E402
+
+SOURCE = ROOT / "matrix" / "tune_dynamic_bsz.yaml"
+
+
+def bench_matrix(path: Path, levels: int, high: float, steps: int, search_runs: int, seed: int) -> Path:
+    """The benchmark's matrix: tune_dynamic_bsz.yaml with a step-scale space of ``levels`` points per limit."""
+    raw = yaml.safe_load(SOURCE.read_text())
+    raw["name"] = "bench_tune"
+    raw["base"]["steps"] = steps
+    step = (high - 1.0) / (levels - 1)
+    dim = {"low": 1.0, "high": high, "unit": "seq", "step": step}
+    raw["tune"]["space"] = {k: dict(dim) for k in PARAMS}
+    raw["tune"]["n_trials"] = search_runs
+    raw["tune"]["sampler"] = {"type": "tpe", "seed": seed, "n_startup_trials": 3}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return path
+
+
+def run_study(matrix_path: Path, results: Path, study: str, sampler: str | None, n_trials: int | None):
+    m = load_matrix(matrix_path)
+    if sampler == "grid":
+        m.tune["sampler"] = {"type": "grid"}
+        m.tune["n_trials"] = None
+    s = resolve_settings(m, results=results, tracking_uri=f"sqlite:///{results}/mlflow.db", study=study,
+                         storage=f"sqlite:///{results}/optuna.db", n_trials=n_trials)
+    results.mkdir(parents=True, exist_ok=True)
+    out = Tuner(s, on_event=ConsoleView()).run()
+    import optuna
+
+    return s, optuna.load_study(study_name=study, storage=f"sqlite:///{results}/optuna.db"), out
+
+
+def point(t) -> tuple[int, int]:
+    return tuple(int(t.params[k]) for k in PARAMS)
+
+
+def first_within(values: list[float | None], target: float) -> int | None:
+    """1-based index of the first value <= target."""
+    for i, v in enumerate(values, 1):
+        if v is not None and v <= target:
+            return i
+    return None
+
+
+def replay(settings, grid: dict, seeds: int, budget: int, target: float) -> dict:
+    """TPE answered from the grid's measurements (no runs): runs needed per seed."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    needed = []
+    for seed in range(seeds):
+        block = settings.block.model_copy(update={"sampler": settings.block.sampler.model_copy(update={"seed": seed})})
+        study = optuna.create_study(direction=settings.direction, sampler=make_sampler(block, settings.space))
+        study.enqueue_trial(rule_of_thumb(settings.space, settings.matrix.base))
+        best_pts: list[float | None] = []
+
+        def objective(trial):
+            p = tuple(trial.suggest_int(k, d.low, d.high, step=d.step, log=d.log) for k, d in settings.space.items())
+            kind, value = grid[p]
+            if kind == "feasible":
+                trial.set_constraint(CONSTRAINT, 0.0)
+                return value
+            if kind == "infeasible":
+                trial.set_constraint(CONSTRAINT, 1.0)
+                raise optuna.TrialPruned()
+            return float("nan")
+
+        n = len(grid)
+        for _ in range(n):
+            study.optimize(objective, n_trials=1)
+            try:
+                best_pts.append(grid[point(study.best_trial)][1])
+            except ValueError:
+                best_pts.append(None)
+            if best_pts[-1] is not None and best_pts[-1] <= target:
+                break
+        needed.append(first_within(best_pts, target) or n + 1)
+    within_budget = sum(k <= budget for k in needed)
+    return {"seeds": seeds, "runs_needed": needed, "median": statistics.median(needed),
+            "mean": statistics.mean(needed), "share_within_budget": within_budget / seeds}
+
+
+def random_odds(n: int, good: int, k: int) -> float:
+    """P(at least one of ``good`` points among ``k`` distinct random draws of ``n``)."""
+    if good == 0:
+        return 0.0
+    return 1.0 - math.comb(n - good, k) / math.comb(n, k) if k <= n - good else 1.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", type=Path, default=ROOT / "results")
+    ap.add_argument("--levels", type=int, default=5, help="grid points per limit (default 5: 25 runs)")
+    ap.add_argument("--high", type=float, default=13.0, help="upper bound in multiples of P+R (default 13)")
+    ap.add_argument("--steps", type=int, default=5, help="GRPO steps per run (1 warm-up; default 5)")
+    ap.add_argument("--seed", type=int, default=0, help="TPE seed of the real search")
+    ap.add_argument("--tolerance", type=float, default=0.03)
+    ap.add_argument("--replay-seeds", type=int, default=50)
+    args = ap.parse_args()
+
+    t0 = time.perf_counter()
+    results = args.results.resolve()
+    out_dir = results / "bench_tune"
+    grid_n = args.levels ** 2
+    budget = grid_n // 4
+    mpath = bench_matrix(out_dir / "bench_tune.yaml", args.levels, args.high, args.steps, budget, args.seed)
+    tag = f"l{args.levels}-h{args.high:g}-s{args.steps}"
+
+    print(f"== grid: {grid_n} real runs ==", flush=True)
+    tg = time.perf_counter()
+    gs, gstudy, _ = run_study(mpath, results, f"grid-{tag}", "grid", None)
+    grid_wall = time.perf_counter() - tg
+    grid = {}
+    for t in gstudy.trials:
+        if not t.state.is_finished() or t.user_attrs.get("interrupted"):
+            continue
+        kind = "feasible" if t.values and not is_infeasible(t) else ("infeasible" if is_infeasible(t) else "failed")
+        grid[point(t)] = (kind, t.value if kind == "feasible" else None)
+    feasible = {p: v for p, (k, v) in grid.items() if k == "feasible"}
+    if len(grid) < grid_n or not feasible:
+        print(f"grid incomplete ({len(grid)} of {grid_n} points) or without a feasible point: rerun to resume")
+        return 1
+    best_p = min(feasible, key=feasible.get)
+    best = feasible[best_p]
+    target = best * (1 + args.tolerance)
+    good = sorted(p for p, v in feasible.items() if v <= target)
+
+    # per-run noise: IQR / median of the timed steps
+    noise = []
+    for t in gstudy.trials:
+        rec = read_json(gs.study_dir / t.user_attrs.get("run_dir", "-") / "record.json") or {}
+        s = rec.get("summary") or {}
+        if s.get("step_time_iqr_s") is not None and s.get("step_time_median_s"):
+            noise.append(s["step_time_iqr_s"] / s["step_time_median_s"])
+
+    print(f"\n== search: TPE seed {args.seed}, at most {budget} real runs (a quarter of the grid) ==", flush=True)
+    ts = time.perf_counter()
+    ss, sstudy, _ = run_study(mpath, results, f"search-{tag}-seed{args.seed}", None, budget)
+    search_wall = time.perf_counter() - ts
+    trials = [t for t in sstudy.trials if t.state.is_finished() and not t.user_attrs.get("interrupted")][:budget]
+    own_best, oracle_best = [], []
+    running = None
+    for t in trials:
+        if t.values and not is_infeasible(t) and (running is None or t.value < running.value):
+            running = t
+        own_best.append(running.value if running else None)
+        oracle_best.append(feasible.get(point(running)) if running else None)
+    k_oracle = first_within(oracle_best, target)
+    k_own = first_within(own_best, target)
+
+    print(f"\n== replay: TPE over {args.replay_seeds} seeds answered from the grid's measurements (no runs) ==",
+          flush=True)
+    rep = replay(ss, grid, args.replay_seeds, budget, target)
+
+    levels = sorted({p[0] for p in grid})
+    lp_levels = sorted({p[1] for p in grid})
+    print("\ngrid median step time (s); rows ppo_max_token_len_per_gpu, columns log_prob_max_token_len_per_gpu")
+    print(f"{'':>8}" + "".join(f"{c:>9}" for c in lp_levels))
+    for r in levels:
+        cells = []
+        for c in lp_levels:
+            kind, v = grid[(r, c)]
+            mark = "*" if (r, c) in good else " "
+            cells.append(f"{v:8.3f}{mark}" if kind == "feasible" else f"{kind[:8]:>9}")
+        print(f"{r:>8}" + "".join(cells))
+    print("(* = within 3% of the grid's best)")
+
+    summary = {
+        "space": {k: d.describe() for k, d in gs.space.items()},
+        "steps_per_run": args.steps, "tolerance": args.tolerance,
+        "grid": {"size": grid_n, "best_point": dict(zip(PARAMS, best_p)), "best_step_time_s": best,
+                 "points_within_tolerance": len(good), "wall_s": grid_wall,
+                 "median_run_noise_iqr_over_median": statistics.median(noise) if noise else None},
+        "search": {"sampler": f"tpe seed {args.seed}, n_startup_trials 3, rule of thumb first", "budget": budget,
+                   "runs": len(trials), "wall_s": search_wall,
+                   "trials": [{"number": t.number, "point": dict(zip(PARAMS, point(t))), "state": t.state.name,
+                               "value": t.value if t.values else None,
+                               "grid_value": feasible.get(point(t))} for t in trials],
+                   "runs_to_within_tolerance_by_grid_value": k_oracle,
+                   "runs_to_within_tolerance_by_own_measurement": k_own,
+                   "best_point": dict(zip(PARAMS, point(running))) if running else None,
+                   "best_own_value": running.value if running else None,
+                   "best_point_grid_value": feasible.get(point(running)) if running else None},
+        "replay": {**rep, "random_sampling_share_within_budget": random_odds(grid_n, len(good), budget)},
+        "target_met": k_oracle is not None and k_oracle <= budget,
+        "wall_s": time.perf_counter() - t0,
+    }
+    atomic_write_json(out_dir / "bench_tune.json", summary)
+
+    print(f"\ngrid: {grid_n} runs in {grid_wall:.0f} s; best {best:.3f} s at ppo={best_p[0]} log_prob={best_p[1]}; "
+          f"{len(good)} of {grid_n} points within {args.tolerance:.0%}; median per-run step-time IQR/median "
+          f"{summary['grid']['median_run_noise_iqr_over_median']:.1%}")
+    print(f"search (real runs): {len(trials)} runs in {search_wall:.0f} s; best-so-far point within "
+          f"{args.tolerance:.0%} of the grid's best (by its grid value) after "
+          f"{k_oracle if k_oracle else 'never (within ' + str(len(trials)) + ')'} run(s); by its own measurement after "
+          f"{k_own if k_own else 'never'}; budget {budget} = a quarter of the grid -> "
+          f"{'TARGET MET' if summary['target_met'] else 'target missed'}")
+    print(f"replay (grid values, no new runs): TPE needed median {rep['median']:g} / mean {rep['mean']:.1f} runs over "
+          f"{rep['seeds']} seeds; within {budget} runs in {rep['share_within_budget']:.0%} of seeds "
+          f"(random sampling: {summary['replay']['random_sampling_share_within_budget']:.0%})")
+    print(f"written: {out_dir / 'bench_tune.json'}; total wall {summary['wall_s']:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""Acceptance of the gate on real embedded GRPO sweeps (issue 6): a slowdown of about 10 % of a step,
+injected as a sleep inside the update phase, is caught (exit 1); an identical rerun passes (exit 0).
+
+One cell, one repeat, 20 timed steps per sweep (the matrix of ``benchmarks/bench_gate.py``, whose
+real mode measures the false-alarm and detection rates of exactly this setup); three sweeps in all.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+from bench.cli import main
+
+
+def gate_matrix(name: str, delay_s: float = 0.0, timed_steps: int = 20) -> dict:
+    """Same as ``benchmarks/bench_gate.py:gate_matrix``: one embedded cell, every measured step timed."""
+    m = {
+        "name": name, "engine": "embedded", "platform": "cpu",
+        "base": {"steps": timed_steps + 1, "warmup_steps": 1, "profile_steps": [], "train_batch_size": 4, "n": 2,
+                 "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2, "max_prompt_length": 160,
+                 "max_response_length": 24, "timeout_s": 300, "seed": 0},
+        "factors": {"dynamic_bsz": ["on"]}, "repeats": 1,
+    }
+    if delay_s:
+        m["base"]["embedded"] = {"update_delay_s": round(float(delay_s), 4)}
+    return m
+
+
+def cpu_pressure() -> str:
+    """``/proc/pressure/cpu`` (how often tasks waited for a CPU) for failure messages."""
+    try:
+        return open("/proc/pressure/cpu").readline().strip()
+    except OSError:
+        return "unknown"
+
+
+@pytest.mark.slow
+def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
+    results = tmp_path / "results"
+    common = ["--results", str(results), "--tracking-uri", f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"]
+
+    def run(matrix: dict, *extra: str) -> int:
+        path = tmp_path / f"{matrix['name']}.yaml"
+        path.write_text(yaml.safe_dump(matrix, sort_keys=False))
+        return main(["run", str(path), *extra, *common])
+
+    assert run(gate_matrix("gate_ci")) == 0
+    assert main(["baseline", "save", "gate_ci", "--name", "ci", *common]) == 0
+    base = json.loads((results / "baselines" / "ci.json").read_text())
+    samples = base["cells"][0]["repeats"][0]["samples"]["step_time"]
+    assert len(samples) == 20
+    delay = 0.10 * float(np.median(samples))
+
+    # candidate: the same cell with the update phase slowed by ~10 % of a step
+    assert run(gate_matrix("gate_ci_slow", delay)) == 0
+    rc = main(["gate", "--baseline", "ci", "--candidate", "gate_ci_slow", *common])
+    verdict = json.loads((results / "gate_ci_slow" / "latest" / "gate" / "gate.json").read_text())
+    row = verdict["rows"][0]
+    assert rc == 1 and row["verdict"] == "regression" and row["change"] > 0.05, (
+        f"injected {delay:.3f} s (10 % of a step) not caught: {row}; CPU pressure {cpu_pressure()} "
+        "(the gate needs a machine that other jobs leave mostly idle; see benchmarks/bench_gate.py)")
+    assert "update_delay_s" in " ".join(verdict["notes"])
+
+    # an identical rerun of the baseline's matrix passes
+    assert run(gate_matrix("gate_ci"), "--force") == 0
+    rc = main(["gate", "--baseline", "ci", "--candidate", "gate_ci", *common])
+    verdict = json.loads((results / "gate_ci" / "latest" / "gate" / "gate.json").read_text())
+    assert rc == 0, f"identical rerun flagged: {verdict['rows']}; CPU pressure {cpu_pressure()}"
+    assert verdict["rows"][0]["verdict"] in ("unchanged", "improvement")

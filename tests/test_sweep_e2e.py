@@ -1,0 +1,154 @@
+"""End to end on the embedded engine: real GRPO runs -> results folder -> MLflow (sqlite and server)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SMOKE = ROOT / "matrix" / "smoke.yaml"
+pytestmark = pytest.mark.slow
+
+
+def bench(args, cwd, **kw):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return subprocess.run([sys.executable, str(ROOT / "run_bench.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=900, **kw)
+
+
+def runs_of(uri: str, experiment: str):
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    runs = client.search_runs([exp.experiment_id], max_results=1000)
+    parents = [r for r in runs if r.data.tags.get("bench.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("bench.kind") == "cell"]
+    return client, parents, children
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_smoke_sweep_against_a_real_mlflow_server_then_resume(tmp_path):
+    port = free_port()
+    store = f"sqlite:///{tmp_path / 'server.db'}"
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    uri = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(1)
+        p = bench([str(SMOKE), "--results", "res", "--tracking-uri", uri], tmp_path)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "executed 2, cached 0, failed 0" in p.stdout
+        assert "harness overhead" in p.stdout
+        client, parents, children = runs_of(uri, "smoke")
+        assert len(parents) == 1 and len(children) == 2
+        parent = parents[0].info.run_id
+        for child in children:
+            assert child.data.tags["mlflow.parentRunId"] == parent
+            m = child.data.metrics
+            assert 0 < m["step_time_s"] < 60
+            assert 0 < m["rollout_share"] < 1
+            assert 0 <= m["free_ratio"] < 1
+            assert child.data.params["factor.dynamic_bsz"] in ("0", "1")
+            assert child.data.params["factor.mc2"] == "n/a"
+            # per-step series with their step index
+            hist = client.get_metric_history(child.info.run_id, "timing_s/step")
+            assert sorted(h.step for h in hist) == [1, 2, 3]
+        assert "harness_overhead_share" in client.get_run(parent).data.metrics
+
+        sweep = (tmp_path / "res" / "smoke" / "latest").resolve()
+        rows = list(csv.DictReader(open(sweep / "summary.csv")))
+        assert [r["dynamic_bsz"] for r in rows] == ["0", "1"]
+        assert rows[0]["speedup"] and abs(float(rows[0]["speedup"]) - 1.0) < 1e-9
+        rec = json.loads(next(sweep.glob("*/r0/record.json")).read_text())
+        assert rec["summary"]["timed_steps"] == [2] and rec["summary"]["profiled_steps"] == [3]
+
+        # same matrix again: resumes the sweep, runs nothing, logs nothing twice
+        p2 = bench([str(SMOKE), "--results", "res", "--tracking-uri", uri], tmp_path)
+        assert p2.returncode == 0, p2.stderr
+        assert "executed 0, cached 2, failed 0" in p2.stdout
+        _, parents2, children2 = runs_of(uri, "smoke")
+        assert len(parents2) == 1 and len(children2) == 2
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+CRASH = """\
+name: crash
+engine: embedded
+platform: cpu
+base:
+  steps: 2
+  warmup_steps: 1
+  profile_steps: [2]
+  train_batch_size: 4
+  n: 2
+  ppo_mini_batch_size: 4
+  micro_batch_size_per_gpu: 2
+  max_response_length: 16
+  ppo_max_token_len: 20        # below the longest sequence: the dynamic-bsz cell cannot run
+factors:
+  dynamic_bsz: [on, off]
+design: full
+"""
+
+
+def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
+    (tmp_path / "crash.yaml").write_text(CRASH)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    p = bench(["crash.yaml", "--results", "res", "--tracking-uri", uri], tmp_path)
+    assert p.returncode == 1, p.stdout + p.stderr
+    sweep = (tmp_path / "res" / "crash" / "latest").resolve()
+    recs = {r["levels"]["dynamic_bsz"]: r for r in
+            (json.loads(x.read_text()) for x in sweep.glob("*/r0/record.json"))}
+    assert recs[1]["status"] == "failed" and recs[1]["failure_kind"] == "infeasible"
+    assert "20" in recs[1]["reason"] and recs[1]["log_tail"]
+    assert recs[0]["status"] == "ok"
+    _, parents, children = runs_of(uri, "crash")
+    assert len(parents) == 1 and sorted(c.data.tags["status"] for c in children) == ["failed", "ok"]
+
+
+def test_killed_harness_loses_no_finished_run(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "run_bench.py"), str(SMOKE), "--results", "res",
+                             "--tracking-uri", uri], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 600
+        while time.time() < deadline and not list((tmp_path / "res").glob("smoke/*/*/r0/record.json")):
+            assert proc.poll() is None, "harness ended before a run finished"
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finished = list((tmp_path / "res").glob("smoke/*/*/r0/record.json"))
+    assert len(finished) == 1
+    p = bench([str(SMOKE), "--results", "res", "--tracking-uri", uri], tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "executed 1, cached 1, failed 0" in p.stdout
+    _, parents, children = runs_of(uri, "smoke")
+    assert len(parents) == 1 and len(children) == 2
