@@ -42,6 +42,8 @@ FORMAT = "grpo-bench-baseline"
 FORMAT_VERSION = 1
 BASELINES = "baselines"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: CPU pressure (PSI some avg60, %) above which runs are called contended: other jobs shared the CPUs
+CONTENDED_PSI = 40.0
 #: summary values copied per repeat into the snapshot
 _SUMMARY_KEYS = ("step_time_median_s", "step_time_iqr_s", "step_time_mean_s", "rollout_share_median",
                  "free_ratio_median", "throughput_median", "phase_median_s", "peak_memory_gb",
@@ -381,6 +383,10 @@ def main(args: argparse.Namespace) -> int:
             print(f"warning: {warn}", file=sys.stderr)
         else:
             print(f"MLflow: parent run {snap['source']['parent_run_id']} tagged bench.baseline={args.name}")
+        psi = cpu_pressure(snap)
+        if psi is not None and psi > CONTENDED_PSI:
+            print(f"warning: the sweep ran on a busy machine (CPU pressure up to {psi:.0f} %): its step times are "
+                  "unusually slow and scattered; a baseline from an idle machine makes a sharper gate", file=sys.stderr)
         return 0
     if args.action == "list":
         d = baselines_dir(args.results)

@@ -59,7 +59,7 @@ class Base(BaseModel):
     ppo_mini_batch_size: int = Field(8, ge=1)
     micro_batch_size_per_gpu: int = Field(4, ge=1)
     log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
-    max_prompt_length: int = Field(96, ge=1)
+    max_prompt_length: int = Field(128, ge=1)
     max_response_length: int = Field(64, ge=1)
     ppo_max_token_len: int | None = Field(None, ge=1)
     log_prob_max_token_len: int | None = Field(None, ge=1)

@@ -152,14 +152,21 @@ def _gate(base: dict, cand: dict, pairing: bool) -> dict:
                              n_boot=0, pairing=pairing)
 
 
-def _rates(snaps: dict[str, list[dict]], pairing: bool) -> dict[str, tuple[int, int, list[float]]]:
+def _outcome(res: dict) -> str:
+    """``regression`` (exit 1), ``pass`` (exit 0) or ``cannot judge`` (exit 2, e.g. too noisy)."""
+    return {1: "regression", 0: "pass"}.get(res["exit_code"], "cannot judge")
+
+
+def _rates(snaps: dict[str, list[dict]], pairing: bool) -> dict[str, tuple[dict, list]]:
+    """Per kind of candidate: counts of outcomes over all (baseline, candidate) pairs, and the changes."""
     ident = snaps["identical"]
     out = {}
-    fa = [(_gate(a, b, pairing)) for a, b in itertools.permutations(ident, 2)]
-    out["false alarm (identical)"] = (sum(r["verdict"] != "pass" for r in fa), len(fa), [r["rows"][0].get("change") for r in fa])
-    for kind, label in (("delay5", "detection of 5 %"), ("delay10", "detection of 10 %")):
-        res = [_gate(a, b, pairing) for a in ident for b in snaps[kind]]
-        out[label] = (sum(r["verdict"] == "regression" for r in res), len(res), [r["rows"][0].get("change") for r in res])
+    for kind, label in (("identical", "identical (false alarm)"), ("delay5", "5 % slower (detection)"),
+                        ("delay10", "10 % slower (detection)")):
+        pairs = itertools.permutations(ident, 2) if kind == "identical" else ((a, b) for a in ident for b in snaps[kind])
+        res = [_gate(a, b, pairing) for a, b in pairs]
+        counts = {o: sum(_outcome(r) == o for r in res) for o in ("regression", "pass", "cannot judge")}
+        out[label] = (counts, [r["rows"][0].get("change") for r in res])
     return out
 
 
@@ -181,12 +188,17 @@ def noise(snaps: dict[str, list[dict]]) -> dict[str, float]:
 
 
 def _print_rates(title: str, rates: dict) -> None:
+    """One line per kind: the share of gates that exit 1 (regression), 0 (pass) and 2 (cannot judge)."""
     print(title)
-    for label, (k, n, changes) in rates.items():
+    for label, (counts, changes) in rates.items():
+        n = sum(counts.values())
+        k = counts["regression"]
         lo, hi = wilson(k, n)
         ch = [c for c in changes if c is not None]
         spread = f"; change median {np.median(ch):+.1%}, 5-95% [{np.percentile(ch, 5):+.1%}, {np.percentile(ch, 95):+.1%}]" if ch else ""
-        print(f"  {label:26} {k:4d}/{n:<4d} = {k / n if n else math.nan:6.1%}  (95% CI {lo:.1%}-{hi:.1%}){spread}")
+        print(f"  {label:26} exit 1 (regression) {k:4d}/{n:<4d} = {k / n if n else math.nan:6.1%} (95% CI {lo:.1%}-{hi:.1%}); "
+              f"exit 0 {counts['pass'] / n if n else math.nan:6.1%}; exit 2 (cannot judge) "
+              f"{counts['cannot judge'] / n if n else math.nan:6.1%}{spread}")
 
 
 def evaluate_real(log: dict) -> None:
@@ -231,7 +243,9 @@ def synthetic(args: argparse.Namespace) -> None:
           f"step noise (sd {sd_step:.4f}); {steps} timed steps per side; {args.trials} trials per figure")
     rng = np.random.default_rng(args.seed)
     for pairing in (True, False):
-        counts = {"false alarm (identical)": 0, "detection of 5 %": 0, "detection of 10 %": 0}
+        labels = {0.0: "identical (false alarm)", 0.05: "5 % slower (detection)", 0.10: "10 % slower (detection)"}
+        counts = {lab: {"regression": 0, "pass": 0, "cannot judge": 0} for lab in labels.values()}
+        changes: dict[str, list] = {lab: [] for lab in labels.values()}
         for _ in range(args.trials):
             work = rng.normal(0, sd_work, steps)
             wfp = np.round(np.exp(work) * 100, 6)
@@ -242,11 +256,12 @@ def synthetic(args: argparse.Namespace) -> None:
 
             base = sweep(0.0)
             med = float(np.median(base["cells"][0]["repeats"][0]["samples"]["step_time"]))
-            counts["false alarm (identical)"] += _gate(base, sweep(0.0), pairing)["verdict"] != "pass"
-            counts["detection of 5 %"] += _gate(base, sweep(0.05 * med), pairing)["verdict"] == "regression"
-            counts["detection of 10 %"] += _gate(base, sweep(0.10 * med), pairing)["verdict"] == "regression"
+            for frac, lab in labels.items():
+                res = _gate(base, sweep(frac * med), pairing)
+                counts[lab][_outcome(res)] += 1
+                changes[lab].append(res["rows"][0].get("change"))
         _print_rates(f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}):",
-                     {k: (v, args.trials, []) for k, v in counts.items()})
+                     {lab: (counts[lab], changes[lab]) for lab in labels.values()})
 
 
 def main() -> None:

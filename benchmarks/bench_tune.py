@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import time
@@ -43,6 +44,7 @@ from bench.tune_report import CONSTRAINT, is_infeasible  # noqa: E402
 from bench.tune_space import PARAMS, rule_of_thumb  # noqa: E402
 
 SOURCE = ROOT / "matrix" / "tune_dynamic_bsz.yaml"
+LOAD: list[float] = []  # 1-minute load average at each trial start and end
 
 
 def bench_matrix(path: Path, levels: int, high: float, steps: int, search_runs: int, seed: int) -> Path:
@@ -68,7 +70,14 @@ def run_study(matrix_path: Path, results: Path, study: str, sampler: str | None,
     s = resolve_settings(m, results=results, tracking_uri=f"sqlite:///{results}/mlflow.db", study=study,
                          storage=f"sqlite:///{results}/optuna.db", n_trials=n_trials)
     results.mkdir(parents=True, exist_ok=True)
-    out = Tuner(s, on_event=ConsoleView()).run()
+    view = ConsoleView()
+
+    def on_event(kind, data):  # sample the machine's load: other processes on the cores add noise to step times
+        if kind in ("launch", "trial"):
+            LOAD.append(os.getloadavg()[0])
+        view(kind, data)
+
+    out = Tuner(s, on_event=on_event).run()
     import optuna
 
     return s, optuna.load_study(study_name=study, storage=f"sqlite:///{results}/optuna.db"), out
@@ -227,6 +236,8 @@ def main() -> int:
                    "best_point_grid_value": feasible.get(point(running)) if running else None},
         "replay": {**rep, "random_sampling_share_within_budget": random_odds(grid_n, len(good), budget)},
         "target_met": k_oracle is not None and k_oracle <= budget,
+        "load_average_1min": {"median": statistics.median(LOAD) if LOAD else None, "max": max(LOAD, default=None),
+                              "cores": os.cpu_count()},
         "wall_s": time.perf_counter() - t0,
     }
     atomic_write_json(out_dir / "bench_tune.json", summary)
@@ -242,6 +253,10 @@ def main() -> int:
     print(f"replay (grid values, no new runs): TPE needed median {rep['median']:g} / mean {rep['mean']:.1f} runs over "
           f"{rep['seeds']} seeds; within {budget} runs in {rep['share_within_budget']:.0%} of seeds "
           f"(random sampling: {summary['replay']['random_sampling_share_within_budget']:.0%})")
+    if LOAD:
+        print(f"machine load (1-min average at trial starts/ends): median {statistics.median(LOAD):.1f}, max "
+              f"{max(LOAD):.1f} on {os.cpu_count()} cores (above the core count, other processes shared the cores "
+              f"and the step times carry their noise)")
     print(f"written: {out_dir / 'bench_tune.json'}; total wall {summary['wall_s']:.0f} s")
     return 0
 

@@ -38,6 +38,17 @@ def cpu_pressure() -> str:
         return "unknown"
 
 
+def skip_if_too_noisy(rc: int, row: dict) -> None:
+    """Skip (with the reason) when the gate itself refused to judge: other jobs kept the CPUs busy.
+
+    On a busy machine identical sweeps differ by tens of percent and the gate answers exit 2 "too noisy
+    to judge" instead of a verdict (that refusal is what it should do; the statistics are covered by
+    tests/test_gate.py). Any other outcome is asserted.
+    """
+    if rc == 2 and row.get("verdict") == "noisy":
+        pytest.skip(f"machine too busy for timing: {row['reason'][:160]}; CPU pressure {cpu_pressure()}")
+
+
 @pytest.mark.slow
 def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
     results = tmp_path / "results"
@@ -60,6 +71,7 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
     rc = main(["gate", "--baseline", "ci", "--candidate", "gate_ci_slow", *common])
     verdict = json.loads((results / "gate_ci_slow" / "latest" / "gate" / "gate.json").read_text())
     row = verdict["rows"][0]
+    skip_if_too_noisy(rc, row)
     assert rc == 1 and row["verdict"] == "regression" and row["change"] > 0.05, (
         f"injected {delay:.3f} s (10 % of a step) not caught: {row}; CPU pressure {cpu_pressure()} "
         "(the gate needs a machine that other jobs leave mostly idle; see benchmarks/bench_gate.py)")
@@ -69,5 +81,6 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
     assert run(gate_matrix("gate_ci"), "--force") == 0
     rc = main(["gate", "--baseline", "ci", "--candidate", "gate_ci", *common])
     verdict = json.loads((results / "gate_ci" / "latest" / "gate" / "gate.json").read_text())
+    skip_if_too_noisy(rc, verdict["rows"][0])
     assert rc == 0, f"identical rerun flagged: {verdict['rows']}; CPU pressure {cpu_pressure()}"
     assert verdict["rows"][0]["verdict"] in ("unchanged", "improvement")
