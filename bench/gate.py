@@ -563,7 +563,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help="smallest relative change that counts (default 0.05 = 5 %%)")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                   help="significance level of the Mann-Whitney test; CIs at 1-alpha (default 0.01)")
+                   help="significance level of the test (Wilcoxon signed-rank paired, else Mann-Whitney U); CIs at 1-alpha (default 0.01)")
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
                    help="folder for gate.md and gate.json (default: <candidate sweep>/gate/)")
     p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")

@@ -106,7 +106,7 @@ class ResultsDir:
         """Sweep folders, oldest first."""
         if not self.base.is_dir():
             return []
-        return sorted(p for p in self.base.iterdir() if p.is_dir() and (p / SWEEP).exists())
+        return sorted(p for p in self.base.iterdir() if not p.is_symlink() and p.is_dir() and (p / SWEEP).exists())
 
     def find_resumable(self, fingerprint: str, platform: str) -> Path | None:
         """The newest sweep of the same matrix content and platform, or ``None``."""

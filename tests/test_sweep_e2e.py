@@ -139,13 +139,13 @@ def test_killed_harness_loses_no_finished_run(tmp_path):
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.time() + 600
-        while time.time() < deadline and not list((tmp_path / "res").glob("smoke/*/*/r0/record.json")):
+        while time.time() < deadline and not list((tmp_path / "res").glob("smoke/2*/*/r0/record.json")):
             assert proc.poll() is None, "harness ended before a run finished"
             time.sleep(0.5)
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    finished = list((tmp_path / "res").glob("smoke/*/*/r0/record.json"))
+    finished = list((tmp_path / "res").glob("smoke/2*/*/r0/record.json"))
     assert len(finished) == 1
     p = bench([str(SMOKE), "--results", "res", "--tracking-uri", uri], tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
