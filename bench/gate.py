@@ -28,9 +28,12 @@ is **noisy** (exit 2) instead. The three conditions divide the work:
   time) stays under about 2 % (``benchmarks/bench_gate.py synthetic``);
 * the test rejects a large change measured on a handful of noisy steps;
 * the noise limit catches a busy machine: when other jobs compete for the CPUs, step times scatter
-  by tens of percent and whole sweeps shift by as much (measured: ``benchmarks/bench_gate.py real``),
+  by tens of percent and whole runs shift by as much (measured: ``benchmarks/bench_gate.py real``),
   which neither of the first two can absorb; the gate then refuses to judge rather than report a
-  regression of the machine. The CPU pressure recorded around each run (PSI) is printed as well.
+  regression of the machine. The spread is read from the steps and, with two or more repeats per
+  side, from the bootstrap interval (which resamples repeats), so run-to-run shifts count too: gate
+  matrices should have ``repeats: 2`` or more. The CPU pressure recorded around each run (PSI) is
+  printed as well.
 
 Exit code: **1** when a cell regressed, or a candidate cell failed where the baseline's ran (a failure
 is a regression); else **2** when something could not be judged (no matching cells, another engine or
@@ -357,11 +360,12 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
             row["verdict"] = verdict(cmp.change, cmp.p_value, threshold=threshold, alpha=alpha,
                                      higher_is_better=m.higher_is_better)
             notes_ = list(cmp.notes)
-            if cmp.se is not None:
-                row["mde"] = mde_from_se(cmp.se, alpha=alpha, threshold=threshold)
+            se = max((x for x in (cmp.se, cmp.se_boot) if x is not None), default=None)
+            if se is not None:
+                row["mde"] = mde_from_se(se, alpha=alpha, threshold=threshold)
                 if row["mde"] > max_mde:
                     row["judged_verdict"], row["verdict"] = row["verdict"], "noisy"
-                    notes_.insert(0, f"too noisy to judge: at this step-to-step spread a change under {row['mde']:.0%} "
+                    notes_.insert(0, f"too noisy to judge: at this spread (steps and repeats) a change under {row['mde']:.0%} "
                                      f"would often go unseen (limit {max_mde:.0%}); the spread of a busy machine comes with "
                                      "sweep-to-sweep shifts of tens of percent: rerun on an idle machine, or add steps")
             if notes_:

@@ -95,8 +95,10 @@ class Comparison:
 
     ``ci_low``/``ci_high``: bootstrap interval of ``change`` at ``level`` (``None`` when not computed);
     ``p_value``: two-sided Mann-Whitney U (or Wilcoxon signed-rank when paired, see ``test``);
-    ``min_p``: the smallest p these sample counts allow; ``se``: standard error of the log shift
-    (normal approximation x 1.05 for the rank tests' efficiency; log scale only).
+    ``min_p``: the smallest p these sample counts allow; ``se``: standard error of the log shift from
+    the step samples (normal approximation x 1.05 for the rank tests' efficiency; log scale only);
+    ``se_boot``: the same read off the bootstrap interval (width / 2z), which also carries the spread
+    between repeats when there are two or more.
     """
 
     n_base: int
@@ -114,6 +116,7 @@ class Comparison:
     scale: str = "log"
     test: str = "mann-whitney u"
     se: float | None = None
+    se_boot: float | None = None
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
@@ -219,6 +222,9 @@ def compare(base_groups: Sequence[Sequence[float]], cand_groups: Sequence[Sequen
     if not math.isfinite(out.change):
         out.change = None
         out.notes.append("baseline median is 0: relative change undefined")
+    elif scale == "log" and out.ci_low is not None and out.ci_high is not None and out.ci_low > -1:
+        # the interval's width in standard errors: with two or more repeats it carries the run-to-run spread
+        out.se_boot = (math.log1p(out.ci_high) - math.log1p(out.ci_low)) / (2 * float(sps.norm.ppf(1 - alpha / 2)))
     return out
 
 

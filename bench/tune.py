@@ -315,7 +315,8 @@ class Tuner:
 
     Args:
         settings: from :func:`resolve_settings`.
-        executor: how runs are launched (default: local subprocess, as a sweep).
+        executor: how runs are launched (default: a local subprocess; the CLI picks as ``run`` does: the
+            fork server for embedded CPU runs, Ray with ``--ray-address``); closed at the end if it has ``close``.
         on_event: callback ``(kind, data)`` for the console (kinds: start, trial, warn, done).
     """
 
@@ -553,6 +554,9 @@ class Tuner:
                 status = "KILLED"
                 raise
             finally:
+                close = getattr(self.executor, "close", None)  # e.g. the fork server of embedded CPU runs
+                if close is not None:
+                    close()
                 ran = sum(1 for t in study.get_trials(deepcopy=False)[before:] if t.state.is_finished())
                 summary = self.finish(study, "FAILED" if self.bad_input else status)
         if self.bad_input:
@@ -631,6 +635,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", default=None, metavar="URL",
                    help="Optuna storage: SQLAlchemy URL or journal:PATH (default: tune.storage, else "
                         "sqlite:///<results>/optuna.db)")
+    p.add_argument("--spawn", action="store_true",
+                   help="start every run in a fresh interpreter (default on CPU for the embedded engine: fork "
+                        "each run from a warm server, as `run`)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run each trial as a job on this existing Ray cluster (as `run --ray-address`)")
 
@@ -714,6 +721,6 @@ def main(args: argparse.Namespace) -> int:
     view = ConsoleView()
     from bench.cli_run import make_executor
 
-    out = Tuner(settings, executor=make_executor(args), on_event=view).run()
+    out = Tuner(settings, executor=make_executor(args, matrix.engine, settings.platform), on_event=view).run()
     print_result(out, settings, view)
     return 0 if out.summary.get("best") else 1

@@ -2,8 +2,9 @@
 
 Not a test. Two modes:
 
-``real``: runs the gate matrix (:func:`gate_matrix`: the embedded engine, one cell, one repeat, 20
-timed steps; the same matrix as the CI test ``tests/test_gate_embedded.py``) as ``--sweeps`` identical
+``real``: runs the gate matrix (:func:`gate_matrix`: the embedded engine, one cell, two repeats of 20
+timed steps, one intra-op thread; the same matrix as the CI test ``tests/test_gate_embedded.py``) as
+``--sweeps`` identical
 sweeps, plus as many with an injected update-phase delay of 5 % and of 10 % of the first sweep's
 median step time (``base.embedded.update_delay_s``), interleaved (identical, 5 %, 10 %, identical ...)
 so that the machine's load drifts over all three kinds alike. Then every identical sweep is gated
@@ -14,8 +15,9 @@ sweeps: step-to-step spread, sweep-to-sweep spread of the median, and the CPU pr
 fewer independent trials than pairs; the Wilson intervals printed use the number of pairs.
 
 ``synthetic``: simulates ``--trials`` gates with a noise model of log step time = step workload
-(the same in every run: same seed) + sweep offset + step noise, with the spreads estimated from the
-sweeps of a ``real`` run (``--from DIR``) or given (``--sd-step``, ``--sd-sweep``, ``--sd-work``).
+(the same in every run: same seed) + sweep offset + run offset + step noise, with the spreads
+estimated from the sweeps of a ``real`` run (``--from DIR``) or given (``--sd-step``, ``--sd-run``,
+``--sd-sweep``, ``--sd-work``).
 Gives tight figures for a noise level and shows how the rates move with it.
 
 Both modes evaluate the gate with pairing (default) and without (``--pairing off``), at the default
@@ -49,10 +51,12 @@ from bench.gate import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # no
 from bench.results import read_json  # noqa: E402
 
 KINDS = ("identical", "delay5", "delay10")
+#: bootstrap resamples per gate here (the CLI uses 2000; 400 keeps thousands of simulated gates fast)
+N_BOOT_BENCH = 400
 
 
 def gate_matrix(name: str = "gate_bench", delay_s: float = 0.0, timed_steps: int = 20) -> dict:
-    """The gate's reference matrix: one embedded cell (dynamic bsz on), one repeat, ``timed_steps`` timed steps.
+    """The gate's reference matrix: one embedded cell (dynamic bsz on), two repeats of ``timed_steps`` timed steps.
 
     No profiled step (every measured step is timed); a fixed seed, so every run does the same work
     step by step and the gate can pair steps.
@@ -62,8 +66,10 @@ def gate_matrix(name: str = "gate_bench", delay_s: float = 0.0, timed_steps: int
         "base": {"steps": timed_steps + 1, "warmup_steps": 1, "profile_steps": [], "train_batch_size": 4, "n": 2,
                  "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2, "max_prompt_length": 160,
                  "max_response_length": 24, "timeout_s": 300, "seed": 0},
-        "factors": {"dynamic_bsz": ["on"]}, "repeats": 1,
+        "factors": {"dynamic_bsz": ["on"]}, "repeats": 2,
     }
+    # one intra-op thread: on 2 cores shared with the harness (and maybe other jobs) two threads jitter
+    m["base"]["env"] = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if delay_s:
         m["base"]["embedded"] = {"update_delay_s": round(float(delay_s), 4)}
     return m
@@ -114,9 +120,10 @@ def real(args: argparse.Namespace) -> None:
             entry = {"kind": kind, "sweep": str(sweep), "delay_s": delay, "wall_s": time.time() - ts,
                      "pressure_before": p0, "pressure_after": cpu_pressure()}
             snap = snapshot(sweep)
-            st = snap["cells"][0]["repeats"][0]["samples"]["step_time"]
+            st = [t for r in snap["cells"][0]["repeats"] for t in r["samples"]["step_time"]]
             entry["median_s"] = float(np.median(st))
-            if base_med is None:
+            if kind == "identical" and (base_med is None or entry["median_s"] < base_med):
+                # the delays are fractions of the fastest identical sweep so far: the machine's idle speed
                 base_med = log["base_median_s"] = entry["median_s"]
             log["sweeps"].append(entry)
             log_path.write_text(json.dumps(log, indent=1))
@@ -125,9 +132,11 @@ def real(args: argparse.Namespace) -> None:
     evaluate_real(log)
 
 
-def _snaps(log: dict) -> dict[str, list[dict]]:
+def _snaps(log: dict, max_pressure: float | None = None) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {k: [] for k in KINDS}
     for s in log["sweeps"]:
+        if max_pressure is not None and max((s.get("pressure_before") or 0.0), (s.get("pressure_after") or 0.0)) > max_pressure:
+            continue
         snap = snapshot(Path(s["sweep"]))
         snap["_pressure"] = max(x for x in (s.get("pressure_before"), s.get("pressure_after"), -1.0) if x is not None)
         out[s["kind"]].append(snap)
@@ -149,7 +158,7 @@ def _gate(base: dict, cand: dict, pairing: bool) -> dict:
     b = copy.deepcopy(base)
     c = copy.deepcopy(cand)
     return compare_snapshots(b, c, metrics=["step_time"], threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA,
-                             n_boot=0, pairing=pairing)
+                             n_boot=N_BOOT_BENCH, pairing=pairing)
 
 
 def _outcome(res: dict) -> str:
@@ -171,20 +180,34 @@ def _rates(snaps: dict[str, list[dict]], pairing: bool) -> dict[str, tuple[dict,
 
 
 def noise(snaps: dict[str, list[dict]]) -> dict[str, float]:
-    """Spreads of log step time over the identical sweeps."""
-    runs = [np.log(np.array(s["cells"][0]["repeats"][0]["samples"]["step_time"])) for s in snaps["identical"]]
+    """Spreads of log step time over the identical sweeps (two-way layout: run x step, runs nested in sweeps).
+
+    ``sd_work``: spread of the per-step means (the work of each step, the same in every run);
+    ``sd_step``: residual after removing run and step means; ``sd_run``: spread of run means within a
+    sweep beyond ``sd_step``; ``sd_sweep``: spread of sweep means beyond the runs'.
+    """
+    runs, sweep_of = [], []
+    for i, s in enumerate(snaps["identical"]):
+        for r in s["cells"][0]["repeats"]:
+            runs.append(np.log(np.array(r["samples"]["step_time"])))
+            sweep_of.append(i)
     n = min(map(len, runs))
-    x = np.array([r[:n] for r in runs])  # sweeps x steps
-    sweep_means = x.mean(axis=1)
+    x = np.array([r[:n] for r in runs])  # runs x steps
+    sweep_of = np.array(sweep_of)
+    run_means = x.mean(axis=1)
     step_means = x.mean(axis=0)
-    resid = x - sweep_means[:, None] - step_means[None, :] + x.mean()
-    med = np.median(x, axis=1)
-    return {"sd_step_within_run": float(np.mean([r.std(ddof=1) for r in runs])),
-            "sd_work": float(step_means.std(ddof=1)) if len(step_means) > 1 else 0.0,
-            "sd_step": float(math.sqrt((resid ** 2).sum() / max(1, (x.shape[0] - 1) * (x.shape[1] - 1)))),
-            "sd_sweep_mean": float(sweep_means.std(ddof=1)) if len(sweep_means) > 1 else 0.0,
-            "sd_sweep_median": float(med.std(ddof=1)) if len(med) > 1 else 0.0,
-            "steps": n, "sweeps": len(runs)}
+    resid = x - run_means[:, None] - step_means[None, :] + x.mean()
+    sd_step = float(math.sqrt((resid ** 2).sum() / max(1, (x.shape[0] - 1) * (x.shape[1] - 1))))
+    within = [run_means[sweep_of == k] for k in np.unique(sweep_of)]
+    w_var = [float(np.var(g, ddof=1)) for g in within if len(g) > 1]
+    sd_run = math.sqrt(max(0.0, float(np.mean(w_var)) - sd_step ** 2 / n)) if w_var else 0.0
+    sweep_means = np.array([g.mean() for g in within])
+    r = float(np.mean([len(g) for g in within]))
+    sd_sweep = math.sqrt(max(0.0, float(np.var(sweep_means, ddof=1)) - (sd_run ** 2 + sd_step ** 2 / n) / r)) \
+        if len(sweep_means) > 1 else 0.0
+    return {"sd_work": float(step_means.std(ddof=1)) if n > 1 else 0.0, "sd_step": sd_step, "sd_run": sd_run,
+            "sd_sweep": sd_sweep, "sd_sweep_means": float(sweep_means.std(ddof=1)) if len(sweep_means) > 1 else 0.0,
+            "steps": n, "runs_per_sweep": r, "sweeps": len(within)}
 
 
 def _print_rates(title: str, rates: dict) -> None:
@@ -201,8 +224,18 @@ def _print_rates(title: str, rates: dict) -> None:
               f"{counts['cannot judge'] / n if n else math.nan:6.1%}{spread}")
 
 
-def evaluate_real(log: dict) -> None:
-    snaps = _snaps(log)
+def evaluate_real(log: dict, max_pressure: float | None = None) -> None:
+    snaps = _snaps(log, max_pressure)
+    if max_pressure is not None:
+        print(f"only sweeps with CPU pressure (some avg60) <= {max_pressure} % before and after")
+    delays = {k: [s["delay_s"] for s in log["sweeps"] if s["kind"] == k] for k in ("delay5", "delay10")}
+    meds = [np.median([t for r in s["cells"][0]["repeats"] for t in r["samples"]["step_time"]]) for s in snaps["identical"]]
+    if meds:
+        for k, d in delays.items():
+            if d:
+                eff = [dd / m for dd in d for m in meds]
+                print(f"{k}: injected {np.median(d):.3f} s = {np.median(eff):.1%} of the identical sweeps' median step "
+                      f"(range {min(eff):.1%}-{max(eff):.1%})")
     print("\nsweeps: " + ", ".join(f"{k} {len(v)}" for k, v in snaps.items()) +
           f"; reference median step {log.get('base_median_s', float('nan')):.3f} s")
     pr = [s["_pressure"] for v in snaps.values() for s in v if s["_pressure"] >= 0]
@@ -217,15 +250,14 @@ def evaluate_real(log: dict) -> None:
 
 # -- synthetic ------------------------------------------------------------------------------------
 
-def _snap(times: np.ndarray, work: np.ndarray) -> dict:
-    """A one-cell, one-repeat snapshot holding ``times`` with workload fingerprints ``work``."""
-    steps = list(range(2, 2 + len(times)))
+def _snap(runs: list[np.ndarray], work: np.ndarray) -> dict:
+    """A one-cell snapshot holding one repeat per array of ``runs`` with workload fingerprints ``work``."""
+    steps = list(range(2, 2 + len(work)))
+    reps = [{"repeat": k, "status": "ok", "steps": steps, "workload": [[float(w), None, None] for w in work],
+             "samples": {"step_time": [float(t) for t in times]}} for k, times in enumerate(runs)]
     return {"engine": "embedded", "platform": "cpu", "source": {"sweep": "synthetic"}, "base": {}, "versions": {},
             "cells": [{"key": "dynamic_bsz=1", "label": "dynamic_bsz", "cell_id": "x", "status": "ok", "failures": [],
-                       "missing_repeats": [],
-                       "repeats": [{"repeat": 0, "status": "ok", "steps": steps,
-                                    "workload": [[float(w), None, None] for w in work],
-                                    "samples": {"step_time": [float(t) for t in times]}}]}]}
+                       "missing_repeats": [], "repeats": reps}]}
 
 
 def synthetic(args: argparse.Namespace) -> None:
@@ -233,14 +265,17 @@ def synthetic(args: argparse.Namespace) -> None:
         log = read_json(Path(args.from_dir) / "gate_bench_sweeps.json")
         if not log:
             raise SystemExit(f"{args.from_dir}: no gate_bench_sweeps.json (run the real mode first)")
-        nz = noise(_snaps(log))
-        sd_step, sd_sweep, sd_work = nz["sd_step"], nz["sd_sweep_mean"], nz["sd_work"]
-        steps = nz["steps"]
-        print(f"noise measured in {args.from_dir}: {nz}")
+        nz = noise(_snaps(log, args.max_pressure))
+        sd_step, sd_run, sd_sweep, sd_work = nz["sd_step"], nz["sd_run"], nz["sd_sweep"], nz["sd_work"]
+        steps, repeats = nz["steps"], int(round(nz["runs_per_sweep"]))
+        print(f"noise measured in {args.from_dir}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
+                                                                 for k, v in nz.items()))
     else:
-        sd_step, sd_sweep, sd_work, steps = args.sd_step, args.sd_sweep, args.sd_work, args.timed_steps
-    print(f"model: log t = log 1.0 + work[step] (sd {sd_work:.4f}) + sweep offset (sd {sd_sweep:.4f}) + "
-          f"step noise (sd {sd_step:.4f}); {steps} timed steps per side; {args.trials} trials per figure")
+        sd_step, sd_run, sd_sweep, sd_work = args.sd_step, args.sd_run, args.sd_sweep, args.sd_work
+        steps, repeats = args.timed_steps, args.repeats
+    print(f"model: log t = work[step] (sd {sd_work:.4f}) + sweep offset (sd {sd_sweep:.4f}) + run offset "
+          f"(sd {sd_run:.4f}) + step noise (sd {sd_step:.4f}); {repeats} x {steps} timed steps per side; "
+          f"{args.trials} trials per figure; {N_BOOT_BENCH} bootstrap resamples per gate")
     rng = np.random.default_rng(args.seed)
     for pairing in (True, False):
         labels = {0.0: "identical (false alarm)", 0.05: "5 % slower (detection)", 0.10: "10 % slower (detection)"}
@@ -250,18 +285,21 @@ def synthetic(args: argparse.Namespace) -> None:
             work = rng.normal(0, sd_work, steps)
             wfp = np.round(np.exp(work) * 100, 6)
 
-            def sweep(delay: float) -> dict:
-                t = np.exp(work + rng.normal(0, sd_sweep) + rng.normal(0, sd_step, steps))
-                return _snap(t + delay, wfp)
+            def sweep(frac: float) -> dict:
+                off = rng.normal(0, sd_sweep)
+                runs = [np.exp(work + off + rng.normal(0, sd_run) + rng.normal(0, sd_step, steps)) for _ in range(repeats)]
+                med = float(np.exp(np.median(work)))
+                return _snap([t + frac * med for t in runs], wfp)
 
             base = sweep(0.0)
-            med = float(np.median(base["cells"][0]["repeats"][0]["samples"]["step_time"]))
             for frac, lab in labels.items():
-                res = _gate(base, sweep(frac * med), pairing)
+                res = _gate(base, sweep(frac), pairing)
                 counts[lab][_outcome(res)] += 1
                 changes[lab].append(res["rows"][0].get("change"))
         _print_rates(f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}):",
                      {lab: (counts[lab], changes[lab]) for lab in labels.values()})
+        if args.paired_only:
+            break
 
 
 def main() -> None:
@@ -273,10 +311,16 @@ def main() -> None:
     r.add_argument("--results", default=str(Path(tempfile.gettempdir()) / "gate-bench"),
                    help="results folder (reused: finished sweeps are kept and the run resumes)")
     r.add_argument("--evaluate-only", action="store_true", help="only evaluate the sweeps already run")
+    r.add_argument("--max-pressure", type=float, default=None,
+                   help="also evaluate only the sweeps run while the CPU pressure stayed at or below this (%%)")
     s = sub.add_parser("synthetic", help="simulated sweeps with a noise model")
     s.add_argument("--from", dest="from_dir", default=None, help="estimate the noise from a real run's results folder")
     s.add_argument("--sd-step", type=float, default=0.05, help="step noise SD of log step time (default 0.05)")
     s.add_argument("--sd-sweep", type=float, default=0.02, help="sweep-to-sweep SD of log step time (default 0.02)")
+    s.add_argument("--sd-run", type=float, default=0.01, help="run-to-run SD within a sweep (default 0.01)")
+    s.add_argument("--repeats", type=int, default=2)
+    s.add_argument("--max-pressure", type=float, default=None, help="with --from: only sweeps at or below this CPU pressure")
+    s.add_argument("--paired-only", action="store_true", help="skip the unpaired evaluation")
     s.add_argument("--sd-work", type=float, default=0.10, help="SD of the per-step workload (default 0.10)")
     s.add_argument("--timed-steps", type=int, default=20)
     s.add_argument("--trials", type=int, default=1000)
@@ -284,9 +328,11 @@ def main() -> None:
     args = ap.parse_args()
     if args.mode == "real":
         if args.evaluate_only:
-            evaluate_real(read_json(Path(args.results) / "gate_bench_sweeps.json"))
+            evaluate_real(read_json(Path(args.results) / "gate_bench_sweeps.json"), args.max_pressure)
         else:
             real(args)
+            if args.max_pressure is not None:
+                evaluate_real(read_json(Path(args.results) / "gate_bench_sweeps.json"), args.max_pressure)
     else:
         synthetic(args)
 

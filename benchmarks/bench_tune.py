@@ -7,7 +7,10 @@ Not a test. Real GRPO runs on the embedded engine, through the same ``tune`` mac
    limits) with Optuna's GridSampler, one real run per point;
 2. **search**: TPE (seeded, the article's rule of thumb as trial 0) on the same space with at most a
    quarter of the grid's runs, real runs;
-3. **replay** (no new runs, said as such): TPE again for many seeds, its trials answered from the grid's
+3. **recheck**: the grid's best point and the search's pick re-run ``--recheck`` times each, interleaved,
+   so that one lucky grid run cannot decide the comparison (and the spread of re-runs of one point shows
+   the machine's run-to-run noise);
+4. **replay** (no new runs, said as such): TPE again for many seeds, its trials answered from the grid's
    measured values (every point of the space is a grid point), to show the spread over seeds; next to
    random sampling's exact odds.
 
@@ -15,7 +18,7 @@ Not a test. Real GRPO runs on the embedded engine, through the same ``tune`` mac
 the script reports when its best-so-far point (chosen by its own measurements) became such a point, and
 also when its own measured best first came within 3% of the grid's best (noisier: its own lucky draws).
 
-    python benchmarks/bench_tune.py                       # ~20 min on 2 cores (grid 25 + search 6 runs)
+    python benchmarks/bench_tune.py                       # ~8 min on 2 cores (25 + 6 + 6 runs of ~12 s)
     python benchmarks/bench_tune.py --levels 4 --high 10  # 16-point grid
     python benchmarks/bench_tune.py --results /tmp/bt     # elsewhere; rerunning resumes both studies
 
@@ -62,6 +65,13 @@ def bench_matrix(path: Path, levels: int, high: float, steps: int, search_runs: 
     return path
 
 
+def executor(settings):
+    """The executor ``run_bench.py tune`` would use (the fork server for embedded CPU runs)."""
+    from bench.cli_run import make_executor
+
+    return make_executor(argparse.Namespace(spawn=False, ray_address=None), settings.matrix.engine, settings.platform)
+
+
 def run_study(matrix_path: Path, results: Path, study: str, sampler: str | None, n_trials: int | None):
     m = load_matrix(matrix_path)
     if sampler == "grid":
@@ -77,10 +87,16 @@ def run_study(matrix_path: Path, results: Path, study: str, sampler: str | None,
             LOAD.append(os.getloadavg()[0])
         view(kind, data)
 
-    out = Tuner(s, on_event=on_event).run()
+    out = Tuner(s, executor=executor(s), on_event=on_event).run()
     import optuna
 
     return s, optuna.load_study(study_name=study, storage=f"sqlite:///{results}/optuna.db"), out
+
+
+def run_time(trials) -> float:
+    """Seconds the trials took (start to end of each; also right when the study was resumed, not rerun)."""
+    return sum((t.datetime_complete - t.datetime_start).total_seconds() for t in trials
+               if t.datetime_complete and t.datetime_start)
 
 
 def point(t) -> tuple[int, int]:
@@ -133,6 +149,28 @@ def replay(settings, grid: dict, seeds: int, budget: int, target: float) -> dict
             "mean": statistics.mean(needed), "share_within_budget": within_budget / seeds}
 
 
+def recheck(settings, points: dict[str, tuple[int, int]], repeats: int, out_dir: Path) -> dict[str, list]:
+    """Interleaved re-runs (A, B, A, B ...) of a few points: the same drift and contention hit both."""
+    from bench.sweep import execute_spec
+    from bench.tune import trial_spec
+
+    ex = executor(settings)
+    vals: dict[str, list] = {k: [] for k in points}
+    for i in range(repeats):
+        for label, p in points.items():
+            limits = dict(zip(PARAMS, p))
+            rdir = out_dir / "recheck" / f"{label}-{i}"
+            rec = read_json(rdir / "record.json")
+            if not rec or rec.get("status") != "ok":
+                spec = trial_spec(settings.matrix, settings.cell, limits, settings.platform)
+                rec = execute_spec(spec, rdir, 0, ex, settings.matrix.base.warmup_steps)
+            v = (rec.get("summary") or {}).get(settings.objective_key) if rec["status"] == "ok" else None
+            vals[label].append(v)
+            print(f"recheck {label} {limits}: {v if v is None else round(v, 3)}", flush=True)
+    getattr(ex, "close", lambda: None)()
+    return vals
+
+
 def random_odds(n: int, good: int, k: int) -> float:
     """P(at least one of ``good`` points among ``k`` distinct random draws of ``n``)."""
     if good == 0:
@@ -149,6 +187,8 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0, help="TPE seed of the real search")
     ap.add_argument("--tolerance", type=float, default=0.03)
     ap.add_argument("--replay-seeds", type=int, default=50)
+    ap.add_argument("--recheck", type=int, default=3,
+                    help="interleaved re-runs of the grid's best and the search's best point (0: skip)")
     args = ap.parse_args()
 
     t0 = time.perf_counter()
@@ -160,9 +200,8 @@ def main() -> int:
     tag = f"l{args.levels}-h{args.high:g}-s{args.steps}"
 
     print(f"== grid: {grid_n} real runs ==", flush=True)
-    tg = time.perf_counter()
     gs, gstudy, _ = run_study(mpath, results, f"grid-{tag}", "grid", None)
-    grid_wall = time.perf_counter() - tg
+    grid_wall = run_time(gstudy.trials)
     grid = {}
     for t in gstudy.trials:
         if not t.state.is_finished() or t.user_attrs.get("interrupted"):
@@ -178,19 +217,26 @@ def main() -> int:
     target = best * (1 + args.tolerance)
     good = sorted(p for p, v in feasible.items() if v <= target)
 
-    # per-run noise: IQR / median of the timed steps
-    noise = []
+    # noise: IQR / median of the timed steps within a run; and the rollout (gen) phase across runs, which the
+    # token limits do not touch (same prompts, same seed), so its spread between grid runs is pure noise
+    noise, gens, psi = [], [], []
     for t in gstudy.trials:
         rec = read_json(gs.study_dir / t.user_attrs.get("run_dir", "-") / "record.json") or {}
         s = rec.get("summary") or {}
         if s.get("step_time_iqr_s") is not None and s.get("step_time_median_s"):
             noise.append(s["step_time_iqr_s"] / s["step_time_median_s"])
+        gen = (s.get("phase_median_s") or {}).get("gen")
+        if gen:
+            gens.append(gen)
+        for when in ("before", "after"):
+            v = ((rec.get("host_load") or {}).get(when) or {}).get("cpu_pressure_avg10")
+            if v is not None:
+                psi.append(v)
 
     print(f"\n== search: TPE seed {args.seed}, at most {budget} real runs (a quarter of the grid) ==", flush=True)
-    ts = time.perf_counter()
     ss, sstudy, _ = run_study(mpath, results, f"search-{tag}-seed{args.seed}", None, budget)
-    search_wall = time.perf_counter() - ts
     trials = [t for t in sstudy.trials if t.state.is_finished() and not t.user_attrs.get("interrupted")][:budget]
+    search_wall = run_time(trials)
     own_best, oracle_best = [], []
     running = None
     for t in trials:
@@ -200,6 +246,20 @@ def main() -> int:
         oracle_best.append(feasible.get(point(running)) if running else None)
     k_oracle = first_within(oracle_best, target)
     k_own = first_within(own_best, target)
+
+    rc: dict = {}
+    if args.recheck and running is not None:
+        pts = {"grid_best": best_p, "search_best": point(running)}
+        if pts["grid_best"] == pts["search_best"]:
+            pts = {"grid_best": best_p}
+        print(f"\n== recheck: {', '.join(f'{k} {v}' for k, v in pts.items())}, {args.recheck} interleaved "
+              f"real runs each ==", flush=True)
+        vals = recheck(ss, pts, args.recheck, out_dir)
+        med = {k: statistics.median([x for x in v if x is not None]) for k, v in vals.items() if any(v)}
+        rc = {"runs": vals, "median": med,
+              "search_vs_grid": (med["search_best"] / med["grid_best"] - 1) if len(med) == 2 else 0.0,
+              "same_point_spread": {k: max(x for x in v if x) / min(x for x in v if x) - 1 for k, v in vals.items()
+                                    if sum(x is not None for x in v) > 1}}
 
     print(f"\n== replay: TPE over {args.replay_seeds} seeds answered from the grid's measurements (no runs) ==",
           flush=True)
@@ -223,7 +283,9 @@ def main() -> int:
         "steps_per_run": args.steps, "tolerance": args.tolerance,
         "grid": {"size": grid_n, "best_point": dict(zip(PARAMS, best_p)), "best_step_time_s": best,
                  "points_within_tolerance": len(good), "wall_s": grid_wall,
-                 "median_run_noise_iqr_over_median": statistics.median(noise) if noise else None},
+                 "median_run_noise_iqr_over_median": statistics.median(noise) if noise else None,
+                 "gen_phase_s_min_median_max": [min(gens), statistics.median(gens), max(gens)] if gens else None,
+                 "cpu_pressure_avg10_median_max": [statistics.median(psi), max(psi)] if psi else None},
         "search": {"sampler": f"tpe seed {args.seed}, n_startup_trials 3, rule of thumb first", "budget": budget,
                    "runs": len(trials), "wall_s": search_wall,
                    "trials": [{"number": t.number, "point": dict(zip(PARAMS, point(t))), "state": t.state.name,
@@ -234,22 +296,39 @@ def main() -> int:
                    "best_point": dict(zip(PARAMS, point(running))) if running else None,
                    "best_own_value": running.value if running else None,
                    "best_point_grid_value": feasible.get(point(running)) if running else None},
+        "recheck": rc,
         "replay": {**rep, "random_sampling_share_within_budget": random_odds(grid_n, len(good), budget)},
         "target_met": k_oracle is not None and k_oracle <= budget,
         "load_average_1min": {"median": statistics.median(LOAD) if LOAD else None, "max": max(LOAD, default=None),
                               "cores": os.cpu_count()},
         "wall_s": time.perf_counter() - t0,
     }
+    if not LOAD:  # nothing ran now (resumed, cached): keep the load seen when the runs were made
+        summary["load_average_1min"] = (read_json(out_dir / "bench_tune.json") or {}).get("load_average_1min")
     atomic_write_json(out_dir / "bench_tune.json", summary)
 
     print(f"\ngrid: {grid_n} runs in {grid_wall:.0f} s; best {best:.3f} s at ppo={best_p[0]} log_prob={best_p[1]}; "
           f"{len(good)} of {grid_n} points within {args.tolerance:.0%}; median per-run step-time IQR/median "
           f"{summary['grid']['median_run_noise_iqr_over_median']:.1%}")
+    if psi:
+        print(f"CPU pressure (PSI some avg10, % of time a task waited for a CPU) around the grid's runs: median "
+              f"{statistics.median(psi):.0f}%, max {max(psi):.0f}%")
+    if gens:
+        print(f"noise floor: the rollout phase, which the limits do not touch, took {min(gens):.2f} .. "
+              f"{statistics.median(gens):.2f} .. {max(gens):.2f} s (min .. median .. max) across the grid's runs: "
+              f"{max(gens) / min(gens) - 1:.0%} between its fastest and slowest run")
     print(f"search (real runs): {len(trials)} runs in {search_wall:.0f} s; best-so-far point within "
           f"{args.tolerance:.0%} of the grid's best (by its grid value) after "
           f"{k_oracle if k_oracle else 'never (within ' + str(len(trials)) + ')'} run(s); by its own measurement after "
           f"{k_own if k_own else 'never'}; budget {budget} = a quarter of the grid -> "
           f"{'TARGET MET' if summary['target_met'] else 'target missed'}")
+    if rc:
+        sv = rc["search_vs_grid"]
+        spread = ", ".join(f"{k} {v:.0%}" for k, v in rc["same_point_spread"].items())
+        print(f"recheck ({args.recheck} interleaved real runs per point): medians "
+              + ", ".join(f"{k} {v:.3f} s" for k, v in rc["median"].items())
+              + f"; search's pick vs grid's pick {sv:+.1%} ({'within' if sv <= args.tolerance else 'outside'} "
+              f"{args.tolerance:.0%}); max/min - 1 over re-runs of the same point: {spread}")
     print(f"replay (grid values, no new runs): TPE needed median {rep['median']:g} / mean {rep['mean']:.1f} runs over "
           f"{rep['seeds']} seeds; within {budget} runs in {rep['share_within_budget']:.0%} of seeds "
           f"(random sampling: {summary['replay']['random_sampling_share_within_budget']:.0%})")
@@ -257,7 +336,7 @@ def main() -> int:
         print(f"machine load (1-min average at trial starts/ends): median {statistics.median(LOAD):.1f}, max "
               f"{max(LOAD):.1f} on {os.cpu_count()} cores (above the core count, other processes shared the cores "
               f"and the step times carry their noise)")
-    print(f"written: {out_dir / 'bench_tune.json'}; total wall {summary['wall_s']:.0f} s")
+    print(f"written: {out_dir / 'bench_tune.json'}; wall of this invocation {summary['wall_s']:.0f} s")
     return 0
 
 

@@ -271,3 +271,21 @@ def test_a_shift_measured_on_very_noisy_steps_is_not_judged(tmp_path, uri, capsy
                times=log_normal_times(base_s=2.8, sd=0.3))
     assert gate(tmp_path, uri, candidate="busy") == 2
     assert "too noisy to judge" in capsys.readouterr().err
+
+
+def test_run_to_run_shifts_count_as_noise(tmp_path, uri):
+    # two repeats per side whose runs sit 10 % apart: the steps alone look precise, the repeats do not
+    base_t = log_normal_times(sd=0.01, run_sd=0.10)
+    make_sweep(tmp_path, "synth", [{}], repeats=2, steps=12, seed=5, same_work=True, times=base_t)
+    assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
+    cand = make_sweep(tmp_path, "cand", [{}], repeats=2, steps=12, seed=6, same_work=True, times=base_t)
+    assert gate(tmp_path, uri) == 2
+    row = json.loads((cand / "gate" / "gate.json").read_text())["rows"][0]
+    assert row["verdict"] == "noisy" and row["se_boot"] > row["se"]
+    # steady runs: judged
+    steady = log_normal_times(sd=0.01)
+    make_sweep(tmp_path, "synth2", [{}], repeats=2, steps=12, seed=7, same_work=True, times=steady)
+    assert main(["baseline", "save", "synth2", "--name", "base", "--force", "--results", str(tmp_path),
+                 "--tracking-uri", uri]) == 0
+    make_sweep(tmp_path, "cand2", [{}], repeats=2, steps=12, seed=8, same_work=True, times=steady)
+    assert gate(tmp_path, uri, candidate="cand2") == 0

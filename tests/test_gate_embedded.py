@@ -1,7 +1,7 @@
 """Acceptance of the gate on real embedded GRPO sweeps (issue 6): a slowdown of about 10 % of a step,
 injected as a sleep inside the update phase, is caught (exit 1); an identical rerun passes (exit 0).
 
-One cell, one repeat, 20 timed steps per sweep (the matrix of ``benchmarks/bench_gate.py``, whose
+One cell, two repeats of 20 timed steps per sweep (the matrix of ``benchmarks/bench_gate.py``, whose
 real mode measures the false-alarm and detection rates of exactly this setup); three sweeps in all.
 """
 
@@ -17,14 +17,16 @@ from bench.cli import main
 
 
 def gate_matrix(name: str, delay_s: float = 0.0, timed_steps: int = 20) -> dict:
-    """Same as ``benchmarks/bench_gate.py:gate_matrix``: one embedded cell, every measured step timed."""
+    """Same as ``benchmarks/bench_gate.py:gate_matrix``: one embedded cell, two repeats, every measured step timed."""
     m = {
         "name": name, "engine": "embedded", "platform": "cpu",
         "base": {"steps": timed_steps + 1, "warmup_steps": 1, "profile_steps": [], "train_batch_size": 4, "n": 2,
                  "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2, "max_prompt_length": 160,
                  "max_response_length": 24, "timeout_s": 300, "seed": 0},
-        "factors": {"dynamic_bsz": ["on"]}, "repeats": 1,
+        "factors": {"dynamic_bsz": ["on"]}, "repeats": 2,
     }
+    # one intra-op thread: on 2 cores shared with the harness (and maybe other jobs) two threads jitter
+    m["base"]["env"] = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     if delay_s:
         m["base"]["embedded"] = {"update_delay_s": round(float(delay_s), 4)}
     return m
@@ -39,14 +41,17 @@ def cpu_pressure() -> str:
 
 
 def skip_if_too_noisy(rc: int, row: dict) -> None:
-    """Skip (with the reason) when the gate itself refused to judge: other jobs kept the CPUs busy.
+    """Skip (with the reason) when the gate itself refused to judge: the runs scattered too much.
 
-    On a busy machine identical sweeps differ by tens of percent and the gate answers exit 2 "too noisy
-    to judge" instead of a verdict (that refusal is what it should do; the statistics are covered by
-    tests/test_gate.py). Any other outcome is asserted.
+    When runs of the same cell differ by about as much as the slowdown to find (other jobs on the
+    CPUs; on a shared 2-core VM even a quiet one: about 9 % from one run to the next, measured by
+    benchmarks/bench_gate.py), the gate answers exit 2 "too noisy to judge" instead of a verdict. That
+    refusal is what it should do (the statistics are covered by tests/test_gate.py); this test then has
+    nothing to show. Any other outcome is asserted.
     """
     if rc == 2 and row.get("verdict") == "noisy":
-        pytest.skip(f"machine too busy for timing: {row['reason'][:160]}; CPU pressure {cpu_pressure()}")
+        pytest.skip(f"runs too scattered to time a 10 % slowdown here: {row['reason'][:110]}; "
+                    f"CPU pressure {cpu_pressure()}")
 
 
 @pytest.mark.slow
@@ -62,8 +67,8 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
     assert run(gate_matrix("gate_ci")) == 0
     assert main(["baseline", "save", "gate_ci", "--name", "ci", *common]) == 0
     base = json.loads((results / "baselines" / "ci.json").read_text())
-    samples = base["cells"][0]["repeats"][0]["samples"]["step_time"]
-    assert len(samples) == 20
+    samples = [t for r in base["cells"][0]["repeats"] for t in r["samples"]["step_time"]]
+    assert len(samples) == 40
     delay = 0.10 * float(np.median(samples))
 
     # candidate: the same cell with the update phase slowed by ~10 % of a step

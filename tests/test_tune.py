@@ -120,8 +120,8 @@ BAD = {
 
 
 def _bad_matrix(space_line: str) -> str:
-    return ("name: bad\nengine: embedded\nplatform: cpu\ntune:\n  n_trials: 2\n  space:\n"
-            f"    {space_line}\n")
+    return ("name: bad\nengine: embedded\nplatform: cpu\nbase: {max_prompt_length: 96, max_response_length: 64}\n"
+            f"tune:\n  n_trials: 2\n  space:\n    {space_line}\n")
 
 
 @pytest.mark.parametrize("case", sorted(BAD))
@@ -153,16 +153,16 @@ def test_storage_that_cannot_be_opened_is_one_line_exit_2(tmp_path, capsys, url,
 
 @pytest.mark.parametrize("text, expected", [
     ("name: t\nplatform: cpu\n", "tune: missing"),
-    ("name: t\nplatform: cpu\ntune:\n  space:\n    ppo_max_token_len_per_gpu: {low: 160, high: 320}\n",
+    ("name: t\nplatform: cpu\ntune:\n  space:\n    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n",
      "give n_trials and/or timeout_s"),
     ("name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  fixed: {dynamic_bsz: off}\n  space:\n"
-     "    ppo_max_token_len_per_gpu: {low: 160, high: 320}\n", "dynamic_bsz: must be on"),
+     "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n", "dynamic_bsz: must be on"),
     ("name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  fixed: {turbo: on}\n  space:\n"
-     "    ppo_max_token_len_per_gpu: {low: 160, high: 320}\n", "unknown factor 'turbo'"),
+     "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n", "unknown factor 'turbo'"),
     ("name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  sampler: grid\n  space:\n"
-     "    ppo_max_token_len_per_gpu: {low: 160, high: 320, log: true}\n", "grid needs step (not log) dimensions"),
+     "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq, log: true}\n", "grid needs step (not log) dimensions"),
     ("name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  objective: latency\n  space:\n"
-     "    ppo_max_token_len_per_gpu: {low: 160, high: 320}\n", "tune.objective: allowed: 'step_time' or 'throughput'"),
+     "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n", "tune.objective: allowed: 'step_time' or 'throughput'"),
 ])
 def test_other_bad_tune_blocks(tmp_path, capsys, text, expected):
     (tmp_path / "m.yaml").write_text(text)
