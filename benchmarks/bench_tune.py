@@ -20,7 +20,7 @@ also when its own measured best first came within 3% of the grid's best (noisier
 
     python benchmarks/bench_tune.py                       # ~8 min on 2 cores (25 + 6 + 6 runs of ~12 s)
     python benchmarks/bench_tune.py --levels 4 --high 10  # 16-point grid
-    python benchmarks/bench_tune.py --results /tmp/bt     # elsewhere; rerunning resumes both studies
+    python benchmarks/bench_tune.py --results out/bt      # elsewhere; rerunning resumes both studies
 
 Results: ``<results>/bench_tune/bench_tune.json`` plus the usual tune outputs per study.
 """
