@@ -254,6 +254,7 @@ class Sweep:
         if rec is None:
             return
         try:
+            tracker.drop_children(parent_id, {"cell_id": spec.cell_id, "repeat": rec["repeat"]})
             rid = log_record(tracker, parent_id, spec, rec, rdir, self.matrix)
         except Exception as exc:  # the store went away: keep going, the next resume logs it
             self.on_event("warn", {"message": f"MLflow logging of {spec.cell_id}/r{rec['repeat']} failed: {exc}"})

@@ -111,6 +111,16 @@ class Tracker:
         except Exception:
             return False
 
+    def drop_children(self, parent_id: str, tags: dict[str, Any]) -> int:
+        """Delete child runs of ``parent_id`` whose tags equal ``tags`` (a half-logged child left by a
+        killed harness, so that resuming logs it exactly once); returns how many were deleted."""
+        query = " and ".join([f"tags.mlflow.parentRunId = '{parent_id}'"]
+                             + [f"tags.{k} = '{_tag(v)}'" for k, v in tags.items()])
+        runs = self.client.search_runs([self.experiment_id], filter_string=query, max_results=100)
+        for run in runs:
+            self.client.delete_run(run.info.run_id)
+        return len(runs)
+
     def log_child(self, parent_id: str, name: str, *, params: dict[str, Any], tags: dict[str, Any],
                   series: dict[str, list[tuple[int, float]]], summary: dict[str, Any],
                   artifacts: list[Path], status: str) -> str:
