@@ -93,7 +93,8 @@ class Tracker:
         self._mlflow = mlflow
         try:
             exp = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(experiment)
+            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
+                experiment, artifact_location=_artifact_location(tracking_uri, experiment))
         except Exception as exc:  # MlflowException, requests errors, sqlalchemy errors
             raise BenchError(f"--tracking-uri {tracking_uri}: cannot open MLflow store: {str(exc).splitlines()[0]}") from None
 
@@ -168,6 +169,15 @@ class Tracker:
             self.client.log_batch(run_id, metrics=metrics[i:i + _MAX_BATCH], params=ps[i:i + 100] if i == 0 else [])
         for i in range(100, len(ps), 100):
             self.client.log_batch(run_id, params=ps[i:i + 100])
+
+
+def _artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """For a ``sqlite:///path/db`` store, artifacts go beside the database (``path/mlartifacts/<exp>``)
+    instead of MLflow's default under the current folder; ``None`` (server default) otherwise."""
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        return (db.resolve().parent / "mlartifacts" / experiment).as_uri()
+    return None
 
 
 def _key(k: str) -> str:

@@ -47,8 +47,10 @@ def test_smoke_sweep_against_a_real_mlflow_server_then_resume(tmp_path):
     port = free_port()
     store = f"sqlite:///{tmp_path / 'server.db'}"
     server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", store,
-                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
+                               "--artifacts-destination", str(tmp_path / "artifacts")],
+                              cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
