@@ -12,9 +12,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bench.engines.base import get_engine
-from bench.errors import BenchError
 from bench.matrix import load_matrix
-from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.optimizations import FACTOR_KEYS
 from bench.plan import Plan, make_plan
 from bench.results import check_writable
 
@@ -175,4 +174,4 @@ def main(args: argparse.Namespace) -> int:
     return 1 if any(r["status"] != "ok" for r in out.rows) else 0
 
 
-__all__ = ["add_arguments", "main", "print_plan", "BenchError", "REGISTRY"]
+__all__ = ["add_arguments", "main", "print_plan"]

@@ -39,6 +39,29 @@ def _level(key: str, value: Any) -> int:
     return value
 
 
+def parse_cell(raw: dict[str, Any], where: str = "") -> dict[str, int]:
+    """Validate a ``{factor: level}`` mapping (levels may be ints or off/on/true/false).
+
+    Args:
+        raw: the mapping from the file.
+        where: key prefix for messages (``"exclude[0]"``); empty for none.
+
+    Raises:
+        ValueError: unknown factor (with the allowed keys) or level (with the allowed levels).
+    """
+    prefix = f"{where}: " if where else ""
+    dotted = f"{where}." if where else ""
+    out: dict[str, int] = {}
+    for key, value in raw.items():
+        if key not in REGISTRY:
+            raise ValueError(f"{prefix}unknown factor {key!r} (allowed: {', '.join(FACTOR_KEYS)})")
+        try:
+            out[key] = _level(key, value)
+        except ValueError as exc:
+            raise ValueError(f"{dotted}{key}: {exc}") from None
+    return out
+
+
 class Base(BaseModel):
     """Run settings shared by every cell. Lengths in tokens, times in seconds.
 
@@ -203,22 +226,9 @@ class Matrix(BaseModel):
     @model_validator(mode="after")
     def _cells_and_excludes(self) -> "Matrix":
         if isinstance(self.design, ExplicitDesign):
-            for i, cell in enumerate(self.design.cells):
-                for key, value in cell.items():
-                    if key not in REGISTRY:
-                        raise ValueError(f"design.cells[{i}]: unknown factor {key!r} (allowed: {', '.join(FACTOR_KEYS)})")
-                    try:
-                        cell[key] = _level(key, value)
-                    except ValueError as exc:
-                        raise ValueError(f"design.cells[{i}].{key}: {exc}") from None
+            self.design.cells = [parse_cell(c, f"design.cells[{i}]") for i, c in enumerate(self.design.cells)]
         for i, rule in enumerate(self.exclude):
-            for key, value in rule.when.items():
-                if key not in REGISTRY:
-                    raise ValueError(f"exclude[{i}]: unknown factor {key!r} (allowed: {', '.join(FACTOR_KEYS)})")
-                try:
-                    rule.when[key] = _level(key, value)
-                except ValueError as exc:
-                    raise ValueError(f"exclude[{i}].{key}: {exc}") from None
+            rule.when = parse_cell(rule.when, f"exclude[{i}]")
         return self
 
     def fingerprint(self) -> str:

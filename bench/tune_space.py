@@ -40,8 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bench.errors import BenchError
-from bench.matrix import Base, Matrix, _level, format_validation_error
-from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.matrix import Base, Matrix, format_validation_error, parse_cell
 
 #: searchable parameter (verl's name) -> the matrix ``base`` field that carries it into a run
 PARAMS: dict[str, str] = {
@@ -125,14 +124,7 @@ class TuneBlock(BaseModel):
             return {}
         if not isinstance(raw, dict):
             raise ValueError("expected a mapping of factor -> level")
-        out: dict[str, int] = {}
-        for key, value in raw.items():
-            if key not in REGISTRY:
-                raise ValueError(f"unknown factor {key!r} (allowed: {', '.join(FACTOR_KEYS)})")
-            try:
-                out[key] = _level(key, value)
-            except ValueError as exc:
-                raise ValueError(f"{key}: {exc}") from None
+        out = parse_cell(raw)
         if out.get("dynamic_bsz", 1) != 1:
             raise ValueError("dynamic_bsz: must be on (the token limits only act with dynamic batch size)")
         return out
