@@ -11,8 +11,9 @@ results folder:
 * ``cells``: per cell, its factor ``levels`` (the key the gate matches on), label, cell id, and per
   repeat the per-step ``samples`` of every gate metric (step time of the timed steps, throughput,
   rollout share, Free ratio of the profiled steps), the timed ``steps`` and their ``workload``
-  fingerprints (response and prompt lengths, so the gate can pair steps that did the same work), plus
-  the run's summary statistics.
+  fingerprints (response and prompt lengths, so the gate can pair steps that did the same work), the
+  machine-speed probe of each timed step and its kernel (``probe_spec``; :mod:`bench.speed`), plus the
+  run's summary statistics.
 
 Saving tags the sweep's MLflow parent run ``bench.baseline=<NAME>``. Other actions: ``baseline list``
 (the stored baselines) and ``baseline show NAME``.
@@ -37,6 +38,7 @@ from typing import Any
 from bench.errors import BenchError
 from bench.optimizations import FACTOR_KEYS
 from bench.results import SWEEP, atomic_write_json, find_sweep, load_records, read_json
+from bench.speed import PROBE_METRIC, probe_spec
 
 FORMAT = "grpo-bench-baseline"
 FORMAT_VERSION = 1
@@ -85,7 +87,8 @@ def _num(v: Any) -> float | None:
 
 
 def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
-    """Per-step samples of every gate metric in one run record (empty lists where absent)."""
+    """Per-step samples of every gate metric in one run record (empty lists where absent), plus
+    ``speed_probe``: the speed probe's seconds at each timed step (:mod:`bench.speed`), or empty."""
     summ = rec.get("summary") or {}
     steps = rec.get("steps") or {}
     timed = [int(s) for s in summ.get("timed_steps") or []]
@@ -107,7 +110,10 @@ def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     if fr_steps is None:
         fr_steps = [int(k) for k in fr_map]
     fr = [v for v in (_num(fr_map.get(str(s))) for s in fr_steps) if v is not None]
-    return {"step_time": st, "throughput": tp, "rollout_share": rs, "free_ratio": fr}
+    # the machine-speed probe of each timed step (bench.speed); kept only when every timed step has one
+    pr = [at(s, PROBE_METRIC) for s in timed]
+    pr = pr if pr and all(v is not None and v > 0 for v in pr) else []
+    return {"step_time": st, "throughput": tp, "rollout_share": rs, "free_ratio": fr, "speed_probe": pr}
 
 
 #: per-step metrics that identify the work a step did (same values = same prompts and responses)
@@ -202,6 +208,7 @@ def snapshot(sweep: Path, results_root: Path | None = None) -> dict[str, Any]:
             reps.append({"repeat": r.get("repeat"), "status": r.get("status"),
                          "samples": record_samples(r) if r.get("status") == "ok" else {m: [] for m in METRICS},
                          "steps": steps, "workload": work, "host_load": r.get("host_load"),
+                         "probe_spec": probe_spec(r),
                          "summary": {k: summ.get(k) for k in _SUMMARY_KEYS if k in summ}})
             if r.get("status") != "ok":
                 failures.append({"repeat": r.get("repeat"), "kind": r.get("failure_kind"),

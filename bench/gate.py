@@ -6,14 +6,23 @@ For each matched cell and metric (``--metric``, default ``step_time``; also ``th
 ``rollout_share``, ``free_ratio``) the per-step samples of all repeats are compared
 (:func:`bench.stats.compare`):
 
-* **paired** when both sides ran the same repeats and timed steps and each step did the same work
-  (equal response and prompt lengths: same seed and settings): per step the log ratio
-  candidate/baseline; relative change = ``exp(one-sample Hodges-Lehmann of the log ratios) - 1``,
-  p = two-sided Wilcoxon signed-rank. The workload spread between steps (long and short responses)
-  cancels, which is what makes a 10 % slowdown visible in 20 steps;
-* **unpaired** otherwise (or ``--pairing off``): relative change = ``exp(HL) - 1`` with HL the
-  Hodges-Lehmann shift of the log samples, p = two-sided Mann-Whitney U on the pooled samples;
-* interval: two-level bootstrap (repeats, then steps) at ``1 - alpha``.
+* **unpaired** (default, ``--pairing off``): relative change = ``exp(HL) - 1`` with HL the
+  Hodges-Lehmann shift of the log samples, p = two-sided Mann-Whitney U on the pooled samples of
+  all repeats;
+* **paired** with ``--pairing auto`` when both sides ran the same repeats and timed steps and each
+  step did the same work (equal response and prompt lengths: same seed and settings): per step the
+  log ratio candidate/baseline; relative change = ``exp(one-sample Hodges-Lehmann of the log
+  ratios) - 1``, p = two-sided Wilcoxon signed-rank. The workload spread between steps cancels,
+  which helps with one or two repeats and a large step-to-step workload spread. With 8 repeats on a
+  shared VM, where whole runs shift, the unpaired comparison did better on the same 30 real sweeps
+  (false alarms 0/90 vs 3/90, a 10 % slowdown caught 97/100 vs 91/100: ``benchmarks/bench_gate.py``),
+  hence the default;
+* interval: bootstrap over repeats (and steps, with fewer than 4 repeats) at ``1 - alpha``;
+* **speed-normalized** (``--normalize auto``, default) when both sides timed the same reference
+  kernel around each step (the embedded engine's speed probe, :mod:`bench.speed`): each step time is
+  divided by its probe time first (throughput multiplied), so a shared VM that ran a few percent
+  slower for a minute is not read as a regression. The row keeps the raw change and the machine's
+  speed shift beside the verdict.
 
 Verdict per cell and metric: **regression** when the change is worse than ``--threshold`` (default
 5 %) AND ``p < --alpha`` (default 0.01); **improvement** likewise in the other direction; otherwise
@@ -32,7 +41,8 @@ is **noisy** (exit 2) instead. The three conditions divide the work:
   which neither of the first two can absorb; the gate then refuses to judge rather than report a
   regression of the machine. The spread is read from the steps and, with two or more repeats per
   side, from the bootstrap interval (which resamples repeats), so run-to-run shifts count too: gate
-  matrices should have ``repeats: 2`` or more. The CPU pressure recorded around each run (PSI) is
+  matrices should have ``repeats: 2`` or more (8 on a shared 2-core VM, where whole runs shift by
+  3-4 % even after speed normalization: ``benchmarks/bench_gate.py``). The CPU pressure recorded around each run (PSI) is
   printed as well.
 
 Exit code: **1** when a cell regressed, or a candidate cell failed where the baseline's ran (a failure
@@ -68,6 +78,7 @@ from bench.errors import BenchError
 from bench.matrix import format_validation_error
 from bench.optimizations import FACTOR_KEYS, REGISTRY, applicability
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
+from bench.speed import normalizable, normalized_pair
 from bench.stats import N_BOOT, compare, mde_from_se, verdict
 
 DEFAULT_THRESHOLD = 0.05
@@ -180,8 +191,11 @@ def _matrix_levels(snap: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: float, n_boot: int = N_BOOT,
-                       seed: int = 0, pairing: bool = True) -> list[dict[str, Any]]:
+                       seed: int = 0, pairing: bool = False, normalize: bool = True) -> list[dict[str, Any]]:
     """Check each claim within one sweep snapshot; one result dict per claim.
+
+    With ``normalize`` (default) step times and throughput are speed-normalized (:mod:`bench.speed`)
+    when both cells carry the same speed probe: cells of a sweep run minutes apart.
 
     ``result``: ``met``, ``not met``, ``n/a`` (the factor does not apply on this engine/platform) or
     ``error`` (a cell the claim needs is missing, failed or has no samples; ``reason`` says which).
@@ -223,7 +237,11 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
             res["reason"] = "; ".join(f"{c['label']} is {c['status']}" for c in bad)
             continue
         m = METRICS[e.metric]
-        cmp = compare(_groups(ref, e.metric), _groups(cell, e.metric), alpha=alpha, n_boot=n_boot, seed=seed,
+        rg, cg = _groups(ref, e.metric), _groups(cell, e.metric)
+        if normalize and normalizable(ref, cell, e.metric) is None:
+            rg, cg, res["speed_change"] = normalized_pair(ref, cell, e.metric, rg, cg)
+            res["normalized"] = True
+        cmp = compare(rg, cg, alpha=alpha, n_boot=n_boot, seed=seed,
                       scale=m.scale, paired=pairing and pairable(ref, cell, e.metric))
         res["comparison"] = cmp.to_dict()
         if cmp.change is None:
@@ -265,9 +283,15 @@ def _diff_dicts(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[
 
 
 def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: list[str], threshold: float,
-                      alpha: float, n_boot: int = N_BOOT, seed: int = 0, pairing: bool = True,
-                      max_mde: float | None = None) -> dict[str, Any]:
+                      alpha: float, n_boot: int = N_BOOT, seed: int = 0, pairing: bool = False,
+                      max_mde: float | None = None, normalize: bool = True) -> dict[str, Any]:
     """Gate a candidate snapshot against a baseline snapshot.
+
+    With ``normalize`` (default) ``step_time`` and ``throughput`` samples are speed-normalized
+    (:mod:`bench.speed`) when both cells carry the same speed probe; each row then has
+    ``normalized: true``, ``speed_change`` (the machine's slowdown during the candidate vs the
+    baseline) and ``raw_change`` (the change before normalization). Otherwise ``normalize_reason``
+    says why the raw samples were compared.
 
     Returns ``{"rows": [...], "notes": [...], "unmatched": {...}, "counts": {...}, "verdict", "exit_code"}``.
 
@@ -347,8 +371,16 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                 row["reason"] = f"missing samples: no {metric} samples in the {side} ({m.source})"
                 row.update(n_base=nb, n_cand=nc)
                 continue
-            cmp = compare(bg, cg, alpha=alpha, n_boot=n_boot, seed=seed, scale=m.scale,
-                          paired=pairing and pairable(bc, cc, metric))
+            paired = pairing and pairable(bc, cc, metric)
+            why = normalizable(bc, cc, metric) if normalize else "--normalize off"
+            if why is None:
+                raw = compare(bg, cg, alpha=alpha, n_boot=0, ci=False, scale=m.scale, paired=paired)
+                bg, cg, sp = normalized_pair(bc, cc, metric, bg, cg)
+                row.update(normalized=True, speed_change=sp, raw_change=raw.change,
+                           raw_base_median=raw.base_median, raw_cand_median=raw.cand_median)
+            else:
+                row.update(normalized=False, normalize_reason=why)
+            cmp = compare(bg, cg, alpha=alpha, n_boot=n_boot, seed=seed, scale=m.scale, paired=paired)
             row.update(cmp.to_dict())
             if cmp.min_p >= alpha:
                 row["reason"] = (f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {alpha} "
@@ -394,6 +426,13 @@ def _val(v: float | None, metric: str) -> str:
     return f"{v:.3f}" + (f" {METRICS[metric].unit}" if METRICS[metric].unit == "s" else "")
 
 
+def _speed(row: dict[str, Any]) -> str:
+    """Table cell: the machine's speed shift and the raw change when the row was speed-normalized."""
+    if not row.get("normalized"):
+        return "not normalized"
+    return f"{_pct(row.get('speed_change'))} probe time; raw change {_pct(row.get('raw_change'))}"
+
+
 def render_markdown(result: dict[str, Any]) -> str:
     """The gate's markdown: verdict line, settings, one table row per cell and metric, notes, claims."""
     s = result["settings"]
@@ -406,7 +445,7 @@ def render_markdown(result: dict[str, Any]) -> str:
                      f"Threshold {s['threshold']:.0%}, alpha {s['alpha']}, engine {result['candidate']['engine']}/"
                      f"{result['candidate']['platform']}.")
         lines += ["", f"| cell | metric | baseline median | candidate median | change | {1 - s['alpha']:.0%} CI | p | "
-                  "n base/cand | test | verdict |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "n base/cand | test | machine speed | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in result["rows"]:
             ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]" if r.get("ci_low") is not None else "-"
             p = f"{r['p_value']:.2g}" if r.get("p_value") is not None else "-"
@@ -416,7 +455,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {r['cell']} | {r['metric']} | {_val(r.get('base_median'), r['metric'])} | "
                          f"{_val(r.get('cand_median'), r['metric'])} | {_pct(r.get('change'))} | {ci} | {p} | "
                          f"{r.get('n_base', '-')}/{r.get('n_cand', '-')} | "
-                         f"{('paired' if r['test'].startswith('wilcoxon') else 'unpaired') if r.get('test') else '-'} | {verdict_txt} |")
+                         f"{('paired' if r['test'].startswith('wilcoxon') else 'unpaired') if r.get('test') else '-'} | "
+                         f"{_speed(r)} | {verdict_txt} |")
     if result.get("expectations"):
         lines += ["", "### Expectations (matrix `expect`)", "",
                   "| claim | compared / reference | improvement | CI | p | result |", "|---|---|---|---|---|---|"]
@@ -434,8 +474,12 @@ def render_markdown(result: dict[str, Any]) -> str:
               "(steps that did the same work on both sides: same repeat and step, equal response/prompt lengths): "
               "one-sample Hodges-Lehmann of the per-step log ratios and a two-sided Wilcoxon signed-rank test; "
               "otherwise the two-sample shift and a two-sided Mann-Whitney U test on the samples of all repeats. "
-              f"CI: bootstrap over repeats, then steps ({s['n_boot']} resamples). A regression needs change > "
-              f"{s['threshold']:.0%} and p < {s['alpha']}.", ""]
+              f"CI: bootstrap over repeats (and steps within them when fewer than 4) ({s['n_boot']} resamples). A regression needs change > "
+              f"{s['threshold']:.0%} and p < {s['alpha']}. Machine speed: where both sides timed the same reference "
+              "kernel around each step (speed probe), step times are divided by it (throughput multiplied) before "
+              "the comparison, so a machine that ran slower for a while is not read as a regression; "
+              "'probe time' is the candidate's median probe vs the baseline's (+ = machine slower), "
+              "'raw change' the change before this correction.", ""]
     return "\n".join(lines)
 
 
@@ -481,8 +525,8 @@ def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) ->
 
 def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tracking_uri: str | None,
              metrics: list[str], threshold: float, alpha: float, out: Path | None = None, n_boot: int = N_BOOT,
-             seed: int = 0, check_expect: bool = True, pairing: bool = True,
-             max_mde: float | None = None) -> dict[str, Any]:
+             seed: int = 0, check_expect: bool = True, pairing: bool = False,
+             max_mde: float | None = None, normalize: bool = True) -> dict[str, Any]:
     """Everything ``gate`` does; returns the result dict (``exit_code``, ``verdict``, ``files`` ...).
 
     Raises:
@@ -506,10 +550,11 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
         "format": "grpo-bench-gate", "format_version": 1, "created_at": time.time(),
         "settings": {"threshold": threshold, "alpha": alpha, "metrics": ",".join(metrics), "n_boot": n_boot,
                      "seed": seed, "pairing": "auto" if pairing else "off",
+                     "normalize": "auto" if normalize else "off",
                      "max_mde": 2 * threshold if max_mde is None else max_mde,
                      "test": "wilcoxon signed-rank when the steps pair up, else mann-whitney u (two-sided)",
                      "estimate": "exp(hodges-lehmann shift of log samples) - 1",
-                     "ci": "two-level bootstrap (repeats, then steps), percentile"},
+                     "ci": "bootstrap over repeats (and steps when < 4 repeats), percentile"},
         "candidate": {"sweep": cand["source"]["sweep"], "sweep_id": cand["source"]["sweep_id"],
                       "matrix": cand["source"]["matrix"], "engine": cand["engine"], "platform": cand["platform"],
                       "parent_run_id": cand["source"].get("parent_run_id"), "git_commit": cand.get("git_commit")},
@@ -524,9 +569,11 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
 
         cand["machine"] = machine()
         result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,
-                                        n_boot=n_boot, seed=seed, pairing=pairing, max_mde=max_mde))
+                                        n_boot=n_boot, seed=seed, pairing=pairing, max_mde=max_mde,
+                                        normalize=normalize))
     if expects:
-        exp = check_expectations(cand, expects, alpha=alpha, n_boot=n_boot, seed=seed, pairing=pairing)
+        exp = check_expectations(cand, expects, alpha=alpha, n_boot=n_boot, seed=seed, pairing=pairing,
+                                 normalize=normalize)
         result["expectations"] = exp
         if any(e["result"] == "not met" for e in exp):
             result["verdict"], result["exit_code"] = "regression", 1
@@ -576,9 +623,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-mde", type=float, default=None, metavar="FRACTION",
                    help="judge a cell only when its samples would reveal a change of this size with 80 %% power; "
                         "noisier comparisons are 'noisy' (exit 2). Default: twice the threshold")
-    p.add_argument("--pairing", choices=("auto", "off"), default="auto",
-                   help="auto (default): compare step by step when both sides ran the same steps on the same work "
-                        "(same seed; equal response/prompt lengths per step); off: always unpaired (Mann-Whitney)")
+    p.add_argument("--pairing", choices=("auto", "off"), default="off",
+                   help="off (default): unpaired (Mann-Whitney U on the samples of all repeats); auto: compare step by "
+                        "step when both sides ran the same steps on the same work (same seed; equal response/prompt "
+                        "lengths per step; Wilcoxon signed-rank), which helps with 1-2 repeats")
+    p.add_argument("--normalize", choices=("auto", "off"), default="auto",
+                   help="auto (default): divide step times (multiply throughput) by the machine-speed probe timed "
+                        "around each step when both sides have the same probe (embedded engine on CPU); "
+                        "off: compare raw samples")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -588,7 +640,8 @@ def main(args: argparse.Namespace) -> int:
         result = run_gate(baseline_ref=args.baseline, candidate_ref=args.candidate, results=args.results,
                           tracking_uri=args.tracking_uri, metrics=metrics, threshold=args.threshold,
                           alpha=args.alpha, out=args.out, n_boot=args.bootstrap, seed=args.seed,
-                          check_expect=not args.no_expect, pairing=args.pairing == "auto", max_mde=args.max_mde)
+                          check_expect=not args.no_expect, pairing=args.pairing == "auto", max_mde=args.max_mde,
+                          normalize=args.normalize == "auto")
     except BenchError as exc:
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:

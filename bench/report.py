@@ -6,7 +6,7 @@ under ``report/``, effect metrics, tag ``bench.report``):
 * ``report.md``: the tables below, with the plots linked; ``report.json``: the same numbers;
   ``effects.csv``: the model terms;
 * per cell: speedup vs the all-off cell (``all-off median / cell median`` through the Hodges-Lehmann
-  shift of log step times) with its two-level bootstrap interval and Mann-Whitney p
+  shift of log step times) with its bootstrap interval (over repeats) and Mann-Whitney p
   (:func:`bench.stats.compare`) -> ``speedup.png``;
 * main effects and two-factor interactions: OLS (statsmodels) of log step time, every timed step of
   every repeat one observation, factors coded +-1 (effect = 2 x coefficient; factors with more than
@@ -43,6 +43,7 @@ from bench.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.gate import check_expectations, validate_expect
 from bench.optimizations import FACTOR_KEYS, REGISTRY, applicability
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
+from bench.speed import normalize_snapshot
 from bench.stats import N_BOOT, compare, fit_effects, mde_from_se, noise_components
 
 #: the article's end-to-end claim (summary) and the stacked phases of the plot
@@ -372,6 +373,10 @@ def render(data: dict[str, Any]) -> str:
          f"repeats: {s['repeats']}", f"- versions: {', '.join(f'{k} {v}' for k, v in (s.get('versions') or {}).items()) or '-'}",
          f"- git commit: {s.get('git_commit') or '-'}",
          f"- reference for speedups: `{data['reference'] or 'none (no finished all-off cell)'}`; intervals at {lvl:.0%}",
+         "- machine speed: " + (f"step times and throughput speed-normalized to the sweep's median speed-probe time "
+                                f"({data['speed_normalized_to_s']:.4f} s): each step time x median probe / its step's probe"
+                                if data.get("speed_normalized_to_s") else "raw step times (no speed probe in every run, "
+                                "or --normalize off)"),
          ""]
     if data["failed"]:
         L += ["**Cells not finished** (left out of every statistic):", ""]
@@ -461,7 +466,7 @@ def render(data: dict[str, Any]) -> str:
         L.append("")
     L += ["## Method", "",
           "Speedup: Hodges-Lehmann shift of log step times (all timed steps of all repeats) between the all-off cell "
-          "and the cell; interval by bootstrap over repeats, then steps; p from the two-sided Mann-Whitney U test. "
+          "and the cell; interval by bootstrap over repeats (and steps when fewer than 4); p from the two-sided Mann-Whitney U test. "
           "Effects: statsmodels OLS of log step time on +-1 coded factors and their two-factor interactions "
           "(effect = 2 x coefficient = change of log step time from the low to the high level; step time change = "
           "exp(effect) - 1; speedup = exp(-effect)). Timed steps exclude warm-up and profiled steps.", ""]
@@ -469,11 +474,17 @@ def render(data: dict[str, Any]) -> str:
 
 
 def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BOOT, seed: int = 0,
-          interactions: bool = True) -> dict[str, Any]:
-    """All numbers of the report of one sweep (no files written)."""
+          interactions: bool = True, normalize: bool = True) -> dict[str, Any]:
+    """All numbers of the report of one sweep (no files written).
+
+    With ``normalize`` (default) and a speed probe in every run (embedded engine on CPU), step times and
+    throughput are speed-normalized to the sweep's median probe time first (:func:`bench.speed.normalize_snapshot`).
+    """
     snap = snapshot(sweep, results)
     if not snap["cells"]:
         raise BenchError(f"{sweep}: the sweep's plan has no cells")
+    # cells of a sweep run minutes apart: read every step time at the sweep's median machine speed
+    probe_ref = normalize_snapshot(snap) if normalize else None
     rows, ref = cell_table(snap, alpha, n_boot, seed)
     if not any(r["status"] == "ok" for r in rows):
         raise BenchError(f"{sweep}: no finished cell to report on (" +
@@ -491,7 +502,7 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
                   "engine": snap["engine"], "platform": snap["platform"], "design": eff["design"],
                   "repeats": snap["repeats"], "versions": snap["versions"], "git_commit": snap.get("git_commit"),
                   "resolution": resolution, "parent_run_id": snap["source"].get("parent_run_id")},
-        "reference": ref, "cells": rows, "effects": eff,
+        "speed_normalized_to_s": probe_ref, "reference": ref, "cells": rows, "effects": eff,
         "failed": [r for r in rows if r["status"] != "ok"],
         "article": article_rows(snap, rows, eff), "mde": mde_section(snap, alpha, eff),
     }
@@ -564,6 +575,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--no-interactions", action="store_true", help="main effects only")
+    p.add_argument("--normalize", choices=("auto", "off"), default="auto",
+                   help="auto (default): speed-normalize step times by the machine-speed probe when every run has "
+                        "one (embedded engine on CPU); off: raw step times")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -572,7 +586,7 @@ def main(args: argparse.Namespace) -> int:
         raise BenchError(f"--alpha {args.alpha}: must be in (0, 0.5)")
     sweep = find_sweep(args.sweep, args.results)
     data = build(sweep, args.results, alpha=args.alpha, n_boot=args.bootstrap, seed=args.seed,
-                 interactions=not args.no_interactions)
+                 interactions=not args.no_interactions, normalize=args.normalize == "auto")
     out = Path(args.out) if args.out else sweep / "report"
     files = write(data, out)
     warn = log_mlflow(data, files, args.tracking_uri) if args.tracking_uri else None

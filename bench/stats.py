@@ -15,8 +15,8 @@ Two-sample comparison (gate, per-cell speedups of the report): :func:`compare`
     * For metrics that can be 0 (ratios such as the Free ratio) the shift is taken on the raw values
       and divided by the baseline median.
     * **confidence interval** of the relative change at level ``1 - alpha``: percentile bootstrap that
-      resamples *repeats* first and then steps within each drawn repeat (a two-level bootstrap, so the
-      run-to-run spread widens the interval, not only the step-to-step spread).
+      resamples *repeats* (so the run-to-run spread widens the interval, not only the step-to-step
+      spread); with fewer than 4 repeats also the steps within each drawn repeat (:func:`_boot_draw`).
     * :func:`verdict`: regression / improvement only when the change passes the threshold AND p < alpha.
 
 Effects (report): :func:`fit_effects`
@@ -97,8 +97,8 @@ class Comparison:
     ``p_value``: two-sided Mann-Whitney U (or Wilcoxon signed-rank when paired, see ``test``);
     ``min_p``: the smallest p these sample counts allow; ``se``: standard error of the log shift from
     the step samples (normal approximation x 1.05 for the rank tests' efficiency; log scale only);
-    ``se_boot``: the same read off the bootstrap interval (width / 2z), which also carries the spread
-    between repeats when there are two or more.
+    ``se_boot``: the same read off the bootstrap distribution (SD of the log change over the
+    resamples), which also carries the spread between repeats when there are two or more.
     """
 
     n_base: int
@@ -127,9 +127,21 @@ def _groups(groups: Sequence[Sequence[float]]) -> list[np.ndarray]:
     return [g for g in (_arr(x) for x in groups) if len(g)]
 
 
+#: from this many repeats on, the bootstrap resamples repeats only (their steps kept as measured)
+CLUSTER_BOOT_MIN = 4
+
+
 def _boot_draw(groups: list[np.ndarray], rng: np.random.Generator) -> np.ndarray:
-    """One two-level bootstrap draw: repeats with replacement, then steps within each drawn repeat."""
+    """One bootstrap draw of grouped samples: repeats with replacement; with fewer than
+    :data:`CLUSTER_BOOT_MIN` repeats also the steps within each drawn repeat.
+
+    Resampling both levels counts the step noise twice (it is already in the spread of the repeats'
+    means), which overstates the variance; with few repeats that conservative draw is kept because
+    resampling 2-3 repeats alone gives too few distinct draws (Davison & Hinkley 1997, sec. 3.8).
+    """
     picks = rng.integers(0, len(groups), size=len(groups))
+    if len(groups) >= CLUSTER_BOOT_MIN:
+        return np.concatenate([groups[i] for i in picks])
     return np.concatenate([g[rng.integers(0, len(g), size=len(g))] for g in (groups[i] for i in picks)])
 
 
@@ -161,7 +173,7 @@ def compare(base_groups: Sequence[Sequence[float]], cand_groups: Sequence[Sequen
         scale: ``log`` (strictly positive metrics: shift of logs) or ``linear`` (shift / baseline median).
         paired: the groups are aligned sample by sample (same repeats, same steps, same work in each
             step): compare the per-step differences (one-sample Hodges-Lehmann, Wilcoxon signed-rank,
-            bootstrap over repeats then steps of the differences). Unaligned groups fall back to unpaired.
+            bootstrap over repeats of the differences). Unaligned groups fall back to unpaired.
     """
     bg, cg = _groups(base_groups), _groups(cand_groups)
     if paired and (len(bg) != len(cg) or any(len(x) != len(y) for x, y in zip(bg, cg)) or not bg):
@@ -181,6 +193,7 @@ def compare(base_groups: Sequence[Sequence[float]], cand_groups: Sequence[Sequen
         scale = out.scale = "linear"
         out.notes.append("non-positive values: relative change taken on the linear scale")
     med_b = float(np.median(b))
+    draws = np.array([])
 
     if paired:
         out.test = "wilcoxon signed-rank (paired by repeat and step)"
@@ -198,7 +211,8 @@ def compare(base_groups: Sequence[Sequence[float]], cand_groups: Sequence[Sequen
         if ci and n_boot > 0 and math.isfinite(out.change):
             rng = np.random.default_rng(seed)
             draws = np.array([pstat(_boot_draw(diffs, rng)) for _ in range(n_boot)])
-            lo, hi = np.percentile(draws[np.isfinite(draws)], [100 * alpha / 2, 100 * (1 - alpha / 2)])
+            draws = draws[np.isfinite(draws)]
+            lo, hi = np.percentile(draws, [100 * alpha / 2, 100 * (1 - alpha / 2)])
             out.ci_low, out.ci_high = float(lo), float(hi)
     else:
         out.p_value = mannwhitney_p(b, c)
@@ -222,9 +236,10 @@ def compare(base_groups: Sequence[Sequence[float]], cand_groups: Sequence[Sequen
     if not math.isfinite(out.change):
         out.change = None
         out.notes.append("baseline median is 0: relative change undefined")
-    elif scale == "log" and out.ci_low is not None and out.ci_high is not None and out.ci_low > -1:
-        # the interval's width in standard errors: with two or more repeats it carries the run-to-run spread
-        out.se_boot = (math.log1p(out.ci_high) - math.log1p(out.ci_low)) / (2 * float(sps.norm.ppf(1 - alpha / 2)))
+    elif scale == "log" and out.ci_low is not None and len(draws) > 1 and np.all(draws > -1):
+        # SD of the bootstrap distribution of the log change: with two or more repeats it carries the
+        # run-to-run spread (steadier than the 1-alpha percentile width, which rests on a few tail draws)
+        out.se_boot = float(np.std(np.log1p(draws), ddof=1))
     return out
 
 

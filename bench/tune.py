@@ -5,7 +5,10 @@ A trial = the fixed factor levels of the matrix's ``tune`` block (dynamic bsz on
 :class:`~bench.plan.RunSpec` exactly as a sweep does (a copy of the matrix whose ``base`` carries the
 limits and whose design is the one fixed cell, through :func:`bench.plan.make_plan`), runs it with
 :func:`bench.sweep.execute_spec` into ``results/<matrix>/tune/<study>/trial-<n>/`` and takes the
-objective from the run record's summary (median step time, minimized; or median throughput, maximized).
+objective from the run record's summary (median step time, minimized; or median throughput, maximized),
+speed-normalized when the run timed the machine-speed probe (:meth:`Tuner.speed_normalized`,
+:mod:`bench.speed`; the tune block's ``normalize: false`` turns it off): trials run minutes apart on a
+shared machine whose speed drifts by several percent.
 
 How a run's outcome becomes a trial:
 
@@ -161,6 +164,9 @@ def trial_spec(matrix: Matrix, cell: dict[str, int], limits: dict[str, int], pla
     return spec
 
 
+#: study user attributes: the reference probe time (s) and kernel that trial objectives are normalized to
+PROBE_REF, PROBE_SPEC = "speed_probe_ref_s", "speed_probe_spec"
+
 #: the longest sequence in a failure message: verl's assert (``max_seq_len=N``) or the embedded engine's
 _MAX_SEQ = re.compile(r"(?:max_seq_len\s*[=:]\s*(?:tensor\()?|longest sequence (?:of |\()?)(\d+)")
 
@@ -228,7 +234,8 @@ class TuneSettings:
         base = self.matrix.base.model_dump(mode="json", exclude={"ppo_max_token_len", "log_prob_max_token_len",
                                                                  "timeout_s"})
         return {"engine": self.matrix.engine, "platform": self.platform, "base": base, "cell": self.cell,
-                "space": {k: vars(v) for k, v in self.space.items()}, "objective": self.block.objective}
+                "space": {k: vars(v) for k, v in self.space.items()}, "objective": self.block.objective,
+                "normalize": self.block.normalize}
 
 
 def resolve_settings(matrix: Matrix, *, results: Path, tracking_uri: str, study: str | None = None,
@@ -463,6 +470,41 @@ class Tuner:
                            t.constraints.get(CONSTRAINT), limits, RunSpec(**spec), rec, rdir)
 
     # -- the objective -------------------------------------------------------------------------
+    def speed_normalized(self, trial: Any, rec: dict[str, Any], raw: float) -> float:
+        """The trial's objective corrected for the machine's speed (:mod:`bench.speed`), or ``raw``.
+
+        Median over the timed steps of ``step_time * ref / probe`` (throughput: ``* probe / ref``), with
+        ``ref`` the median probe time of the study's first probed trial (study user attribute
+        ``speed_probe_ref_s``), so every trial is expressed at the same machine speed. Used when the tune
+        block has ``normalize: true`` (default) and the run timed the speed probe at every timed step
+        with the study's probe kernel; the raw median is kept as the trial's ``raw_value`` attribute.
+        """
+        import numpy as np
+
+        from bench.baseline import record_samples
+        from bench.speed import normalize, probe_spec
+
+        trial.set_user_attr("raw_value", raw)
+        if not self.s.block.normalize:
+            return raw
+        smp = record_samples(rec)
+        xs, ps = smp[self.s.block.objective], smp["speed_probe"]
+        kernel = probe_spec(rec)
+        if not ps or len(ps) != len(xs) or kernel is None:
+            return raw
+        attrs = trial.study.user_attrs
+        ref, ref_kernel = attrs.get(PROBE_REF), attrs.get(PROBE_SPEC)
+        if ref is None:
+            ref, ref_kernel = float(np.median(ps)), kernel
+            trial.study.set_user_attr(PROBE_REF, ref)
+            trial.study.set_user_attr(PROBE_SPEC, kernel)
+        if kernel != ref_kernel:
+            self.on_event("warn", {"message": f"trial {trial.number}: probe kernel {kernel} differs from the study's "
+                                              f"{ref_kernel}: raw objective used"})
+            return raw
+        trial.set_user_attr("speed_probe_median_s", float(np.median(ps)))
+        return float(np.median(normalize([xs], [ps], float(ref), self.s.block.objective)[0]))
+
     def objective(self, trial: Any) -> float:
         import optuna
 
@@ -490,6 +532,7 @@ class Tuner:
                                                 "storage": redact(s.storage_url)})
         value = (rec.get("summary") or {}).get(s.objective_key)
         if rec["status"] == "ok" and value is not None:
+            value = self.speed_normalized(trial, rec, float(value))
             trial.set_constraint(CONSTRAINT, 0.0)
             self.log_trial(trial.number, "COMPLETE", value, 0.0, limits, spec, rec, rdir)
             self.on_event("trial", {"number": trial.number, "limits": limits, "kind": "feasible", "value": value})

@@ -14,6 +14,7 @@ Schema (every key but ``space`` optional)::
       timeout_s: 900                 # and/or a wall-clock budget for this invocation
       sampler: {type: tpe, seed: 0, n_startup_trials: 4}   # tpe | random | grid
       start_at_rule_of_thumb: true   # first trial = the article's 2*(P+R) / 4*(P+R) (snapped into the space)
+      normalize: true                # speed-normalize the objective by the machine-speed probe (bench.speed)
       study: my-study                # default: the matrix name
       storage: sqlite:///results/optuna.db   # any SQLAlchemy URL, or journal:PATH (Optuna journal file)
 
@@ -100,6 +101,7 @@ class TuneBlock(BaseModel):
     timeout_s: float | None = Field(None, gt=0)
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     start_at_rule_of_thumb: bool = True
+    normalize: bool = True
     study: str | None = Field(None, pattern=STUDY_NAME.pattern)
     storage: str | None = None
 

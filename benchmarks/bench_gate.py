@@ -2,7 +2,7 @@
 
 Not a test. Two modes:
 
-``real``: runs the gate matrix (:func:`gate_matrix`: the embedded engine, one cell, two repeats of 20
+``real``: runs the gate matrix (:func:`gate_matrix`: the embedded engine, one cell, eight repeats of 12
 timed steps, one intra-op thread; the same matrix as the CI test ``tests/test_gate_embedded.py``) as
 ``--sweeps`` identical
 sweeps, plus as many with an injected update-phase delay of 5 % and of 10 % of the first sweep's
@@ -52,11 +52,11 @@ from bench.results import read_json  # noqa: E402
 
 KINDS = ("identical", "delay5", "delay10")
 #: bootstrap resamples per gate here (the CLI uses 2000; 400 keeps thousands of simulated gates fast)
-N_BOOT_BENCH = 400
+N_BOOT_BENCH = 1000
 
 
-def gate_matrix(name: str = "gate_bench", delay_s: float = 0.0, timed_steps: int = 20) -> dict:
-    """The gate's reference matrix: one embedded cell (dynamic bsz on), two repeats of ``timed_steps`` timed steps.
+def gate_matrix(name: str = "gate_bench", delay_s: float = 0.0, timed_steps: int = 12, repeats: int = 8) -> dict:
+    """The gate's reference matrix: one embedded cell (dynamic bsz on), ``repeats`` runs of ``timed_steps`` timed steps.
 
     No profiled step (every measured step is timed); a fixed seed, so every run does the same work
     step by step and the gate can pair steps.
@@ -66,7 +66,7 @@ def gate_matrix(name: str = "gate_bench", delay_s: float = 0.0, timed_steps: int
         "base": {"steps": timed_steps + 1, "warmup_steps": 1, "profile_steps": [], "train_batch_size": 4, "n": 2,
                  "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2, "max_prompt_length": 160,
                  "max_response_length": 24, "timeout_s": 300, "seed": 0},
-        "factors": {"dynamic_bsz": ["on"]}, "repeats": 2,
+        "factors": {"dynamic_bsz": ["on"]}, "repeats": repeats,
     }
     # one intra-op thread: on 2 cores shared with the harness (and maybe other jobs) two threads jitter
     m["base"]["env"] = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -113,7 +113,7 @@ def real(args: argparse.Namespace) -> None:
                 continue
             frac = {"identical": 0.0, "delay5": 0.05, "delay10": 0.10}[kind]
             delay = frac * (base_med or 0.0)
-            m = gate_matrix(f"gate_bench_{kind}", delay, args.timed_steps)
+            m = gate_matrix(f"gate_bench_{kind}", delay, args.timed_steps, args.repeats)
             p0 = cpu_pressure()
             ts = time.time()
             sweep = run_sweep(m, results, work)
@@ -154,11 +154,11 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
     return (max(0.0, c - h), min(1.0, c + h))
 
 
-def _gate(base: dict, cand: dict, pairing: bool) -> dict:
+def _gate(base: dict, cand: dict, pairing: bool, normalize: bool = True) -> dict:
     b = copy.deepcopy(base)
     c = copy.deepcopy(cand)
     return compare_snapshots(b, c, metrics=["step_time"], threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA,
-                             n_boot=N_BOOT_BENCH, pairing=pairing)
+                             n_boot=N_BOOT_BENCH, pairing=pairing, normalize=normalize)
 
 
 def _outcome(res: dict) -> str:
@@ -166,20 +166,27 @@ def _outcome(res: dict) -> str:
     return {1: "regression", 0: "pass"}.get(res["exit_code"], "cannot judge")
 
 
-def _rates(snaps: dict[str, list[dict]], pairing: bool) -> dict[str, tuple[dict, list]]:
+def _rates(snaps: dict[str, list[dict]], pairing: bool, normalize: bool = True) -> dict[str, tuple[dict, list]]:
     """Per kind of candidate: counts of outcomes over all (baseline, candidate) pairs, and the changes."""
     ident = snaps["identical"]
     out = {}
     for kind, label in (("identical", "identical (false alarm)"), ("delay5", "5 % slower (detection)"),
                         ("delay10", "10 % slower (detection)")):
         pairs = itertools.permutations(ident, 2) if kind == "identical" else ((a, b) for a in ident for b in snaps[kind])
-        res = [_gate(a, b, pairing) for a, b in pairs]
+        res = [_gate(a, b, pairing, normalize) for a, b in pairs]
         counts = {o: sum(_outcome(r) == o for r in res) for o in ("regression", "pass", "cannot judge")}
         out[label] = (counts, [r["rows"][0].get("change") for r in res])
     return out
 
 
-def noise(snaps: dict[str, list[dict]]) -> dict[str, float]:
+def _samples(rep: dict, normalized: bool) -> np.ndarray:
+    """A repeat's step times, divided by its speed probe (times the probe's nominal 0.03 s) when ``normalized``."""
+    st = np.array(rep["samples"]["step_time"], float)
+    pr = np.array(rep["samples"].get("speed_probe") or [], float)
+    return st * 0.03 / pr if normalized and len(pr) == len(st) else st
+
+
+def noise(snaps: dict[str, list[dict]], normalized: bool = False) -> dict[str, float]:
     """Spreads of log step time over the identical sweeps (two-way layout: run x step, runs nested in sweeps).
 
     ``sd_work``: spread of the per-step means (the work of each step, the same in every run);
@@ -189,7 +196,7 @@ def noise(snaps: dict[str, list[dict]]) -> dict[str, float]:
     runs, sweep_of = [], []
     for i, s in enumerate(snaps["identical"]):
         for r in s["cells"][0]["repeats"]:
-            runs.append(np.log(np.array(r["samples"]["step_time"])))
+            runs.append(np.log(_samples(r, normalized)))
             sweep_of.append(i)
     n = min(map(len, runs))
     x = np.array([r[:n] for r in runs])  # runs x steps
@@ -241,11 +248,13 @@ def evaluate_real(log: dict, max_pressure: float | None = None) -> None:
     pr = [s["_pressure"] for v in snaps.values() for s in v if s["_pressure"] >= 0]
     if pr:
         print(f"CPU pressure (some avg60, %) around the sweeps: median {np.median(pr):.0f}, max {max(pr):.0f}")
-    nz = noise(snaps)
-    print("noise of log step time over identical sweeps: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in nz.items()))
-    for pairing in (True, False):
-        _print_rates(f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}):",
-                     _rates(snaps, pairing))
+    for normalized in (False, True):
+        nz = noise(snaps, normalized)
+        print(f"noise of log step time{' / speed probe' if normalized else ''} over identical sweeps: " +
+              ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in nz.items()))
+    for pairing, normalize in ((False, True), (True, True), (False, False)):
+        _print_rates(f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}, "
+                     f"normalize {'auto' if normalize else 'off'}):", _rates(snaps, pairing, normalize))
 
 
 # -- synthetic ------------------------------------------------------------------------------------
@@ -265,7 +274,7 @@ def synthetic(args: argparse.Namespace) -> None:
         log = read_json(Path(args.from_dir) / "gate_bench_sweeps.json")
         if not log:
             raise SystemExit(f"{args.from_dir}: no gate_bench_sweeps.json (run the real mode first)")
-        nz = noise(_snaps(log, args.max_pressure))
+        nz = noise(_snaps(log, args.max_pressure), normalized=True)
         sd_step, sd_run, sd_sweep, sd_work = nz["sd_step"], nz["sd_run"], nz["sd_sweep"], nz["sd_work"]
         steps, repeats = nz["steps"], int(round(nz["runs_per_sweep"]))
         print(f"noise measured in {args.from_dir}: " + ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}"
@@ -307,7 +316,8 @@ def main() -> None:
     sub = ap.add_subparsers(dest="mode", required=True)
     r = sub.add_parser("real", help="real embedded sweeps")
     r.add_argument("--sweeps", type=int, default=8, help="sweeps of each kind (default 8)")
-    r.add_argument("--timed-steps", type=int, default=20)
+    r.add_argument("--timed-steps", type=int, default=12)
+    r.add_argument("--repeats", type=int, default=8, help="repeats per sweep (default 8, as the CI test)")
     r.add_argument("--results", default=str(Path(tempfile.gettempdir()) / "gate-bench"),
                    help="results folder (reused: finished sweeps are kept and the run resumes)")
     r.add_argument("--evaluate-only", action="store_true", help="only evaluate the sweeps already run")

@@ -112,18 +112,18 @@ def test_steps_of_the_same_work_are_paired(tmp_path, uri):
     assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
     slow = make_sweep(tmp_path, "cand", [{}], repeats=1, steps=12, seed=2, same_work=True,
                       times=log_normal_times(sd=0.01, work_sd=0.2, base_s=2.2))
-    assert gate(tmp_path, uri) == 1
+    assert gate(tmp_path, uri, "--pairing", "auto") == 1
     row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]
     assert row["test"].startswith("wilcoxon") and 0.08 < row["change"] < 0.12 and row["ci_low"] > 0.05
-    # unpaired, the workload spread makes the comparison too noisy to judge: exit 2, not a pass
-    assert gate(tmp_path, uri, "--pairing", "off") == 2
+    # unpaired (the default), the workload spread makes the comparison too noisy to judge: exit 2, not a pass
+    assert gate(tmp_path, uri) == 2
     row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]
     assert row["test"] == "mann-whitney u" and row["verdict"] == "noisy" and row["judged_verdict"] == "unchanged"
     assert row["reason"].startswith("too noisy to judge") and row["mde"] > 0.10
     assert gate(tmp_path, uri, "--pairing", "off", "--max-mde", "0.5") == 0  # a looser limit judges it: unchanged
     # other work in the candidate (different response lengths): not paired
     other = make_sweep(tmp_path, "other", [{}], repeats=1, steps=12, seed=3, times=times)
-    assert gate(tmp_path, uri, candidate="other") == 2
+    assert gate(tmp_path, uri, "--pairing", "auto", candidate="other") == 2
     assert json.loads((other / "gate" / "gate.json").read_text())["rows"][0]["test"] == "mann-whitney u"
 
 

@@ -1,7 +1,7 @@
 """Acceptance of the gate on real embedded GRPO sweeps (issue 6): a slowdown of about 10 % of a step,
 injected as a sleep inside the update phase, is caught (exit 1); an identical rerun passes (exit 0).
 
-One cell, two repeats of 20 timed steps per sweep (the matrix of ``benchmarks/bench_gate.py``, whose
+One cell, eight repeats of 12 timed steps per sweep (the matrix of ``benchmarks/bench_gate.py``, whose
 real mode measures the false-alarm and detection rates of exactly this setup); three sweeps in all.
 """
 
@@ -16,14 +16,14 @@ import yaml
 from bench.cli import main
 
 
-def gate_matrix(name: str, delay_s: float = 0.0, timed_steps: int = 20) -> dict:
-    """Same as ``benchmarks/bench_gate.py:gate_matrix``: one embedded cell, two repeats, every measured step timed."""
+def gate_matrix(name: str, delay_s: float = 0.0, timed_steps: int = 12, repeats: int = 8) -> dict:
+    """Same as ``benchmarks/bench_gate.py:gate_matrix``: one embedded cell, eight repeats, every measured step timed."""
     m = {
         "name": name, "engine": "embedded", "platform": "cpu",
         "base": {"steps": timed_steps + 1, "warmup_steps": 1, "profile_steps": [], "train_batch_size": 4, "n": 2,
                  "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2, "max_prompt_length": 160,
                  "max_response_length": 24, "timeout_s": 300, "seed": 0},
-        "factors": {"dynamic_bsz": ["on"]}, "repeats": 2,
+        "factors": {"dynamic_bsz": ["on"]}, "repeats": repeats,
     }
     # one intra-op thread: on 2 cores shared with the harness (and maybe other jobs) two threads jitter
     m["base"]["env"] = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
@@ -40,22 +40,22 @@ def cpu_pressure() -> str:
         return "unknown"
 
 
-def skip_if_too_noisy(rc: int, row: dict) -> None:
-    """Skip (with the reason) when the gate itself refused to judge: the runs scattered too much.
-
-    When runs of the same cell differ by about as much as the slowdown to find (other jobs on the
-    CPUs; on a shared 2-core VM even a quiet one: about 9 % from one run to the next, measured by
-    benchmarks/bench_gate.py), the gate answers exit 2 "too noisy to judge" instead of a verdict. That
-    refusal is what it should do (the statistics are covered by tests/test_gate.py); this test then has
-    nothing to show. Any other outcome is asserted.
-    """
-    if rc == 2 and row.get("verdict") == "noisy":
-        pytest.skip(f"runs too scattered to time a 10 % slowdown here: {row['reason'][:110]}; "
-                    f"CPU pressure {cpu_pressure()}")
+#: sweeps per claim: one, plus one confirmation when the first verdict is wrong (see the test's docstring)
+ATTEMPTS = 2
 
 
 @pytest.mark.slow
 def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
+    """A 10 % slowdown exits 1 and an identical rerun exits 0, each on real embedded sweeps.
+
+    Measured with exactly this matrix (``benchmarks/bench_gate.py real``, 5 + 5 + 5 sweeps on the
+    development VM): the gate flags an identical rerun in about 5-10 % of pairs and misses a 10 %
+    slowdown in about 0-4 % (see README). A CI check with those odds would be red about one run in
+    ten for no reason, so each claim gets one confirmation sweep when its first verdict is wrong, as
+    a performance engineer would rerun before believing either; both sweeps must be wrong (odds
+    about 0.5 %) for the test to fail. The gate's verdict logic itself is covered by tests/test_gate.py
+    and tests/test_speed.py on synthetic samples.
+    """
     results = tmp_path / "results"
     common = ["--results", str(results), "--tracking-uri", f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"]
 
@@ -64,28 +64,42 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
         path.write_text(yaml.safe_dump(matrix, sort_keys=False))
         return main(["run", str(path), *extra, *common])
 
+    def gate(name: str) -> tuple[int, dict]:
+        rc = main(["gate", "--baseline", "ci", "--candidate", name, *common])
+        return rc, json.loads((results / name / "latest" / "gate" / "gate.json").read_text())
+
     assert run(gate_matrix("gate_ci")) == 0
     assert main(["baseline", "save", "gate_ci", "--name", "ci", *common]) == 0
     base = json.loads((results / "baselines" / "ci.json").read_text())
     samples = [t for r in base["cells"][0]["repeats"] for t in r["samples"]["step_time"]]
-    assert len(samples) == 40
+    assert len(samples) == 96
+    probes = [p for r in base["cells"][0]["repeats"] for p in r["samples"]["speed_probe"]]
+    assert len(probes) == 96 and all(0 < p < 1 for p in probes)
     delay = 0.10 * float(np.median(samples))
 
     # candidate: the same cell with the update phase slowed by ~10 % of a step
-    assert run(gate_matrix("gate_ci_slow", delay)) == 0
-    rc = main(["gate", "--baseline", "ci", "--candidate", "gate_ci_slow", *common])
-    verdict = json.loads((results / "gate_ci_slow" / "latest" / "gate" / "gate.json").read_text())
-    row = verdict["rows"][0]
-    skip_if_too_noisy(rc, row)
-    assert rc == 1 and row["verdict"] == "regression" and row["change"] > 0.05, (
-        f"injected {delay:.3f} s (10 % of a step) not caught: {row}; CPU pressure {cpu_pressure()} "
-        "(the gate needs a machine that other jobs leave mostly idle; see benchmarks/bench_gate.py)")
+    seen = []
+    for attempt in range(ATTEMPTS):
+        assert run(gate_matrix("gate_ci_slow", delay), *(["--force"] if attempt else [])) == 0
+        rc, verdict = gate("gate_ci_slow")
+        row = verdict["rows"][0]
+        seen.append((rc, row["verdict"], row.get("change"), row.get("raw_change"), row.get("speed_change")))
+        if rc == 1:
+            break
+    assert rc == 1 and row["verdict"] == "regression" and row["change"] > 0.05 and row["normalized"], (
+        f"injected {delay:.3f} s (10 % of a step) not caught in {ATTEMPTS} sweeps: "
+        f"(exit, verdict, change, raw change, machine) = {seen}; CPU pressure {cpu_pressure()}")
     assert "update_delay_s" in " ".join(verdict["notes"])
 
     # an identical rerun of the baseline's matrix passes
-    assert run(gate_matrix("gate_ci"), "--force") == 0
-    rc = main(["gate", "--baseline", "ci", "--candidate", "gate_ci", *common])
-    verdict = json.loads((results / "gate_ci" / "latest" / "gate" / "gate.json").read_text())
-    skip_if_too_noisy(rc, verdict["rows"][0])
-    assert rc == 0, f"identical rerun flagged: {verdict['rows']}; CPU pressure {cpu_pressure()}"
-    assert verdict["rows"][0]["verdict"] in ("unchanged", "improvement")
+    seen = []
+    for attempt in range(ATTEMPTS):
+        assert run(gate_matrix("gate_ci"), "--force") == 0
+        rc, verdict = gate("gate_ci")
+        row = verdict["rows"][0]
+        seen.append((rc, row["verdict"], row.get("change"), row.get("raw_change"), row.get("speed_change")))
+        if rc == 0:
+            break
+    assert rc == 0 and row["verdict"] in ("unchanged", "improvement"), (
+        f"identical rerun flagged in {ATTEMPTS} sweeps: (exit, verdict, change, raw change, machine) = {seen}; "
+        f"CPU pressure {cpu_pressure()}")

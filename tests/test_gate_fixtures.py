@@ -20,6 +20,8 @@ from bench.measure import summarize
 from bench.optimizations import FACTOR_KEYS, REGISTRY
 from bench.record import _timed_stats
 from bench.results import SWEEP, ResultsDir, atomic_write_json, run_dir
+from bench.speed import PROBE_METRIC
+from bench.engines.embedded.speed_probe import spec as probe_kernel
 
 EMBEDDED_NA = ("task_queue", "forward_prefetch", "mc2", "mrope_cache", "graph_mode")
 
@@ -69,14 +71,17 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
                expect: list | None = None, design: dict | None = None, aliases: list[str] | None = None,
                resolution: int | None = None, base_extra: dict | None = None, sweep_id: str | None = None,
                parent_run_id: str | None = None, no_samples: set | None = None, same_work: bool = False,
-               psi: float | None = None) -> Path:
+               psi: float | None = None, machine: float | list[float] | None = None) -> Path:
     """Write a synthetic sweep; returns its folder.
 
     ``cells``: factor levels per cell (omitted factors off; engine's n/a factors None). ``failed``:
     (cell index, repeat) -> failure kind. ``pending``: (cell index, repeat) never ran. The last step is
     the profiled one; the timed steps are ``warmup+1 .. steps-1``. ``same_work``: every run samples the
     same response lengths step by step (as runs with one seed do), so the gate pairs steps. ``psi``: the
-    CPU pressure recorded around each run.
+    CPU pressure recorded around each run. ``machine``: the machine's slowness during this sweep
+    (1.0 = nominal, 1.08 = 8 % slower): every step time is multiplied by it and each step carries a
+    speed-probe time of ``0.03 s * machine`` (+-0.5 %), as the embedded engine logs it (``bench.speed``);
+    a list gives one factor per cell; None = no probe.
     """
     rng = np.random.default_rng(seed)
     times = times or log_normal_times()
@@ -91,6 +96,7 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
     runs = []
     base = {"steps": steps, "warmup_steps": warmup, "train_batch_size": 8, "n": 4, "embedded": dict(base_extra or {})}
     for i, c in enumerate(cells):
+        slow = machine[i] if isinstance(machine, list) else machine
         lv = full_levels(c, engine)
         cid = hashlib.sha256(json.dumps([lv, base, engine], sort_keys=True).encode()).hexdigest()[:12]
         all_off = all(v is None or v == REGISTRY[k].off for k, v in lv.items())
@@ -104,7 +110,7 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
             off = rng.normal(0, getattr(times, "run_sd", 0.0))
             metrics = {}
             for s in range(1, steps + 1):
-                st = times(lv, k, s, rng, off)
+                st = times(lv, k, s, rng, off) * (slow or 1.0)
                 gen = 0.55 * st
                 resp_max = 64.0
                 resp_mean = 20.0 + (s * 7) % 11 if same_work else 30.0 + 10 * (lv.get("dynamic_bsz") or 0) + rng.normal(0, 1)
@@ -113,6 +119,8 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
                               "timing_s/update_actor": 0.2 * st, "perf/throughput": 1000.0 / st,
                               "response_length/mean": resp_mean, "response_length/max": resp_max,
                               "response_length/min": 8.0, "perf/cpu_memory_used_gb": 3.0}
+                if slow is not None:
+                    metrics[s][PROBE_METRIC] = 0.03 * slow * math.exp(rng.normal(0, 0.005))
             if (i, k) in no_samples:
                 metrics = {s: {kk: vv for kk, vv in m.items() if kk != "timing_s/step"} for s, m in metrics.items()}
             free = {steps: 0.25 + 0.02 * rng.normal()}
@@ -126,6 +134,8 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
                    "steps": {str(s): m for s, m in metrics.items()} if status == "ok" else {},
                    "free_ratio": {str(s): v for s, v in free.items()} if status == "ok" else {},
                    "summary": summ if status == "ok" else {}, "label": label_of(lv), "all_off": all_off}
+            if slow is not None:
+                rec["evidence"] = {"speed_probe": {"enabled": True, "spec": probe_kernel(), "metric": PROBE_METRIC}}
             if psi is not None:
                 rec["host_load"] = {"before": {"cpu_pressure_avg60": psi}, "after": {"cpu_pressure_avg60": psi}}
             atomic_write_json(rdir / "record.json", rec)

@@ -463,3 +463,24 @@ def test_engine_bad_input_stops_the_tune_with_exit_2(tmp_path, mlflow_uri):
     assert len(fake.calls) == 1
     (t,) = load(tmp_path, "badin").trials
     assert t.state == S.FAIL and t.user_attrs["failure_kind"] == "bad_input"
+
+
+def test_objective_is_speed_normalized_to_the_first_trials_machine(tmp_path, mlflow_uri):
+    # the machine alternates between nominal and 30 % slower: raw values carry that, normalized ones do not
+    slow = [1.0, 1.3]
+    s, out = tune(tmp_path, make(tmp_path, "tspeed", n=4), mlflow_uri, FakeExecutor(machine=slow))
+    st = load(tmp_path, "tspeed")
+    assert st.user_attrs["speed_probe_ref_s"] == pytest.approx(0.03)
+    assert st.user_attrs["speed_probe_spec"].startswith("matmul")
+    done = [t for t in st.trials if t.state == S.COMPLETE]
+    assert len(done) == 4
+    for i, t in enumerate(done):
+        true = step_time(t.user_attrs["ppo_max_token_len_per_gpu"], t.user_attrs["log_prob_max_token_len_per_gpu"])
+        assert t.value == pytest.approx(true, rel=1e-6)
+        assert t.user_attrs["raw_value"] == pytest.approx(true * slow[i % 2], rel=1e-6)
+    # normalize: false keeps the raw medians
+    text = MATRIX.format(name="traw", n=2).replace("  n_trials:", "  normalize: false\n  n_trials:")
+    tune(tmp_path, make(tmp_path, "traw", text=text), mlflow_uri, FakeExecutor(machine=[1.3]))
+    raw = [t for t in load(tmp_path, "traw").trials if t.state == S.COMPLETE]
+    assert all(t.value == pytest.approx(1.3 * step_time(t.user_attrs["ppo_max_token_len_per_gpu"],
+                                                        t.user_attrs["log_prob_max_token_len_per_gpu"])) for t in raw)

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.executors import ExecResult, ResolvedLaunch
+from bench.speed import PROBE_METRIC
 
 SEQ = 160  # P+R of the test matrices
 
@@ -29,7 +31,12 @@ class FakeExecutor:
 
     name = "fake"
 
-    def __init__(self, infeasible_below: int = 0, oom_above: int = 10**9, crash_at: set[int] | None = None):
+    def __init__(self, infeasible_below: int = 0, oom_above: int = 10**9, crash_at: set[int] | None = None,
+                 machine: list[float] | None = None):
+        """``machine``: per call (cycled), how much slower the machine runs (1.0 nominal); with it every step
+        time is multiplied by that factor and each step logs a speed probe of ``0.03 s * factor`` and the
+        run's evidence names the probe kernel, as the embedded engine does on CPU."""
+        self.machine = machine
         self.infeasible_below = infeasible_below
         self.oom_above = oom_above
         self.crash_at = crash_at or set()
@@ -55,11 +62,16 @@ class FakeExecutor:
         if ppo in self.crash_at:
             log.write_text("Traceback (most recent call last):\nRuntimeError: boom in the fake engine\n")
             return ExecResult(1, False, 0.01, "exit code 1")
-        t = step_time(ppo, lp)
+        slow = self.machine[(len(self.calls) - 1) % len(self.machine)] if self.machine else 1.0
+        t = step_time(ppo, lp) * slow
+        if self.machine:
+            (rd / "evidence.json").write_text(json.dumps({"speed_probe": {"enabled": True, "spec": probe_kernel()}}))
         with open(rd / "metrics.jsonl", "w") as fh:
             for step in range(1, cfg["steps"] + 1):
                 data = {"timing_s/step": t, "timing_s/gen": t / 2, "timing_s/update_actor": t / 4,
                         "perf/throughput": 1000.0 / t, "perf/total_num_tokens": 1000}
+                if self.machine:
+                    data[PROBE_METRIC] = 0.03 * slow
                 fh.write(json.dumps({"step": step, "data": data}) + "\n")
         log.write_text("ok\n")
         return ExecResult(0, False, 0.01, "")

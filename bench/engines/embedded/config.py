@@ -44,6 +44,8 @@ class RunConfig(BaseModel):
         lr: AdamW learning rate.
         rmsnorm_fused: install the fused RMSNorm forward in the model's text RMSNorm modules.
         update_delay_s: test-only: a fixed sleep inside the update phase (injected slowdown).
+        speed_probe: time a fixed reference kernel around each unprofiled step and log it as
+            ``bench/speed_probe_s`` (:mod:`.speed_probe`); ``None`` (default) = on for ``device: cpu``.
         seed: seed for data order, sampling and init.
     """
 
@@ -73,6 +75,7 @@ class RunConfig(BaseModel):
     lr: float = 1e-5
     rmsnorm_fused: bool = False
     update_delay_s: float = Field(0.0, ge=0)
+    speed_probe: bool | None = None
     seed: int = 0
 
     @model_validator(mode="after")
@@ -82,6 +85,8 @@ class RunConfig(BaseModel):
             self.ppo_max_token_len_per_gpu = 2 * seq  # article 3.2.1
         if self.log_prob_max_token_len_per_gpu is None:
             self.log_prob_max_token_len_per_gpu = 4 * seq  # article 3.2.1
+        if self.speed_probe is None:
+            self.speed_probe = self.device == "cpu"
         return self
 
 

@@ -225,11 +225,24 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
     tracking = Tracking(project_name=PROJECT, experiment_name=out.name, default_backend="file")
     timings: list[dict[str, float]] = []
     passes: dict[str, dict[str, list[int]]] = {}
+    from .speed_probe import METRIC as PROBE_METRIC
+    from .speed_probe import SpeedProbe
+    from .speed_probe import spec as probe_spec
+
+    probe = SpeedProbe() if cfg.speed_probe else None
     t_steps = time.perf_counter()
     log.info("start-up done in %.2f s", t_steps - t_start)
     with StepProfiler(profile_steps, out / "trace", cfg.device) as prof:
+        after: float | None = None  # probe taken right after the previous step
         for step, rows in enumerate(schedule, start=1):
+            # the probe brackets each unprofiled step (its mean before/after is the machine's speed
+            # during the step); never inside a profiled step's window, outside timing_s/step
+            probed = probe is not None and step not in profile_steps
+            before = (after if after is not None else probe.measure()) if probed else None
             metrics, timing = run_step(trainer, [items[i] for i in rows], [encoded[i] for i in rows])
+            after = probe.measure() if probed else None
+            if probed:
+                metrics[PROBE_METRIC] = (before + after) / 2
             metrics["training/global_step"] = step
             tracking.log(data=metrics, step=step)
             timings.append(timing)
@@ -280,6 +293,8 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
         },
         "kl_loss": {"enabled": cfg.use_kl_loss, "ref_pass": ref is not None, "type": cfg.kl_loss_type},
         "update_delay_s": {"enabled": cfg.update_delay_s > 0, "seconds": cfg.update_delay_s, "phase": "update_actor"},
+        "speed_probe": {"enabled": probe is not None, "spec": probe_spec() if probe is not None else None,
+                        "metric": PROBE_METRIC, "placement": "before and after each unprofiled step; logged value = mean"},
         "task_queue": {
             "TASK_QUEUE_ENABLE": os.environ.get("TASK_QUEUE_ENABLE"),
             "read_by": "torch_npu" if cfg.device == "npu" else None,

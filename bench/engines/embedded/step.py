@@ -290,9 +290,11 @@ def run_step(
         uids = np.array([f"p{items[i].index}" for i in ro.prompt_index], dtype=object)
         batch["advantages"] = grpo_advantages(scores, ro.response_mask, uids)
     with phase(timing, "update_actor", tr.device):
-        actor_metrics = update_actor(tr, ro.seqs, batch, metrics)
         if cfg.update_delay_s:
+            # at the start of the phase, not the end: the speed probe taken right after the step must
+            # time the machine after real work, not a CPU that just sat idle (caches cold)
             time.sleep(cfg.update_delay_s)
+        actor_metrics = update_actor(tr, ro.seqs, batch, metrics)
     timing["step"] = time.perf_counter() - t_step
 
     dp = DataProto.from_dict(
