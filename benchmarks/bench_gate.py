@@ -20,10 +20,12 @@ estimated from the sweeps of a ``real`` run (``--from DIR``) or given (``--sd-st
 ``--sd-sweep``, ``--sd-work``).
 Gives tight figures for a noise level and shows how the rates move with it.
 
-Both modes evaluate the gate with pairing (default) and without (``--pairing off``), at the default
-threshold (5 %) and alpha (0.01).
+The real mode evaluates the gate at its defaults (unpaired, speed-normalized: ``bench.speed``), with
+``--pairing auto``, and without normalization; the synthetic mode paired and unpaired (its samples have
+no probe); all at the default threshold (5 %) and alpha (0.01). The noise is printed raw and
+speed-normalized.
 
-    python benchmarks/bench_gate.py real --sweeps 8 --results /tmp/gate-bench
+    python benchmarks/bench_gate.py real --sweeps 5 --results /tmp/gate-bench    # ~18 min on 2 cores
     python benchmarks/bench_gate.py synthetic --from /tmp/gate-bench --trials 2000
     python benchmarks/bench_gate.py synthetic --sd-step 0.05 --sd-sweep 0.02 --trials 2000
 """

@@ -48,12 +48,12 @@ ATTEMPTS = 2
 def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
     """A 10 % slowdown exits 1 and an identical rerun exits 0, each on real embedded sweeps.
 
-    Measured with exactly this matrix (``benchmarks/bench_gate.py real``, 5 + 5 + 5 sweeps on the
-    development VM): the gate flags an identical rerun in about 5-10 % of pairs and misses a 10 %
-    slowdown in about 0-4 % (see README). A CI check with those odds would be red about one run in
-    ten for no reason, so each claim gets one confirmation sweep when its first verdict is wrong, as
+    Measured with exactly this matrix (``benchmarks/bench_gate.py real``, 10 + 10 + 10 sweeps on the
+    development VM): the gate flagged 0 of 90 identical pairs (95 % CI up to 4 %) and missed 3 of 100
+    10 % slowdowns (see README). A single-shot CI check with those odds would be red about one run in
+    twenty for no reason, so each claim gets one confirmation sweep when its first verdict is wrong, as
     a performance engineer would rerun before believing either; both sweeps must be wrong (odds
-    about 0.5 %) for the test to fail. The gate's verdict logic itself is covered by tests/test_gate.py
+    well under 1 %) for the test to fail. The gate's verdict logic itself is covered by tests/test_gate.py
     and tests/test_speed.py on synthetic samples.
     """
     results = tmp_path / "results"
