@@ -552,7 +552,8 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
                      "seed": seed, "pairing": "auto" if pairing else "off",
                      "normalize": "auto" if normalize else "off",
                      "max_mde": 2 * threshold if max_mde is None else max_mde,
-                     "test": "wilcoxon signed-rank when the steps pair up, else mann-whitney u (two-sided)",
+                     "test": ("wilcoxon signed-rank when the steps pair up, else mann-whitney u (two-sided)" if pairing
+                              else "mann-whitney u (two-sided)"),
                      "estimate": "exp(hodges-lehmann shift of log samples) - 1",
                      "ci": "bootstrap over repeats (and steps when < 4 repeats), percentile"},
         "candidate": {"sweep": cand["source"]["sweep"], "sweep_id": cand["source"]["sweep_id"],

@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.engines.embedded.speed_probe import METRIC as PROBE_METRIC  # per-step probe seconds
+from bench.engines.embedded.speed_probe import METRIC as PROBE_METRIC  # noqa: F401  (re-exported)
 
 #: gate metrics that scale with the machine's speed: +1 time-like (x * ref / p), -1 rate-like (x * p / ref)
 SPEED_SCALED = {"step_time": +1, "throughput": -1}
@@ -84,21 +84,25 @@ def normalize(groups: Sequence[Sequence[float]], probes: Sequence[Sequence[float
     return out
 
 
-def speed_change(base_cell: dict[str, Any], cand_cell: dict[str, Any]) -> float:
-    """Relative change of the median probe time, candidate vs baseline (+0.04 = machine 4 % slower)."""
-    b = np.concatenate([np.asarray(g, float) for g in probe_groups(base_cell)])
-    c = np.concatenate([np.asarray(g, float) for g in probe_groups(cand_cell)])
-    return float(np.median(c) / np.median(b) - 1.0)
-
-
 def normalized_pair(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: str,
                     base_groups: list[list[float]], cand_groups: list[list[float]]
                     ) -> tuple[list[list[float]], list[list[float]], float]:
-    """Both sides' groups normalized to the baseline's median probe; returns (base, cand, speed change)."""
+    """Both sides' groups normalized to the baseline's median probe.
+
+    Returns ``(base, cand, speed change)``; the speed change is the candidate's median probe time vs
+    the baseline's, minus 1 (+0.04 = the machine ran 4 % slower during the candidate).
+    """
     pb, pc = probe_groups(base_cell), probe_groups(cand_cell)
-    ref = float(np.median(np.concatenate([np.asarray(g, float) for g in pb])))
+    ref = float(np.median(np.concatenate(pb)))
     return (normalize(base_groups, pb, ref, metric), normalize(cand_groups, pc, ref, metric),
-            speed_change(base_cell, cand_cell))
+            float(np.median(np.concatenate(pc))) / ref - 1.0)
+
+
+def normalized_median(xs: Sequence[float], probes: Sequence[float], ref: float, metric: str) -> float | None:
+    """Median of one run's samples speed-normalized to ``ref``; None when the probes do not cover every sample."""
+    if not probes or len(probes) != len(xs):
+        return None
+    return float(np.median(normalize([xs], [probes], ref, metric)[0]))
 
 
 def normalize_snapshot(snap: dict[str, Any]) -> float | None:
@@ -125,5 +129,4 @@ def normalize_snapshot(snap: dict[str, Any]) -> float | None:
                 smp[f"{m}_raw"] = list(smp[m])
                 smp[m] = normalize([smp[m]], [smp["speed_probe"]], ref, m)[0]
         smp["speed_probe"] = []
-    snap["speed_normalized_to_s"] = ref
     return ref

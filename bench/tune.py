@@ -482,7 +482,7 @@ class Tuner:
         import numpy as np
 
         from bench.baseline import record_samples
-        from bench.speed import normalize, probe_spec
+        from bench.speed import normalized_median, probe_spec
 
         trial.set_user_attr("raw_value", raw)
         if not self.s.block.normalize:
@@ -503,7 +503,7 @@ class Tuner:
                                               f"{ref_kernel}: raw objective used"})
             return raw
         trial.set_user_attr("speed_probe_median_s", float(np.median(ps)))
-        return float(np.median(normalize([xs], [ps], float(ref), self.s.block.objective)[0]))
+        return normalized_median(xs, ps, float(ref), self.s.block.objective)
 
     def objective(self, trial: Any) -> float:
         import optuna

@@ -156,16 +156,13 @@ def replay(settings, grid: dict, seeds: int, budget: int, target: float) -> dict
 def norm_value(rec: dict, key: str, ref: float | None) -> float | None:
     """A run's median step time, speed-normalized to probe time ``ref`` (as the tuner does), or raw without a probe."""
     from bench.baseline import record_samples
-    from bench.speed import normalize
+    from bench.speed import normalized_median
 
     if rec.get("status") != "ok":
         return None
-    raw = (rec.get("summary") or {}).get(key)
     smp = record_samples(rec)
-    xs, ps = smp["step_time"], smp["speed_probe"]
-    if ref is None or not ps or len(ps) != len(xs):
-        return raw
-    return statistics.median(normalize([xs], [ps], ref, "step_time")[0])
+    value = normalized_median(smp["step_time"], smp["speed_probe"], ref, "step_time") if ref else None
+    return value if value is not None else (rec.get("summary") or {}).get(key)
 
 
 def recheck(settings, points: dict[str, tuple[int, int]], repeats: int, out_dir: Path,

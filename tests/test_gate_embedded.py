@@ -8,6 +8,8 @@ real mode measures the false-alarm and detection rates of exactly this setup); t
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,21 +17,8 @@ import yaml
 
 from bench.cli import main
 
-
-def gate_matrix(name: str, delay_s: float = 0.0, timed_steps: int = 12, repeats: int = 8) -> dict:
-    """Same as ``benchmarks/bench_gate.py:gate_matrix``: one embedded cell, eight repeats, every measured step timed."""
-    m = {
-        "name": name, "engine": "embedded", "platform": "cpu",
-        "base": {"steps": timed_steps + 1, "warmup_steps": 1, "profile_steps": [], "train_batch_size": 4, "n": 2,
-                 "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2, "max_prompt_length": 160,
-                 "max_response_length": 24, "timeout_s": 300, "seed": 0},
-        "factors": {"dynamic_bsz": ["on"]}, "repeats": repeats,
-    }
-    # one intra-op thread: on 2 cores shared with the harness (and maybe other jobs) two threads jitter
-    m["base"]["env"] = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    if delay_s:
-        m["base"]["embedded"] = {"update_delay_s": round(float(delay_s), 4)}
-    return m
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from bench_gate import gate_matrix  # noqa: E402  (the benchmark's matrix: rates measured there hold here)
 
 
 def cpu_pressure() -> str:

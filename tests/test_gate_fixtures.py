@@ -16,12 +16,12 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.measure import summarize
 from bench.optimizations import FACTOR_KEYS, REGISTRY
 from bench.record import _timed_stats
 from bench.results import SWEEP, ResultsDir, atomic_write_json, run_dir
 from bench.speed import PROBE_METRIC
-from bench.engines.embedded.speed_probe import spec as probe_kernel
 
 EMBEDDED_NA = ("task_queue", "forward_prefetch", "mc2", "mrope_cache", "graph_mode")
 
