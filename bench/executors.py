@@ -62,18 +62,37 @@ class Executor(Protocol):
         ...
 
 
+def machine_placeholders(python: str = sys.executable) -> dict[str, str]:
+    """The placeholders a launch may hold that name this machine, filled at launch time so that a cell id
+    (a hash of the launch) is the same everywhere: ``{python}`` (the harness's interpreter),
+    ``{verl_python}`` (the verl CPU stack's, :func:`bench.engines.verl_cpu.target.verl_python`),
+    ``{bench_cache}`` (models and data built locally) and ``{repo}`` (this checkout)."""
+    from bench.engines.embedded.model import default_cache_dir
+    from bench.engines.verl_cpu.target import verl_python
+
+    return {"python": python, "verl_python": verl_python(), "bench_cache": str(default_cache_dir()),
+            "repo": str(REPO_ROOT)}
+
+
+def fill_placeholders(text: str, python: str = sys.executable) -> str:
+    """``text`` with the :func:`machine_placeholders` replaced (``{run_dir}`` is left as it is)."""
+    for key, value in machine_placeholders(python).items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
 def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run_dir: Path, timeout_s: float,
                    python: str = sys.executable) -> ResolvedLaunch:
-    """Fill ``{python}``/``{run_dir}`` and add the variables every run gets.
+    """Fill ``{run_dir}`` and the :func:`machine_placeholders`, and add the variables every run gets.
 
     ``BENCH_RUN_DIR`` = the run folder; ``BENCH_PATCHES`` = comma-separated patch specs, with
     ``patches/`` first on ``PYTHONPATH`` so its ``sitecustomize`` applies them in every Python process of
     the run (Ray workers and vLLM included) and writes what it patched into the run folder.
     """
     run_dir = Path(run_dir).resolve()
-    fill = {"python": python, "run_dir": str(run_dir)}
+    fill = {"run_dir": str(run_dir), **machine_placeholders(python)}
 
-    def _fill(text: str) -> str:  # only these two placeholders: verl overrides may hold other braces
+    def _fill(text: str) -> str:  # only the known placeholders: verl overrides may hold other braces
         for key, value in fill.items():
             text = text.replace("{" + key + "}", value)
         return text
@@ -113,11 +132,14 @@ class LocalExecutor:
                 rc = proc.wait(timeout=launch.timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
+                _note_leftovers(launch.run_dir, reap_run_processes(launch.run_dir))
                 return ExecResult(None, True, time.perf_counter() - start, f"timed out after {launch.timeout_s:g} s")
             except BaseException:
                 _kill_group(proc)  # the harness itself was interrupted: leave no orphan behind
+                reap_run_processes(launch.run_dir)
                 raise
         wall = time.perf_counter() - start
+        _note_leftovers(launch.run_dir, reap_run_processes(launch.run_dir))
         if rc < 0:
             sig = signal.Signals(-rc).name
             why = "killed by SIGKILL (out of memory?)" if rc == -signal.SIGKILL else f"killed by {sig}"
@@ -137,3 +159,58 @@ def _kill_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def run_processes(run_dir: Path) -> list:
+    """Live processes that belong to the run in ``run_dir``: every process whose environment has
+    ``BENCH_RUN_DIR`` equal to it (the variable every process of a run inherits, including the Ray
+    head, raylet and workers and vLLM engines that a verl run starts in sessions of their own)."""
+    import psutil
+
+    target = str(Path(run_dir).resolve())
+    me = os.getpid()
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid == me:
+            continue
+        try:
+            if p.environ().get("BENCH_RUN_DIR") == target:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def reap_run_processes(run_dir: Path, grace_s: float = 5.0) -> list[str]:
+    """End every process of the run (:func:`run_processes`) that outlived it: SIGTERM, then SIGKILL after
+    ``grace_s`` seconds. Returns ``"name(pid)"`` of each process it ended."""
+    import psutil
+
+    procs = run_processes(run_dir)
+    if not procs:
+        return []
+    names = []
+    for p in procs:
+        try:
+            names.append(f"{p.name()}({p.pid})")
+            p.terminate()
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return names
+
+
+def _note_leftovers(run_dir: Path, names: list[str]) -> None:
+    if not names:
+        return
+    try:
+        with open(Path(run_dir) / "run.log", "a") as fh:
+            fh.write(f"\n[bench] ended {len(names)} process(es) of this run that outlived it: {', '.join(names[:20])}\n")
+    except OSError:
+        pass

@@ -92,15 +92,39 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
         if got["metrics"]:
             rec["summary"] = summarize(got, warmup_steps)
             _timed_stats(rec["summary"], got["metrics"])
+    if spec["engine"] == "verl":
+        _verl_evidence(run_dir, rec)
     if res.returncode != 0 or res.timed_out:
         rec["status"] = "failed"
         rec["failure_kind"], rec["reason"] = _failure(run_dir, res)
+        if spec["engine"] == "verl" and not (run_dir / "failure.json").exists():
+            from bench.measure.verl_failure import classify
+
+            argv = spec["launch"]["argv"]
+            got = classify(log_tail(run_dir / "run.log", 400), timed_out=res.timed_out, steps_done=len(rec["steps"]),
+                           returncode=res.returncode, overrides=[a for a in argv[1:] if "=" in a])
+            if got is not None:
+                rec["failure_kind"], rec["reason"] = got
     elif not rec["summary"] or rec["summary"].get("step_time_median_s") is None:
         rec["status"] = "failed"
         rec["failure_kind"], rec["reason"] = "no_metrics", "the run exited 0 but wrote no step metrics"
     if rec["status"] != "ok":
         rec["log_tail"] = log_tail(run_dir / "run.log")
     return rec
+
+
+def _verl_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
+    """Per-factor evidence of a verl run (:mod:`bench.measure.verl_evidence`) into the record and
+    ``evidence.json``; factors whose evidence is missing or contradicted become warnings."""
+    from bench.measure.verl_evidence import factor_evidence, flagged
+
+    ev = factor_evidence(run_dir, rec["levels"])
+    rec["evidence"] = {**rec["evidence"], **{k: f"{v['verdict']}: {v['detail']}" for k, v in ev.items()}}
+    rec["evidence_verdicts"] = {k: v["verdict"] for k, v in ev.items()}
+    rec["evidence_flagged"] = flagged(ev)
+    for key in rec["evidence_flagged"]:
+        rec["warnings"].append(f"factor {key}: evidence {ev[key]['verdict']}: {ev[key]['detail']}")
+    atomic_write_json(run_dir / "evidence.json", {"factors": ev})
 
 
 def _timed_stats(summary: dict[str, Any], metrics: dict[int, dict[str, float]]) -> None:

@@ -116,30 +116,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def ray_head():
-    """A local Ray head (CPU only) on free ports; yields its job server address; always stopped."""
+def _start_head(auth: dict[str, str]):
+    """Start ``ray start --head --block`` with ``auth`` in its environment and HOME in its own temp folder
+    (so nothing in the real ``~/.ray`` — e.g. an ``auth_token`` a local verl run left — changes how it starts).
+    Yields the job server address; always stopped."""
     ray_bin = Path(sys.executable).parent / "ray"
     if not ray_bin.exists():
         pytest.skip("the ray CLI is not installed next to this Python")
     temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
     dport = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    for k in ("BENCH_PATCHES", "BENCH_RUN_DIR", "RAY_ADDRESS"):
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp, **auth}
+    for k in ("BENCH_PATCHES", "BENCH_RUN_DIR", "RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
         env.pop(k, None)
+    if "RAY_AUTH_TOKEN" not in auth:
+        env.pop("RAY_AUTH_TOKEN", None)
     cmd = [str(ray_bin), "start", "--head", "--block", "--num-cpus=2", "--num-gpus=0", f"--port={_free_port()}",
            f"--dashboard-port={dport}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
            f"--ray-client-server-port={_free_port()}", f"--temp-dir={temp}"]
     log = open(Path(temp) / "ray-start.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     address = f"http://127.0.0.1:{dport}"
+    headers = {"authorization": f"Bearer {auth['RAY_AUTH_TOKEN']}"} if "RAY_AUTH_TOKEN" in auth else None
     try:
         from ray.job_submission import JobSubmissionClient
 
         deadline = time.time() + 60
         while True:
             try:
-                JobSubmissionClient(address).list_jobs()
+                JobSubmissionClient(address, headers=headers).list_jobs()
                 break
             except Exception:
                 if proc.poll() is not None or time.time() > deadline:
@@ -159,6 +163,21 @@ def ray_head():
         proc.wait()
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def ray_head():
+    """A local Ray head (CPU only, token authentication off) on free ports; yields its job server address."""
+    yield from _start_head({"RAY_AUTH_MODE": "disabled"})
+
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture
+def ray_head_token():
+    """A local Ray head that requires token authentication (as Ray 2.60 local clusters do by default)."""
+    yield from _start_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN})
 
 
 JOB_CODE = """
@@ -240,3 +259,24 @@ def test_embedded_sweep_through_ray_lands_in_mlflow(ray_head, tmp_path):
     assert len(parents) == 1 and len(children) == 1
     assert children[0].data.tags["mlflow.parentRunId"] == parents[0].info.run_id
     assert children[0].data.metrics["step_time_s"] > 0
+
+
+@pytest.mark.ray
+def test_token_auth_cluster(ray_head_token, tmp_path, monkeypatch):
+    """A token-auth cluster: no token -> one clear line; token from the environment or a token file -> the
+    job runs; the token never reaches the run's environment or files."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token of the machine's user
+    for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(BenchError, match="requires Ray token authentication.*RAY_AUTH_TOKEN"):
+        RayJobExecutor(ray_head_token, poll_s=0.1)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token_file))
+    ex = RayJobExecutor(ray_head_token, poll_s=0.1, stop_grace_s=20)
+    launch = _launch(tmp_path / "ok", argv=["{python}", "-c", "import os; print('job ran', 'RAY_AUTH_TOKEN' in os.environ)"])
+    res = ex.execute(launch)
+    assert res.returncode == 0, (res.reason, (launch.run_dir / "run.log").read_text())
+    assert "job ran" in (launch.run_dir / "run.log").read_text()
+    assert TOKEN not in json.dumps(ex.runtime_env(launch))
+    assert not any(TOKEN in p.read_text(errors="replace") for p in launch.run_dir.rglob("*") if p.is_file())

