@@ -28,6 +28,14 @@ target (the driver, the Ray workers, vLLM's engine and its workers) and reports 
     memory needs an accelerator ("Cannot access accelerator device when none is available"). The
     engine module's ``CPUOffloadPolicy`` is replaced by one that never pins (the parameters already live
     on the host, so the offload itself is a no-op).
+``replay_buffer_poll``
+    verl 0.9's v1 trainer (``trainer.use_v1``, the default) collects rollouts through TransferQueue and
+    its ``ReplayBuffer`` polls for finished samples every ``poll_interval`` = 2.0 s
+    (``verl/trainer/ppo/v1/replay_buffer.py``; not a config key in 0.9.1). With a tiny model the rollout
+    itself takes tenths of a second, so ``timing_s/gen`` reads 2.0 s whatever the factors (checked: 2.011
+    -2.018 s in every step). The interval is set to ``$BENCH_VERL_POLL_S`` (default 0.1 s) on this target,
+    so gen time is the rollout's. (On accelerators the 2 s poll adds up to 2 s to each real step too; the
+    accelerator targets measure verl as it ships.)
 
 Mode: ``on`` (default). Each hook records one action in the process's patch report.
 """
@@ -42,7 +50,9 @@ from typing import Any
 from bench_patches import PatchRecord, PatchRefused, when_imported
 
 NAME = "verl_cpu"
-WORKAROUNDS = ("vllm_dist_alias", "gloo_backend", "vllm_linear_keep_weight", "no_pin_memory")
+WORKAROUNDS = ("vllm_dist_alias", "gloo_backend", "vllm_linear_keep_weight", "no_pin_memory", "replay_buffer_poll")
+#: Poll interval of verl's ReplayBuffer on the CPU target, seconds (``$BENCH_VERL_POLL_S``).
+DEFAULT_POLL_S = 0.1
 _STATE: dict[str, Any] = {"record": None}
 
 
@@ -184,6 +194,28 @@ def _install_no_pin(module: ModuleType) -> None:
     _action(f"no_pin_memory: {module.__name__}.CPUOffloadPolicy(pin_memory=False) (pinning needs an accelerator)")
 
 
+# --------------------------------------------------------------------------- replay_buffer_poll
+
+
+def _install_poll(module: ModuleType) -> None:
+    import os
+
+    poll_s = float(os.environ.get("BENCH_VERL_POLL_S", DEFAULT_POLL_S))
+    for cls in (getattr(module, "ReplayBuffer", None), getattr(module, "ReplayBufferAsync", None)):
+        init = getattr(cls, "__init__", None) if cls is not None else None
+        if init is None or getattr(init, "__bench_patch__", None) == NAME or "__init__" not in cls.__dict__:
+            continue
+
+        def __init__(self: Any, *args: Any, _init: Any = init, **kwargs: Any) -> None:
+            _init(self, *args, **kwargs)
+            self.poll_interval = poll_s
+
+        __init__.__bench_patch__ = NAME
+        __init__.__wrapped__ = init
+        cls.__init__ = __init__
+    _action(f"replay_buffer_poll: {module.__name__}.ReplayBuffer.poll_interval 2.0 s -> {poll_s:g} s")
+
+
 # ------------------------------------------------------------------------------------------ apply
 
 
@@ -194,7 +226,7 @@ def _action(text: str) -> None:
 
 
 def apply(mode: str | None, record: PatchRecord) -> None:
-    """Arm the four workarounds (mode ``on``, the default); ``off`` leaves the process as it is."""
+    """Arm the five workarounds (mode ``on``, the default); ``off`` leaves the process as it is."""
     mode = (mode or "on").lower()
     if mode not in ("on", "off"):
         raise PatchRefused(f"unknown mode {mode!r} (allowed: on, off)")
@@ -208,5 +240,6 @@ def apply(mode: str | None, record: PatchRecord) -> None:
     when_imported("verl.utils.distributed", _install_gloo)
     when_imported("vllm.model_executor.layers.utils", _install_linear)
     when_imported("verl.workers.engine.fsdp.transformer_impl", _install_no_pin)
+    when_imported("verl.trainer.ppo.v1.replay_buffer", _install_poll)
     if record["status"] == "pending":
         record.status("armed")
