@@ -183,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
 
 def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     """``--smoke``: each cell of a verl matrix for a few real steps on the CPU; 0 when every cell ran."""
-    from bench.engines.verl_cpu.smoke import run_smoke, smoke_cells
+    from bench.engines.verl_cpu.smoke import run_smoke, smoke_base, smoke_cells
     from bench.errors import BenchError
 
     if matrix.engine != "verl":
@@ -198,7 +198,9 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
             for x in c.left_out + c.inert:
                 console.print(f"  left out / inert: {x}", markup=False)
         return 0
-    get_engine("verl").preflight(matrix.model_copy(update={"platform": "cpu"}), [c.spec.launch for c in cells], "cpu")
+    base, _ = smoke_base(matrix, args.smoke_steps)
+    get_engine("verl").preflight(matrix.model_copy(update={"platform": "cpu", "base": base}),
+                                 [c.spec.launch for c in cells], "cpu")
     check_writable(args.results)
 
     def on_cell(kind, i, n, cell, res):

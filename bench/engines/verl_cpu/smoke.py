@@ -81,6 +81,19 @@ def accelerator_only(override: str) -> str | None:
     return None
 
 
+def smoke_base(matrix: Matrix, steps: int = 2) -> tuple[Base, list[str]]:
+    """The matrix's ``base`` with the smoke settings (:data:`SMOKE_BASE`, ``steps``), its accelerator-only
+    overrides removed; returns it and the removed overrides as ``"override: why"``."""
+    kept, left = [], []
+    for o in matrix.base.overrides:
+        why = accelerator_only(o)
+        if why:
+            left.append(f"{o}: {why}")
+        else:
+            kept.append(o)
+    return Base(**{**matrix.base.model_dump(), **SMOKE_BASE, "steps": steps, "overrides": kept}), left
+
+
 @dataclass
 class SmokeCell:
     """One cell of a smoke run: the CPU launch and what was left out of the cell's own launch."""
@@ -99,11 +112,7 @@ def smoke_cells(matrix: Matrix, plan: Plan, steps: int = 2) -> list[SmokeCell]:
     """
     engine = VerlEngine()
     out = []
-    kept_user, left_user = [], []
-    for o in matrix.base.overrides:
-        why = accelerator_only(o)
-        (left_user if why else kept_user).append(f"{o}: {why}" if why else o)
-    base = Base(**{**matrix.base.model_dump(), **SMOKE_BASE, "steps": steps, "overrides": kept_user})
+    base, left_user = smoke_base(matrix, steps)
     for run in plan.runs:
         levels = dict(run.levels)
         mechs = [resolve(k, v, "verl", plan.platform) for k, v in levels.items() if v is not None]
