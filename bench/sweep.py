@@ -372,7 +372,9 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
         tags.update({"failure_kind": rec.get("failure_kind"), "failure_reason": rec.get("reason")})
     params = {**{f"factor.{k}": ("n/a" if v is None else v) for k, v in spec.levels.items()},
               **{k: getattr(matrix.base, k) for k in KEY_SETTINGS}, "cell_id": spec.cell_id}
-    arts = [rdir / n for n in ("run_config.yaml", "metrics.jsonl", "run.log", "evidence.json", "record.json",
-                               "engine.log")]
+    arts: list = [rdir / n for n in ("run_config.yaml", "metrics.jsonl", "run.log", "evidence.json", "record.json",
+                                     "engine.log")]
+    # verl runs: the config verl composed (Hydra's record of the job) and the per-process patch reports
+    arts += [(rdir / "hydra" / ".hydra", "verl_config"), (rdir / "patches", "patch_reports")]
     return tracker.log_child(parent_id, f"{spec.label}#r{rec['repeat']}", params=params, tags=tags,
                              series=series, summary=summary, artifacts=arts, status=rec["status"])

@@ -124,7 +124,7 @@ class Tracker:
 
     def log_child(self, parent_id: str, name: str, *, params: dict[str, Any], tags: dict[str, Any],
                   series: dict[str, list[tuple[int, float]]], summary: dict[str, Any],
-                  artifacts: list[Path], status: str) -> str:
+                  artifacts: list[Path | tuple[Path, str]], status: str) -> str:
         """Create a finished child run under ``parent_id`` with everything logged; returns its id.
 
         ``series``: metric -> [(step, value)]; ``summary``: metric -> value (non-numbers skipped).
@@ -139,9 +139,12 @@ class Tracker:
                    if (f := _finite(v)) is not None]
         metrics += [Metric(_key(k), f, now, 0) for k, v in summary.items() if (f := _finite(v)) is not None]
         self._log(rid, params=params, metrics=metrics)
-        for path in artifacts:
+        for item in artifacts:
+            path, under = item if isinstance(item, tuple) else (item, None)
             if Path(path).is_file():
-                self.client.log_artifact(rid, str(path))
+                self.client.log_artifact(rid, str(path), under)
+            elif Path(path).is_dir():  # a folder: its files under ``under`` (default: the folder's name)
+                self.client.log_artifacts(rid, str(path), under or Path(path).name)
         self.client.set_terminated(rid, status="FINISHED" if status == "ok" else "FAILED")
         return rid
 

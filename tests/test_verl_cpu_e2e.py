@@ -94,9 +94,47 @@ def test_real_verl_sweep_on_cpu(tmp_path):
     assert len(parents) == 1 and len(children) == 2
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     assert all(c.data.tags["evidence.dynamic_bsz"].startswith("confirmed") for c in children)
+    arts = {a.path for a in client.list_artifacts(children[0].info.run_id)}
+    assert {"metrics.jsonl", "evidence.json", "verl_config", "patch_reports"} <= arts
+    assert [a.path for a in client.list_artifacts(children[0].info.run_id, "verl_config")] == [
+        "verl_config/config.yaml", "verl_config/hydra.yaml", "verl_config/overrides.yaml"]
 
     rep = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "report", "verl_cpu_ci", "--results", str(results),
                           "--tracking-uri", uri], capture_output=True, text=True, env=env, timeout=600)
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
     report = (sweep / "report" / "report.md").read_text()
     assert "| dynamic_bsz |" in report and "| all-off |" in report
+
+
+@pytest.mark.ray
+def test_verl_cpu_run_as_a_ray_job(tmp_path):
+    """The same target as a job on an existing Ray cluster (``--ray-address``): the cluster is started from
+    the verl stack's own ``ray`` (its workers must run that Python) with logical GPU slots for the rank."""
+    from _rayhead import start_head
+
+    ray_bin = Path(PY).parent / "ray"
+    m = yaml.safe_load(_matrix(tmp_path).read_text())
+    m.update(name="verl_cpu_ray", factors={"dynamic_bsz": ["on"]})
+    m["base"].update(steps=2, warmup_steps=1, profile_steps=[])
+    path = tmp_path / "ray.yaml"
+    path.write_text(yaml.safe_dump(m))
+    results = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_PATCHES", "BENCH_RUN_DIR"))}
+    gen = start_head({"RAY_AUTH_MODE": "disabled"}, ray_bin=ray_bin, cpus=8, gpus=1)
+    address = next(gen)
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), str(path), "--results", str(results),
+                               "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--ray-address", address],
+                              capture_output=True, text=True, env=env, timeout=1200)
+    finally:
+        gen.close()
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rec = json.loads(next((results / "verl_cpu_ray").glob("*/*/r0/record.json")).read_text())
+    assert rec["status"] == "ok" and len(rec["steps"]) == 2
+    assert rec["evidence_verdicts"]["dynamic_bsz"] == "confirmed"
+    rdir = next((results / "verl_cpu_ray").glob("*/*/r0"))
+    log = (rdir / "run.log").read_text()
+    assert "Ray job bench-" in log and "SUCCEEDED" in log
+    actions = [a for p in (rdir / "patches").glob("driver-*.json")
+               for a in json.loads(p.read_text())["patches"]["verl_cpu"]["actions"]]
+    assert any(a.startswith("ray_init_existing: joining the cluster") for a in actions)

@@ -12,12 +12,17 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from bench.engines.verl_cpu.target import ENV, verl_python
+
+ROOT_PATCHES = str(Path(__file__).resolve().parent.parent / "patches")
+if ROOT_PATCHES not in sys.path:
+    sys.path.insert(0, ROOT_PATCHES)
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = verl_python()
@@ -178,15 +183,48 @@ def test_replay_buffer_poll(tmp_path):
     assert _json(_run(code, tmp_path, patches=""))["poll"] == 2.0
 
 
+def test_ray_init_joins_an_existing_cluster(tmp_path):
+    code = """
+    import json, ray
+    seen = {}
+    def fake_init(*args, **kwargs):
+        seen.update(kwargs)
+        if "num_cpus" in kwargs or "num_gpus" in kwargs:  # what Ray says when joining a cluster
+            raise ValueError("When connecting to an existing cluster, num_cpus and num_gpus must not be provided.")
+    if hasattr(ray.init, "__wrapped__"):
+        ray.init.__wrapped__ = fake_init
+    else:
+        ray.init = fake_init
+    try:
+        ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, runtime_env={"env_vars": {}})
+        ok = True
+    except ValueError:
+        ok = False
+    print(json.dumps({"ok": ok, "kwargs": sorted(seen)}))
+    """
+    got = _json(_run(code, tmp_path, extra={"RAY_ADDRESS": "127.0.0.1:6379"}))
+    assert got == {"ok": True, "kwargs": ["runtime_env"]}
+    assert _json(_run(code, tmp_path, patches="", extra={"RAY_ADDRESS": "127.0.0.1:6379"}))["ok"] is False
+    # a private local cluster (no RAY_ADDRESS) keeps its sizing
+    assert _json(_run(code, tmp_path))["kwargs"] == ["include_dashboard", "num_cpus", "num_gpus", "runtime_env"]
+
+
 def test_patch_reports_name_each_workaround(tmp_path):
     code = """
     import json
+    import os
     import verl.utils.distributed, verl.workers.engine.fsdp.transformer_impl, verl.trainer.ppo.v1.replay_buffer
     import vllm.model_executor.layers.utils
+    import ray
+    ray.init.__wrapped__ = lambda *a, **k: None
+    os.environ["RAY_ADDRESS"] = "127.0.0.1:6379"
+    ray.init(num_cpus=8)
     print(json.dumps({"ok": True}))
     """
     assert _json(_run(code, tmp_path))["ok"]
     reports = [json.loads(p.read_text()) for p in (tmp_path / "patches").glob("*.json")]
     actions = [a for r in reports for a in r["patches"]["verl_cpu"]["actions"]]
     done = {a.split(":", 1)[0] for a in actions}
-    assert done == {"vllm_dist_alias", "gloo_backend", "vllm_linear_keep_weight", "no_pin_memory", "replay_buffer_poll"}
+    from bench_patches.verl_cpu import WORKAROUNDS
+
+    assert done == set(WORKAROUNDS)

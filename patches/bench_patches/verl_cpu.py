@@ -36,6 +36,13 @@ target (the driver, the Ray workers, vLLM's engine and its workers) and reports 
     -2.018 s in every step). The interval is set to ``$BENCH_VERL_POLL_S`` (default 0.1 s) on this target,
     so gen time is the rollout's. (On accelerators the 2 s poll adds up to 2 s to each real step too; the
     accelerator targets measure verl as it ships.)
+``ray_init_existing``
+    a local run starts a private Ray sized for the target (``ray_kwargs.ray_init.num_cpus=8``,
+    ``num_gpus`` = ranks, no dashboard); run as a job on an existing cluster (``--ray-address``), verl's
+    ``ray.init(**ray_kwargs.ray_init)`` joins that cluster, and Ray refuses resource arguments there
+    ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided"). When
+    ``RAY_ADDRESS`` is set, ``ray.init`` drops ``num_cpus``, ``num_gpus`` and ``include_dashboard``: the
+    cluster's own resources apply (it needs ``GPU`` slots for the ranks, e.g. ``ray start --num-gpus=1``).
 
 Mode: ``on`` (default). Each hook records one action in the process's patch report.
 """
@@ -50,7 +57,8 @@ from typing import Any
 from bench_patches import PatchRecord, PatchRefused, when_imported
 
 NAME = "verl_cpu"
-WORKAROUNDS = ("vllm_dist_alias", "gloo_backend", "vllm_linear_keep_weight", "no_pin_memory", "replay_buffer_poll")
+WORKAROUNDS = ("vllm_dist_alias", "gloo_backend", "vllm_linear_keep_weight", "no_pin_memory", "replay_buffer_poll",
+               "ray_init_existing")
 #: Poll interval of verl's ReplayBuffer on the CPU target, seconds (``$BENCH_VERL_POLL_S``).
 DEFAULT_POLL_S = 0.1
 _STATE: dict[str, Any] = {"record": None}
@@ -216,6 +224,30 @@ def _install_poll(module: ModuleType) -> None:
     _action(f"replay_buffer_poll: {module.__name__}.ReplayBuffer.poll_interval 2.0 s -> {poll_s:g} s")
 
 
+# ---------------------------------------------------------------------------- ray_init_existing
+
+_CLUSTER_ONLY = ("num_cpus", "num_gpus", "include_dashboard")
+
+
+def _install_ray_init(module: ModuleType) -> None:
+    import os
+
+    original = getattr(module, "init", None)
+    if original is None or getattr(original, "__bench_patch__", None) == NAME:
+        return
+
+    def init(*args: Any, **kwargs: Any) -> Any:
+        if os.environ.get("RAY_ADDRESS") and not kwargs.get("address"):
+            dropped = [k for k in _CLUSTER_ONLY if kwargs.pop(k, None) is not None]
+            if dropped:
+                _action(f"ray_init_existing: joining the cluster at RAY_ADDRESS: dropped {', '.join(dropped)}")
+        return init.__wrapped__(*args, **kwargs)
+
+    init.__bench_patch__ = NAME
+    init.__wrapped__ = original
+    module.init = init
+
+
 # ------------------------------------------------------------------------------------------ apply
 
 
@@ -226,7 +258,7 @@ def _action(text: str) -> None:
 
 
 def apply(mode: str | None, record: PatchRecord) -> None:
-    """Arm the five workarounds (mode ``on``, the default); ``off`` leaves the process as it is."""
+    """Arm the six workarounds (mode ``on``, the default); ``off`` leaves the process as it is."""
     mode = (mode or "on").lower()
     if mode not in ("on", "off"):
         raise PatchRefused(f"unknown mode {mode!r} (allowed: on, off)")
@@ -241,5 +273,6 @@ def apply(mode: str | None, record: PatchRecord) -> None:
     when_imported("vllm.model_executor.layers.utils", _install_linear)
     when_imported("verl.workers.engine.fsdp.transformer_impl", _install_no_pin)
     when_imported("verl.trainer.ppo.v1.replay_buffer", _install_poll)
+    when_imported("ray", _install_ray_init)
     if record["status"] == "pending":
         record.status("armed")
