@@ -183,7 +183,7 @@ def main(args: argparse.Namespace) -> int:
 
 def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     """``--smoke``: each cell of a verl matrix for a few real steps on the CPU; 0 when every cell ran."""
-    from bench.engines.verl_cpu.smoke import run_smoke, smoke_base, smoke_cells
+    from bench.engines.verl_cpu.smoke import not_exercised, run_smoke, smoke_base, smoke_cells
     from bench.errors import BenchError
 
     if matrix.engine != "verl":
@@ -215,14 +215,16 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
 
     folder, results = run_smoke(matrix, plan, args.results, steps=args.smoke_steps, on_cell=on_cell)
     console.print(f"\nsmoke run of {args.matrix} on this CPU ({args.smoke_steps} step(s) per cell, tiny model):")
+    for key, why in not_exercised(plan).items():
+        console.print(f"not exercised on CPU: {key}: {why} (its variables and patches are still launched)",
+                      markup=False)
     for r in results:
         head = f"- {r['cell']}: {r['status']}"
         if r["status"] != "ran":
             head += f" ({r['failure_kind']}): {r['reason']}"
         console.print(head, markup=False)
         for k, v in r["evidence"].items():
-            if v in ("missing", "contradicted"):
-                console.print(f"    factor {k}: evidence {v}", markup=False)
+            console.print(f"    factor {k}: evidence {v}", markup=False)
         for name, line in r["patches"].items():
             if "refused in 0" not in line or "error" in line:
                 console.print(f"    patch {name}: {line}", markup=False)

@@ -55,6 +55,17 @@ def _first(pattern: re.Pattern, lines: list[str]) -> str | None:
     return None
 
 
+def first_exception_line(lines: list[str]) -> str | None:
+    """The first ``SomethingError: message`` line of a log: the root cause that a later
+    "see root cause above" points to."""
+    for line in lines:
+        c = _clean(line)
+        m = _EXC_LINE.match(c)
+        if m and not c.startswith("Traceback"):
+            return m.group(1)[:400]
+    return None
+
+
 def last_exception_line(lines: list[str]) -> str | None:
     """The last ``SomethingError: message`` line of a log (ANSI colours and Ray's actor prefix removed)."""
     for line in reversed(lines):
@@ -105,8 +116,8 @@ def classify(log_text: str, *, timed_out: bool = False, steps_done: int = 0, ret
         return "config", cfg[:400] + (f" (override {culprit})" if culprit else "")
     died = _first(_DIED, lines)
     if died:
-        last = last_exception_line(lines)
-        return "worker_died", died[:300] + (f"; {last}" if last and last not in died else "")
+        cause = first_exception_line(lines)
+        return "worker_died", died[:300] + (f"; first error: {cause}" if cause and cause not in died else "")
     last = last_exception_line(lines)
     if last:
         return "crash", last

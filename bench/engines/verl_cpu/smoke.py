@@ -81,6 +81,19 @@ def accelerator_only(override: str) -> str | None:
     return None
 
 
+def not_exercised(plan: Plan) -> dict[str, str]:
+    """Factors the plan varies whose mechanism has no effect on the CPU target, with the reason (their
+    environment variables and patches still go into the smoke launches)."""
+    from bench.optimizations import applicability
+
+    out = {}
+    for key in plan.varied:
+        why = applicability(key, "verl", "cpu", {"rollout_tp": 1})
+        if why:
+            out[key] = why
+    return out
+
+
 def smoke_base(matrix: Matrix, steps: int = 2) -> tuple[Base, list[str]]:
     """The matrix's ``base`` with the smoke settings (:data:`SMOKE_BASE`, ``steps``), its accelerator-only
     overrides removed; returns it and the removed overrides as ``"override: why"``."""
@@ -141,7 +154,8 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     Each result: ``{"cell": label, "cell_id", "status": "ran" | "failed", "steps": n, "step_time_s",
     "reason": first verl error line, "failure_kind", "left_out": [...], "inert_env": [...],
     "patches": {patch: "applied in N; refused in M: why"}, "evidence": {factor: verdict}}``.
-    ``smoke.json`` in the folder holds the list.
+    ``evidence`` holds only the factors whose evidence is missing or contradicted, among those the CPU
+    target can exercise (:func:`not_exercised` lists the others). ``smoke.json`` in the folder holds the list.
     """
     from bench.engines.verl import patch_evidence
     from bench.executors import LocalExecutor
@@ -149,6 +163,7 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     from bench.sweep import execute_spec
 
     cells = smoke_cells(matrix, plan, steps)
+    inert_factors = not_exercised(plan)
     folder = Path(results_root) / f"{matrix.name}-smoke" / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     executor = executor or LocalExecutor()
@@ -165,7 +180,9 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
             "steps": len(rec.get("steps") or {}), "step_time_s": st,
             "failure_kind": rec.get("failure_kind"), "reason": rec.get("reason", ""),
             "left_out": cell.left_out, "inert_env": cell.inert, "patches": patch_evidence(rdir),
-            "evidence": rec.get("evidence_verdicts") or {}, "run_dir": str(rdir),
+            "evidence": {k: v for k, v in (rec.get("evidence") or {}).items()
+                         if k in (rec.get("evidence_flagged") or []) and k not in inert_factors},
+            "run_dir": str(rdir),
         }
         results.append(res)
         atomic_write_json(folder / "smoke.json", {"matrix": matrix.source, "steps": steps, "cells": results})
