@@ -264,6 +264,23 @@ def reset_hooks() -> None:
         _FINDER = None
 
 
+def replace(owner: Any, attr: str, make: Callable[[Any], Callable], tag: str) -> bool:
+    """Replace ``owner.<attr>`` by ``make(original)``, once per ``tag``.
+
+    The new callable gets ``__bench_patch__ = tag`` and ``__wrapped__ = original`` (so a second hook call,
+    or a second patch module, sees what is installed). Returns ``False`` when ``owner`` has no such
+    attribute or it is already this tag's replacement.
+    """
+    original = getattr(owner, attr, None)
+    if original is None or getattr(original, "__bench_patch__", None) == tag:
+        return False
+    new = make(original)
+    new.__bench_patch__ = tag
+    new.__wrapped__ = original
+    setattr(owner, attr, new)
+    return True
+
+
 # ------------------------------------------------------------------------------------------- activate
 
 REPORT: Report | None = None

@@ -22,7 +22,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from bench_patches import PatchRecord, PatchRefused, when_imported
+from bench_patches import PatchRecord, PatchRefused, replace, when_imported
 
 NAME = "cpu_rmsnorm"
 HF_TARGETS = {
@@ -57,46 +57,24 @@ def decomposed_rms_norm(x: Any, weight: Any, eps: float) -> Any:
 def _hf_hook(class_name: str):
     def install(module: ModuleType) -> None:
         cls = getattr(module, class_name, None)
-        rec: PatchRecord | None = _STATE["record"]
         if cls is None:
             return
         if _STATE["mode"] == "off":
-            if rec is not None:
-                rec.action(f"{module.__name__}.{class_name}.forward: Hugging Face's decomposed RMSNorm (off)")
-            return
-        if getattr(cls.forward, "__bench_patch__", None) == NAME:
-            return
-        original = cls.forward
-        fused_forward_cls = _wrap(fused_forward, original)
-        cls.forward = fused_forward_cls
-        if rec is not None:
-            rec.action(f"{module.__name__}.{class_name}.forward -> torch.nn.functional.rms_norm (fused, on)")
+            _action(f"{module.__name__}.{class_name}.forward: Hugging Face's decomposed RMSNorm (off)")
+        elif replace(cls, "forward", lambda original: _delegate(fused_forward), NAME):
+            _action(f"{module.__name__}.{class_name}.forward -> torch.nn.functional.rms_norm (fused, on)")
 
     return install
 
 
-def _wrap(fn: Any, original: Any) -> Any:
+def _delegate(fn: Any) -> Any:
     def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(self, *args, **kwargs)
 
-    forward.__bench_patch__ = NAME
-    forward.__wrapped__ = original
     return forward
 
 
-def _vllm_hook(module: ModuleType) -> None:
-    cls = getattr(module, "RMSNorm", None)
-    rec: PatchRecord | None = _STATE["record"]
-    if cls is None:
-        return
-    if _STATE["mode"] == "on":
-        if rec is not None:
-            rec.action(f"{module.__name__}.RMSNorm: vLLM's own rms_norm / fused_add_rms_norm operators (on)")
-        return
-    original = cls.forward_native
-    if getattr(original, "__bench_patch__", None) == NAME:
-        return
-
+def _decomposed_native(original: Any) -> Any:
     def forward_native(self: Any, x: Any, residual: Any = None) -> Any:
         weight = self.weight.data if getattr(self, "has_weight", True) else None
         if residual is None:
@@ -104,12 +82,24 @@ def _vllm_hook(module: ModuleType) -> None:
         residual = x + residual
         return decomposed_rms_norm(residual, weight, self.variance_epsilon), residual
 
-    forward_native.__bench_patch__ = NAME
-    forward_native.__wrapped__ = original
-    cls.forward_native = forward_native
-    cls.forward_cpu = forward_native
+    return forward_native
+
+
+def _vllm_hook(module: ModuleType) -> None:
+    cls = getattr(module, "RMSNorm", None)
+    if cls is None:
+        return
+    if _STATE["mode"] == "on":
+        _action(f"{module.__name__}.RMSNorm: vLLM's own rms_norm / fused_add_rms_norm operators (on)")
+    elif replace(cls, "forward_native", _decomposed_native, NAME):
+        cls.forward_cpu = cls.forward_native
+        _action(f"{module.__name__}.RMSNorm.forward_native/forward_cpu -> decomposed torch ops (off)")
+
+
+def _action(text: str) -> None:
+    rec: PatchRecord | None = _STATE["record"]
     if rec is not None:
-        rec.action(f"{module.__name__}.RMSNorm.forward_native/forward_cpu -> decomposed torch ops (off)")
+        rec.action(text)
 
 
 def apply(mode: str | None, record: PatchRecord) -> None:

@@ -54,7 +54,7 @@ import sys
 from types import ModuleType
 from typing import Any
 
-from bench_patches import PatchRecord, PatchRefused, when_imported
+from bench_patches import PatchRecord, PatchRefused, replace, when_imported
 
 NAME = "verl_cpu"
 WORKAROUNDS = ("vllm_dist_alias", "gloo_backend", "vllm_linear_keep_weight", "no_pin_memory", "replay_buffer_poll",
@@ -144,62 +144,54 @@ def dedupe_backend(backend: Any) -> Any:
 def _install_gloo(module: ModuleType) -> None:
     import torch.distributed as dist
 
-    original = dist.init_process_group
-    if getattr(original, "__bench_patch__", None) == NAME:
-        return
+    def make(original: Any) -> Any:
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            if "backend" in kwargs:
+                kwargs["backend"] = dedupe_backend(kwargs["backend"])
+            elif args:
+                args = (dedupe_backend(args[0]), *args[1:])
+            return original(*args, **kwargs)
 
-    def init_process_group(*args: Any, **kwargs: Any) -> Any:
-        if "backend" in kwargs:
-            kwargs["backend"] = dedupe_backend(kwargs["backend"])
-        elif args:
-            args = (dedupe_backend(args[0]), *args[1:])
-        return original(*args, **kwargs)
+        return init_process_group
 
-    init_process_group.__bench_patch__ = NAME
-    init_process_group.__wrapped__ = original
-    dist.init_process_group = init_process_group
-    _action("gloo_backend: torch.distributed.init_process_group drops a repeated device in the backend "
-            "(verl's cpu:gloo,cpu:gloo -> cpu:gloo)")
+    if replace(dist, "init_process_group", make, NAME):
+        _action("gloo_backend: torch.distributed.init_process_group drops a repeated device in the backend "
+                "(verl's cpu:gloo,cpu:gloo -> cpu:gloo)")
 
 
 # ---------------------------------------------------------------------- vllm_linear_keep_weight
 
 
 def _install_linear(module: ModuleType) -> None:
-    original = getattr(module, "dispatch_cpu_unquantized_gemm", None)
-    if original is None or getattr(original, "__bench_patch__", None) == NAME:
-        return
-    import torch
+    def make(original: Any) -> Any:
+        import torch
 
-    def dispatch_cpu_unquantized_gemm(layer: Any, remove_weight: bool) -> None:
-        weight = getattr(layer, "weight", None)
-        if weight is None or weight.is_meta or weight.ndim != 2:
-            return original(layer, remove_weight)
-        layer.cpu_linear = torch.nn.functional.linear  # keep layer.weight: verl syncs into it
-        return None
+        def dispatch_cpu_unquantized_gemm(layer: Any, remove_weight: bool) -> None:
+            weight = getattr(layer, "weight", None)
+            if weight is None or weight.is_meta or weight.ndim != 2:
+                return original(layer, remove_weight)
+            layer.cpu_linear = torch.nn.functional.linear  # keep layer.weight: verl syncs into it
+            return None
 
-    dispatch_cpu_unquantized_gemm.__bench_patch__ = NAME
-    dispatch_cpu_unquantized_gemm.__wrapped__ = original
-    module.dispatch_cpu_unquantized_gemm = dispatch_cpu_unquantized_gemm
-    _action("vllm_linear_keep_weight: vllm dispatch_cpu_unquantized_gemm keeps Linear weights "
-            "(F.linear, no oneDNN prepack) so verl's weight sync loads into the weights vLLM uses")
+        return dispatch_cpu_unquantized_gemm
+
+    if replace(module, "dispatch_cpu_unquantized_gemm", make, NAME):
+        _action("vllm_linear_keep_weight: vllm dispatch_cpu_unquantized_gemm keeps Linear weights "
+                "(F.linear, no oneDNN prepack) so verl's weight sync loads into the weights vLLM uses")
 
 
 # -------------------------------------------------------------------------------- no_pin_memory
 
 
 def _install_no_pin(module: ModuleType) -> None:
-    original = getattr(module, "CPUOffloadPolicy", None)
-    if original is None or getattr(original, "__bench_patch__", None) == NAME:
-        return
+    def make(original: Any) -> Any:
+        def CPUOffloadPolicy(pin_memory: bool = True) -> Any:  # noqa: N802 - stands in for the class
+            return original(pin_memory=False)
 
-    def CPUOffloadPolicy(pin_memory: bool = True) -> Any:  # noqa: N802 - stands in for the class
-        return original(pin_memory=False)
+        return CPUOffloadPolicy
 
-    CPUOffloadPolicy.__bench_patch__ = NAME
-    CPUOffloadPolicy.__wrapped__ = original
-    module.CPUOffloadPolicy = CPUOffloadPolicy
-    _action(f"no_pin_memory: {module.__name__}.CPUOffloadPolicy(pin_memory=False) (pinning needs an accelerator)")
+    if replace(module, "CPUOffloadPolicy", make, NAME):
+        _action(f"no_pin_memory: {module.__name__}.CPUOffloadPolicy(pin_memory=False) (pinning needs an accelerator)")
 
 
 # --------------------------------------------------------------------------- replay_buffer_poll
@@ -209,19 +201,19 @@ def _install_poll(module: ModuleType) -> None:
     import os
 
     poll_s = float(os.environ.get("BENCH_VERL_POLL_S", DEFAULT_POLL_S))
-    for cls in (getattr(module, "ReplayBuffer", None), getattr(module, "ReplayBufferAsync", None)):
-        init = getattr(cls, "__init__", None) if cls is not None else None
-        if init is None or getattr(init, "__bench_patch__", None) == NAME or "__init__" not in cls.__dict__:
-            continue
 
-        def __init__(self: Any, *args: Any, _init: Any = init, **kwargs: Any) -> None:
-            _init(self, *args, **kwargs)
+    def make(original: Any) -> Any:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            original(self, *args, **kwargs)
             self.poll_interval = poll_s
 
-        __init__.__bench_patch__ = NAME
-        __init__.__wrapped__ = init
-        cls.__init__ = __init__
-    _action(f"replay_buffer_poll: {module.__name__}.ReplayBuffer.poll_interval 2.0 s -> {poll_s:g} s")
+        return __init__
+
+    done = [name for name in ("ReplayBuffer", "ReplayBufferAsync")
+            if "__init__" in getattr(getattr(module, name, None), "__dict__", {})
+            and replace(getattr(module, name), "__init__", make, NAME)]
+    if done:
+        _action(f"replay_buffer_poll: {module.__name__}.{'/'.join(done)}.poll_interval 2.0 s -> {poll_s:g} s")
 
 
 # ---------------------------------------------------------------------------- ray_init_existing
@@ -232,20 +224,17 @@ _CLUSTER_ONLY = ("num_cpus", "num_gpus", "include_dashboard")
 def _install_ray_init(module: ModuleType) -> None:
     import os
 
-    original = getattr(module, "init", None)
-    if original is None or getattr(original, "__bench_patch__", None) == NAME:
-        return
+    def make(original: Any) -> Any:
+        def init(*args: Any, **kwargs: Any) -> Any:
+            if os.environ.get("RAY_ADDRESS") and not kwargs.get("address"):
+                dropped = [k for k in _CLUSTER_ONLY if kwargs.pop(k, None) is not None]
+                if dropped:
+                    _action(f"ray_init_existing: joining the cluster at RAY_ADDRESS: dropped {', '.join(dropped)}")
+            return init.__wrapped__(*args, **kwargs)  # looked up per call: tests stand a fake in
 
-    def init(*args: Any, **kwargs: Any) -> Any:
-        if os.environ.get("RAY_ADDRESS") and not kwargs.get("address"):
-            dropped = [k for k in _CLUSTER_ONLY if kwargs.pop(k, None) is not None]
-            if dropped:
-                _action(f"ray_init_existing: joining the cluster at RAY_ADDRESS: dropped {', '.join(dropped)}")
-        return init.__wrapped__(*args, **kwargs)
+        return init
 
-    init.__bench_patch__ = NAME
-    init.__wrapped__ = original
-    module.init = init
+    replace(module, "init", make, NAME)
 
 
 # ------------------------------------------------------------------------------------------ apply

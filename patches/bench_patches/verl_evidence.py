@@ -25,7 +25,7 @@ import time
 from types import ModuleType
 from typing import Any
 
-from bench_patches import PatchRecord, PatchRefused, when_imported
+from bench_patches import PatchRecord, PatchRefused, replace, when_imported
 
 NAME = "verl_evidence"
 _STATE: dict[str, Any] = {"record": None, "last_write": 0.0}
@@ -64,78 +64,68 @@ def _bump(group: str, **values: int) -> None:
 
 
 def _install_micro_batches(module: ModuleType) -> None:
-    original = getattr(module, "prepare_micro_batches", None)
-    if original is None or getattr(original, "__bench_patch__", None) == NAME:
-        return
+    def make(original: Any) -> Any:
+        def prepare_micro_batches(data: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original(data, *args, **kwargs)
+            try:
+                from verl.utils import tensordict_utils as tu
 
-    def prepare_micro_batches(data: Any, *args: Any, **kwargs: Any) -> Any:
-        out = original(data, *args, **kwargs)
-        try:
-            from verl.utils import tensordict_utils as tu
+                dynamic = bool(tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True))
+                _bump("dynamic_bsz" if dynamic else "fixed_bsz", calls=1, sequences=len(data),
+                      micro_batches=len(out[0]))
+            except Exception as exc:  # evidence must never break training
+                _bump("errors", **{type(exc).__name__: 1})
+            return out
 
-            dynamic = bool(tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True))
-            micro = out[0]
-            _bump("dynamic_bsz" if dynamic else "fixed_bsz", calls=1, sequences=len(data), micro_batches=len(micro))
-        except Exception as exc:  # evidence must never break training
-            _bump("errors", **{type(exc).__name__: 1})
-        return out
+        return prepare_micro_batches
 
-    prepare_micro_batches.__bench_patch__ = NAME
-    prepare_micro_batches.__wrapped__ = original
-    module.prepare_micro_batches = prepare_micro_batches
-    rec: PatchRecord | None = _STATE["record"]
-    if rec is not None:
-        rec.action(f"{module.__name__}.prepare_micro_batches counted (micro-batches per pass)")
+    if replace(module, "prepare_micro_batches", make, NAME):
+        _action(f"{module.__name__}.prepare_micro_batches counted (micro-batches per pass)")
 
 
 def _install_prefetch(module: ModuleType) -> None:
+    def make(original: Any) -> Any:
+        def set_modules_to_forward_prefetch(self: Any, modules: Any) -> Any:
+            _bump("forward_prefetch", calls=1, modules=len(list(modules)))
+            return original(self, modules)
+
+        return set_modules_to_forward_prefetch
+
     cls = getattr(module, "FSDPModule", None)
-    if cls is None:
-        return
-    original = getattr(cls, "set_modules_to_forward_prefetch", None)
-    if original is None or getattr(original, "__bench_patch__", None) == NAME:
-        return
-
-    def set_modules_to_forward_prefetch(self: Any, modules: Any) -> Any:
-        _bump("forward_prefetch", calls=1, modules=len(list(modules)))
-        return original(self, modules)
-
-    set_modules_to_forward_prefetch.__bench_patch__ = NAME
-    set_modules_to_forward_prefetch.__wrapped__ = original
-    cls.set_modules_to_forward_prefetch = set_modules_to_forward_prefetch
-    rec: PatchRecord | None = _STATE["record"]
-    if rec is not None:
-        rec.action("FSDPModule.set_modules_to_forward_prefetch counted")
+    if cls is not None and replace(cls, "set_modules_to_forward_prefetch", make, NAME):
+        _action("FSDPModule.set_modules_to_forward_prefetch counted")
 
 
 def _install_vllm_config(module: ModuleType) -> None:
+    def make(original: Any) -> Any:
+        def __post_init__(self: Any, *args: Any, **kwargs: Any) -> Any:
+            out = original(self, *args, **kwargs)
+            try:
+                comp = self.compilation_config
+                mode = getattr(comp, "mode", getattr(comp, "level", None))
+                info = {
+                    "enforce_eager": bool(self.model_config.enforce_eager) if self.model_config else None,
+                    "compilation_mode": str(getattr(mode, "name", mode)),
+                    "custom_ops": list(getattr(comp, "custom_ops", []) or []),
+                }
+                with _LOCK:
+                    _counters()["vllm_config"] = info
+                _flush(force=True)
+            except Exception as exc:
+                _bump("errors", **{type(exc).__name__: 1})
+            return out
+
+        return __post_init__
+
     cls = getattr(module, "VllmConfig", None)
-    if cls is None:
-        return
-    original = getattr(cls, "__post_init__", None)
-    if original is None or getattr(original, "__bench_patch__", None) == NAME:
-        return
+    if cls is not None:
+        replace(cls, "__post_init__", make, NAME)
 
-    def __post_init__(self: Any, *args: Any, **kwargs: Any) -> Any:
-        out = original(self, *args, **kwargs)
-        try:
-            comp = self.compilation_config
-            mode = getattr(comp, "mode", getattr(comp, "level", None))
-            info = {
-                "enforce_eager": bool(self.model_config.enforce_eager) if self.model_config else None,
-                "compilation_mode": str(getattr(mode, "name", mode)),
-                "custom_ops": list(getattr(comp, "custom_ops", []) or []),
-            }
-            with _LOCK:
-                _counters()["vllm_config"] = info
-            _flush(force=True)
-        except Exception as exc:
-            _bump("errors", **{type(exc).__name__: 1})
-        return out
 
-    __post_init__.__bench_patch__ = NAME
-    __post_init__.__wrapped__ = original
-    cls.__post_init__ = __post_init__
+def _action(text: str) -> None:
+    rec: PatchRecord | None = _STATE["record"]
+    if rec is not None:
+        rec.action(text)
 
 
 def apply(mode: str | None, record: PatchRecord) -> None:
