@@ -155,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         args = parser.parse_args(argv)
         check_flag_ranges(args)
+        args.tracking_uri_given = args.tracking_uri is not None
         if args.tracking_uri is None:
             args.tracking_uri = default_tracking_uri(args.results)
         return int(args._module.main(args) or 0)
