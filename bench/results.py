@@ -211,8 +211,32 @@ def find_sweep(ref: str | Path, root: Path) -> Path:
     """
     for cand in (Path(ref), Path(ref) / "latest", Path(root) / str(ref), Path(root) / str(ref) / "latest"):
         if (cand / SWEEP).exists():
+            check_sweep_meta(cand / SWEEP)
             return cand.resolve()
     raise BenchError(f"{ref}: no sweep found (give a sweep folder, or a matrix name under {root})")
+
+
+def check_sweep_meta(path: Path) -> dict:
+    """Read a ``sweep.json`` and check the shape readers rely on (``plan.runs`` of cells with ``cell_id``,
+    ``label`` and ``levels``); returns it.
+
+    Raises:
+        BenchError: unreadable, not JSON, or missing/mistyped keys (naming the file and key).
+    """
+    meta = read_json(path)
+    if not isinstance(meta, dict):
+        raise BenchError(f"{path}: not a sweep record (unreadable or not a JSON object)")
+    runs = (meta.get("plan") or {}).get("runs") if isinstance(meta.get("plan"), dict) else None
+    if not isinstance(runs, list):
+        raise BenchError(f"{path}: not a sweep record: plan.runs missing")
+    for i, run in enumerate(runs):
+        if not (isinstance(run, dict) and isinstance(run.get("cell_id"), str) and isinstance(run.get("label"), str)
+                and isinstance(run.get("levels"), dict)):
+            raise BenchError(f"{path}: plan.runs[{i}]: needs cell_id, label and levels")
+    for key in ("engine", "platform", "matrix_name"):
+        if not isinstance(meta.get(key), str):
+            raise BenchError(f"{path}: not a sweep record: {key} missing")
+    return meta
 
 
 def run_dir(sweep: Path, cell_id: str, repeat: int) -> Path:

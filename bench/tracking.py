@@ -21,6 +21,7 @@ was not uploaded is queued on disk and uploaded by ``run_bench.py sync`` (:mod:`
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import subprocess
@@ -169,6 +170,8 @@ class Tracker:
 
     def __init__(self, tracking_uri: str, experiment: str):
         http_defaults()
+        for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." is not for the terminal
+            logging.getLogger(name).setLevel(logging.WARNING)
         self.uri = tracking_uri
         self.down: str | None = None
         db = _sqlite_path(tracking_uri)
