@@ -170,8 +170,6 @@ class Tracker:
 
     def __init__(self, tracking_uri: str, experiment: str):
         http_defaults()
-        for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." is not for the terminal
-            logging.getLogger(name).setLevel(logging.WARNING)
         self.uri = tracking_uri
         self.down: str | None = None
         db = _sqlite_path(tracking_uri)
@@ -180,6 +178,8 @@ class Tracker:
                 import mlflow
                 from mlflow import MlflowClient
 
+                for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." is not for the terminal
+                    logging.getLogger(name).setLevel(logging.WARNING)
                 self._mlflow = mlflow
                 if db is not None:  # two harnesses creating one fresh database: one migrates, the other waits
                     from filelock import FileLock
