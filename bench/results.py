@@ -160,8 +160,12 @@ class ResultsDir:
     def lock(self) -> FileLock:
         """A lock for this matrix's folder; acquire with ``with rd.lock():``.
 
-        Raises (on acquire): BenchError when another harness holds it.
+        Raises:
+            BenchError: the matrix folder exists as something else than a folder; (on acquire) another
+                harness holds the lock.
         """
+        if self.base.exists() and not self.base.is_dir() or (self.base / ".lock").is_dir():
+            raise BenchError(f"{self.base}: exists and is not a results folder (move it away)")
         self.base.mkdir(parents=True, exist_ok=True)
         return _NamedLock(str(self.base / ".lock"))
 
@@ -194,6 +198,8 @@ class ResultsDir:
     def point_latest(self, sweep: Path) -> None:
         """Atomically point ``latest`` at ``sweep`` (relative symlink)."""
         link = self.base / "latest"
+        if link.exists() and not link.is_symlink():
+            raise BenchError(f"{link}: exists and is not the 'latest' link (move it away)")
         tmp = self.base / f".latest.{os.getpid()}"
         tmp.unlink(missing_ok=True)
         os.symlink(sweep.name, tmp)

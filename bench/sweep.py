@@ -48,7 +48,7 @@ from bench.results import (
     read_json,
     run_dir,
 )
-from bench.sync import queue_upload, sync_matrix
+from bench.sync import QUEUE, queue_upload, sync_matrix
 from bench.tracking import Tracker, check_tracking_uri, git_commit, versions
 
 MLFLOW_MARK = "mlflow.json"
@@ -402,6 +402,8 @@ class Sweep:
         else:
             metrics.update({f"resume{n}_wall_s": wall, f"resume{n}_overhead_share": overhead,
                             f"resume{n}_in_step_s": in_step})
+        queued = (read_json(sweep_dir / QUEUE) or {}).get("parent_finish") or {}
+        metrics = {**(queued.get("metrics") or {}), **metrics}  # an earlier invocation's, never uploaded
         finish = {"metrics": metrics, "tags": {"bench.status": meta["status"]},
                   "status": "FINISHED" if all_ok else "FAILED"}
         if tracker.down or not meta.get("parent_run_id"):
@@ -409,6 +411,8 @@ class Sweep:
         else:
             try:
                 tracker.finish_parent(meta["parent_run_id"], artifacts=[csv_path, md_path, sweep_dir / SWEEP], **finish)
+                if not tracker.down:  # every child is logged and the parent closed: nothing left queued
+                    (sweep_dir / QUEUE).unlink(missing_ok=True)
             except Exception as exc:
                 if isinstance(exc, OSError) and is_no_space(exc):
                     raise

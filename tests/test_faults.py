@@ -181,7 +181,7 @@ def test_harness_killed_mid_run_then_resume(box, sig):
 def test_run_and_fork_server_killed_and_a_run_over_its_timeout(box):
     """Three runs: the first is SIGKILLed, the fork server dies under the second, the third times out."""
     tmp, procs = box
-    m = matrix(tmp, levels="[off, on]", embedded="{update_delay_s: 4.0}", timeout=60)
+    m = matrix(tmp, levels="[off, on]", embedded="{update_delay_s: 2.5}", timeout=60)
     m2 = tmp / "fast.yaml"
     m2.write_text(m.read_text() + "repeats: 2\n")
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
@@ -279,7 +279,6 @@ def test_mlflow_server_killed_mid_sweep_costs_seconds_and_sync_fills_it_in(box):
     procs.append(server)
     uri = f"http://127.0.0.1:{port}"
     m = matrix(tmp, levels="[off, on]")
-    m.write_text(m.read_text() + "repeats: 2\n")
     h = start([str(m), "--results", "res", "--tracking-uri", uri], tmp)
     procs.append(h)
     wait_for(lambda: len(list((tmp / "res").glob("fast/2*/*/r*/mlflow.json"))) == 1, 400, h, "one run logged")
@@ -290,14 +289,14 @@ def test_mlflow_server_killed_mid_sweep_costs_seconds_and_sync_fills_it_in(box):
     out = (tmp / "h.out").read_text()
     assert rc == 0, out + (tmp / "h.err").read_text()
     recs = records(tmp / "res")
-    assert len(recs) == 4 and all(r["status"] == "ok" for r in recs.values())
+    assert len(recs) == 2 and all(r["status"] == "ok" for r in recs.values())
     # extra wall time: the time after the kill not spent running the remaining runs
     in_runs = sum(r["finished_at"] - max(r["started_at"], killed_at) for r in recs.values() if r["finished_at"] > killed_at)
     extra = (ended_at - killed_at) - in_runs
     assert extra < 30, f"MLflow outage cost {extra:.1f} s"
     sweep = (tmp / "res" / "fast" / "latest").resolve()
     assert (sweep / "mlflow_queue.json").exists()
-    assert len(list(sweep.glob("*/r*/mlflow.json"))) < 4
+    assert len(list(sweep.glob("*/r*/mlflow.json"))) == 1
 
     # the server comes back: sync fills MLflow in, and a second sync changes nothing
     server2 = _mlflow_server(tmp, port)
@@ -308,7 +307,7 @@ def test_mlflow_server_killed_mid_sweep_costs_seconds_and_sync_fills_it_in(box):
     p2 = bench(["sync", "fast", "--results", "res"], tmp)
     assert p2.returncode == 0 and "logged 0 child run(s)" in p2.stdout, p2.stdout
     parents, children = runs_of(uri, "fast")
-    assert len(parents) == 1 and len(children) == 4
+    assert len(parents) == 1 and len(children) == 2
     parent = parents[0]
     assert parent.info.status == "FINISHED" and "harness_overhead_share" in parent.data.metrics
     by_key = {(c.data.tags["cell_id"], int(c.data.tags["repeat"])): c for c in children}
