@@ -106,16 +106,30 @@ def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) ->
     Call it in a child right after ``fork`` (``preexec_fn``); if the parent is already gone
     (``getppid() != parent_pid``) the process exits at once. A no-op where ``prctl`` is unavailable.
     """
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    except (OSError, AttributeError):
+    prctl = _prctl()
+    if prctl is None:
         return
+    prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(1)
 
 
+_PRCTL: list = []
+
+
+def _prctl():
+    """libc's ``prctl`` (looked up once, in the parent: a forked child only calls it), or ``None``."""
+    if not _PRCTL:
+        try:
+            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError):
+            _PRCTL.append(None)
+    return _PRCTL[0]
+
+
 def _child_setup(parent_pid: int):
+    _prctl()  # resolve before fork
+
     def setup() -> None:
         die_with_parent(parent_pid)
 

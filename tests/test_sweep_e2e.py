@@ -123,6 +123,8 @@ def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     p = bench(["crash.yaml", "--results", "res", "--tracking-uri", uri], tmp_path)
     assert p.returncode == 1, p.stdout + p.stderr
+    err = p.stderr.strip().splitlines()
+    assert len(err) == 1 and "2 cell(s) not ok" in err[0] and "Traceback" not in p.stderr, p.stderr
     sweep = (tmp_path / "res" / "crash" / "latest").resolve()
     recs = {r["levels"]["dynamic_bsz"]: r for r in
             (json.loads(x.read_text()) for x in sweep.glob("*/r0/record.json"))}
