@@ -110,3 +110,89 @@ def test_sync_without_store_changes_keeps_the_queue(tmp_path):
     queue_upload(tmp_path, "sqlite:///x.db", "again")  # a later failure keeps the parent's pending finish
     data2 = json.loads((tmp_path / QUEUE).read_text())
     assert data2["parent_finish"]["metrics"] == {"sweep_wall_s": 3.0} and data2["since"] == data["since"]
+
+
+class _FakeExecutor:
+    """Writes a real verl JSONL (fixture) into the run folder: a finished run without running anything."""
+
+    name = "fake"
+
+    def execute(self, launch):
+        import shutil
+        from pathlib import Path
+
+        from bench.executors import ExecResult
+
+        fixture = Path(__file__).parent / "fixtures" / "measure" / "verl09_metrics.jsonl"
+        shutil.copy(fixture, launch.run_dir / "metrics.jsonl")
+        return ExecResult(0, False, 0.1)
+
+
+def _sweep(tmp_path, uri, steps):
+    from bench.matrix import Matrix
+    from bench.plan import make_plan
+    from bench.sweep import Sweep
+
+    m = Matrix.model_validate({"name": "q", "engine": "embedded", "platform": "cpu",
+                               "base": {"steps": steps, "train_batch_size": 4, "n": 2, "ppo_mini_batch_size": 4,
+                                        "micro_batch_size_per_gpu": 2},
+                               "factors": {"dynamic_bsz": [0, 1]}})
+    m.source = "q.yaml"
+    plan = make_plan(m)
+    return Sweep(m, plan, tmp_path / "res", uri, executor=_FakeExecutor()).run()
+
+
+def test_uploads_queued_in_an_outage_are_synced_by_the_next_run(tmp_path, monkeypatch):
+    """An MLflow failure mid-sweep queues the uploads (the sweep finishes); the next `run` of the matrix
+    (another sweep) uploads them first; `sync` afterwards has nothing left to do."""
+    from mlflow import MlflowClient
+
+    from bench.sync import QUEUE
+    from bench.tracking import Tracker
+
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    real = Tracker.log_child
+    calls = {"n": 0}
+
+    def flaky(self, *a, **k):
+        calls["n"] += 1
+        if calls["n"] >= 2:
+            raise ConnectionError("server went away")
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Tracker, "log_child", flaky)
+    first = _sweep(tmp_path, uri, steps=4)
+    assert [r["status"] for r in first.rows] == ["ok", "ok"]
+    assert (first.sweep_dir / QUEUE).exists() and calls["n"] == 2  # down after one failure: no third call
+    assert len(list(first.sweep_dir.glob("*/r0/mlflow.json"))) == 1
+    queue = json.loads((first.sweep_dir / QUEUE).read_text())
+    assert queue["parent_finish"]["status"] == "FINISHED" and "sweep_wall_s" in queue["parent_finish"]["metrics"]
+
+    monkeypatch.setattr(Tracker, "log_child", real)
+    second = _sweep(tmp_path, uri, steps=5)  # other content: a new sweep of the same matrix
+    assert second.sweep_dir != first.sweep_dir
+    assert not (first.sweep_dir / QUEUE).exists()
+    assert len(list(first.sweep_dir.glob("*/r0/mlflow.json"))) == 2
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("q")
+    p1 = client.get_run(first.parent_run_id)
+    assert p1.info.status == "FINISHED" and p1.data.metrics["sweep_wall_s"] == pytest.approx(first.wall_s)
+    kids = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{first.parent_run_id}'")
+    assert len(kids) == 2
+
+    from bench.cli import main
+
+    assert main(["sync", "--results", str(tmp_path / "res"), "--tracking-uri", uri]) == 0
+    assert len(client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{first.parent_run_id}'")) == 2
+
+    # a resume of the first sweep keeps its first wall time and overhead, and records its own
+    line = next(ln for ln in (first.sweep_dir / "summary.md").read_text().splitlines() if "harness overhead" in ln)
+    again = _sweep(tmp_path, uri, steps=4)
+    assert again.sweep_dir == first.sweep_dir and (again.executed, again.skipped) == (0, 2)
+    md = (first.sweep_dir / "summary.md").read_text()
+    assert line in md and "- resumed: invocation 2:" in md
+    meta = json.loads((first.sweep_dir / "sweep.json").read_text())
+    assert len(meta["invocations"]) == 2 and meta["invocations"][0]["wall_s"] == pytest.approx(first.wall_s)
+    p1 = client.get_run(first.parent_run_id)
+    assert p1.data.metrics["sweep_wall_s"] == pytest.approx(first.wall_s)
+    assert p1.data.metrics["resume1_wall_s"] == pytest.approx(again.wall_s)
