@@ -167,14 +167,21 @@ def signal_reason(sig: int, oom_before: int | None) -> str:
 
 
 def kill_strays(folder: Path, grace_s: float = 3.0) -> list[int]:
-    """End every process (and its process group) whose working folder or ``BENCH_RUN_DIR`` lies inside
-    ``folder``: what a killed harness of this sweep may have left running. Returns the PIDs ended.
+    """End every run process (and its process group) that a killed harness left in ``folder``; returns
+    the PIDs ended.
 
-    Processes of other users, and this process and its ancestors, are never touched.
+    A run process is one whose environment has ``BENCH_RUN_DIR`` inside ``folder`` (runs started by
+    :class:`LocalExecutor` and their children), or a fork-server child (command line ``bench.forkserver``)
+    working inside ``folder``. Anything else (a shell ``cd``-ed into the folder), processes of other
+    users, and this process and its ancestors are never touched.
     """
     import psutil
 
     root = str(Path(folder).resolve())
+
+    def inside(path: str) -> bool:
+        return bool(path) and (path == root or path.startswith(root + os.sep))
+
     mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     found: list[psutil.Process] = []
     for proc in psutil.process_iter(["pid", "uids"]):
@@ -183,13 +190,12 @@ def kill_strays(folder: Path, grace_s: float = 3.0) -> list[int]:
         try:
             if proc.info["uids"] is not None and proc.info["uids"].real != os.getuid():
                 continue
-            cwd = proc.cwd()
-            env_dir = ""
             try:
                 env_dir = proc.environ().get("BENCH_RUN_DIR", "")
             except (psutil.AccessDenied, OSError):
-                pass
-            if any(d == root or d.startswith(root + os.sep) for d in (cwd, env_dir) if d):
+                env_dir = ""
+            forked = inside(proc.cwd()) and "bench.forkserver" in " ".join(proc.cmdline())
+            if inside(env_dir) or forked:
                 found.append(proc)
         except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
             continue

@@ -170,7 +170,14 @@ def test_harness_killed_mid_run_then_resume(box, sig):
         assert meta["status"] == "interrupted"
     else:
         assert rc == -signal.SIGKILL
+    # a run a dead harness could not take with it (say, a daemonized grandchild): the resume ends it first
+    sweep = next((tmp / "res").glob("fast/2*"))
+    stray = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], cwd=tmp,
+                             env={**env(), "BENCH_RUN_DIR": str(sweep / "x" / "r0")}, start_new_session=True)
+    procs.append(stray)
     p = bench([str(m), "--results", "res", "--tracking-uri", uri], tmp)
+    assert stray.poll() is not None or not psutil.pid_exists(stray.pid)
+    assert "ended 1 process(es) of an earlier harness" in p.stdout
     assert p.returncode == 0, p.stdout + p.stderr
     n = len(finished)
     assert f"executed {2 - n}, cached {n}, failed 0" in p.stdout

@@ -59,8 +59,11 @@ def test_kill_strays_ends_processes_working_in_the_folder_only(tmp_path):
     inside = tmp_path / "sweep" / "cell" / "r0"
     inside.mkdir(parents=True)
     code = "import time; time.sleep(120)"
-    a = subprocess.Popen([sys.executable, "-c", code], cwd=inside, start_new_session=True)
-    b = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, start_new_session=True)
+    run_env = {**os.environ, "BENCH_RUN_DIR": str(inside)}
+    a = subprocess.Popen([sys.executable, "-c", code], cwd=inside, env=run_env, start_new_session=True)
+    b = subprocess.Popen([sys.executable, "-c", code], cwd=tmp_path, env=run_env | {"BENCH_RUN_DIR": str(tmp_path)},
+                         start_new_session=True)
+    shell = subprocess.Popen([sys.executable, "-c", code], cwd=inside, start_new_session=True)  # a user in there
     try:
         time.sleep(0.3)
         ended = kill_strays(tmp_path / "sweep")
@@ -68,9 +71,9 @@ def test_kill_strays_ends_processes_working_in_the_folder_only(tmp_path):
         a.wait(timeout=10)  # ended (kill_strays reaped it already, so its status reads 0 or -9)
         assert a.returncode in (0, -signal.SIGKILL)
         time.sleep(0.2)
-        assert b.poll() is None
+        assert b.poll() is None and shell.poll() is None
     finally:
-        for p in (a, b):
+        for p in (a, b, shell):
             if p.poll() is None:
                 p.kill()
                 p.wait()
