@@ -21,7 +21,7 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bench.errors import BenchError
+from bench.errors import BenchError, doing
 from bench.optimizations import FACTOR_KEYS, REGISTRY
 
 #: upper bounds of matrix numbers (a typo such as ``repeats: 1000000000000`` is refused, not planned)
@@ -374,7 +374,11 @@ def load_matrix(path: str | Path) -> Matrix:
     Raises:
         BenchError: unreadable file, malformed YAML (with line), or invalid content (file, key, allowed values).
     """
-    path = Path(path)
+    with doing(f"reading the matrix {path}"):
+        return _load_matrix(Path(path))
+
+
+def _load_matrix(path: Path) -> Matrix:
     try:
         if path.is_dir():
             raise BenchError(f"{path}: cannot read matrix: is a folder")
