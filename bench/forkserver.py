@@ -189,6 +189,7 @@ class ForkServerExecutor:
         except (OSError, ValueError, RuntimeError, KeyError):
             self.close()
             return self.fallback.execute(launch)
+        start = time.perf_counter()  # the run's clock starts at its fork, not while the server imports
         deadline = start + launch.timeout_s
         fd = self.proc.stdout
         try:

@@ -238,7 +238,8 @@ def test_run_and_fork_server_killed_and_a_run_over_its_timeout(box):
     assert p.returncode == 1, p.stdout + p.stderr
     (rec,) = records(res, "slow").values()
     assert rec["failure_kind"] == "timeout" and "timed out after 8 s" in rec["reason"]
-    assert time.monotonic() - t0 < 120
+    assert 8 <= rec["wall_s"] < 8 + 20  # killed at its limit (SIGTERM, then SIGKILL after 2 s at most)
+    assert time.monotonic() - t0 < 600
     assert_no_leftovers(res)
 
 
