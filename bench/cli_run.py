@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -176,9 +177,12 @@ def main(args: argparse.Namespace) -> int:
                   f"`mlflow ui --backend-store-uri {args.tracking_uri}`")
     console.print(f"executed {out.executed}, cached {out.skipped}, failed {out.failed}; wall {out.wall_s:.1f} s, "
                   f"in GRPO steps {out.in_step_s:.1f} s, harness overhead {out.overhead_share:.1%}")
-    if out.failed:
-        console.print(f"[red]{out.failed} run(s) failed[/]: see the status column and each run.log")
-    return 1 if any(r["status"] != "ok" for r in out.rows) else 0
+    if any(r["status"] != "ok" for r in out.rows):  # exit 1: one line on stderr says why
+        bad = sum(r["status"] != "ok" for r in out.rows)
+        print(f"error: {bad} cell(s) not ok ({out.failed} run(s) failed now): see the status column, "
+              f"{out.sweep_dir / 'summary.md'} and each run.log", file=sys.stderr)
+        return 1
+    return 0
 
 
 def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:

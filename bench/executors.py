@@ -2,6 +2,13 @@
 
 - :class:`LocalExecutor` (default): a child process in its own process group and session, so
   environment variables and patches never leak between runs and a timeout kills the whole tree.
+
+Process hygiene: every process the harness starts (a run, the fork server) gets a parent-death signal
+(``PR_SET_PDEATHSIG`` = SIGKILL, :func:`die_with_parent`), so a harness killed even by SIGKILL leaves no
+run behind; SIGTERM/SIGINT unwind the harness, which kills the run's process group. A resumed sweep
+first ends whatever still runs in its folders (:func:`kill_strays`). A run killed by a signal is
+labelled with it ("killed by signal 9 (SIGKILL)"); "out of memory" only with evidence: the cgroup's
+``oom_kill`` counter rose during the run (:func:`oom_kills`).
 - :class:`bench.ray_executor.RayJobExecutor`: a job on an existing Ray cluster (``--ray-address``).
 
 Runs go one after another: benchmark runs must not share devices.
@@ -9,6 +16,7 @@ Runs go one after another: benchmark runs must not share devices.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -108,6 +116,121 @@ def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run
     return ResolvedLaunch(argv=[_fill(a) for a in argv], env=out_env, run_dir=run_dir, timeout_s=timeout_s)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux ``PR_SET_PDEATHSIG``).
+
+    Call it in a child right after ``fork`` (``preexec_fn``); if the parent is already gone
+    (``getppid() != parent_pid``) the process exits at once. A no-op where ``prctl`` is unavailable.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return
+    prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+_PRCTL: list = []
+
+
+def _prctl():
+    """libc's ``prctl`` (looked up once, in the parent: a forked child only calls it), or ``None``."""
+    if not _PRCTL:
+        try:
+            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError):
+            _PRCTL.append(None)
+    return _PRCTL[0]
+
+
+def _child_setup(parent_pid: int):
+    _prctl()  # resolve before fork
+
+    def setup() -> None:
+        die_with_parent(parent_pid)
+
+    return setup
+
+
+def oom_kills() -> int | None:
+    """The ``oom_kill`` counter of this process's cgroup (v2 ``memory.events``; ``None`` where absent)."""
+    try:
+        rel = next((ln.split(":", 2)[2] for ln in open("/proc/self/cgroup").read().splitlines()
+                    if ln.startswith("0::")), "/")
+    except OSError:
+        rel = "/"
+    for path in (Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events", Path("/sys/fs/cgroup/memory.events")):
+        try:
+            for line in path.read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def signal_reason(sig: int, oom_before: int | None) -> str:
+    """``killed by signal N (NAME)``; with ``: out of memory (...)`` only when the cgroup's OOM counter rose."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = "unknown"
+    why = f"killed by signal {sig} ({name})"
+    after = oom_kills()
+    if sig == signal.SIGKILL and oom_before is not None and after is not None and after > oom_before:
+        why += f": out of memory (cgroup oom_kill counter {oom_before} -> {after})"
+    return why
+
+
+def kill_strays(folder: Path, grace_s: float = 3.0) -> list[int]:
+    """End every run process (and its process group) that a killed harness left in ``folder``; returns
+    the PIDs ended.
+
+    A run process is one whose environment has ``BENCH_RUN_DIR`` inside ``folder`` (runs started by
+    :class:`LocalExecutor` and their children), or a fork-server child (command line ``bench.forkserver``)
+    working inside ``folder``. Anything else (a shell ``cd``-ed into the folder), processes of other
+    users, and this process and its ancestors are never touched.
+    """
+    import psutil
+
+    root = str(Path(folder).resolve())
+
+    def inside(path: str) -> bool:
+        return bool(path) and (path == root or path.startswith(root + os.sep))
+
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found: list[psutil.Process] = []
+    for proc in psutil.process_iter(["pid", "uids"]):
+        if proc.pid in mine:
+            continue
+        try:
+            if proc.info["uids"] is not None and proc.info["uids"].real != os.getuid():
+                continue
+            try:
+                env_dir = proc.environ().get("BENCH_RUN_DIR", "")
+            except (psutil.AccessDenied, OSError):
+                env_dir = ""
+            forked = inside(proc.cwd()) and "bench.forkserver" in " ".join(proc.cmdline())
+            if inside(env_dir) or forked:
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    for proc in found:
+        try:
+            pgid = os.getpgid(proc.pid)
+            if pgid in mine or pgid == os.getpgrp():
+                proc.kill()
+            else:
+                os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess, OSError):
+            continue
+    psutil.wait_procs(found, timeout=grace_s)
+    return [p.pid for p in found]
+
+
 class LocalExecutor:
     """Runs each launch as a local child process (new session; the whole group is killed on timeout)."""
 
@@ -120,11 +243,12 @@ class LocalExecutor:
         env.update(launch.env)
         log = launch.run_dir / "run.log"
         start = time.perf_counter()
+        oom0 = oom_kills()
         with open(log, "ab") as fh:
             try:
                 proc = subprocess.Popen(
                     launch.argv, env=env, cwd=launch.run_dir, stdout=fh, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
+                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup(os.getpid()),
                 )
             except OSError as exc:
                 return ExecResult(None, False, 0.0, f"cannot start {launch.argv[0]}: {exc.strerror}")
@@ -141,14 +265,12 @@ class LocalExecutor:
         wall = time.perf_counter() - start
         _note_leftovers(launch.run_dir, reap_run_processes(launch.run_dir))
         if rc < 0:
-            sig = signal.Signals(-rc).name
-            why = "killed by SIGKILL (out of memory?)" if rc == -signal.SIGKILL else f"killed by {sig}"
-            return ExecResult(rc, False, wall, why)
+            return ExecResult(rc, False, wall, signal_reason(-rc, oom0))
         return ExecResult(rc, False, wall, "" if rc == 0 else f"exit code {rc}")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM then SIGKILL the child's process group."""
+    """SIGTERM then SIGKILL the child's process group (waits up to 5 s after each)."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)

@@ -18,7 +18,7 @@ from typing import Any
 from bench.executors import ExecResult
 from bench.measure import MeasureError, collect, summarize
 from bench.measure._common import iqr, mean, median
-from bench.results import RECORD, atomic_write_json, read_json
+from bench.results import RECORD, atomic_write_json, is_record, read_json
 
 SCHEMA_VERSION = 1
 LOG_TAIL_LINES = 30
@@ -45,7 +45,7 @@ def _failure(run_dir: Path, res: ExecResult) -> tuple[str, str]:
     if res.timed_out:
         return "timeout", res.reason
     tail = log_tail(run_dir / "run.log", 200).lower()
-    if "out of memory" in tail or "outofmemoryerror" in tail or (res.returncode == -9):
+    if "out of memory" in tail or "outofmemoryerror" in tail or "out of memory" in res.reason:
         return "oom", res.reason + (" (out of memory in log)" if "out of memory" in tail else "")
     last = next((ln.strip() for ln in reversed(log_tail(run_dir / "run.log").splitlines()) if ln.strip()), "")
     return "crash", f"{res.reason}: {last}"[:500] if last else res.reason
@@ -148,4 +148,4 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> None:
 def is_finished(run_dir: Path) -> bool:
     """True when the run folder holds a record with status ``ok``."""
     rec = read_json(Path(run_dir) / RECORD)
-    return bool(rec and rec.get("status") == "ok")
+    return bool(is_record(rec) and rec.get("status") == "ok")
