@@ -201,23 +201,9 @@ def kill_strays(folder: Path, grace_s: float = 3.0) -> list[int]:
     def inside(path: str) -> bool:
         return bool(path) and (path == root or path.startswith(root + os.sep))
 
+    found = _scan(lambda proc, env_dir: inside(env_dir) or (
+        inside(proc.cwd()) and "bench.forkserver" in " ".join(proc.cmdline())))
     mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
-    found: list[psutil.Process] = []
-    for proc in psutil.process_iter(["pid", "uids"]):
-        if proc.pid in mine:
-            continue
-        try:
-            if proc.info["uids"] is not None and proc.info["uids"].real != os.getuid():
-                continue
-            try:
-                env_dir = proc.environ().get("BENCH_RUN_DIR", "")
-            except (psutil.AccessDenied, OSError):
-                env_dir = ""
-            forked = inside(proc.cwd()) and "bench.forkserver" in " ".join(proc.cmdline())
-            if inside(env_dir) or forked:
-                found.append(proc)
-        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
-            continue
     for proc in found:
         try:
             pgid = os.getpgid(proc.pid)
@@ -283,24 +269,36 @@ def _kill_group(proc: subprocess.Popen) -> None:
             continue
 
 
+def _scan(match) -> list:
+    """This user's processes (not this one nor its ancestors) for which ``match(proc, bench_run_dir)`` holds,
+    ``bench_run_dir`` being the ``BENCH_RUN_DIR`` of the process's environment ('' when it has none)."""
+    import psutil
+
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for proc in psutil.process_iter(["pid", "uids"]):
+        if proc.pid in mine:
+            continue
+        try:
+            if proc.info["uids"] is not None and proc.info["uids"].real != os.getuid():
+                continue
+            try:
+                env_dir = proc.environ().get("BENCH_RUN_DIR", "")
+            except (psutil.AccessDenied, OSError):
+                env_dir = ""
+            if match(proc, env_dir):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
 def run_processes(run_dir: Path) -> list:
     """Live processes that belong to the run in ``run_dir``: every process whose environment has
     ``BENCH_RUN_DIR`` equal to it (the variable every process of a run inherits, including the Ray
     head, raylet and workers and vLLM engines that a verl run starts in sessions of their own)."""
-    import psutil
-
     target = str(Path(run_dir).resolve())
-    me = os.getpid()
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        if p.pid == me:
-            continue
-        try:
-            if p.environ().get("BENCH_RUN_DIR") == target:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found
+    return _scan(lambda proc, env_dir: env_dir == target)
 
 
 def reap_run_processes(run_dir: Path, grace_s: float = 5.0) -> list[str]:
