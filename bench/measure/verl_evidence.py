@@ -144,9 +144,11 @@ def rmsnorm_fused(level: int, reports: list[dict], cfg: dict | None) -> tuple[st
         where = f"{name}:{mode} in {training} training process(es), {rollout} vLLM process(es)"
         if training:
             return "confirmed", where
-        refused = [((r.get("patches") or {}).get(name) or {}).get("reason", "") for r in reports
-                   if ((r.get("patches") or {}).get(name) or {}).get("status") in ("refused", "error")]
-        why = f"; refused: {refused[0][:160]}" if refused else ""
+        states = [((r.get("patches") or {}).get(name) or {}) for r in reports]
+        refused = [st.get("reason", "") for st in states if st.get("status") in ("refused", "error")]
+        armed = sum(st.get("status") == "armed" for st in states)
+        why = f"; refused: {refused[0][:160]}" if refused else (
+            f"; armed in {armed} process(es) but its target module was never imported" if armed else "")
         return "missing", f"{where}: the actor/ref model was never patched{why}"
     liger = _select(cfg, "actor_rollout_ref.model.use_liger")
     if liger is not None:
