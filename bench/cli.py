@@ -2,8 +2,9 @@
 ``baseline`` subcommands.
 
 Exit codes: 0 success; 1 a sweep with failed cells, a gate regression, a full disk or an unexpected
-error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 130
-interrupted (Ctrl-C); 143 terminated (SIGTERM).
+error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 3 the gate
+cannot judge (too noisy, too few samples: :data:`bench.gate.EXIT_CANNOT_JUDGE`); 130 interrupted
+(Ctrl-C); 143 terminated (SIGTERM).
 
 Error boundary (every subcommand): a :class:`~bench.errors.BenchError` is printed as one line; any other
 exception as one line naming the step in progress (:class:`bench.errors.doing`) and the path of a log
