@@ -97,12 +97,12 @@ def test_free_ratio_with_one_profiled_step_cannot_be_judged(results, uri, capsys
 
 
 def test_too_few_samples_is_an_error_not_a_pass(tmp_path, uri, capsys):
-    make_sweep(tmp_path, "synth", [{}], repeats=1, steps=4, seed=1)
+    make_sweep(tmp_path, "synth", [{}], repeats=2, steps=6, seed=1)
     assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
     make_sweep(tmp_path, "cand", [{}], repeats=1, steps=4, times=log_normal_times(base_s=3.0), seed=2)
     assert gate(tmp_path, uri) == 3
     out, err = capsys.readouterr()
-    assert "too few samples: 2 baseline + 2 candidate steps" in err
+    assert "too few samples: 8 baseline + 2 candidate steps" in err
     # "cannot judge" is its own verdict and exit code: never reported as an ERROR
     assert "gate: cannot judge (exit 3)" in out and "ERROR" not in out + err and "error:" not in err
     md = next(tmp_path.glob("cand/*/gate/gate.md")).read_text()
