@@ -59,6 +59,30 @@ class OneLineParser(argparse.ArgumentParser):
         sys.exit(2)
 
 
+def version_string() -> str:
+    """``run_bench.py <package version> (git <short sha>[+dirty])``; without the git part when the code is
+    not in a git checkout (an installed package) or git is missing."""
+    from bench import __version__
+    from bench.tracking import git_commit
+
+    sha = git_commit()
+    if sha == "unknown":
+        return f"run_bench.py {__version__}"
+    short, _, dirty = sha.partition("+")
+    return f"run_bench.py {__version__} (git {short[:7]}{'+' + dirty if dirty else ''})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_string` (computed only when asked) and exit 0."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_string())
+        parser.exit(0)
+
+
 def check_flag_ranges(args: argparse.Namespace) -> None:
     """Refuse numeric flags outside :data:`FLAG_RANGES` (and NaN/inf anywhere).
 
@@ -103,6 +127,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ablation benchmark harness for GRPO post-training performance (verl; embedded engine "
         "on machines without an accelerator). `run_bench.py MATRIX.yaml` = `run_bench.py run MATRIX.yaml`.",
     )
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the package version and the git short sha of the code, then exit")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, (module, help_text) in SUBCOMMANDS.items():
         try:
