@@ -102,7 +102,10 @@ class ConsoleView:
             speed = f"{self.ref / st:8.3f}" if (self.ref and st) else f"{'-':>8}"
             status = ("cached" if kind == "skip" else rec.get("status", "?"))
             fr, rs = s.get("free_ratio_median"), s.get("rollout_share_median")
-            line = (f"{status:8} {data['spec'].label[:34]:34} {data['repeat']:>3} "
+            label = data["spec"].label
+            if self.console.is_terminal:
+                label = label[:34]  # a terminal's width is known; a log keeps the whole label
+            line = (f"{status:8} {label:34} {data['repeat']:>3} "
                     f"{(f'{st:.3f}' if st else '-'):>8} {speed} {(f'{rs:.3f}' if rs is not None else '-'):>8} "
                     f"{(f'{fr:.3f}' if fr is not None else '-'):>6}")
             if rec.get("status") == "failed":
@@ -118,16 +121,50 @@ class ConsoleView:
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
     """The final rich table of cells (factor columns only for factors that apply and vary)."""
-    factors = [k for k in FACTOR_KEYS if len({r[k] for r in rows}) > 1 or any(r[k] not in ("n/a", "0") for r in rows)]
+    head, body = _summary_columns(rows)
     t = Table(title="cells")
-    for col in ("cell", *factors, "step s", "IQR", "speedup", "rollout", "Free", "status"):
+    for col in head:
         t.add_column(col, overflow="fold")
-    for r in rows:
-        t.add_row(r["label"], *[r[k] for k in factors],
-                  *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
-                    (r["step_time_median_s"], r["step_time_iqr_s"], r["speedup"], r["rollout_share"], r["free_ratio"])),
-                  r["status"] + (f": {r['reason'][:60]}" if r["reason"] else ""))
+    for b in body:
+        t.add_row(*b)
     return t
+
+
+#: width of the console when the output is not a terminal (a CI log, a file): wide enough for the cells table
+PLAIN_WIDTH = 160
+
+
+def _summary_columns(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and text cells of the final table (shared by the rich and the plain layout)."""
+    factors = [k for k in FACTOR_KEYS if len({r[k] for r in rows}) > 1 or any(r[k] not in ("n/a", "0") for r in rows)]
+    head = ["cell", *factors, "step s", "IQR", "speedup", "rollout", "Free", "status"]
+    body = [[r["label"], *[r[k] for k in factors],
+             *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
+               (r["step_time_median_s"], r["step_time_iqr_s"], r["speedup"], r["rollout_share"], r["free_ratio"])),
+             r["status"] + (f": {r['reason'][:60]}" if r["reason"] else "")] for r in rows]
+    return head, body
+
+
+def plain_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The final table as plain lines for a non-terminal (CI log, file): a header, then one line per cell.
+
+    Columns are padded to their widest entry and nothing is cut or wrapped: a label stays whole on its line
+    however long it is (print each line with ``soft_wrap=True``).
+    """
+    head, body = _summary_columns(rows)
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [fmt(head), fmt(["-" * w for w in widths]), *(fmt(b) for b in body)]
+
+
+def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
+    """The final cells table: rich's table on a terminal, :func:`plain_table` elsewhere (never wrapped)."""
+    if console.is_terminal:
+        console.print(summary_table(rows))
+        return
+    console.print("cells", markup=False)
+    for line in plain_table(rows):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""):
@@ -149,6 +186,8 @@ def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""
 def main(args: argparse.Namespace) -> int:
     """Run (or dry-run) a matrix; 0 when every cell finished, 1 when some failed, 2 on bad input."""
     console = Console(highlight=False, soft_wrap=True)
+    if not console.is_terminal:  # CI log or file: no 80-column default
+        console = Console(highlight=False, soft_wrap=True, width=max(PLAIN_WIDTH, console.width))
     matrix = load_matrix(args.matrix)
     if matrix.expect:  # claims checked by the gate: a bad block fails now, not after the sweep
         from bench.gate import validate_expect
@@ -170,7 +209,7 @@ def main(args: argparse.Namespace) -> int:
                     force=args.force, on_event=view).run()
     finally:
         view.stop()
-    console.print(summary_table(out.rows))
+    print_summary(out.rows, console)
     console.print(f"sweep folder: {out.sweep_dir}")
     console.print(f"summary: {out.sweep_dir / 'summary.md'}")
     console.print(f"MLflow: {args.tracking_uri} (parent run {out.parent_run_id}); browse with "
@@ -240,4 +279,4 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     return 0 if all(r["status"] == "ran" for r in results) else 1
 
 
-__all__ = ["add_arguments", "main", "print_plan", "smoke_main"]
+__all__ = ["add_arguments", "main", "plain_table", "print_plan", "print_summary", "smoke_main"]

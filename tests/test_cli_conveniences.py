@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,3 +39,64 @@ def test_version_without_git_and_through_the_entry_point(monkeypatch, capsys, tm
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 0 and p.stdout.startswith(f"run_bench.py {__version__}") and p.stderr == ""
     assert list(tmp_path.iterdir()) == []  # writes nothing
+
+
+# -- console in a non-terminal -------------------------------------------------------------------------
+
+def _row(label: str, **kw) -> dict:
+    from bench.optimizations import FACTOR_KEYS
+
+    row = {k: "n/a" for k in FACTOR_KEYS}
+    row.update(label=label, step_time_median_s=1.2345, step_time_iqr_s=0.01, speedup=1.0, rollout_share=0.4,
+               free_ratio=None, status="ok", reason="", rmsnorm_fused="1", dynamic_bsz="0")
+    row.update(kw)
+    return row
+
+
+def test_plain_table_keeps_every_label_whole_on_one_line():
+    from bench.cli_run import plain_table
+
+    long = "rmsnorm_fused+dynamic_bsz+" + "x" * 180
+    lines = plain_table([_row("all-off", rmsnorm_fused="0"), _row(long, dynamic_bsz="1")])
+    assert len(lines) == 4 and lines[0].split() == ["cell", "rmsnorm_fused", "dynamic_bsz", "step", "s", "IQR",
+                                                    "speedup", "rollout", "Free", "status"]
+    assert lines[3].startswith(long + "  1              1") and lines[3].split()[-1] == "ok" and "1.234" in lines[3]
+    assert lines[2].startswith("all-off ") and lines[2].split()[-2:] == ["-", "ok"]  # free_ratio None -> "-"
+
+
+def test_rich_table_at_80_columns_would_wrap_the_label():
+    """Why the plain layout exists: rich folds a 25-character label in an 80-column log."""
+    import io
+
+    from rich.console import Console
+
+    from bench.cli_run import summary_table
+
+    buf = io.StringIO()
+    Console(file=buf, width=80).print(summary_table([_row("all-off"), _row("rmsnorm_fused+dynamic_bsz")]))
+    assert "rmsnorm_fused+dynamic_bsz" not in buf.getvalue()
+
+
+@pytest.mark.slow
+def test_sweep_piped_to_a_file_prints_unwrapped_labels(tmp_path):
+    """A real 2-cell embedded sweep (smoke settings, ~40 s) with stdout piped, as in a CI log."""
+    text = (ROOT / "matrix" / "smoke.yaml").read_text().replace("name: smoke", "name: smokewide")
+    text = text.replace("design: full", "design:\n  type: explicit\n  cells:\n    - {}\n"
+                        "    - {rmsnorm_fused: on, dynamic_bsz: on}")
+    text = text.replace("factors:\n", "factors:\n  rmsnorm_fused: [off, on]\n")
+    (tmp_path / "wide.yaml").write_text(text)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    p = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "wide.yaml", "--results", "res",
+                        "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    lines = p.stdout.splitlines()
+    table = lines[lines.index("cells") + 1:]
+    assert table[0].split()[:3] == ["cell", "rmsnorm_fused", "dynamic_bsz"] and set(table[1]) <= {"-", " "}
+    for i, label in enumerate(("all-off", "rmsnorm_fused+dynamic_bsz")):
+        row = table[2 + i].split()
+        assert row[0] == label and row[-1] == "ok" and float(row[3]) > 0  # label, levels, step s ... status
+        # the live line of the finished run holds the whole label too
+        assert any(ln.split()[:2] == ["ok", label] for ln in lines[:lines.index("cells")])
+    assert table[4].startswith("sweep folder: ")
