@@ -180,7 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         if not argv:
             parser.print_help()
             return 2
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # `run M.yaml --dry-run base.steps=4`: overrides after options land here
+            if isinstance(getattr(args, "overrides", None), list) and not any(x.startswith("-") for x in extra):
+                args.overrides += extra
+            else:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
         check_flag_ranges(args)
         args.tracking_uri_given = args.tracking_uri is not None
         if args.tracking_uri is None:

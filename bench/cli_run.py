@@ -22,6 +22,12 @@ from bench.results import check_writable
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``run``."""
     p.add_argument("matrix", type=Path, help="matrix YAML file (see matrix/)")
+    p.add_argument("overrides", nargs="*", default=[], metavar="base.KEY=VALUE",
+                   help="Hydra-style overrides of the matrix's base settings, validated like the file "
+                        "(e.g. base.steps=4 base.embedded.update_delay_s=0.1)")
+    p.add_argument("--cells", default=None, metavar="PATTERN",
+                   help="run only the cells whose label or cell id contains PATTERN or matches it as a glob "
+                        "(* ? [...]); comma-separated alternatives, e.g. --cells 'all-off,dynamic_bsz*'")
     p.add_argument("--dry-run", action="store_true",
                    help="print each cell, its levels and exactly what would be launched; run nothing")
     p.add_argument("--force", action="store_true", help="start a new sweep: rerun cells already finished")
@@ -35,6 +41,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GRPO steps per smoke cell (1-10, default 2)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run each cell as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")
+
+
+def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -> Plan:
+    """The plan restricted to the runs whose label or cell id matches ``pattern``.
+
+    ``pattern``: comma-separated alternatives; each is a glob (``fnmatch``, case-sensitive) when it holds
+    ``*``, ``?`` or ``[``, else a substring of the label or the cell id.
+
+    Raises:
+        BenchError: an empty pattern, or one that matches no run (naming the allowed labels).
+    """
+    from fnmatch import fnmatchcase
+
+    from bench.errors import BenchError
+
+    alts = [a.strip() for a in pattern.split(",") if a.strip()]
+    if not alts:
+        raise BenchError(f"--cells {pattern!r}: empty pattern (give a label, a cell id or a glob)")
+
+    def hit(run, alt: str) -> bool:
+        if any(ch in alt for ch in "*?["):
+            return fnmatchcase(run.label, alt) or fnmatchcase(run.cell_id, alt)
+        return alt in run.label or alt in run.cell_id
+
+    runs = [r for r in plan.runs if any(hit(r, a) for a in alts)]
+    if not runs:
+        labels = ", ".join(r.label for r in plan.runs)
+        raise BenchError(f"{matrix_file}: --cells {pattern!r} matches no cell (allowed labels: {labels}; "
+                         "or a cell id, a substring or a glob)")
+    return plan.model_copy(update={"runs": runs})
 
 
 def _levels(levels: dict[str, int | None]) -> str:
@@ -188,7 +224,7 @@ def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:  # CI log or file: no 80-column default
         console = Console(highlight=False, soft_wrap=True, width=max(PLAIN_WIDTH, console.width))
-    matrix = load_matrix(args.matrix)
+    matrix = load_matrix(args.matrix, getattr(args, "overrides", None))
     if matrix.expect:  # claims checked by the gate: a bad block fails now, not after the sweep
         from bench.gate import validate_expect
 
@@ -196,6 +232,11 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "smoke", False):
         return smoke_main(args, matrix, console)
     plan = make_plan(matrix, strict=not args.dry_run)
+    if getattr(args, "cells", None) is not None:
+        plan = select_cells(plan, args.cells, args.matrix)
+        if len(plan.runs) < len(make_plan(matrix, strict=False).runs):
+            # its own sweep: a subset neither resumes nor is resumed by the sweep of every cell
+            matrix.selected_cells = sorted(r.cell_id for r in plan.runs)
     if args.dry_run:
         print_plan(plan, console)
         return 0
@@ -279,4 +320,4 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     return 0 if all(r["status"] == "ran" for r in results) else 1
 
 
-__all__ = ["add_arguments", "main", "plain_table", "print_plan", "print_summary", "smoke_main"]
+__all__ = ["add_arguments", "main", "plain_table", "select_cells", "print_plan", "print_summary", "smoke_main"]

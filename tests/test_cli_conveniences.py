@@ -100,3 +100,91 @@ def test_sweep_piped_to_a_file_prints_unwrapped_labels(tmp_path):
         # the live line of the finished run holds the whole label too
         assert any(ln.split()[:2] == ["ok", label] for ln in lines[:lines.index("cells")])
     assert table[4].startswith("sweep folder: ")
+
+
+# -- base.KEY=VALUE overrides -----------------------------------------------------------------------------
+
+SMOKE = ROOT / "matrix" / "smoke.yaml"
+
+
+def test_overrides_set_base_values_validated_like_the_file():
+    from bench.matrix import load_matrix
+
+    plain = load_matrix(SMOKE)
+    m = load_matrix(SMOKE, ["base.steps=5", "base.embedded.update_delay_s=0.25", "base.max_response_length=32"])
+    assert (m.base.steps, m.base.max_response_length, plain.base.steps) == (5, 32, 3)
+    assert m.base.embedded == {"update_delay_s": 0.25}
+    assert m.fingerprint() != plain.fingerprint()  # its own sweep, not a resume of the file's
+    assert load_matrix(SMOKE, ["base.steps=3"]).fingerprint() == plain.fingerprint()  # same content, same sweep
+
+
+def run_cli(tmp_path, *args, capsys):
+    rc = main(["run", str(SMOKE), *args, "--results", str(tmp_path / "res")])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("override,expected", [
+    ("base.steps=abc", "smoke.yaml: override base.steps=abc: base.steps: Input should be a valid integer"),
+    ("base.steps=0", "override base.steps=0: base.steps: Input should be greater than or equal to 1"),
+    ("base.stepz=3", "override base.stepz=3: base.stepz: unknown key"),
+    ("steps=3", "override 'steps=3': expected base.KEY=VALUE (e.g. base.steps=4)"),
+    ("base.steps", "override 'base.steps': expected base.KEY=VALUE"),
+    ("base.steps=[1", "override 'base.steps=[1': value is not YAML"),
+    ("base.steps.x=1", "override 'base.steps.x=1': base.steps is not a mapping in the file"),
+    ("base.train_batch_size=5", "override base.train_batch_size=5: base: ppo_mini_batch_size (4) must divide "
+                                "train_batch_size (5)"),
+])
+def test_bad_overrides_are_one_line_exit_2_naming_the_key(tmp_path, capsys, override, expected):
+    rc, out, err = run_cli(tmp_path, "--dry-run", override, capsys=capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and expected in err, err
+    assert out == "" and not (tmp_path / "res").exists()
+
+
+def test_overrides_before_or_after_options(tmp_path, capsys):
+    for args in (("base.steps=4", "--dry-run"), ("--dry-run", "base.steps=4")):
+        rc, out, err = run_cli(tmp_path, *args, capsys=capsys)
+        assert rc == 0 and "runs=2 x 1 repeat(s)" in out and err == ""
+    rc, _, err = run_cli(tmp_path, "--dry-run", "--bogus", capsys=capsys)
+    assert rc == 2 and "unrecognized arguments: --bogus" in err
+
+
+# -- --cells PATTERN ---------------------------------------------------------------------------------------
+
+def _dry_cells(out: str) -> list[str]:
+    return re.findall(r"^run \d+/\d+ cell [0-9a-f]+ \((.+)\)$", out, re.M)
+
+
+def test_cells_selects_by_label_substring_glob_or_cell_id(tmp_path, capsys):
+    rc, out, _ = run_cli(tmp_path, "--dry-run", capsys=capsys)
+    assert rc == 0 and _dry_cells(out) == ["all-off", "dynamic_bsz"]
+    all_off_id = re.search(r"cell ([0-9a-f]+) \(all-off\)", out).group(1)
+    for pattern, cells in (("dynamic", ["dynamic_bsz"]), ("all-*", ["all-off"]), (all_off_id[:6], ["all-off"]),
+                           ("dyn*,all-off", ["all-off", "dynamic_bsz"]), ("*", ["all-off", "dynamic_bsz"])):
+        rc, out, err = run_cli(tmp_path, "--dry-run", "--cells", pattern, capsys=capsys)
+        assert rc == 0 and _dry_cells(out) == cells, (pattern, out, err)
+        assert f"runs={len(cells)} x 1 repeat(s)" in out
+
+
+@pytest.mark.parametrize("pattern,expected", [
+    ("rmsnorm", "smoke.yaml: --cells 'rmsnorm' matches no cell (allowed labels: all-off, dynamic_bsz;"),
+    ("Dyn*", "--cells 'Dyn*' matches no cell (allowed labels: all-off, dynamic_bsz;"),
+    (" , ", "--cells ' , ': empty pattern"),
+])
+def test_cells_matching_nothing_is_one_line_exit_2(tmp_path, capsys, pattern, expected):
+    rc, out, err = run_cli(tmp_path, "--cells", pattern, capsys=capsys)
+    assert rc == 2 and len(err.strip().splitlines()) == 1 and expected in err, err
+    assert not (tmp_path / "res").exists()
+
+
+def test_a_subset_is_its_own_sweep():
+    from bench.cli_run import select_cells
+    from bench.matrix import load_matrix
+    from bench.plan import make_plan
+
+    m = load_matrix(SMOKE)
+    full = m.fingerprint()
+    plan = select_cells(make_plan(m, strict=False), "all-off", SMOKE)
+    assert [r.label for r in plan.runs] == ["all-off"]
+    m.selected_cells = [r.cell_id for r in plan.runs]
+    assert m.fingerprint() != full  # neither resumes nor is resumed by the sweep of every cell
