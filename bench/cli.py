@@ -1,5 +1,5 @@
-"""Command line: ``python run_bench.py [run] MATRIX.yaml`` and the ``tune``, ``gate``, ``report``,
-``baseline`` subcommands.
+"""Command line: ``python run_bench.py [run] MATRIX.yaml`` and the ``tune``, ``gate``, ``compare``,
+``report``, ``baseline`` subcommands.
 
 Exit codes: 0 success; 1 a sweep with failed cells, a gate regression, a full disk or an unexpected
 error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 3 the gate
@@ -33,6 +33,7 @@ SUBCOMMANDS = {
     "tune": ("bench.tune", "Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"),
     "gate": ("bench.gate", "compare a sweep against a baseline; exit 1 on a real slowdown"),
     "report": ("bench.report", "effects, interactions, confidence intervals and plots of a sweep"),
+    "compare": ("bench.compare", "compare two sweeps directly (no saved baseline): gate's verdicts and exit codes"),
     "baseline": ("bench.baseline", "store a sweep as a named baseline for the gate"),
     "sync": ("bench.sync", "upload to MLflow what an outage of the tracking server left queued (idempotent)"),
 }

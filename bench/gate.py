@@ -545,11 +545,56 @@ def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) ->
     return None
 
 
+def load_reference(ref: str, results: Path, *, prefer: Literal["baseline", "sweep"] = "baseline",
+                   what: str = "--baseline") -> dict[str, Any]:
+    """The reference side of a comparison: a saved baseline (name or file) or a sweep (folder, matrix name =
+    its latest sweep, or ``<matrix>/<sweep id>``), read like ``baseline save`` reads it but not stored.
+
+    ``prefer`` decides a name that is both a baseline and a matrix (``gate``: the baseline; ``compare``: the
+    sweep). A sweep's snapshot is named after the sweep (``<matrix>/<sweep id>``).
+
+    Raises:
+        BenchError: neither a baseline nor a sweep (listing the known baselines); an unreadable baseline; a
+            reference sweep with failed, unfinished or sample-less cells.
+    """
+    from bench.baseline import check_complete
+
+    def as_baseline() -> dict[str, Any]:
+        return load_baseline(ref, results)
+
+    def as_sweep() -> dict[str, Any]:
+        sweep = find_sweep(ref, results)
+        snap = snapshot(sweep, results)
+        check_complete(snap, f"{what} {sweep}")
+        snap.update(name=snap["source"].get("sweep") or sweep.name, _path=str(sweep), _kind="sweep")
+        return snap
+
+    first, second = (as_baseline, as_sweep) if prefer == "baseline" else (as_sweep, as_baseline)
+    try:
+        return first()
+    except BenchError as exc:
+        if Path(ref).is_file() or ("unknown baseline" not in str(exc) and "no sweep found" not in str(exc)):
+            raise  # a file that is there but bad, or a bad sweep: say what is wrong with it
+        err1 = str(exc)
+    try:
+        return second()
+    except BenchError as exc:
+        if "unknown baseline" not in str(exc) and "no sweep found" not in str(exc):
+            raise
+        b, sw = (err1, str(exc)) if prefer == "baseline" else (str(exc), err1)
+    raise BenchError(f"{what} {ref}: neither a baseline nor a sweep: {b.split(': ', 1)[-1]}; "
+                     f"{sw.split(': ', 1)[-1]}")
+
+
 def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tracking_uri: str | None,
              metrics: list[str], threshold: float, alpha: float, out: Path | None = None, n_boot: int = N_BOOT,
              seed: int = 0, check_expect: bool = True, pairing: bool = False,
-             max_mde: float | None = None, normalize: bool = True) -> dict[str, Any]:
+             max_mde: float | None = None, normalize: bool = True,
+             prefer: Literal["baseline", "sweep"] = "baseline") -> dict[str, Any]:
     """Everything ``gate`` does; returns the result dict (``exit_code``, ``verdict``, ``files`` ...).
+
+    ``baseline_ref``: a baseline or a sweep (:func:`load_reference`; ``prefer`` decides a name that is
+    both). Thresholds are fractions (0.05 = 5 %).
 
     Raises:
         BenchError: unknown baseline or sweep, different engine/platform, no matching cells, bad expect block,
@@ -567,7 +612,8 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     expects = validate_expect(cand.get("expect"), cand["source"].get("matrix_file") or sweep) if check_expect else []
     if baseline_ref is None and not expects:
         raise BenchError("gate: nothing to check: give --baseline NAME_OR_FILE (and/or an `expect` block in the matrix)")
-    base = load_baseline(baseline_ref, results) if baseline_ref is not None else None
+    base = load_reference(baseline_ref, results, prefer=prefer,  # compare names its reference SWEEP_A
+                          what="--baseline" if prefer == "baseline" else "SWEEP_A") if baseline_ref is not None else None
     result: dict[str, Any] = {
         "format": "grpo-bench-gate", "format_version": 1, "created_at": time.time(),
         "settings": {"threshold": threshold, "alpha": alpha, "metrics": ",".join(metrics), "n_boot": n_boot,
@@ -585,6 +631,7 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     }
     if base is not None:
         result["baseline"] = {"name": base.get("name"), "file": Path(base["_path"]).name,
+                              "kind": base.get("_kind", "baseline"),
                               "sweep": base["source"].get("sweep"), "engine": base["engine"],
                               "platform": base["platform"], "git_commit": base.get("git_commit"),
                               "created_at": base.get("created_at")}
@@ -629,21 +676,28 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``gate``; the exit codes (:data:`EXIT_CODES`) are the help's epilog."""
     p.epilog = EXIT_CODES
-    p.add_argument("--baseline", default=None, metavar="NAME_OR_FILE",
-                   help="baseline name (<results>/baselines/NAME.json) or a baseline file")
+    p.add_argument("--baseline", default=None, metavar="NAME_OR_FILE_OR_SWEEP",
+                   help="baseline name (<results>/baselines/NAME.json), a baseline file, or a sweep to compare "
+                        "with directly (a sweep folder, a matrix name = its latest sweep, or <matrix>/<sweep id>; "
+                        "a name that is both is the baseline)")
     p.add_argument("--candidate", required=True, metavar="SWEEP",
                    help="the sweep to judge: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
+    p.add_argument("--no-expect", action="store_true", help="do not check the matrix `expect` block")
+    add_comparison_arguments(p)
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder for gate.md and gate.json (default: <candidate sweep>/gate/)")
+
+
+def add_comparison_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of the comparison itself, shared by ``gate`` and ``compare``."""
     p.add_argument("--metric", action="append", default=None, metavar="NAME",
                    help=f"metric(s) to compare, repeatable or comma-separated ({', '.join(METRICS)}; default step_time)")
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help="smallest relative change that counts (default 0.05 = 5 %%)")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                    help="significance level of the test (Wilcoxon signed-rank paired, else Mann-Whitney U); CIs at 1-alpha (default 0.01)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder for gate.md and gate.json (default: <candidate sweep>/gate/)")
     p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--no-expect", action="store_true", help="do not check the matrix `expect` block")
     p.add_argument("--max-mde", type=float, default=None, metavar="FRACTION",
                    help="judge a cell only when its samples would reveal a change of this size with 80 %% power; "
                         "noisier comparisons are 'noisy' (cannot judge, exit 3). Default: twice the threshold")
@@ -665,7 +719,7 @@ def main(args: argparse.Namespace) -> int:
     Raises:
         BenchError: bad input (exit 2 through the error boundary of :func:`bench.cli.main`).
     """
-    metrics = [m.strip() for arg in (args.metric or ["step_time"]) for m in arg.split(",") if m.strip()]
+    metrics = metric_list(args)
     try:
         result = run_gate(baseline_ref=args.baseline, candidate_ref=args.candidate, results=args.results,
                           tracking_uri=args.tracking_uri, metrics=metrics, threshold=args.threshold,
@@ -681,17 +735,29 @@ def main(args: argparse.Namespace) -> int:
             except OSError:
                 pass
         raise
+    return print_result(result, "gate")
+
+
+def metric_list(args: argparse.Namespace) -> list[str]:
+    """The ``--metric`` values (repeatable, comma-separated; default ``step_time``)."""
+    return [m.strip() for arg in (args.metric or ["step_time"]) for m in arg.split(",") if m.strip()]
+
+
+def print_result(result: dict[str, Any], prog: str) -> int:
+    """Print the markdown, warnings, the summary line ``PROG: <verdict> (exit N); files: ...`` and, for
+    "cannot judge", every reason in full on stderr; returns the exit code."""
     print(render_markdown(result))
     for w in result.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
-    print(f"gate: {result['verdict']} (exit {result['exit_code']}); files: {', '.join(result['files'])}")
+    print(f"{prog}: {result['verdict']} (exit {result['exit_code']}); files: {', '.join(result['files'])}")
     if result["exit_code"] == EXIT_CANNOT_JUDGE:
         reasons = [f"{r['cell']}/{r['metric']}: {r['reason']}" for r in result["rows"]
                    if r["verdict"] in (CANNOT_JUDGE, "noisy")]
         reasons += [f"{e['claim']}: {e['reason']}" for e in result.get("expectations", []) if e["result"] == CANNOT_JUDGE]
-        print("gate: cannot judge: " + " | ".join(reasons), file=sys.stderr)
+        print(f"{prog}: cannot judge: " + " | ".join(reasons), file=sys.stderr)
     return int(result["exit_code"])
 
 
-__all__ = ["CANNOT_JUDGE", "EXIT_CODES", "EXIT_CANNOT_JUDGE", "clip", "Expect", "validate_expect", "check_expectations", "compare_snapshots", "run_gate", "render_markdown",
+__all__ = ["CANNOT_JUDGE", "EXIT_CODES", "EXIT_CANNOT_JUDGE", "clip", "load_reference", "print_result",
+           "add_comparison_arguments", "metric_list", "Expect", "validate_expect", "check_expectations", "compare_snapshots", "run_gate", "render_markdown",
            "add_arguments", "main", "json"]
