@@ -274,6 +274,8 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
         raise BenchError(f"{args.matrix}: engine: --smoke checks verl launches; this matrix uses engine "
                          f"{matrix.engine!r} (allowed: verl)")
     plan = make_plan(matrix, strict=False)
+    if getattr(args, "cells", None) is not None:
+        plan = select_cells(plan, args.cells, args.matrix)
     cells = smoke_cells(matrix, plan, args.smoke_steps)
     if args.dry_run:
         for c in cells:

@@ -188,3 +188,37 @@ def test_a_subset_is_its_own_sweep():
     assert [r.label for r in plan.runs] == ["all-off"]
     m.selected_cells = [r.cell_id for r in plan.runs]
     assert m.fingerprint() != full  # neither resumes nor is resumed by the sweep of every cell
+
+
+def test_cells_apply_to_smoke_runs_too(tmp_path, capsys):
+    rc = main(["run", str(ROOT / "matrix" / "qwen3vl8b_a2.yaml"), "--smoke", "--dry-run", "--cells", "mc2,all-off",
+               "--results", str(tmp_path / "res")])
+    out = capsys.readouterr().out
+    assert rc == 0 and re.findall(r"^(\S+) -> smoke cell", out, re.M) == ["all-off", "mc2"], out
+
+
+@pytest.mark.slow
+def test_subset_sweep_with_override_runs_and_resumes_on_its_own(tmp_path):
+    """Real embedded runs (~1 min): ``--cells`` + ``base.steps=4`` runs one cell with 4 steps; the whole
+    matrix afterwards is a new sweep (runs both cells), and the subset again resumes its own sweep."""
+    import json
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+
+    def run(*args):
+        p = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), str(SMOKE), *args, "--results", "res",
+                            "--tracking-uri", f"sqlite:///{tmp_path}/mlflow.db"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=600)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return p.stdout
+
+    assert "executed 1, cached 0, failed 0" in run("--cells", "dynamic", "base.steps=4")
+    def sweeps():  # the sweep folders (not the `latest` link)
+        return sorted({p.resolve() for p in (tmp_path / "res" / "smoke").glob("*/sweep.json")})
+
+    (sub,) = [json.loads(p.read_text()) for p in sweeps()]
+    assert sub["matrix"]["base"]["steps"] == 4 and [r["label"] for r in sub["plan"]["runs"]] == ["dynamic_bsz"]
+    assert "executed 2, cached 0, failed 0" in run("base.steps=4")
+    assert "executed 0, cached 1, failed 0" in run("base.steps=4", "--cells", "dynamic")
+    assert len(sweeps()) == 2
