@@ -438,6 +438,11 @@ def clip(text: str, limit: int = 400) -> str:
     return text if cut <= 0 else text[:cut + 1].rstrip() + " [...]"
 
 
+def _cell_text(text: str) -> str:
+    """A text in full, fit for a markdown table cell (``|`` escaped)."""
+    return str(text).replace("|", "\\|")
+
+
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:+.1%}"
 
@@ -473,7 +478,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             p = f"{r['p_value']:.2g}" if r.get("p_value") is not None else "-"
             verdict_txt = f"**{r['verdict']}**" if r["verdict"] in ("regression", "failed", CANNOT_JUDGE, "noisy") else r["verdict"]
             if r.get("reason"):
-                verdict_txt += f": {r['reason']}"
+                verdict_txt += f": {_cell_text(r['reason'])}"
             lines.append(f"| {r['cell']} | {r['metric']} | {_val(r.get('base_median'), r['metric'])} | "
                          f"{_val(r.get('cand_median'), r['metric'])} | {_pct(r.get('change'))} | {ci} | {p} | "
                          f"{r.get('n_base', '-')}/{r.get('n_cand', '-')} | "
@@ -489,7 +494,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             res = e["result"] if e["result"] in ("met", "n/a") else f"**{e['result']}**"
             lines.append(f"| {e['claim']} | {e.get('cell', '-')} / {e.get('reference', '-')} | "
                          f"{_pct(e.get('improvement'))} | {ci_txt} | {p} | {res}"
-                         f"{': ' + e['reason'] if e.get('reason') else ''} |")
+                         f"{': ' + _cell_text(e['reason']) if e.get('reason') else ''} |")
     if result.get("notes"):
         lines += ["", "Notes:", *[f"- {n}" for n in result["notes"]]]
     lines += ["", "Statistics: relative change = exp(Hodges-Lehmann shift of log per-step samples) - 1. Paired "

@@ -310,6 +310,9 @@ def test_clip_cuts_long_texts_only_between_sentences():
     text = "First sentence here. " + "x" * 50 + "; second clause " + "y" * 400
     assert clip(text, 100) == "First sentence here. " + "x" * 50 + "; [...]"
     assert clip("z" * 500, 100) == "z" * 500  # no break to cut at: kept whole, never cut mid-word
+    from bench.gate import _cell_text
+
+    assert _cell_text("r0 oom: a | r1 oom: b") == "r0 oom: a \\| r1 oom: b"  # a table cell stays one cell
 
 
 def test_gate_help_lists_the_exit_codes(capsys):
