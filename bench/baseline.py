@@ -269,6 +269,42 @@ def check_complete(snap: dict[str, Any], what: str) -> None:
         raise BenchError(f"{what}: {len(bad)} of {len(snap['cells'])} cells unusable: " + " | ".join(bad))
 
 
+def check_judgeable(snap: dict[str, Any], what: str, alpha: float) -> None:
+    """Refuse a snapshot whose cells have too few timed steps for the gate ever to judge them.
+
+    A candidate run at the same settings has as many step-time samples per cell (``n``, all repeats
+    pooled) as the baseline; the gate's default unpaired two-sided Mann-Whitney test on ``n`` + ``n``
+    samples can reach ``p < alpha`` only when ``2 / C(2n, n) < alpha``
+    (:func:`bench.stats.min_attainable_p`; 5 samples per side at alpha 0.01). Otherwise every gate
+    against this baseline would say "cannot judge".
+
+    Raises:
+        BenchError: naming the cell with the fewest samples, the smallest possible p and what to raise
+            (``repeats`` or ``steps`` in the matrix).
+    """
+    import math
+
+    from bench.stats import min_attainable_p, min_samples_for
+
+    short = []
+    for c in snap["cells"]:
+        counts = [len(r["samples"].get("step_time") or []) for r in c["repeats"]]
+        n = sum(counts)
+        if counts and min_attainable_p(n, n) >= alpha:
+            short.append((n, c, counts))
+    if not short:
+        return
+    n, cell, counts = min(short, key=lambda x: x[0])
+    need, reps, per = min_samples_for(alpha), len(counts), min(counts)
+    more_steps = math.ceil(need / reps) - per
+    more_reps = math.ceil(need / per) if per else None
+    raise BenchError(
+        f"{what}: {len(short)} of {len(snap['cells'])} cells can never pass the gate: {cell['label']} has {n} timed "
+        f"step(s) ({reps} repeat(s) x {per}), so a candidate at the same settings cannot reach p < {alpha} "
+        f"(smallest possible p {min_attainable_p(n, n):.3g}; the test needs {need} per cell): raise `steps` by "
+        f"{more_steps}" + (f" or `repeats` to {more_reps}" if more_reps else "") + " in the matrix and rerun the sweep")
+
+
 def baselines_dir(results: Path) -> Path:
     """``<results>/baselines``."""
     return Path(results) / BASELINES
@@ -354,11 +390,15 @@ def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
 
 
 def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, force: bool = False,
-         note: str = "") -> tuple[Path, dict[str, Any], str | None]:
+         note: str = "", alpha: float | None = None) -> tuple[Path, dict[str, Any], str | None]:
     """Store sweep ``sweep_ref`` as baseline ``name``; returns (file, content, MLflow warning or None).
 
+    ``alpha``: the gate's significance level the baseline must be able to reach (default: the gate's
+    default, 0.01; see :func:`check_judgeable`).
+
     Raises:
-        BenchError: bad name, existing baseline without ``force``, unknown sweep, incomplete sweep.
+        BenchError: bad name, existing baseline without ``force``, unknown sweep, incomplete sweep, a
+            sweep with too few timed steps per cell to ever pass the gate.
     """
     if not _NAME.match(name):
         raise BenchError(f"--name {name!r}: use letters, digits, '_', '-', '.' (starting with a letter or digit)")
@@ -368,6 +408,9 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
     sweep = find_sweep(sweep_ref, results)
     snap = snapshot(sweep, results)
     check_complete(snap, f"{sweep}")
+    if alpha is None:
+        from bench.gate import DEFAULT_ALPHA as alpha
+    check_judgeable(snap, f"{sweep}", alpha)
     snap.update(name=name, created_at=time.time(), note=note, machine=machine())
     for c in snap["cells"]:
         c["summary"] = _cell_summary(c)
@@ -414,6 +457,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default=None, help="save: the baseline's name (file <results>/baselines/NAME.json)")
     p.add_argument("--force", action="store_true", help="save: replace an existing baseline of that name")
     p.add_argument("--note", default="", help="save: free text stored with the baseline")
+    p.add_argument("--alpha", type=float, default=None,
+                   help="save: refuse a sweep whose cells have too few timed steps for the gate to reach p < ALPHA "
+                        "(default: the gate's default, 0.01)")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -424,7 +470,7 @@ def main(args: argparse.Namespace) -> int:
         if not args.name:
             raise BenchError("baseline save: --name NAME is required")
         out, snap, warn = save(args.target, args.name, args.results, args.tracking_uri, force=args.force,
-                               note=args.note)
+                               note=args.note, alpha=args.alpha)
         n = sum(len(r["samples"]["step_time"]) for c in snap["cells"] for r in c["repeats"])
         print(f"baseline {args.name}: {out} ({len(snap['cells'])} cells, {n} step-time samples, "
               f"engine {snap['engine']}, platform {snap['platform']}, sweep {snap['source']['sweep']})")

@@ -1,9 +1,10 @@
-"""Command line: ``python run_bench.py [run] MATRIX.yaml`` and the ``tune``, ``gate``, ``report``,
-``baseline`` subcommands.
+"""Command line: ``python run_bench.py [run] MATRIX.yaml`` and the ``tune``, ``gate``, ``compare``,
+``report``, ``baseline`` subcommands.
 
 Exit codes: 0 success; 1 a sweep with failed cells, a gate regression, a full disk or an unexpected
-error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 130
-interrupted (Ctrl-C); 143 terminated (SIGTERM).
+error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 3 the gate
+cannot judge (too noisy, too few samples: :data:`bench.gate.EXIT_CANNOT_JUDGE`); 130 interrupted
+(Ctrl-C); 143 terminated (SIGTERM).
 
 Error boundary (every subcommand): a :class:`~bench.errors.BenchError` is printed as one line; any other
 exception as one line naming the step in progress (:class:`bench.errors.doing`) and the path of a log
@@ -32,6 +33,7 @@ SUBCOMMANDS = {
     "tune": ("bench.tune", "Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"),
     "gate": ("bench.gate", "compare a sweep against a baseline; exit 1 on a real slowdown"),
     "report": ("bench.report", "effects, interactions, confidence intervals and plots of a sweep"),
+    "compare": ("bench.compare", "compare two sweeps directly (no saved baseline): gate's verdicts and exit codes"),
     "baseline": ("bench.baseline", "store a sweep as a named baseline for the gate"),
     "sync": ("bench.sync", "upload to MLflow what an outage of the tracking server left queued (idempotent)"),
 }
@@ -56,6 +58,30 @@ class OneLineParser(argparse.ArgumentParser):
         """Print ``error: PROG: MESSAGE`` and exit with code 2."""
         sys.stderr.write(f"error: {self.prog}: {message} (see --help)\n")
         sys.exit(2)
+
+
+def version_string() -> str:
+    """``run_bench.py <package version> (git <short sha>[+dirty])``; without the git part when the code is
+    not in a git checkout (an installed package) or git is missing."""
+    from bench import __version__
+    from bench.tracking import git_commit
+
+    sha = git_commit()
+    if sha == "unknown":
+        return f"run_bench.py {__version__}"
+    short, _, dirty = sha.partition("+")
+    return f"run_bench.py {__version__} (git {short[:7]}{'+' + dirty if dirty else ''})"
+
+
+class _VersionAction(argparse.Action):
+    """``--version``: print :func:`version_string` (computed only when asked) and exit 0."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings=option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(version_string())
+        parser.exit(0)
 
 
 def check_flag_ranges(args: argparse.Namespace) -> None:
@@ -102,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="Ablation benchmark harness for GRPO post-training performance (verl; embedded engine "
         "on machines without an accelerator). `run_bench.py MATRIX.yaml` = `run_bench.py run MATRIX.yaml`.",
     )
+    parser.add_argument("--version", action=_VersionAction,
+                        help="print the package version and the git short sha of the code, then exit")
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
     for name, (module, help_text) in SUBCOMMANDS.items():
         try:
@@ -153,7 +181,12 @@ def main(argv: list[str] | None = None) -> int:
         if not argv:
             parser.print_help()
             return 2
-        args = parser.parse_args(argv)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # `run M.yaml --dry-run base.steps=4`: overrides after options land here
+            if isinstance(getattr(args, "overrides", None), list) and not any(x.startswith("-") for x in extra):
+                args.overrides += extra
+            else:
+                parser.error(f"unrecognized arguments: {' '.join(extra)}")
         check_flag_ranges(args)
         args.tracking_uri_given = args.tracking_uri is not None
         if args.tracking_uri is None:

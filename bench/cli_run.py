@@ -22,6 +22,12 @@ from bench.results import check_writable
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``run``."""
     p.add_argument("matrix", type=Path, help="matrix YAML file (see matrix/)")
+    p.add_argument("overrides", nargs="*", default=[], metavar="base.KEY=VALUE",
+                   help="Hydra-style overrides of the matrix's base settings, validated like the file "
+                        "(e.g. base.steps=4 base.embedded.update_delay_s=0.1)")
+    p.add_argument("--cells", default=None, metavar="PATTERN",
+                   help="run only the cells whose label or cell id contains PATTERN or matches it as a glob "
+                        "(* ? [...]); comma-separated alternatives, e.g. --cells 'all-off,dynamic_bsz*'")
     p.add_argument("--dry-run", action="store_true",
                    help="print each cell, its levels and exactly what would be launched; run nothing")
     p.add_argument("--force", action="store_true", help="start a new sweep: rerun cells already finished")
@@ -35,6 +41,36 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GRPO steps per smoke cell (1-10, default 2)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run each cell as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")
+
+
+def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -> Plan:
+    """The plan restricted to the runs whose label or cell id matches ``pattern``.
+
+    ``pattern``: comma-separated alternatives; each is a glob (``fnmatch``, case-sensitive) when it holds
+    ``*``, ``?`` or ``[``, else a substring of the label or the cell id.
+
+    Raises:
+        BenchError: an empty pattern, or one that matches no run (naming the allowed labels).
+    """
+    from fnmatch import fnmatchcase
+
+    from bench.errors import BenchError
+
+    alts = [a.strip() for a in pattern.split(",") if a.strip()]
+    if not alts:
+        raise BenchError(f"--cells {pattern!r}: empty pattern (give a label, a cell id or a glob)")
+
+    def hit(run, alt: str) -> bool:
+        if any(ch in alt for ch in "*?["):
+            return fnmatchcase(run.label, alt) or fnmatchcase(run.cell_id, alt)
+        return alt in run.label or alt in run.cell_id
+
+    runs = [r for r in plan.runs if any(hit(r, a) for a in alts)]
+    if not runs:
+        labels = ", ".join(r.label for r in plan.runs)
+        raise BenchError(f"{matrix_file}: --cells {pattern!r} matches no cell (allowed labels: {labels}; "
+                         "or a cell id, a substring or a glob)")
+    return plan.model_copy(update={"runs": runs})
 
 
 def _levels(levels: dict[str, int | None]) -> str:
@@ -102,7 +138,10 @@ class ConsoleView:
             speed = f"{self.ref / st:8.3f}" if (self.ref and st) else f"{'-':>8}"
             status = ("cached" if kind == "skip" else rec.get("status", "?"))
             fr, rs = s.get("free_ratio_median"), s.get("rollout_share_median")
-            line = (f"{status:8} {data['spec'].label[:34]:34} {data['repeat']:>3} "
+            label = data["spec"].label
+            if self.console.is_terminal:
+                label = label[:34]  # a terminal's width is known; a log keeps the whole label
+            line = (f"{status:8} {label:34} {data['repeat']:>3} "
                     f"{(f'{st:.3f}' if st else '-'):>8} {speed} {(f'{rs:.3f}' if rs is not None else '-'):>8} "
                     f"{(f'{fr:.3f}' if fr is not None else '-'):>6}")
             if rec.get("status") == "failed":
@@ -118,16 +157,50 @@ class ConsoleView:
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
     """The final rich table of cells (factor columns only for factors that apply and vary)."""
-    factors = [k for k in FACTOR_KEYS if len({r[k] for r in rows}) > 1 or any(r[k] not in ("n/a", "0") for r in rows)]
+    head, body = _summary_columns(rows)
     t = Table(title="cells")
-    for col in ("cell", *factors, "step s", "IQR", "speedup", "rollout", "Free", "status"):
+    for col in head:
         t.add_column(col, overflow="fold")
-    for r in rows:
-        t.add_row(r["label"], *[r[k] for k in factors],
-                  *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
-                    (r["step_time_median_s"], r["step_time_iqr_s"], r["speedup"], r["rollout_share"], r["free_ratio"])),
-                  r["status"] + (f": {r['reason'][:60]}" if r["reason"] else ""))
+    for b in body:
+        t.add_row(*b)
     return t
+
+
+#: width of the console when the output is not a terminal (a CI log, a file): wide enough for the cells table
+PLAIN_WIDTH = 160
+
+
+def _summary_columns(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Header and text cells of the final table (shared by the rich and the plain layout)."""
+    factors = [k for k in FACTOR_KEYS if len({r[k] for r in rows}) > 1 or any(r[k] not in ("n/a", "0") for r in rows)]
+    head = ["cell", *factors, "step s", "IQR", "speedup", "rollout", "Free", "status"]
+    body = [[r["label"], *[r[k] for k in factors],
+             *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
+               (r["step_time_median_s"], r["step_time_iqr_s"], r["speedup"], r["rollout_share"], r["free_ratio"])),
+             r["status"] + (f": {r['reason'][:60]}" if r["reason"] else "")] for r in rows]
+    return head, body
+
+
+def plain_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The final table as plain lines for a non-terminal (CI log, file): a header, then one line per cell.
+
+    Columns are padded to their widest entry and nothing is cut or wrapped: a label stays whole on its line
+    however long it is (print each line with ``soft_wrap=True``).
+    """
+    head, body = _summary_columns(rows)
+    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
+    return [fmt(head), fmt(["-" * w for w in widths]), *(fmt(b) for b in body)]
+
+
+def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
+    """The final cells table: rich's table on a terminal, :func:`plain_table` elsewhere (never wrapped)."""
+    if console.is_terminal:
+        console.print(summary_table(rows))
+        return
+    console.print("cells", markup=False)
+    for line in plain_table(rows):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""):
@@ -149,7 +222,9 @@ def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""
 def main(args: argparse.Namespace) -> int:
     """Run (or dry-run) a matrix; 0 when every cell finished, 1 when some failed, 2 on bad input."""
     console = Console(highlight=False, soft_wrap=True)
-    matrix = load_matrix(args.matrix)
+    if not console.is_terminal:  # CI log or file: no 80-column default
+        console = Console(highlight=False, soft_wrap=True, width=max(PLAIN_WIDTH, console.width))
+    matrix = load_matrix(args.matrix, getattr(args, "overrides", None))
     if matrix.expect:  # claims checked by the gate: a bad block fails now, not after the sweep
         from bench.gate import validate_expect
 
@@ -157,6 +232,11 @@ def main(args: argparse.Namespace) -> int:
     if getattr(args, "smoke", False):
         return smoke_main(args, matrix, console)
     plan = make_plan(matrix, strict=not args.dry_run)
+    if getattr(args, "cells", None) is not None:
+        plan = select_cells(plan, args.cells, args.matrix)
+        if len(plan.runs) < len(make_plan(matrix, strict=False).runs):
+            # its own sweep: a subset neither resumes nor is resumed by the sweep of every cell
+            matrix.selected_cells = sorted(r.cell_id for r in plan.runs)
     if args.dry_run:
         print_plan(plan, console)
         return 0
@@ -170,7 +250,7 @@ def main(args: argparse.Namespace) -> int:
                     force=args.force, on_event=view).run()
     finally:
         view.stop()
-    console.print(summary_table(out.rows))
+    print_summary(out.rows, console)
     console.print(f"sweep folder: {out.sweep_dir}")
     console.print(f"summary: {out.sweep_dir / 'summary.md'}")
     console.print(f"MLflow: {args.tracking_uri} (parent run {out.parent_run_id}); browse with "
@@ -194,6 +274,8 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
         raise BenchError(f"{args.matrix}: engine: --smoke checks verl launches; this matrix uses engine "
                          f"{matrix.engine!r} (allowed: verl)")
     plan = make_plan(matrix, strict=False)
+    if getattr(args, "cells", None) is not None:
+        plan = select_cells(plan, args.cells, args.matrix)
     cells = smoke_cells(matrix, plan, args.smoke_steps)
     if args.dry_run:
         for c in cells:
@@ -240,4 +322,4 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     return 0 if all(r["status"] == "ran" for r in results) else 1
 
 
-__all__ = ["add_arguments", "main", "print_plan", "smoke_main"]
+__all__ = ["add_arguments", "main", "plain_table", "select_cells", "print_plan", "print_summary", "smoke_main"]

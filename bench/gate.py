@@ -28,7 +28,7 @@ Verdict per cell and metric: **regression** when the change is worse than ``--th
 5 %) AND ``p < --alpha`` (default 0.01); **improvement** likewise in the other direction; otherwise
 **unchanged** -- provided the comparison is precise enough to judge: when the samples' spread would
 hide a change of ``--max-mde`` (default twice the threshold) from the test at 80 % power, the verdict
-is **noisy** (exit 2) instead. The three conditions divide the work:
+is **noisy** (a "cannot judge", exit 3) instead. The three conditions divide the work:
 
 * the threshold absorbs the shift between identical sweeps (a few percent from one invocation to
   the next, common to every step of a sweep, so no per-step test can tell it from a real change).
@@ -45,10 +45,13 @@ is **noisy** (exit 2) instead. The three conditions divide the work:
   3-4 % even after speed normalization: ``benchmarks/bench_gate.py``). The CPU pressure recorded around each run (PSI) is
   printed as well.
 
-Exit code: **1** when a cell regressed, or a candidate cell failed where the baseline's ran (a failure
-is a regression); else **2** when something could not be judged (no matching cells, another engine or
-platform, missing samples, too few samples to ever reach ``p < alpha``, too noisy, a failed baseline
-cell, a candidate failure of kind ``bad_input``); else **0**. Every reason is written out.
+Exit code (:data:`EXIT_CODES`): **1** when a cell regressed, a candidate cell failed where the
+baseline's ran (a failure is a regression) or a claim of the ``expect`` block is not met; else **3**
+("cannot judge") when a compared cell or claim could not be judged (missing samples, too few samples to
+ever reach ``p < alpha``, too noisy, a candidate failure of kind ``bad_input``, a cell a claim needs);
+else **0**. **2** is bad input only (one line on stderr, nothing judged: unknown baseline or sweep, no
+matching cells, another engine or platform, a failed baseline cell, bad flags). Every reason is written
+out in full.
 
 Outputs: ``gate.md`` (a markdown table for a CI job summary; appended to ``$GITHUB_STEP_SUMMARY``
 when set) and ``gate.json`` in ``--out`` (default ``<candidate sweep>/gate/``), and an MLflow run
@@ -82,6 +85,15 @@ from bench.speed import normalizable, normalized_pair
 from bench.stats import N_BOOT, compare, mde_from_se, verdict
 
 DEFAULT_THRESHOLD = 0.05
+#: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
+CANNOT_JUDGE = "cannot judge"
+#: the gate's exit codes (also in ``gate --help`` and the README)
+EXIT_PASS, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
+EXIT_CODES = (f"exit codes: {EXIT_PASS} pass; {EXIT_REGRESSION} regression (a cell slower beyond the threshold, a "
+              f"candidate cell failed, or a claim of the matrix `expect` block not met); {EXIT_BAD_INPUT} bad input "
+              "(one line on stderr: unknown baseline or sweep, no matching cells, another engine or platform, a failed "
+              f"baseline cell, a bad flag); {EXIT_CANNOT_JUDGE} cannot judge (too noisy, too few samples to reach "
+              "p < alpha, missing samples, a candidate cell that failed on bad input: the reasons are printed)")
 DEFAULT_ALPHA = 0.01
 #: candidate failure kinds that are input errors, not regressions of the candidate
 INPUT_FAILURES = ("bad_input",)
@@ -198,7 +210,7 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
     when both cells carry the same speed probe: cells of a sweep run minutes apart.
 
     ``result``: ``met``, ``not met``, ``n/a`` (the factor does not apply on this engine/platform) or
-    ``error`` (a cell the claim needs is missing, failed or has no samples; ``reason`` says which).
+    ``cannot judge`` (a cell the claim needs is missing, failed or has no samples; ``reason`` says which).
     """
     out = []
     all_levels = _matrix_levels(snap)
@@ -208,7 +220,7 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
     off = {k: (None if v is None else all_levels[k][0]) for k, v in any_cell.items()}
     on = {k: (None if v is None else all_levels[k][-1]) for k, v in any_cell.items()}
     for i, e in enumerate(expects):
-        res: dict[str, Any] = {"index": i, "claim": e.describe(), **e.model_dump(), "result": "error", "reason": ""}
+        res: dict[str, Any] = {"index": i, "claim": e.describe(), **e.model_dump(), "result": CANNOT_JUDGE, "reason": ""}
         out.append(res)
         if e.factor != "all" and any_cell.get(e.factor, 0) is None:
             res["result"] = "n/a"
@@ -256,7 +268,7 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
         if ok and e.at_least is not None and e.at_least > 0 and not cmp.p_value < alpha:
             ok = False
             if cmp.min_p >= alpha:
-                res["result"] = "error"
+                res["result"] = CANNOT_JUDGE
                 res["reason"] = (f"{cmp.n_base}+{cmp.n_cand} samples cannot reach p < {alpha} "
                                  f"(smallest possible p {cmp.min_p:.3g}): add steps or repeats")
                 continue
@@ -353,13 +365,13 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
             m = METRICS[metric]
             row: dict[str, Any] = {"cell": cc["label"], "levels": key, "metric": metric,
                                    "baseline_cell_id": bc["cell_id"], "candidate_cell_id": cc["cell_id"],
-                                   "verdict": "error", "reason": ""}
+                                   "verdict": CANNOT_JUDGE, "reason": ""}
             rows.append(row)
             if cc["status"] == "failed":
                 kinds = {f["kind"] for f in cc["failures"]}
-                row["verdict"] = "error" if kinds <= set(INPUT_FAILURES) else "failed"
+                row["verdict"] = CANNOT_JUDGE if kinds <= set(INPUT_FAILURES) else "failed"
                 row["reason"] = "candidate failed: " + "; ".join(
-                    f"r{f['repeat']} {f['kind']}: {f['reason'][:160]}" for f in cc["failures"])
+                    f"r{f['repeat']} {f['kind']}: {clip(f['reason'])}" for f in cc["failures"])
                 continue
             if cc["status"] == "pending":
                 row["reason"] = f"candidate cell unfinished: repeats {cc['missing_repeats']} never ran (missing samples)"
@@ -403,18 +415,33 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
             if notes_:
                 row["reason"] = "; ".join(notes_)
     counts = {v: sum(r["verdict"] == v for r in rows)
-              for v in ("regression", "failed", "improvement", "unchanged", "noisy", "error")}
+              for v in ("regression", "failed", "improvement", "unchanged", "noisy", CANNOT_JUDGE)}
     if counts["regression"] or counts["failed"]:
-        v, code = "regression", 1
-    elif counts["error"] or counts["noisy"]:
-        v, code = "error", 2
+        v, code = "regression", EXIT_REGRESSION
+    elif counts[CANNOT_JUDGE] or counts["noisy"]:
+        v, code = CANNOT_JUDGE, EXIT_CANNOT_JUDGE
     else:
-        v, code = "pass", 0
+        v, code = "pass", EXIT_PASS
     return {"rows": rows, "notes": notes, "unmatched": {"baseline": only_b, "candidate": only_c},
             "counts": counts, "verdict": v, "exit_code": code}
 
 
 # -- output ----------------------------------------------------------------------------------------
+
+def clip(text: str, limit: int = 400) -> str:
+    """``text`` on one line, at most about ``limit`` characters, cut only at the end of a sentence or clause
+    (``. ``, ``; ``, `` | ``) and then marked ``[...]``; a text with no such break within the limit is kept whole."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = max(text.rfind(sep, 0, limit) for sep in (". ", "; ", " | "))
+    return text if cut <= 0 else text[:cut + 1].rstrip() + " [...]"
+
+
+def _cell_text(text: str) -> str:
+    """A text in full, fit for a markdown table cell (``|`` escaped)."""
+    return str(text).replace("|", "\\|")
+
 
 def _pct(v: float | None) -> str:
     return "-" if v is None else f"{v:+.1%}"
@@ -436,12 +463,12 @@ def _speed(row: dict[str, Any]) -> str:
 def render_markdown(result: dict[str, Any]) -> str:
     """The gate's markdown: verdict line, settings, one table row per cell and metric, notes, claims."""
     s = result["settings"]
-    head = {"pass": "PASS", "regression": "REGRESSION", "error": "ERROR"}[result["verdict"]]
+    head = {"pass": "PASS", "regression": "REGRESSION", CANNOT_JUDGE: "CANNOT JUDGE"}[result["verdict"]]
     lines = [f"## Gate {head}: `{result['candidate']['sweep']}` vs baseline `{result['baseline'].get('name') or '-'}`", ""]
     if result.get("rows"):
         c = result["counts"]
         lines.append(f"{len(result['rows'])} comparisons: {c['regression']} regression, {c['failed']} failed, "
-                     f"{c['improvement']} improvement, {c['unchanged']} unchanged, {c['noisy']} too noisy, {c['error']} error. "
+                     f"{c['improvement']} improvement, {c['unchanged']} unchanged, {c['noisy']} too noisy, {c[CANNOT_JUDGE]} cannot judge otherwise. "
                      f"Threshold {s['threshold']:.0%}, alpha {s['alpha']}, engine {result['candidate']['engine']}/"
                      f"{result['candidate']['platform']}.")
         lines += ["", f"| cell | metric | baseline median | candidate median | change | {1 - s['alpha']:.0%} CI | p | "
@@ -449,9 +476,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         for r in result["rows"]:
             ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]" if r.get("ci_low") is not None else "-"
             p = f"{r['p_value']:.2g}" if r.get("p_value") is not None else "-"
-            verdict_txt = f"**{r['verdict']}**" if r["verdict"] in ("regression", "failed", "error", "noisy") else r["verdict"]
+            verdict_txt = f"**{r['verdict']}**" if r["verdict"] in ("regression", "failed", CANNOT_JUDGE, "noisy") else r["verdict"]
             if r.get("reason"):
-                verdict_txt += f": {r['reason'][:200]}"
+                verdict_txt += f": {_cell_text(r['reason'])}"
             lines.append(f"| {r['cell']} | {r['metric']} | {_val(r.get('base_median'), r['metric'])} | "
                          f"{_val(r.get('cand_median'), r['metric'])} | {_pct(r.get('change'))} | {ci} | {p} | "
                          f"{r.get('n_base', '-')}/{r.get('n_cand', '-')} | "
@@ -467,7 +494,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             res = e["result"] if e["result"] in ("met", "n/a") else f"**{e['result']}**"
             lines.append(f"| {e['claim']} | {e.get('cell', '-')} / {e.get('reference', '-')} | "
                          f"{_pct(e.get('improvement'))} | {ci_txt} | {p} | {res}"
-                         f"{': ' + e['reason'][:200] if e.get('reason') else ''} |")
+                         f"{': ' + _cell_text(e['reason']) if e.get('reason') else ''} |")
     if result.get("notes"):
         lines += ["", "Notes:", *[f"- {n}" for n in result["notes"]]]
     lines += ["", "Statistics: relative change = exp(Hodges-Lehmann shift of log per-step samples) - 1. Paired "
@@ -506,7 +533,7 @@ def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) ->
                 if isinstance(r.get(k), (int, float)):
                     ms.append(Metric(_key(f"{r['metric']}.{k}/{r['cell']}"), float(r[k]), now, 0))
         for k, v in result.get("counts", {}).items():
-            ms.append(Metric(f"count.{k}", float(v), now, 0))
+            ms.append(Metric(f"count.{k.replace(' ', '_')}", float(v), now, 0))
         for i in range(0, len(ms), 900):
             tr.client.log_batch(rid, metrics=ms[i:i + 900])
         for f in files:
@@ -523,11 +550,56 @@ def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) ->
     return None
 
 
+def load_reference(ref: str, results: Path, *, prefer: Literal["baseline", "sweep"] = "baseline",
+                   what: str = "--baseline") -> dict[str, Any]:
+    """The reference side of a comparison: a saved baseline (name or file) or a sweep (folder, matrix name =
+    its latest sweep, or ``<matrix>/<sweep id>``), read like ``baseline save`` reads it but not stored.
+
+    ``prefer`` decides a name that is both a baseline and a matrix (``gate``: the baseline; ``compare``: the
+    sweep). A sweep's snapshot is named after the sweep (``<matrix>/<sweep id>``).
+
+    Raises:
+        BenchError: neither a baseline nor a sweep (listing the known baselines); an unreadable baseline; a
+            reference sweep with failed, unfinished or sample-less cells.
+    """
+    from bench.baseline import check_complete
+
+    def as_baseline() -> dict[str, Any]:
+        return load_baseline(ref, results)
+
+    def as_sweep() -> dict[str, Any]:
+        sweep = find_sweep(ref, results)
+        snap = snapshot(sweep, results)
+        check_complete(snap, f"{what} {sweep}")
+        snap.update(name=snap["source"].get("sweep") or sweep.name, _path=str(sweep), _kind="sweep")
+        return snap
+
+    first, second = (as_baseline, as_sweep) if prefer == "baseline" else (as_sweep, as_baseline)
+    try:
+        return first()
+    except BenchError as exc:
+        if Path(ref).is_file() or ("unknown baseline" not in str(exc) and "no sweep found" not in str(exc)):
+            raise  # a file that is there but bad, or a bad sweep: say what is wrong with it
+        err1 = str(exc)
+    try:
+        return second()
+    except BenchError as exc:
+        if "unknown baseline" not in str(exc) and "no sweep found" not in str(exc):
+            raise
+        b, sw = (err1, str(exc)) if prefer == "baseline" else (str(exc), err1)
+    raise BenchError(f"{what} {ref}: neither a baseline nor a sweep: {b.split(': ', 1)[-1]}; "
+                     f"{sw.split(': ', 1)[-1]}")
+
+
 def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tracking_uri: str | None,
              metrics: list[str], threshold: float, alpha: float, out: Path | None = None, n_boot: int = N_BOOT,
              seed: int = 0, check_expect: bool = True, pairing: bool = False,
-             max_mde: float | None = None, normalize: bool = True) -> dict[str, Any]:
+             max_mde: float | None = None, normalize: bool = True,
+             prefer: Literal["baseline", "sweep"] = "baseline") -> dict[str, Any]:
     """Everything ``gate`` does; returns the result dict (``exit_code``, ``verdict``, ``files`` ...).
+
+    ``baseline_ref``: a baseline or a sweep (:func:`load_reference`; ``prefer`` decides a name that is
+    both). Thresholds are fractions (0.05 = 5 %).
 
     Raises:
         BenchError: unknown baseline or sweep, different engine/platform, no matching cells, bad expect block,
@@ -545,7 +617,8 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     expects = validate_expect(cand.get("expect"), cand["source"].get("matrix_file") or sweep) if check_expect else []
     if baseline_ref is None and not expects:
         raise BenchError("gate: nothing to check: give --baseline NAME_OR_FILE (and/or an `expect` block in the matrix)")
-    base = load_baseline(baseline_ref, results) if baseline_ref is not None else None
+    base = load_reference(baseline_ref, results, prefer=prefer,  # compare names its reference SWEEP_A
+                          what="--baseline" if prefer == "baseline" else "SWEEP_A") if baseline_ref is not None else None
     result: dict[str, Any] = {
         "format": "grpo-bench-gate", "format_version": 1, "created_at": time.time(),
         "settings": {"threshold": threshold, "alpha": alpha, "metrics": ",".join(metrics), "n_boot": n_boot,
@@ -563,6 +636,7 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     }
     if base is not None:
         result["baseline"] = {"name": base.get("name"), "file": Path(base["_path"]).name,
+                              "kind": base.get("_kind", "baseline"),
                               "sweep": base["source"].get("sweep"), "engine": base["engine"],
                               "platform": base["platform"], "git_commit": base.get("git_commit"),
                               "created_at": base.get("created_at")}
@@ -580,8 +654,8 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
             result["verdict"], result["exit_code"] = "regression", 1
             result["notes"].append("claim(s) of the matrix `expect` block not met: " +
                                    "; ".join(e["claim"] for e in exp if e["result"] == "not met"))
-        elif any(e["result"] == "error" for e in exp) and result["exit_code"] == 0:
-            result["verdict"], result["exit_code"] = "error", 2
+        elif any(e["result"] == CANNOT_JUDGE for e in exp) and result["exit_code"] == EXIT_PASS:
+            result["verdict"], result["exit_code"] = CANNOT_JUDGE, EXIT_CANNOT_JUDGE
     out = Path(out) if out is not None else sweep / "gate"
     md = render_markdown(result)
     md_path, json_path = out / "gate.md", out / "gate.json"
@@ -605,25 +679,33 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``gate``."""
-    p.add_argument("--baseline", default=None, metavar="NAME_OR_FILE",
-                   help="baseline name (<results>/baselines/NAME.json) or a baseline file")
+    """Arguments of ``gate``; the exit codes (:data:`EXIT_CODES`) are the help's epilog."""
+    p.epilog = EXIT_CODES
+    p.add_argument("--baseline", default=None, metavar="NAME_OR_FILE_OR_SWEEP",
+                   help="baseline name (<results>/baselines/NAME.json), a baseline file, or a sweep to compare "
+                        "with directly (a sweep folder, a matrix name = its latest sweep, or <matrix>/<sweep id>; "
+                        "a name that is both is the baseline)")
     p.add_argument("--candidate", required=True, metavar="SWEEP",
                    help="the sweep to judge: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
+    p.add_argument("--no-expect", action="store_true", help="do not check the matrix `expect` block")
+    add_comparison_arguments(p)
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder for gate.md and gate.json (default: <candidate sweep>/gate/)")
+
+
+def add_comparison_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of the comparison itself, shared by ``gate`` and ``compare``."""
     p.add_argument("--metric", action="append", default=None, metavar="NAME",
                    help=f"metric(s) to compare, repeatable or comma-separated ({', '.join(METRICS)}; default step_time)")
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help="smallest relative change that counts (default 0.05 = 5 %%)")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
                    help="significance level of the test (Wilcoxon signed-rank paired, else Mann-Whitney U); CIs at 1-alpha (default 0.01)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
-                   help="folder for gate.md and gate.json (default: <candidate sweep>/gate/)")
     p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
-    p.add_argument("--no-expect", action="store_true", help="do not check the matrix `expect` block")
     p.add_argument("--max-mde", type=float, default=None, metavar="FRACTION",
                    help="judge a cell only when its samples would reveal a change of this size with 80 %% power; "
-                        "noisier comparisons are 'noisy' (exit 2). Default: twice the threshold")
+                        "noisier comparisons are 'noisy' (cannot judge, exit 3). Default: twice the threshold")
     p.add_argument("--pairing", choices=("auto", "off"), default="off",
                    help="off (default): unpaired (Mann-Whitney U on the samples of all repeats); auto: compare step by "
                         "step when both sides ran the same steps on the same work (same seed; equal response/prompt "
@@ -635,8 +717,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the gate; prints the markdown table; returns 0 pass, 1 regression, 2 error."""
-    metrics = [m.strip() for arg in (args.metric or ["step_time"]) for m in arg.split(",") if m.strip()]
+    """Run the gate; prints the markdown table and a summary line ``gate: <verdict> (exit N)``.
+
+    Returns 0 pass, 1 regression, 3 cannot judge (the reasons on stderr, each in full).
+
+    Raises:
+        BenchError: bad input (exit 2 through the error boundary of :func:`bench.cli.main`).
+    """
+    metrics = metric_list(args)
     try:
         result = run_gate(baseline_ref=args.baseline, candidate_ref=args.candidate, results=args.results,
                           tracking_uri=args.tracking_uri, metrics=metrics, threshold=args.threshold,
@@ -652,16 +740,29 @@ def main(args: argparse.Namespace) -> int:
             except OSError:
                 pass
         raise
+    return print_result(result, "gate")
+
+
+def metric_list(args: argparse.Namespace) -> list[str]:
+    """The ``--metric`` values (repeatable, comma-separated; default ``step_time``)."""
+    return [m.strip() for arg in (args.metric or ["step_time"]) for m in arg.split(",") if m.strip()]
+
+
+def print_result(result: dict[str, Any], prog: str) -> int:
+    """Print the markdown, warnings, the summary line ``PROG: <verdict> (exit N); files: ...`` and, for
+    "cannot judge", every reason in full on stderr; returns the exit code."""
     print(render_markdown(result))
     for w in result.get("warnings", []):
         print(f"warning: {w}", file=sys.stderr)
-    print(f"gate: {result['verdict']} (exit {result['exit_code']}); files: {', '.join(result['files'])}")
-    if result["exit_code"] == 2:
-        reasons = [f"{r['cell']}/{r['metric']}: {r['reason']}" for r in result["rows"] if r["verdict"] in ("error", "noisy")]
-        reasons += [f"{e['claim']}: {e['reason']}" for e in result.get("expectations", []) if e["result"] == "error"]
-        print("error: cannot judge: " + " | ".join(reasons), file=sys.stderr)
+    print(f"{prog}: {result['verdict']} (exit {result['exit_code']}); files: {', '.join(result['files'])}")
+    if result["exit_code"] == EXIT_CANNOT_JUDGE:
+        reasons = [f"{r['cell']}/{r['metric']}: {r['reason']}" for r in result["rows"]
+                   if r["verdict"] in (CANNOT_JUDGE, "noisy")]
+        reasons += [f"{e['claim']}: {e['reason']}" for e in result.get("expectations", []) if e["result"] == CANNOT_JUDGE]
+        print(f"{prog}: cannot judge: " + " | ".join(reasons), file=sys.stderr)
     return int(result["exit_code"])
 
 
-__all__ = ["Expect", "validate_expect", "check_expectations", "compare_snapshots", "run_gate", "render_markdown",
+__all__ = ["CANNOT_JUDGE", "EXIT_CODES", "EXIT_CANNOT_JUDGE", "clip", "load_reference", "print_result",
+           "add_comparison_arguments", "metric_list", "Expect", "validate_expect", "check_expectations", "compare_snapshots", "run_gate", "render_markdown",
            "add_arguments", "main", "json"]

@@ -233,6 +233,9 @@ class Matrix(BaseModel):
 
     # set by load_matrix, not part of the file
     source: str = Field("", exclude=True)
+    #: cell ids of a ``run --cells`` subset (empty: every cell); part of the fingerprint, so a subset sweep
+    #: neither resumes nor is resumed by the sweep of the whole matrix
+    selected_cells: list[str] = Field(default_factory=list, exclude=True)
 
     @field_validator("factors", mode="before")
     @classmethod
@@ -272,7 +275,10 @@ class Matrix(BaseModel):
 
     def fingerprint(self) -> str:
         """Stable 10-hex-digit hash of the matrix content (used to find the sweep to resume)."""
-        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        data = self.model_dump(mode="json")
+        if self.selected_cells:
+            data["selected_cells"] = sorted(self.selected_cells)
+        blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
@@ -366,19 +372,59 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
 
 
-def load_matrix(path: str | Path) -> Matrix:
+def load_matrix(path: str | Path, overrides: list[str] | None = None) -> Matrix:
     """Read and validate a matrix YAML file.
 
-    ``design`` may be written as a bare string (``design: full``).
+    ``design`` may be written as a bare string (``design: full``). ``overrides``: Hydra-style
+    ``base.KEY=VALUE`` strings from the command line (:func:`apply_overrides`), applied to the file's
+    content before it is validated by the same model, so a bad value is refused exactly as in the file.
 
     Raises:
-        BenchError: unreadable file, malformed YAML (with line), or invalid content (file, key, allowed values).
+        BenchError: unreadable file, malformed YAML (with line), invalid content (file, key, allowed values),
+            or a malformed or invalid override (naming it and the key).
     """
     with doing(f"reading the matrix {path}"):
-        return _load_matrix(Path(path))
+        return _load_matrix(Path(path), list(overrides or []))
 
 
-def _load_matrix(path: Path) -> Matrix:
+#: top-level keys that ``KEY=VALUE`` overrides may set (below them, any key the model allows)
+OVERRIDABLE = ("base",)
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path) -> dict[str, str]:
+    """Set each ``base.KEY[.SUBKEY]=VALUE`` of ``overrides`` in the raw matrix mapping ``raw`` (in place).
+
+    VALUE is read as YAML (``4`` is a number, ``true`` a boolean, ``[1, 2]`` a list, ``''`` an empty
+    string). Returns {dotted key: the override as given}, to name it in validation errors.
+
+    Raises:
+        BenchError: not ``KEY=VALUE``, a key outside ``base.*``, a value that is not YAML, or a key whose
+            parent is not a mapping in the file.
+    """
+    given: dict[str, str] = {}
+    for ov in overrides:
+        key, eq, value = ov.partition("=")
+        parts = key.strip().split(".")
+        if not eq or not all(parts) or len(parts) < 2 or parts[0] not in OVERRIDABLE:
+            raise BenchError(f"{file}: override {ov!r}: expected {'|'.join(OVERRIDABLE)}.KEY=VALUE "
+                             "(e.g. base.steps=4)")
+        try:
+            parsed = load_yaml(value) if value.strip() else ""
+        except yaml.YAMLError as exc:
+            raise BenchError(f"{file}: override {ov!r}: value is not YAML: {getattr(exc, 'problem', None) or exc}") from None
+        node = raw
+        for i, part in enumerate(parts[:-1]):
+            if node.get(part) is None:  # absent or empty (``base:`` with nothing below) in the file
+                node[part] = {}
+            node = node[part]
+            if not isinstance(node, dict):
+                raise BenchError(f"{file}: override {ov!r}: {'.'.join(parts[:i + 1])} is not a mapping in the file")
+        node[parts[-1]] = parsed
+        given[".".join(parts)] = ov
+    return given
+
+
+def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
     try:
         if path.is_dir():
             raise BenchError(f"{path}: cannot read matrix: is a folder")
@@ -403,11 +449,18 @@ def _load_matrix(path: Path) -> Matrix:
         raise BenchError(f"{where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
     if not isinstance(raw, dict):
         raise BenchError(f"{path}: a matrix must be a mapping with at least 'name'")
+    given = apply_overrides(raw, overrides, path) if overrides else {}
     if isinstance(raw.get("design"), str):
         raw["design"] = {"type": raw["design"]}
     try:
         matrix = Matrix.model_validate(raw)
     except ValidationError as exc:
+        loc = ".".join(str(p) for p in exc.errors()[0]["loc"])
+        hit = next((ov for key, ov in given.items() if loc == key or loc.startswith(key + ".")), None)
+        if hit is None:  # a check of the whole block (e.g. ``base``) that an override may have upset: name them all
+            hit = " ".join(ov for key, ov in given.items() if key.startswith(loc + ".")) or None
+        if hit is not None:  # the value came from the command line: name it, not a line of the file
+            raise BenchError(format_validation_error(f"{path}: override {hit}", exc)) from None
         raise BenchError(format_validation_error(path, exc, text)) from None
     matrix.source = str(path)
     return matrix

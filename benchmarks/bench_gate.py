@@ -164,7 +164,7 @@ def _gate(base: dict, cand: dict, pairing: bool, normalize: bool = True) -> dict
 
 
 def _outcome(res: dict) -> str:
-    """``regression`` (exit 1), ``pass`` (exit 0) or ``cannot judge`` (exit 2, e.g. too noisy)."""
+    """``regression`` (exit 1), ``pass`` (exit 0) or ``cannot judge`` (exit 3, e.g. too noisy)."""
     return {1: "regression", 0: "pass"}.get(res["exit_code"], "cannot judge")
 
 
@@ -220,7 +220,7 @@ def noise(snaps: dict[str, list[dict]], normalized: bool = False) -> dict[str, f
 
 
 def _print_rates(title: str, rates: dict) -> None:
-    """One line per kind: the share of gates that exit 1 (regression), 0 (pass) and 2 (cannot judge)."""
+    """One line per kind: the share of gates that exit 1 (regression), 0 (pass) and 3 (cannot judge)."""
     print(title)
     for label, (counts, changes) in rates.items():
         n = sum(counts.values())
@@ -229,7 +229,7 @@ def _print_rates(title: str, rates: dict) -> None:
         ch = [c for c in changes if c is not None]
         spread = f"; change median {np.median(ch):+.1%}, 5-95% [{np.percentile(ch, 5):+.1%}, {np.percentile(ch, 95):+.1%}]" if ch else ""
         print(f"  {label:26} exit 1 (regression) {k:4d}/{n:<4d} = {k / n if n else math.nan:6.1%} (95% CI {lo:.1%}-{hi:.1%}); "
-              f"exit 0 {counts['pass'] / n if n else math.nan:6.1%}; exit 2 (cannot judge) "
+              f"exit 0 {counts['pass'] / n if n else math.nan:6.1%}; exit 3 (cannot judge) "
               f"{counts['cannot judge'] / n if n else math.nan:6.1%}{spread}")
 
 

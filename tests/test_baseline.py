@@ -80,7 +80,7 @@ def test_save_refuses_unfinished_and_sampleless_cells(tmp_path, store, capsys):
 
 def test_save_name_rules(tmp_path, store, capsys):
     uri, _ = store
-    make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=1)
+    make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=2)
     args = ["--results", str(tmp_path), "--tracking-uri", uri]
     assert main(["baseline", "save", "synth", "--name", "../x", *args]) == 2
     assert "--name" in capsys.readouterr().err
@@ -94,7 +94,7 @@ def test_save_name_rules(tmp_path, store, capsys):
 
 def test_save_without_parent_run_warns_but_saves(tmp_path, store, capsys):
     uri, _ = store
-    make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=1, parent_run_id=None)
+    make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=2, parent_run_id=None)
     assert main(["baseline", "save", "synth", "--name", "np", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
     assert "no MLflow parent run" in capsys.readouterr().err
     assert (tmp_path / "baselines" / "np.json").exists()
@@ -114,3 +114,24 @@ def test_load_unknown_and_bad_versions(tmp_path):
         load_baseline("junk", tmp_path)
     with pytest.raises(BenchError, match="known: junk, new"):
         load_baseline("other", tmp_path)
+
+
+def test_save_refuses_a_sweep_the_gate_could_never_judge(tmp_path, store, capsys):
+    uri, _ = store
+    args = ["--results", str(tmp_path), "--tracking-uri", uri]
+    # 1 repeat x 4 timed steps per cell: 4 + 4 samples give p >= 2/C(8,4) = 0.029, never < 0.01
+    make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=1, steps=6)
+    assert main(["baseline", "save", "synth", "--name", "few", *args]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ")
+    assert "4 of 4 cells can never pass the gate" in err and "4 timed step(s) (1 repeat(s) x 4)" in err
+    assert "smallest possible p 0.0286" in err and "needs 5 per cell" in err
+    assert "raise `steps` by 1 or `repeats` to 2" in err
+    assert not (tmp_path / "baselines" / "few.json").exists()
+    # at the gate's alpha the user will run with (0.05) the same sweep is judgeable: saved
+    assert main(["baseline", "save", "synth", "--name", "few", "--alpha", "0.05", *args]) == 0
+    assert main(["baseline", "save", "synth", "--name", "x", "--alpha", "0.7", *args]) == 2
+    assert "--alpha 0.7: allowed range (0.0, 0.5]" in capsys.readouterr().err
+    # 2 repeats x 4: 8 + 8 samples reach p < 0.01: saved
+    make_sweep(tmp_path, "enough", EMBEDDED_CELLS, repeats=2, steps=6)
+    assert main(["baseline", "save", "enough", "--name", "ok", *args]) == 0

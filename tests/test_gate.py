@@ -91,17 +91,24 @@ def test_improvement_and_other_metrics(results, uri):
 
 def test_free_ratio_with_one_profiled_step_cannot_be_judged(results, uri, capsys):
     make_sweep(results, "cand", EMBEDDED_CELLS, repeats=2, seed=7)
-    assert gate(results, uri, "--metric", "free_ratio") == 2
+    assert gate(results, uri, "--metric", "free_ratio") == 3
     err = capsys.readouterr().err
     assert "too few samples" in err and "cannot reach p < 0.01" in err
 
 
 def test_too_few_samples_is_an_error_not_a_pass(tmp_path, uri, capsys):
-    make_sweep(tmp_path, "synth", [{}], repeats=1, steps=4, seed=1)
+    make_sweep(tmp_path, "synth", [{}], repeats=2, steps=6, seed=1)
     assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
     make_sweep(tmp_path, "cand", [{}], repeats=1, steps=4, times=log_normal_times(base_s=3.0), seed=2)
-    assert gate(tmp_path, uri) == 2
-    assert "too few samples: 2 baseline + 2 candidate steps" in capsys.readouterr().err
+    assert gate(tmp_path, uri) == 3
+    out, err = capsys.readouterr()
+    assert "too few samples: 8 baseline + 2 candidate steps" in err
+    # "cannot judge" is its own verdict and exit code: never reported as an ERROR
+    assert "gate: cannot judge (exit 3)" in out and "ERROR" not in out + err and "error:" not in err
+    md = next(tmp_path.glob("cand/*/gate/gate.md")).read_text()
+    assert md.startswith("## Gate CANNOT JUDGE") and "**cannot judge**: too few samples" in md
+    data = json.loads(next(tmp_path.glob("cand/*/gate/gate.json")).read_text())
+    assert data["verdict"] == "cannot judge" and data["exit_code"] == 3 and data["counts"]["cannot judge"] == 1
 
 
 def test_steps_of_the_same_work_are_paired(tmp_path, uri):
@@ -115,15 +122,15 @@ def test_steps_of_the_same_work_are_paired(tmp_path, uri):
     assert gate(tmp_path, uri, "--pairing", "auto") == 1
     row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]
     assert row["test"].startswith("wilcoxon") and 0.08 < row["change"] < 0.12 and row["ci_low"] > 0.05
-    # unpaired (the default), the workload spread makes the comparison too noisy to judge: exit 2, not a pass
-    assert gate(tmp_path, uri) == 2
+    # unpaired (the default), the workload spread makes the comparison too noisy to judge: exit 3 (cannot judge), not a pass
+    assert gate(tmp_path, uri) == 3
     row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]
     assert row["test"] == "mann-whitney u" and row["verdict"] == "noisy" and row["judged_verdict"] == "unchanged"
     assert row["reason"].startswith("too noisy to judge") and row["mde"] > 0.10
     assert gate(tmp_path, uri, "--pairing", "off", "--max-mde", "0.5") == 0  # a looser limit judges it: unchanged
     # other work in the candidate (different response lengths): not paired
     other = make_sweep(tmp_path, "other", [{}], repeats=1, steps=12, seed=3, times=times)
-    assert gate(tmp_path, uri, "--pairing", "auto", candidate="other") == 2
+    assert gate(tmp_path, uri, "--pairing", "auto", candidate="other") == 3
     assert json.loads((other / "gate" / "gate.json").read_text())["rows"][0]["test"] == "mann-whitney u"
 
 
@@ -138,9 +145,9 @@ def test_failed_candidate_cell_is_a_regression(results, uri, capsys):
 
 def test_candidate_input_failure_and_missing_runs_are_errors(results, uri, capsys):
     make_sweep(results, "cand", EMBEDDED_CELLS, repeats=2, seed=9, failed={(0, 0): "bad_input"})
-    assert gate(results, uri) == 2
+    assert gate(results, uri) == 3
     make_sweep(results, "cand2", EMBEDDED_CELLS, repeats=2, seed=9, pending={(2, 1)})
-    assert gate(results, uri, candidate="cand2") == 2
+    assert gate(results, uri, candidate="cand2") == 3
     assert "missing samples" in capsys.readouterr().err
 
 
@@ -219,7 +226,7 @@ def test_expect_claims_met_not_met_and_na(tmp_path, uri):
 def test_expect_needs_its_cells(tmp_path, uri, capsys):
     expect = [{"factor": "dynamic_bsz", "at_least": 0.1}]
     make_sweep(tmp_path, "few", [{}, {"rmsnorm_fused": 1}], repeats=2, expect=expect, seed=3)
-    assert main(["gate", "--candidate", "few", "--results", str(tmp_path), "--tracking-uri", uri]) == 2
+    assert main(["gate", "--candidate", "few", "--results", str(tmp_path), "--tracking-uri", uri]) == 3
     assert "no compared cell" in capsys.readouterr().err
 
 
@@ -269,8 +276,13 @@ def test_a_shift_measured_on_very_noisy_steps_is_not_judged(tmp_path, uri, capsy
     assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
     make_sweep(tmp_path, "busy", [{}], repeats=1, steps=22, seed=2, same_work=True,
                times=log_normal_times(base_s=2.8, sd=0.3))
-    assert gate(tmp_path, uri, candidate="busy") == 2
-    assert "too noisy to judge" in capsys.readouterr().err
+    assert gate(tmp_path, uri, candidate="busy") == 3
+    err = capsys.readouterr().err
+    assert "too noisy to judge" in err
+    # the reason is written out whole (it is longer than the 200 characters the table used to keep)
+    reason = json.loads(next(tmp_path.glob("busy/*/gate/gate.json")).read_text())["rows"][0]["reason"]
+    assert len(reason) > 200 and reason.endswith("rerun on an idle machine, or add steps")
+    assert reason in err and reason in next(tmp_path.glob("busy/*/gate/gate.md")).read_text()
 
 
 def test_run_to_run_shifts_count_as_noise(tmp_path, uri):
@@ -279,7 +291,7 @@ def test_run_to_run_shifts_count_as_noise(tmp_path, uri):
     make_sweep(tmp_path, "synth", [{}], repeats=2, steps=12, seed=5, same_work=True, times=base_t)
     assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
     cand = make_sweep(tmp_path, "cand", [{}], repeats=2, steps=12, seed=6, same_work=True, times=base_t)
-    assert gate(tmp_path, uri) == 2
+    assert gate(tmp_path, uri) == 3
     row = json.loads((cand / "gate" / "gate.json").read_text())["rows"][0]
     assert row["verdict"] == "noisy" and row["se_boot"] > row["se"]
     # steady runs: judged
@@ -289,3 +301,21 @@ def test_run_to_run_shifts_count_as_noise(tmp_path, uri):
                  "--tracking-uri", uri]) == 0
     make_sweep(tmp_path, "cand2", [{}], repeats=2, steps=12, seed=8, same_work=True, times=steady)
     assert gate(tmp_path, uri, candidate="cand2") == 0
+
+
+def test_clip_cuts_long_texts_only_between_sentences():
+    from bench.gate import clip
+
+    assert clip("short  text\n on two lines") == "short text on two lines"
+    text = "First sentence here. " + "x" * 50 + "; second clause " + "y" * 400
+    assert clip(text, 100) == "First sentence here. " + "x" * 50 + "; [...]"
+    assert clip("z" * 500, 100) == "z" * 500  # no break to cut at: kept whole, never cut mid-word
+    from bench.gate import _cell_text
+
+    assert _cell_text("r0 oom: a | r1 oom: b") == "r0 oom: a \\| r1 oom: b"  # a table cell stays one cell
+
+
+def test_gate_help_lists_the_exit_codes(capsys):
+    assert main(["gate", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "exit codes: 0 pass; 1 regression" in out and "2 bad input" in out and "3 cannot judge" in out

@@ -1,0 +1,52 @@
+"""``run_bench.py compare SWEEP_A SWEEP_B``: compare two sweeps directly, no saved baseline needed.
+
+The same comparison, verdicts, outputs and exit codes as ``gate --baseline SWEEP_A --candidate SWEEP_B``
+(:func:`bench.gate.run_gate`; ``asv compare A B``): A is the reference, B is judged against it, cells are
+matched by factor levels. A is read like ``baseline save`` reads a sweep (failed, unfinished or sample-less
+cells are refused) but nothing is stored under ``baselines/``. The matrix ``expect`` block is not checked
+(that is ``gate``'s job). Either side may also be a saved baseline's name or file; a name that is both a
+matrix and a baseline is read as the matrix's latest sweep.
+
+Outputs ``gate.md`` and ``gate.json`` in ``--out`` (default ``<sweep B>/compare/``) and an MLflow gate run.
+Exit codes: 0 pass, 1 regression, 2 bad input, 3 cannot judge (:data:`bench.gate.EXIT_CODES`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bench.gate import EXIT_CODES, add_comparison_arguments, metric_list, print_result, run_gate
+from bench.results import find_sweep
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``compare``; the exit codes are the help's epilog."""
+    p.epilog = EXIT_CODES
+    p.add_argument("sweep_a", metavar="SWEEP_A",
+                   help="the reference: a sweep folder, a matrix name (its latest sweep), <matrix>/<sweep id>, "
+                        "or a saved baseline")
+    p.add_argument("sweep_b", metavar="SWEEP_B", help="the sweep judged against SWEEP_A (same forms)")
+    add_comparison_arguments(p)
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder for gate.md and gate.json (default: <SWEEP_B>/compare/)")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Compare SWEEP_B against SWEEP_A; prints the table and ``compare: <verdict> (exit N)``.
+
+    Returns 0 pass, 1 regression, 3 cannot judge.
+
+    Raises:
+        BenchError: bad input (unknown sweep, another engine or platform, no matching cells, bad flags): exit 2.
+    """
+    out = args.out if args.out is not None else find_sweep(args.sweep_b, args.results) / "compare"
+    result = run_gate(baseline_ref=args.sweep_a, candidate_ref=args.sweep_b, results=args.results,
+                      tracking_uri=args.tracking_uri, metrics=metric_list(args), threshold=args.threshold,
+                      alpha=args.alpha, out=out, n_boot=args.bootstrap, seed=args.seed, check_expect=False,
+                      pairing=args.pairing == "auto", max_mde=args.max_mde, normalize=args.normalize == "auto",
+                      prefer="sweep")
+    return print_result(result, "compare")
+
+
+__all__ = ["add_arguments", "main"]

@@ -1,0 +1,99 @@
+"""``run_bench.py compare SWEEP_A SWEEP_B`` and ``gate --baseline <sweep>``: two sweeps compared directly."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
+
+from bench.cli import main
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    from bench.tracking import Tracker
+
+    u = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    Tracker(u, "a")  # create the store once (schema migrations take a few seconds)
+    return u
+
+
+def compare(results, uri, a, b, *extra):
+    return main(["compare", a, b, "--results", str(results), "--tracking-uri", uri, "--bootstrap", "300", *extra])
+
+
+def test_identical_sweeps_pass_without_a_saved_baseline(tmp_path, uri, capsys):
+    a = make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02), seed=1)
+    b = make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02), seed=2)
+    assert compare(tmp_path, uri, "a", str(b)) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("## Gate PASS") and "compare: pass (exit 0)" in out
+    data = json.loads((b / "compare" / "gate.json").read_text())
+    assert data["baseline"]["kind"] == "sweep" and data["baseline"]["name"] == f"a/{a.name}"
+    assert data["baseline"]["file"] == a.name and data["candidate"]["sweep_id"] == b.name
+    assert len(data["rows"]) == 4 and {r["verdict"] for r in data["rows"]} == {"unchanged"}
+    assert "expectations" not in data
+    assert not (tmp_path / "baselines").exists() and not (b / "gate").exists()  # nothing stored as a baseline
+
+
+def test_a_slower_sweep_is_a_regression_via_compare_and_gate(tmp_path, uri, capsys):
+    a = make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02), seed=1)
+    b = make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02, base_s=2.2), seed=3)
+    assert compare(tmp_path, uri, str(a), "b") == 1
+    rows = json.loads((b / "compare" / "gate.json").read_text())["rows"]
+    assert {r["verdict"] for r in rows} == {"regression"} and all(0.06 < r["change"] < 0.14 for r in rows)
+    assert "compare: regression (exit 1)" in capsys.readouterr().out
+    # the same through gate --baseline <sweep folder>, and the reverse direction is an improvement
+    assert main(["gate", "--baseline", str(a), "--candidate", "b", "--results", str(tmp_path),
+                 "--tracking-uri", uri, "--bootstrap", "300"]) == 1
+    gated = json.loads((b / "gate" / "gate.json").read_text())["rows"]
+    assert [r["change"] for r in gated] == [r["change"] for r in rows]
+    assert compare(tmp_path, uri, "b", "a") == 0
+    assert {r["verdict"] for r in json.loads((a / "compare" / "gate.json").read_text())["rows"]} == {"improvement"}
+
+
+def test_too_few_samples_cannot_be_judged(tmp_path, uri, capsys):
+    make_sweep(tmp_path, "a", [{}], repeats=1, steps=4, seed=1)
+    make_sweep(tmp_path, "b", [{}], repeats=1, steps=4, seed=2)
+    assert compare(tmp_path, uri, "a", "b") == 3
+    out, err = capsys.readouterr()
+    assert "compare: cannot judge (exit 3)" in out and "compare: cannot judge: " in err and "too few samples" in err
+
+
+def test_bad_inputs_are_one_line_exit_2(tmp_path, uri, capsys):
+    make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=2, seed=1)
+    make_sweep(tmp_path, "cuda", EMBEDDED_CELLS, repeats=2, platform="cuda", seed=2)
+    make_sweep(tmp_path, "bad", EMBEDDED_CELLS, repeats=2, seed=3, failed={(1, 0): "oom"})
+    cases = [
+        (("nosuch", "a"), "SWEEP_A nosuch: neither a baseline nor a sweep: unknown baseline"),
+        (("a", "nosuch"), "nosuch: no sweep found"),
+        (("a", "cuda"), "embedded/cpu"),
+        (("bad", "a"), "1 of 4 cells unusable: dynamic_bsz"),
+        (("a", "a", "--threshold", "-1"), "--threshold -1.0: allowed range"),
+    ]
+    for args, expected in cases:
+        assert compare(tmp_path, uri, *args) == 2, args
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and expected in err, (args, err)
+
+
+def test_compare_help_lists_the_exit_codes(capsys):
+    assert main(["compare", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "SWEEP_A SWEEP_B" in out and "3 cannot judge" in out and "2 bad input" in out
+
+
+def test_gate_baseline_names_win_over_sweeps_and_unknown_names_list_both(tmp_path, uri, capsys):
+    make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=2, seed=1)
+    make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=2, seed=2)
+    args = ["--results", str(tmp_path), "--tracking-uri", uri, "--bootstrap", "300"]
+    assert main(["gate", "--baseline", "zz", "--candidate", "b", *args]) == 2
+    err = capsys.readouterr().err
+    assert "--baseline zz: neither a baseline nor a sweep: unknown baseline" in err and "no sweep found" in err
+    assert main(["gate", "--baseline", "a", "--candidate", "b", *args]) == 0  # matrix a's latest sweep
+    assert json.loads(next(tmp_path.glob("b/*/gate/gate.json")).read_text())["baseline"]["kind"] == "sweep"
+    assert main(["baseline", "save", "b", "--name", "a", *args[:4]]) == 0  # a baseline named like matrix a
+    assert main(["gate", "--baseline", "a", "--candidate", "b", *args]) == 0
+    data = json.loads(next(tmp_path.glob("b/*/gate/gate.json")).read_text())
+    assert data["baseline"]["kind"] == "baseline" and data["baseline"]["file"] == "a.json"
