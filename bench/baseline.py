@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchError
+from bench.measure import PHASES
 from bench.model import METRICS, SUMMARY_STEP_TIME, Metric, Snapshot  # noqa: F401  (METRICS, Metric re-exported)
 from bench.optimizations import FACTOR_KEYS
 from bench.results import SWEEP, atomic_write_json, find_sweep, load_records, read_json
@@ -68,7 +69,9 @@ def _num(v: Any) -> float | None:
 
 def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     """Per-step samples of every gate metric in one run record (empty lists where absent), plus
-    ``speed_probe``: the speed probe's seconds at each timed step (:mod:`bench.speed`), or empty."""
+    ``speed_probe``: the speed probe's seconds at each timed step (:mod:`bench.speed`), or empty, and
+    ``phase_share/<phase>``: each phase's share of the step time at each timed step (``other`` = the
+    rest of the step), so that a phase breakdown describes the same steps as the step time."""
     summ = rec.get("summary") or {}
     steps = rec.get("steps") or {}
     timed = [int(s) for s in summ.get("timed_steps") or []]
@@ -93,7 +96,16 @@ def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     # the machine-speed probe of each timed step (bench.speed); kept only when every timed step has one
     pr = [at(s, PROBE_METRIC) for s in timed]
     pr = pr if pr and all(v is not None and v > 0 for v in pr) else []
-    return {"step_time": st, "throughput": tp, "rollout_share": rs, "free_ratio": fr, "speed_probe": pr}
+    shares: dict[str, list[float]] = {f"phase_share/{p}": [] for p in (*PHASES, "other")}
+    for s in timed:
+        step = at(s, "timing_s/step")
+        if not step:
+            continue
+        parts = {p: at(s, m) or 0.0 for p, m in PHASES.items()}
+        for p, v in parts.items():
+            shares[f"phase_share/{p}"].append(v / step)
+        shares["phase_share/other"].append(max(0.0, 1.0 - sum(parts.values()) / step))
+    return {"step_time": st, "throughput": tp, "rollout_share": rs, "free_ratio": fr, "speed_probe": pr, **shares}
 
 
 #: per-step metrics that identify the work a step did (same values = same prompts and responses)
