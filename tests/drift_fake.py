@@ -23,8 +23,10 @@ import numpy as np
 import yaml
 
 from bench.baseline import levels_key
+from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.executors import ExecResult, ResolvedLaunch
 from bench.plan import RunOrder
+from bench.speed import PROBE_METRIC
 
 #: timing model defaults: 2 s steps, +15 % drift over the sweep (log scale), 1 % run-to-run, 2 % step-to-step
 BASE_S, DRIFT, RUN_SD, STEP_SD = 2.0, math.log(1.15), 0.01, 0.02
@@ -47,8 +49,10 @@ class DriftExecutor:
 
     name = "drift-fake"
 
-    def __init__(self, n_runs: int, seed: int = 0, stop_after: int | None = None, **model: Any):
-        self.n_runs, self.model = n_runs, model
+    def __init__(self, n_runs: int, seed: int = 0, stop_after: int | None = None, probe: bool = False, **model: Any):
+        """``probe``: log a speed probe at each step that follows the drift (``0.03 s x exp(drift x position)``)
+        and name its kernel in ``evidence.json``, as the embedded engine does on CPU."""
+        self.n_runs, self.model, self.probe = n_runs, model, probe
         self.rng = np.random.default_rng(seed)
         self.calls: list[tuple[str, int]] = []
         self.stop_after = stop_after
@@ -62,10 +66,15 @@ class DriftExecutor:
         self.calls.append((spec["cell_id"], int(rd.name[1:])))
         times = run_step_times(spec["levels"], len(self.calls) - 1, self.n_runs, int(cfg["steps"]), self.rng,
                                **self.model)
+        slow = math.exp(self.model.get("drift", DRIFT) * (len(self.calls) - 1) / max(self.n_runs - 1, 1))
+        if self.probe:
+            (rd / "evidence.json").write_text(json.dumps({"speed_probe": {"enabled": True, "spec": probe_kernel()}}))
         with open(rd / "metrics.jsonl", "w") as fh:
             for step, t in enumerate(times, start=1):
                 data = {"timing_s/step": t, "timing_s/gen": t / 2, "timing_s/update_actor": t / 4,
                         "perf/throughput": 1000.0 / t, "perf/total_num_tokens": 1000}
+                if self.probe:
+                    data[PROBE_METRIC] = 0.03 * slow
                 fh.write(json.dumps({"step": step, "data": data}) + "\n")
         (rd / "run.log").write_text("ok\n")
         return ExecResult(0, False, 0.01, "")
