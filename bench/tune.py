@@ -549,7 +549,9 @@ class Tuner:
             value = self.speed_normalized(trial, rec, float(value))
             trial.set_constraint(CONSTRAINT, 0.0)
             self.log_trial(trial.number, "COMPLETE", value, 0.0, limits, spec, rec, rdir)
-            self.on_event("trial", {"number": trial.number, "limits": limits, "kind": "feasible", "value": value})
+            self.on_event("trial", {"number": trial.number, "limits": limits, "kind": "feasible", "value": value,
+                                    "raw_value": trial.user_attrs.get("raw_value"),
+                                    "normalized": bool(trial.user_attrs.get("normalized")), "unit": s.unit})
             return float(value)
         kind = rec.get("failure_kind") or "no_metrics"
         reason = rec.get("reason") or f"the run's summary has no {s.objective_key}"
@@ -730,7 +732,10 @@ class ConsoleView:
             self.p(f"trial {d['number']:>3}: {lim} ...")
         elif kind == "trial":
             if d["kind"] == "feasible":
-                self.p(f"trial {d['number']:>3}: {d['value']:.4g}")
+                unit = d.get("unit", "")
+                extra = (f" at the reference speed (measured {d['raw_value']:.4g} {unit})" if d.get("normalized")
+                         and d.get("raw_value") is not None else "")
+                self.p(f"trial {d['number']:>3}: {d['value']:.4g} {unit}{extra}")
             elif d["kind"] == "infeasible":
                 self.p(f"trial {d['number']:>3}: INFEASIBLE ({d['failure_kind']}, constraint {d['constraint']:.3g}): "
                        f"{d['reason'][:160]}")

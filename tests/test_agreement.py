@@ -85,6 +85,15 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
     assert bj["value"] == best["value"] == st.best_value
     assert bj["objective_name"] == "step_time_s_speed_normalized" and bj["normalized"] and bj["reference_probe_s"] == ref
     assert bj["raw_value"] == st.best_trial.user_attrs["raw_value"]
+    import io
+
+    from bench.tune import ConsoleView, print_result
+
+    buf = io.StringIO()
+    print_result(out, s, ConsoleView(buf))
+    assert (f"best: trial {bj['trial']}, step_time_s_speed_normalized = {bj['value']:.4g} s (median over the timed "
+            f"steps at the study's reference speed: probe {ref:.4f} s); measured median {bj['raw_value']:.4g} s") \
+        in buf.getvalue()
     trials = {int(r["number"]): r for r in csv.DictReader(open(s.study_dir / "trials.csv"))}
     assert float(trials[bj["trial"]]["step_time_median_s"]) == pytest.approx(bj["value"], rel=1e-12)
     assert float(trials[bj["trial"]]["raw_value"]) == pytest.approx(bj["raw_value"], rel=1e-12)
