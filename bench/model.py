@@ -94,6 +94,7 @@ class RunResult(BaseModel):
 
     @property
     def ok(self) -> bool:
+        """Whether the run finished with status ``ok``."""
         return self.status == "ok"
 
 

@@ -5,22 +5,28 @@ under ``report/``, effect metrics, tag ``bench.report``):
 
 * ``report.md``: the tables below, with the plots linked; ``report.json``: the same numbers;
   ``effects.csv``: the model terms;
-* per cell: speedup vs the all-off cell (``all-off median / cell median`` through the Hodges-Lehmann
-  shift of log step times) with its bootstrap interval (over repeats) and Mann-Whitney p
-  (:func:`bench.stats.compare`) -> ``speedup.png``;
-* main effects and two-factor interactions: OLS (statsmodels) of log step time, every timed step of
-  every repeat one observation, factors coded +-1 (effect = 2 x coefficient; factors with more than
-  two levels dummy-coded vs their first level); for fractional designs the alias structure (pyDOE3)
-  and which interactions are confounded -> ``effects.png``;
+* the unit of replication is the **run**: each finished run is summarized by its value
+  (:func:`bench.model.run_value`: median of its timed steps, speed-normalized when every run timed the
+  probe) and every interval and p value below is computed from run values, never from steps as if they
+  were independent samples; the time block (repeat ``k`` of a blocked sweep) is a fixed factor;
+* per cell: speedup vs the all-off cell (:func:`bench.model.speedup` of the cells' geometric-mean run
+  values, the same number as ``summary.md``) with a t interval and p value from the log run values and
+  the pooled residual SD of the cell-means model (:func:`bench.stats.run_contrast`) -> ``speedup.png``;
+* main effects and two-factor interactions: OLS (statsmodels) of the log run values, factors coded +-1
+  (effect = 2 x coefficient; factors with more than two levels dummy-coded vs their first level), the
+  block as a factor, residual degrees of freedom stated, Holm-adjusted p values deciding "significant";
+  with one run per cell, estimates only (no run-to-run variance to test against); for fractional
+  designs the alias structure (pyDOE3) and which interactions are confounded -> ``effects.png``;
 * phase breakdown per cell (gen, old_log_prob, ref, update_actor, other = step - those, reward and
-  adv included) as a stacked bar, with the rollout share and the Free ratio -> ``phases.png``;
+  adv included): each phase's mean share of the timed steps times the cell's step time, so the bars add
+  up to the table's step time; with the rollout share and the Free ratio -> ``phases.png``;
 * the rollout long tail (article 2.6): response length min / mean / max per cell and the decode slots
   wasted waiting for the longest sample, ``1 - mean/max`` -> ``long_tail.png``;
 * the article's reported gains (+30 % end to end, ~+15 % dynamic bsz, +9 % task queue, +8 % mc2)
   beside ours -> ``article.png``;
 * the minimal detectable effect given the measured noise (within-run and run-to-run), for a
   two-cell comparison, a main effect, and the gate against a baseline;
-* the matrix's ``expect`` claims, when it has some.
+* the matrix's ``expect`` claims, when it has some, judged on the runs (:func:`claims_on_runs`).
 """
 
 from __future__ import annotations
@@ -700,8 +706,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="the sweep: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="output folder (default: <sweep>/report/)")
     p.add_argument("--alpha", type=float, default=0.05, help="intervals at 1-alpha, tests at alpha (default 0.05)")
-    p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N",
+                   help=f"bootstrap resamples (default {N_BOOT}; kept for scripts: the report's intervals are t "
+                        "intervals on run values and draw no bootstrap)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0; see --bootstrap)")
     p.add_argument("--no-interactions", action="store_true", help="main effects only")
     p.add_argument("--normalize", choices=("auto", "off"), default="auto",
                    help="auto (default): speed-normalize step times by the machine-speed probe when every run has "
