@@ -318,9 +318,51 @@ def load_baseline(ref: str, results: Path) -> dict[str, Any]:
     for key in ("engine", "platform", "cells"):
         if key not in data:
             raise BenchError(f"{path}: baseline file lacks {key!r}")
+    check_baseline_shape(data, path)
     check_snapshot(data, str(path))
     data["_path"] = str(path)
     return data
+
+
+def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
+    """Check the parts of a baseline every reader indexes (``source``, each cell's ``key``, ``label``,
+    ``levels`` and ``repeats`` with their ``samples``), so a hand-edited file fails as one line.
+
+    Raises:
+        BenchError: naming the file and the first missing or mistyped key.
+    """
+    from pydantic import BaseModel, ConfigDict, ValidationError
+
+    class _Repeat(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        repeat: int | None = None
+        status: str | None = None
+        samples: dict[str, list[float | None]]
+
+    class _Cell(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        key: str
+        label: str
+        levels: dict[str, int | None]
+        repeats: list[_Repeat]
+
+    class _Source(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        sweep: str | None = None
+
+    class _Shape(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        engine: str
+        platform: str
+        source: _Source
+        cells: list[_Cell]
+
+    try:
+        _Shape.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(x) for x in err["loc"])
+        raise BenchError(f"{path}: not a valid baseline: {key}: {err['msg']}") from None
 
 
 def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, force: bool = False,

@@ -1,8 +1,13 @@
 """Command line: ``python run_bench.py [run] MATRIX.yaml`` and the ``tune``, ``gate``, ``report``,
 ``baseline`` subcommands.
 
-Exit codes: 0 success; 1 a sweep with failed cells, or a gate regression; 2 bad input (one line on
-stderr naming file, key and allowed values; nothing written); 130 interrupted.
+Exit codes: 0 success; 1 a sweep with failed cells, a gate regression, a full disk or an unexpected
+error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 130
+interrupted (Ctrl-C); 143 terminated (SIGTERM).
+
+Error boundary (every subcommand): a :class:`~bench.errors.BenchError` is printed as one line; any other
+exception as one line naming the step in progress (:class:`bench.errors.doing`) and the path of a log
+holding the full traceback (``<results>/logs/error-*.log``). No Python traceback reaches the terminal.
 Each subcommand other than ``run`` lives in its own module exposing ``add_arguments(parser)`` and
 ``main(args) -> int``.
 """
@@ -11,11 +16,16 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import os
+import signal
 import sys
+import tempfile
+import time
+import traceback
 from pathlib import Path
 
-from bench.errors import BenchError
+from bench.errors import BenchError, Terminated, current_step
 
 SUBCOMMANDS = {
     "run": ("bench.cli_run", "run the sweep of a matrix file (default subcommand)"),
@@ -23,7 +33,48 @@ SUBCOMMANDS = {
     "gate": ("bench.gate", "compare a sweep against a baseline; exit 1 on a real slowdown"),
     "report": ("bench.report", "effects, interactions, confidence intervals and plots of a sweep"),
     "baseline": ("bench.baseline", "store a sweep as a named baseline for the gate"),
+    "sync": ("bench.sync", "upload to MLflow what an outage of the tracking server left queued (idempotent)"),
 }
+
+#: Allowed ranges of numeric command-line flags (argparse dest -> (low, high, low inclusive)); checked for
+#: every subcommand that has the flag. Non-finite values are always refused.
+FLAG_RANGES: dict[str, tuple[float, float, bool]] = {
+    "threshold": (0.0, 10.0, False),
+    "alpha": (0.0, 0.5, False),
+    "bootstrap": (100, 1_000_000, True),
+    "seed": (0, 2**32 - 1, True),
+    "max_mde": (0.0, 10.0, False),
+    "n_trials": (1, 100_000, True),
+    "timeout": (0.0, 30 * 86400.0, False),
+}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose usage errors are one line on stderr (exit code 2), no usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        """Print ``error: PROG: MESSAGE`` and exit with code 2."""
+        sys.stderr.write(f"error: {self.prog}: {message} (see --help)\n")
+        sys.exit(2)
+
+
+def check_flag_ranges(args: argparse.Namespace) -> None:
+    """Refuse numeric flags outside :data:`FLAG_RANGES` (and NaN/inf anywhere).
+
+    Raises:
+        BenchError: naming the flag, the value and the allowed range.
+    """
+    for dest, value in sorted(vars(args).items()):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        flag = "--" + dest.replace("_", "-")
+        if not math.isfinite(value):
+            raise BenchError(f"{flag} {value}: must be a finite number")
+        if dest in FLAG_RANGES:
+            low, high, inclusive = FLAG_RANGES[dest]
+            if not ((low <= value) if inclusive else (low < value)) or value > high:
+                bracket = "[" if inclusive else "("
+                raise BenchError(f"{flag} {value}: allowed range {bracket}{low}, {high}]")
 
 
 def default_results() -> Path:
@@ -46,7 +97,7 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one sub-parser per available subcommand."""
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="run_bench.py",
         description="Ablation benchmark harness for GRPO post-training performance (verl; embedded engine "
         "on machines without an accelerator). `run_bench.py MATRIX.yaml` = `run_bench.py run MATRIX.yaml`.",
@@ -66,23 +117,71 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _terminate(signum, frame) -> None:
+    """SIGTERM handler: unwind like Ctrl-C, so runs and the fork server are stopped and the sweep closed."""
+    raise Terminated()
+
+
+def crash_log(results: Path | None, argv: list[str]) -> Path:
+    """Write the current exception's traceback to ``<results>/logs/error-<time>-<pid>.log`` (or the
+    temporary folder when the results folder cannot be written); returns the log's path."""
+    text = f"run_bench.py {' '.join(argv)}\nstep: {current_step()}\n\n{traceback.format_exc()}"
+    name = f"error-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+    for folder in ([Path(results) / "logs"] if results is not None else []) + [Path(tempfile.gettempdir())]:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(text)
+            return folder / name
+        except OSError:
+            continue
+    return Path(os.devnull)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` and run the subcommand; returns the exit code."""
+    """Parse ``argv`` and run the subcommand; returns the exit code (never raises, never prints a traceback)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
         argv.insert(0, "run")
-    parser = build_parser()
-    if not argv:
-        parser.print_help()
-        return 2
-    args = parser.parse_args(argv)
-    if args.tracking_uri is None:
-        args.tracking_uri = default_tracking_uri(args.results)
+    args = None
+    previous = signal.getsignal(signal.SIGTERM)
     try:
+        signal.signal(signal.SIGTERM, _terminate)
+    except ValueError:  # not the main thread (tests calling main() from a thread)
+        previous = None
+    try:
+        parser = build_parser()
+        if not argv:
+            parser.print_help()
+            return 2
+        args = parser.parse_args(argv)
+        check_flag_ranges(args)
+        args.tracking_uri_given = args.tracking_uri is not None
+        if args.tracking_uri is None:
+            args.tracking_uri = default_tracking_uri(args.results)
         return int(args._module.main(args) or 0)
     except BenchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
+    except Terminated:
+        print("terminated: finished runs are kept; rerun the same command to resume", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted: finished runs are kept; rerun the same command to resume", file=sys.stderr)
         return 130
+    except SystemExit as exc:  # argparse (--help, usage errors) and libraries calling sys.exit
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except BaseException as exc:  # noqa: BLE001 - the error boundary
+        step = getattr(exc, "bench_step", None) or current_step() or f"running `{argv[0] if argv else ''}`"
+        log = crash_log(getattr(args, "results", None), argv)
+        msg = _one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        print(f"error: unexpected {msg} while {step}; full traceback in {log}", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(text: str) -> str:
+    """``text`` folded onto one line (a message is one line, whatever a library put into it)."""
+    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
+    return " | ".join(lines)[:2000] if lines else ""

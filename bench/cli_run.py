@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spawn", action="store_true",
                    help="start every run in a fresh interpreter (default on CPU for the embedded engine: "
                    "fork each run from a warm server that has imported torch/transformers/verl once)")
+    p.add_argument("--smoke", action="store_true",
+                   help="verl matrices: run every cell's own launch for a few real steps on this CPU (tiny model, "
+                   "verl:cpu target) to catch config errors and ignored knobs before accelerator time")
+    p.add_argument("--smoke-steps", type=int, default=2, choices=range(1, 11), metavar="N",
+                   help="GRPO steps per smoke cell (1-10, default 2)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run each cell as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")
     p.add_argument("--order", choices=ORDERS, default="blocked",
@@ -169,6 +175,8 @@ def main(args: argparse.Namespace) -> int:
         from bench.gate import validate_expect
 
         validate_expect(matrix.expect, args.matrix, Path(args.matrix).read_text())
+    if getattr(args, "smoke", False):
+        return smoke_main(args, matrix, console)
     plan = make_plan(matrix, strict=not args.dry_run)
     order_seed = getattr(args, "order_seed", None)
     order_kind = getattr(args, "order", "blocked")
@@ -194,9 +202,67 @@ def main(args: argparse.Namespace) -> int:
                   f"`mlflow ui --backend-store-uri {args.tracking_uri}`")
     console.print(f"executed {out.executed}, cached {out.skipped}, failed {out.failed}; wall {out.wall_s:.1f} s, "
                   f"in GRPO steps {out.in_step_s:.1f} s, harness overhead {out.overhead_share:.1%}")
-    if out.failed:
-        console.print(f"[red]{out.failed} run(s) failed[/]: see the status column and each run.log")
-    return 1 if any(r["status"] != "ok" for r in out.rows) else 0
+    if any(r["status"] != "ok" for r in out.rows):  # exit 1: one line on stderr says why
+        bad = sum(r["status"] != "ok" for r in out.rows)
+        print(f"error: {bad} cell(s) not ok ({out.failed} run(s) failed now): see the status column, "
+              f"{out.sweep_dir / 'summary.md'} and each run.log", file=sys.stderr)
+        return 1
+    return 0
 
 
-__all__ = ["add_arguments", "main", "print_plan"]
+def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
+    """``--smoke``: each cell of a verl matrix for a few real steps on the CPU; 0 when every cell ran."""
+    from bench.engines.verl_cpu.smoke import not_exercised, run_smoke, smoke_base, smoke_cells
+    from bench.errors import BenchError
+
+    if matrix.engine != "verl":
+        raise BenchError(f"{args.matrix}: engine: --smoke checks verl launches; this matrix uses engine "
+                         f"{matrix.engine!r} (allowed: verl)")
+    plan = make_plan(matrix, strict=False)
+    cells = smoke_cells(matrix, plan, args.smoke_steps)
+    if args.dry_run:
+        for c in cells:
+            console.print(f"[bold]{c.source_label}[/] -> smoke cell {c.spec.cell_id}", markup=True)
+            console.print(f"  argv: {json.dumps(c.spec.launch.argv)}", soft_wrap=True, markup=False)
+            for x in c.left_out + c.inert:
+                console.print(f"  left out / inert: {x}", markup=False)
+        return 0
+    base, _ = smoke_base(matrix, args.smoke_steps)
+    get_engine("verl").preflight(matrix.model_copy(update={"platform": "cpu", "base": base}),
+                                 [c.spec.launch for c in cells], "cpu")
+    check_writable(args.results)
+
+    def on_cell(kind, i, n, cell, res):
+        if kind == "start":
+            console.print(f"smoke {i}/{n}: {cell.source_label} ({cell.spec.cell_id}) ...")
+        else:
+            st = f"{res['step_time_s']:.2f} s/step" if res["step_time_s"] else "-"
+            line = f"  {res['status']}: {res['steps']} step(s), {st}"
+            if res["status"] != "ran":
+                line += f"; {res['failure_kind']}: {res['reason']}"
+            console.print(line, markup=False, style=None if res["status"] == "ran" else "red")
+
+    folder, results = run_smoke(matrix, plan, args.results, steps=args.smoke_steps, on_cell=on_cell)
+    console.print(f"\nsmoke run of {args.matrix} on this CPU ({args.smoke_steps} step(s) per cell, tiny model):")
+    for key, why in not_exercised(plan).items():
+        console.print(f"not exercised on CPU: {key}: {why} (its variables and patches are still launched)",
+                      markup=False)
+    for r in results:
+        head = f"- {r['cell']}: {r['status']}"
+        if r["status"] != "ran":
+            head += f" ({r['failure_kind']}): {r['reason']}"
+        console.print(head, markup=False)
+        for k, v in r["evidence"].items():
+            console.print(f"    factor {k}: evidence {v}", markup=False)
+        for name, line in r["patches"].items():
+            if "refused in 0" not in line or "error" in line:
+                console.print(f"    patch {name}: {line}", markup=False)
+        for x in r["left_out"]:
+            console.print(f"    left out {x}", markup=False)
+        for x in r["inert_env"]:
+            console.print(f"    env {x}", markup=False)
+    console.print(f"smoke folder: {folder} (smoke.json, one run folder per cell)")
+    return 0 if all(r["status"] == "ran" for r in results) else 1
+
+
+__all__ = ["add_arguments", "main", "print_plan", "smoke_main"]

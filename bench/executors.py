@@ -2,6 +2,13 @@
 
 - :class:`LocalExecutor` (default): a child process in its own process group and session, so
   environment variables and patches never leak between runs and a timeout kills the whole tree.
+
+Process hygiene: every process the harness starts (a run, the fork server) gets a parent-death signal
+(``PR_SET_PDEATHSIG`` = SIGKILL, :func:`die_with_parent`), so a harness killed even by SIGKILL leaves no
+run behind; SIGTERM/SIGINT unwind the harness, which kills the run's process group. A resumed sweep
+first ends whatever still runs in its folders (:func:`kill_strays`). A run killed by a signal is
+labelled with it ("killed by signal 9 (SIGKILL)"); "out of memory" only with evidence: the cgroup's
+``oom_kill`` counter rose during the run (:func:`oom_kills`).
 - :class:`bench.ray_executor.RayJobExecutor`: a job on an existing Ray cluster (``--ray-address``).
 
 Runs go one after another: benchmark runs must not share devices.
@@ -9,6 +16,7 @@ Runs go one after another: benchmark runs must not share devices.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
@@ -62,18 +70,37 @@ class Executor(Protocol):
         ...
 
 
+def machine_placeholders(python: str = sys.executable) -> dict[str, str]:
+    """The placeholders a launch may hold that name this machine, filled at launch time so that a cell id
+    (a hash of the launch) is the same everywhere: ``{python}`` (the harness's interpreter),
+    ``{verl_python}`` (the verl CPU stack's, :func:`bench.engines.verl_cpu.target.verl_python`),
+    ``{bench_cache}`` (models and data built locally) and ``{repo}`` (this checkout)."""
+    from bench.engines.embedded.model import default_cache_dir
+    from bench.engines.verl_cpu.target import verl_python
+
+    return {"python": python, "verl_python": verl_python(), "bench_cache": str(default_cache_dir()),
+            "repo": str(REPO_ROOT)}
+
+
+def fill_placeholders(text: str, python: str = sys.executable) -> str:
+    """``text`` with the :func:`machine_placeholders` replaced (``{run_dir}`` is left as it is)."""
+    for key, value in machine_placeholders(python).items():
+        text = text.replace("{" + key + "}", value)
+    return text
+
+
 def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run_dir: Path, timeout_s: float,
                    python: str = sys.executable) -> ResolvedLaunch:
-    """Fill ``{python}``/``{run_dir}`` and add the variables every run gets.
+    """Fill ``{run_dir}`` and the :func:`machine_placeholders`, and add the variables every run gets.
 
     ``BENCH_RUN_DIR`` = the run folder; ``BENCH_PATCHES`` = comma-separated patch specs, with
     ``patches/`` first on ``PYTHONPATH`` so its ``sitecustomize`` applies them in every Python process of
     the run (Ray workers and vLLM included) and writes what it patched into the run folder.
     """
     run_dir = Path(run_dir).resolve()
-    fill = {"python": python, "run_dir": str(run_dir)}
+    fill = {"run_dir": str(run_dir), **machine_placeholders(python)}
 
-    def _fill(text: str) -> str:  # only these two placeholders: verl overrides may hold other braces
+    def _fill(text: str) -> str:  # only the known placeholders: verl overrides may hold other braces
         for key, value in fill.items():
             text = text.replace("{" + key + "}", value)
         return text
@@ -89,6 +116,107 @@ def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run
     return ResolvedLaunch(argv=[_fill(a) for a in argv], env=out_env, run_dir=run_dir, timeout_s=timeout_s)
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) -> None:
+    """Ask the kernel to send ``sig`` to this process when its parent dies (Linux ``PR_SET_PDEATHSIG``).
+
+    Call it in a child right after ``fork`` (``preexec_fn``); if the parent is already gone
+    (``getppid() != parent_pid``) the process exits at once. A no-op where ``prctl`` is unavailable.
+    """
+    prctl = _prctl()
+    if prctl is None:
+        return
+    prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+_PRCTL: list = []
+
+
+def _prctl():
+    """libc's ``prctl`` (looked up once, in the parent: a forked child only calls it), or ``None``."""
+    if not _PRCTL:
+        try:
+            _PRCTL.append(ctypes.CDLL(None, use_errno=True).prctl)
+        except (OSError, AttributeError):
+            _PRCTL.append(None)
+    return _PRCTL[0]
+
+
+def _child_setup(parent_pid: int):
+    _prctl()  # resolve before fork
+
+    def setup() -> None:
+        die_with_parent(parent_pid)
+
+    return setup
+
+
+def oom_kills() -> int | None:
+    """The ``oom_kill`` counter of this process's cgroup (v2 ``memory.events``; ``None`` where absent)."""
+    try:
+        rel = next((ln.split(":", 2)[2] for ln in open("/proc/self/cgroup").read().splitlines()
+                    if ln.startswith("0::")), "/")
+    except OSError:
+        rel = "/"
+    for path in (Path("/sys/fs/cgroup") / rel.lstrip("/") / "memory.events", Path("/sys/fs/cgroup/memory.events")):
+        try:
+            for line in path.read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def signal_reason(sig: int, oom_before: int | None) -> str:
+    """``killed by signal N (NAME)``; with ``: out of memory (...)`` only when the cgroup's OOM counter rose."""
+    try:
+        name = signal.Signals(sig).name
+    except ValueError:
+        name = "unknown"
+    why = f"killed by signal {sig} ({name})"
+    after = oom_kills()
+    if sig == signal.SIGKILL and oom_before is not None and after is not None and after > oom_before:
+        why += f": out of memory (cgroup oom_kill counter {oom_before} -> {after})"
+    return why
+
+
+def kill_strays(folder: Path, grace_s: float = 3.0) -> list[int]:
+    """End every run process (and its process group) that a killed harness left in ``folder``; returns
+    the PIDs ended.
+
+    A run process is one whose environment has ``BENCH_RUN_DIR`` inside ``folder`` (runs started by
+    :class:`LocalExecutor` and their children), or a fork-server child (command line ``bench.forkserver``)
+    working inside ``folder``. Anything else (a shell ``cd``-ed into the folder), processes of other
+    users, and this process and its ancestors are never touched.
+    """
+    import psutil
+
+    root = str(Path(folder).resolve())
+
+    def inside(path: str) -> bool:
+        return bool(path) and (path == root or path.startswith(root + os.sep))
+
+    found = _scan(lambda proc, env_dir: inside(env_dir) or (
+        inside(proc.cwd()) and "bench.forkserver" in " ".join(proc.cmdline())))
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    for proc in found:
+        try:
+            pgid = os.getpgid(proc.pid)
+            if pgid in mine or pgid == os.getpgrp():
+                proc.kill()
+            else:
+                os.killpg(pgid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError, psutil.NoSuchProcess, OSError):
+            continue
+    psutil.wait_procs(found, timeout=grace_s)
+    return [p.pid for p in found]
+
+
 class LocalExecutor:
     """Runs each launch as a local child process (new session; the whole group is killed on timeout)."""
 
@@ -101,11 +229,12 @@ class LocalExecutor:
         env.update(launch.env)
         log = launch.run_dir / "run.log"
         start = time.perf_counter()
+        oom0 = oom_kills()
         with open(log, "ab") as fh:
             try:
                 proc = subprocess.Popen(
                     launch.argv, env=env, cwd=launch.run_dir, stdout=fh, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, start_new_session=True,
+                    stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_child_setup(os.getpid()),
                 )
             except OSError as exc:
                 return ExecResult(None, False, 0.0, f"cannot start {launch.argv[0]}: {exc.strerror}")
@@ -113,20 +242,21 @@ class LocalExecutor:
                 rc = proc.wait(timeout=launch.timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
+                _note_leftovers(launch.run_dir, reap_run_processes(launch.run_dir))
                 return ExecResult(None, True, time.perf_counter() - start, f"timed out after {launch.timeout_s:g} s")
             except BaseException:
                 _kill_group(proc)  # the harness itself was interrupted: leave no orphan behind
+                reap_run_processes(launch.run_dir)
                 raise
         wall = time.perf_counter() - start
+        _note_leftovers(launch.run_dir, reap_run_processes(launch.run_dir))
         if rc < 0:
-            sig = signal.Signals(-rc).name
-            why = "killed by SIGKILL (out of memory?)" if rc == -signal.SIGKILL else f"killed by {sig}"
-            return ExecResult(rc, False, wall, why)
+            return ExecResult(rc, False, wall, signal_reason(-rc, oom0))
         return ExecResult(rc, False, wall, "" if rc == 0 else f"exit code {rc}")
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
-    """SIGTERM then SIGKILL the child's process group."""
+    """SIGTERM then SIGKILL the child's process group (waits up to 5 s after each)."""
     for sig, wait in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -137,3 +267,70 @@ def _kill_group(proc: subprocess.Popen) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def _scan(match) -> list:
+    """This user's processes (not this one nor its ancestors) for which ``match(proc, bench_run_dir)`` holds,
+    ``bench_run_dir`` being the ``BENCH_RUN_DIR`` of the process's environment ('' when it has none)."""
+    import psutil
+
+    mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
+    found = []
+    for proc in psutil.process_iter(["pid", "uids"]):
+        if proc.pid in mine:
+            continue
+        try:
+            if proc.info["uids"] is not None and proc.info["uids"].real != os.getuid():
+                continue
+            try:
+                env_dir = proc.environ().get("BENCH_RUN_DIR", "")
+            except (psutil.AccessDenied, OSError):
+                env_dir = ""
+            if match(proc, env_dir):
+                found.append(proc)
+        except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess, OSError):
+            continue
+    return found
+
+
+def run_processes(run_dir: Path) -> list:
+    """Live processes that belong to the run in ``run_dir``: every process whose environment has
+    ``BENCH_RUN_DIR`` equal to it (the variable every process of a run inherits, including the Ray
+    head, raylet and workers and vLLM engines that a verl run starts in sessions of their own)."""
+    target = str(Path(run_dir).resolve())
+    return _scan(lambda proc, env_dir: env_dir == target)
+
+
+def reap_run_processes(run_dir: Path, grace_s: float = 5.0) -> list[str]:
+    """End every process of the run (:func:`run_processes`) that outlived it: SIGTERM, then SIGKILL after
+    ``grace_s`` seconds. Returns ``"name(pid)"`` of each process it ended."""
+    import psutil
+
+    procs = run_processes(run_dir)
+    if not procs:
+        return []
+    names = []
+    for p in procs:
+        try:
+            names.append(f"{p.name()}({p.pid})")
+            p.terminate()
+        except psutil.Error:
+            continue
+    _, alive = psutil.wait_procs(procs, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    return names
+
+
+def _note_leftovers(run_dir: Path, names: list[str]) -> None:
+    if not names:
+        return
+    try:
+        with open(Path(run_dir) / "run.log", "a") as fh:
+            fh.write(f"\n[bench] ended {len(names)} process(es) of this run that outlived it: {', '.join(names[:20])}\n")
+    except OSError:
+        pass

@@ -32,7 +32,17 @@ import sys
 import time
 from pathlib import Path
 
-from bench.executors import REPO_ROOT, ExecResult, LocalExecutor, ResolvedLaunch, _kill_group
+from bench.executors import (
+    REPO_ROOT,
+    ExecResult,
+    LocalExecutor,
+    ResolvedLaunch,
+    _child_setup,
+    _kill_group,
+    die_with_parent,
+    oom_kills,
+    signal_reason,
+)
 
 #: modules the server imports before forking (what an embedded run imports first).
 PRELOAD = ("torch", "transformers", "verl.trainer.ppo.core_algos", "verl.utils.seqlen_balancing",
@@ -44,6 +54,8 @@ def _child(req: dict) -> None:
     code = 1
     try:
         os.setsid()
+        die_with_parent(req.get("server_pid"))  # the server dies (or is killed): so does the run
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         fd = os.open(req["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         os.dup2(fd, 1)
         os.dup2(fd, 2)
@@ -79,7 +91,25 @@ def _child(req: dict) -> None:
 
 
 def serve(preload: list[str]) -> None:
-    """Server loop (``python -m bench.forkserver MODULE...``): import, then fork per request line."""
+    """Server loop (``python -m bench.forkserver MODULE...``): import, then fork per request line.
+
+    The server dies with the harness (parent-death signal) and ends quietly when the harness closes its
+    pipes (``BrokenPipeError``/EOF): it never prints a traceback after the harness has gone.
+    """
+    die_with_parent(int(os.environ.get("BENCH_HARNESS_PID", "0")) or None)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the harness's to handle
+    try:
+        _serve(preload)
+    except (BrokenPipeError, KeyboardInterrupt, ConnectionResetError):
+        pass
+    finally:
+        try:
+            sys.stdout = open(os.devnull, "w")  # nothing to flush into a closed pipe at exit
+        finally:
+            os._exit(0)
+
+
+def _serve(preload: list[str]) -> None:
     sys.modules.setdefault("sklearn", None)  # as the embedded CLI does: transformers never needs it here
     for name in preload:
         importlib.import_module(name)
@@ -90,6 +120,7 @@ def serve(preload: list[str]) -> None:
         if not line.strip():
             continue
         req = json.loads(line)
+        req["server_pid"] = os.getpid()
         pid = os.fork()
         if pid == 0:
             _child(req)
@@ -120,9 +151,10 @@ class ForkServerExecutor:
     def _spawn(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("BENCH_PATCHES", "BENCH_RUN_DIR")}
         env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["BENCH_HARNESS_PID"] = str(os.getpid())
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.forkserver", *self.preload],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_child_setup(os.getpid()))
         self.ready = False
 
     def _ensure(self) -> None:
@@ -142,6 +174,7 @@ class ForkServerExecutor:
         env = {k: v for k, v in os.environ.items() if k not in ("BENCH_PATCHES", "BENCH_RUN_DIR")}
         env.update(launch.env)
         start = time.perf_counter()
+        oom0 = oom_kills()
         try:
             self._ensure()
             (launch.run_dir / "launcher.json").write_text(json.dumps(
@@ -156,6 +189,7 @@ class ForkServerExecutor:
         except (OSError, ValueError, RuntimeError, KeyError):
             self.close()
             return self.fallback.execute(launch)
+        start = time.perf_counter()  # the run's clock starts at its fork, not while the server imports
         deadline = start + launch.timeout_s
         fd = self.proc.stdout
         try:
@@ -167,13 +201,13 @@ class ForkServerExecutor:
         if status is None:
             return ExecResult(None, True, time.perf_counter() - start, f"timed out after {launch.timeout_s:g} s")
         if status == "died":
+            _kill_pgid(pid)  # its parent-death signal ends it; make sure
             self.close()
-            return ExecResult(None, False, time.perf_counter() - start, "fork server died")
+            return ExecResult(None, False, time.perf_counter() - start, "fork server died during the run")
         wall = time.perf_counter() - start
         if os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
-            why = "killed by SIGKILL (out of memory?)" if sig == signal.SIGKILL else f"killed by {signal.Signals(sig).name}"
-            return ExecResult(-sig, False, wall, why)
+            return ExecResult(-sig, False, wall, signal_reason(sig, oom0))
         rc = os.WEXITSTATUS(status)
         return ExecResult(rc, False, wall, "" if rc == 0 else f"exit code {rc}")
 
@@ -200,12 +234,19 @@ class ForkServerExecutor:
 
 
 def _kill_pgid(pid: int) -> None:
+    """SIGTERM, then SIGKILL after up to 2 s, the process group ``pid`` (returns as soon as it is gone)."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.killpg(pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             return
-        time.sleep(2.0)
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except (ProcessLookupError, PermissionError):
+                return
+            time.sleep(0.05)
 
 
 if __name__ == "__main__":

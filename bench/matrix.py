@@ -21,8 +21,14 @@ from typing import Any, Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bench.errors import BenchError
+from bench.errors import BenchError, doing
 from bench.optimizations import FACTOR_KEYS, REGISTRY
+
+#: upper bounds of matrix numbers (a typo such as ``repeats: 1000000000000`` is refused, not planned)
+MAX_STEPS = 100_000
+MAX_BATCH = 1_000_000
+MAX_TOKENS = 1_048_576
+MAX_REPEATS = 1000
 
 _LEVEL_WORDS = {"off": 0, "on": 1, False: 0, True: 1, "false": 0, "true": 1}
 
@@ -62,6 +68,32 @@ def parse_cell(raw: dict[str, Any], where: str = "") -> dict[str, int]:
     return out
 
 
+def check_batch_sizes(base: Any) -> None:
+    """Batch-size divisibility as verl requires it (``ray_trainer`` and the FSDP workers' asserts).
+
+    With world = ``n_gpus_per_node * nnodes``: ``train_batch_size`` is a multiple of
+    ``ppo_mini_batch_size``; ``train_batch_size * n`` and ``ppo_mini_batch_size * n`` are multiples of
+    the world size; the per-GPU mini-batch ``ppo_mini_batch_size * n / world`` is a multiple of
+    ``micro_batch_size_per_gpu``.
+
+    Raises:
+        ValueError: naming the keys and values that do not divide.
+    """
+    world = base.n_gpus_per_node * base.nnodes
+    if base.train_batch_size % base.ppo_mini_batch_size:
+        raise ValueError(f"ppo_mini_batch_size ({base.ppo_mini_batch_size}) must divide train_batch_size "
+                         f"({base.train_batch_size})")
+    if (base.train_batch_size * base.n) % world:
+        raise ValueError(f"train_batch_size * n ({base.train_batch_size * base.n}) must be a multiple of "
+                         f"n_gpus_per_node * nnodes ({world})")
+    mini = base.ppo_mini_batch_size * base.n
+    if mini % world:
+        raise ValueError(f"ppo_mini_batch_size * n ({mini}) must be a multiple of n_gpus_per_node * nnodes ({world})")
+    if (mini // world) % base.micro_batch_size_per_gpu:
+        raise ValueError(f"micro_batch_size_per_gpu ({base.micro_batch_size_per_gpu}) must divide the per-GPU "
+                         f"mini-batch ppo_mini_batch_size * n / (n_gpus_per_node * nnodes) ({mini // world})")
+
+
 class Base(BaseModel):
     """Run settings shared by every cell. Lengths in tokens, times in seconds.
 
@@ -75,26 +107,26 @@ class Base(BaseModel):
     model: str | None = None
     data: str | None = None
     val_data: str | None = None
-    steps: int = Field(4, ge=1)
-    warmup_steps: int = Field(1, ge=0)
+    steps: int = Field(4, ge=1, le=MAX_STEPS)
+    warmup_steps: int = Field(1, ge=0, le=MAX_STEPS)
     profile_steps: list[int] | None = None
-    train_batch_size: int = Field(8, ge=1)
-    ppo_mini_batch_size: int = Field(8, ge=1)
-    micro_batch_size_per_gpu: int = Field(4, ge=1)
-    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
-    max_prompt_length: int = Field(128, ge=1)
-    max_response_length: int = Field(64, ge=1)
-    ppo_max_token_len: int | None = Field(None, ge=1)
-    log_prob_max_token_len: int | None = Field(None, ge=1)
-    n: int = Field(4, ge=1)
-    temperature: float = Field(1.0, gt=0)
+    train_batch_size: int = Field(8, ge=1, le=MAX_BATCH)
+    ppo_mini_batch_size: int = Field(8, ge=1, le=MAX_BATCH)
+    micro_batch_size_per_gpu: int = Field(4, ge=1, le=MAX_BATCH)
+    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1, le=MAX_BATCH)
+    max_prompt_length: int = Field(128, ge=1, le=MAX_TOKENS)
+    max_response_length: int = Field(64, ge=1, le=MAX_TOKENS)
+    ppo_max_token_len: int | None = Field(None, ge=1, le=16 * MAX_TOKENS)
+    log_prob_max_token_len: int | None = Field(None, ge=1, le=16 * MAX_TOKENS)
+    n: int = Field(4, ge=1, le=1024)
+    temperature: float = Field(1.0, gt=0, le=100, allow_inf_nan=False)
     use_kl_loss: bool = True
-    seed: int = 0
-    timeout_s: float = Field(900, gt=0)
-    rollout_tp: int = Field(1, ge=1)
-    n_gpus_per_node: int = Field(1, ge=1)
-    nnodes: int = Field(1, ge=1)
-    gpu_memory_utilization: float = Field(0.6, gt=0, le=1)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+    timeout_s: float = Field(900, gt=0, le=30 * 86400, allow_inf_nan=False)
+    rollout_tp: int = Field(1, ge=1, le=1024)
+    n_gpus_per_node: int = Field(1, ge=1, le=1024)
+    nnodes: int = Field(1, ge=1, le=100_000)
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1, allow_inf_nan=False)
     overrides: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     embedded: dict[str, Any] = Field(default_factory=dict)
@@ -107,6 +139,13 @@ class Base(BaseModel):
             bad = [s for s in self.profile_steps if not 1 <= s <= self.steps]
             if bad:
                 raise ValueError(f"profile_steps {bad} outside 1..{self.steps}")
+        check_batch_sizes(self)
+        seq = self.max_prompt_length + self.max_response_length
+        for key in ("ppo_max_token_len", "log_prob_max_token_len"):
+            value = getattr(self, key)
+            if value is not None and value < seq:
+                raise ValueError(f"{key} ({value}) must be at least max_prompt_length + max_response_length "
+                                 f"({seq}): one sequence must fit in a micro-batch")
         return self
 
     def context(self) -> dict[str, Any]:
@@ -186,7 +225,7 @@ class Matrix(BaseModel):
     base: Base = Field(default_factory=Base)
     factors: dict[str, list[int]] = Field(default_factory=dict)
     design: Design = Field(default_factory=FullDesign, discriminator="type")
-    repeats: int = Field(1, ge=1)
+    repeats: int = Field(1, ge=1, le=MAX_REPEATS)
     exclude: list[Exclude] = Field(default_factory=list)
     tune: dict[str, Any] | None = None
     expect: list[dict[str, Any]] = Field(default_factory=list)
@@ -236,6 +275,9 @@ class Matrix(BaseModel):
         blob = json.dumps(self.model_dump(mode="json"), sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
+
+#: matrix files above this size are refused (a matrix is a page of YAML)
+MAX_MATRIX_BYTES = 1 << 20
 
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 
@@ -293,6 +335,37 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
     return f"{where}: {key}: {msg}"
 
 
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses duplicate keys and non-string keys in mappings (no tags execute)."""
+
+
+def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    out: dict = {}
+    for key_node, value_node in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if not isinstance(key, str):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"key {key!r} is not a string (quote it)", key_node.start_mark)
+        if key in out:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark)
+        out[key] = loader.construct_object(value_node, deep=deep)
+    return out
+
+
+StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML with :class:`StrictLoader`.
+
+    Raises:
+        yaml.YAMLError: malformed YAML, a duplicate or non-string key (with its line in ``problem_mark``).
+    """
+    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+
+
 def load_matrix(path: str | Path) -> Matrix:
     """Read and validate a matrix YAML file.
 
@@ -301,13 +374,27 @@ def load_matrix(path: str | Path) -> Matrix:
     Raises:
         BenchError: unreadable file, malformed YAML (with line), or invalid content (file, key, allowed values).
     """
-    path = Path(path)
+    with doing(f"reading the matrix {path}"):
+        return _load_matrix(Path(path))
+
+
+def _load_matrix(path: Path) -> Matrix:
     try:
+        if path.is_dir():
+            raise BenchError(f"{path}: cannot read matrix: is a folder")
+        if path.exists() and path.stat().st_size > MAX_MATRIX_BYTES:
+            raise BenchError(f"{path}: cannot read matrix: larger than {MAX_MATRIX_BYTES // 1024} KiB")
         text = path.read_text()
     except OSError as exc:
         raise BenchError(f"{path}: cannot read matrix: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise BenchError(f"{path}: cannot read matrix: not UTF-8 text") from None
+    if "\x00" in text:
+        raise BenchError(f"{path}: cannot read matrix: binary content (NUL bytes)")
     try:
-        raw = yaml.safe_load(text)
+        raw = load_yaml(text)
+    except RecursionError:
+        raise BenchError(f"{path}: malformed YAML: nested too deeply") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         if mark is not None and mark.line >= len(text.splitlines()):  # at end of stream: where it opened
@@ -319,7 +406,7 @@ def load_matrix(path: str | Path) -> Matrix:
     if isinstance(raw.get("design"), str):
         raw["design"] = {"type": raw["design"]}
     try:
-        matrix = Matrix(**raw)
+        matrix = Matrix.model_validate(raw)
     except ValidationError as exc:
         raise BenchError(format_validation_error(path, exc, text)) from None
     matrix.source = str(path)

@@ -129,6 +129,7 @@ REGISTRY: dict[str, Optimization] = {
                     0: M(overrides=("actor_rollout_ref.model.use_liger=false",)),
                     1: M(overrides=("actor_rollout_ref.model.use_liger=true",)),
                 },
+                "verl:cpu": {0: M(patches=("cpu_rmsnorm:off",)), 1: M(patches=("cpu_rmsnorm:on",))},
                 "embedded:*": {0: M(config={"rmsnorm_fused": False}), 1: M(config={"rmsnorm_fused": True})},
             },
             evidence="the RMSNorm forward installed in each process (patch report / run evidence)",
@@ -147,6 +148,7 @@ REGISTRY: dict[str, Optimization] = {
             },
             not_applicable={
                 "verl:cuda": _NOT_NPU_TQ.format(platform="CUDA"),
+                "verl:cpu": _NOT_NPU_TQ.format(platform="CPU"),
                 "embedded:cpu": _NOT_NPU_TQ.format(platform="CPU"),
                 "embedded:cuda": _NOT_NPU_TQ.format(platform="CUDA"),
             },
@@ -206,6 +208,7 @@ REGISTRY: dict[str, Optimization] = {
             },
             not_applicable={
                 "verl:cuda": "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE is a vLLM-Ascend switch; CUDA vLLM has no MC2",
+                "verl:cpu": "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE is a vLLM-Ascend switch; vLLM's CPU build has no MC2",
                 "embedded:*": _EMBEDDED_NO_VLLM + ", so no tensor-parallel all-reduce to fuse",
             },
             requires=(
@@ -227,6 +230,9 @@ REGISTRY: dict[str, Optimization] = {
             },
             not_applicable={
                 "verl:cuda": "the patch targets vLLM-Ascend's MRotaryEmbedding (npu_rotary_mul); CUDA vLLM is not patched",
+                "verl:cpu": "the verl CPU target serves a text Qwen3 (no MRoPE): vLLM's CPU build pins torch "
+                "2.13.0+cpu and no torchvision that loads beside it is reachable, and transformers' Qwen3-VL "
+                "processor needs torchvision",
                 "embedded:*": "Hugging Face Qwen3-VL already computes the rotary cos/sin once per forward and shares "
                 "them across layers; there is no per-layer recomputation to cache",
             },

@@ -15,10 +15,15 @@ The cluster must see the same paths as the harness (one machine, or a shared fil
 folder receives the metrics JSONL, profiler output and patch reports, and ``PYTHONPATH`` names this
 checkout. ``RAY_OVERRIDE_JOB_RUNTIME_ENV=1`` is set so that verl's own ``ray.init(runtime_env=...)``
 inside the job merges with the job's environment instead of failing on a shared variable.
+
+Token authentication (Ray >= 2.52; on by default for new local clusters in Ray 2.60): the job client
+sends the token of :func:`resolve_auth_token` (``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH`` or
+``~/.ray/auth_token``); a cluster that refuses gets a one-line error saying how to give one.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
 import signal
@@ -31,10 +36,38 @@ from bench.errors import BenchError
 from bench.executors import ExecResult, ResolvedLaunch
 
 _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+#: What a head answers while its job agent is not up yet (retried for ``submit_retry_s`` seconds).
+_TRANSIENT_SUBMIT = "No available agent to submit job"
 
 
 def _status_name(status: Any) -> str:
     return str(getattr(status, "value", status)).upper()
+
+
+def resolve_auth_token(environ: dict[str, str] | None = None) -> tuple[str | None, str]:
+    """The Ray authentication token for the job client, and where it came from (for messages only).
+
+    Ray >= 2.52 clusters may require token authentication (Ray 2.60 turns it on by default for a new
+    local cluster). Looked up as Ray's own clients do: ``$RAY_AUTH_TOKEN``, else the file
+    ``$RAY_AUTH_TOKEN_PATH``, else ``~/.ray/auth_token``. The token is sent as an ``authorization: Bearer``
+    header by the harness's job client only; it is never put into a run's environment, results or MLflow
+    (the job's own processes authenticate with the cluster's settings). ``(None, "")`` when there is none.
+    """
+    env = os.environ if environ is None else environ
+    token = (env.get("RAY_AUTH_TOKEN") or "").strip()
+    if token:
+        return token, "RAY_AUTH_TOKEN"
+    for source, path in (("RAY_AUTH_TOKEN_PATH", env.get("RAY_AUTH_TOKEN_PATH")),
+                         ("~/.ray/auth_token", str(Path(env.get("HOME") or Path.home()) / ".ray" / "auth_token"))):
+        if not path:
+            continue
+        try:
+            token = Path(path).expanduser().read_text().strip()
+        except OSError:
+            continue
+        if token:
+            return token, source
+    return None, ""
 
 
 def submission_id_for(run_dir: Path) -> str:
@@ -52,6 +85,7 @@ class RayJobExecutor:
         poll_s: seconds between status polls.
         log_every_s: seconds between log fetches while the job runs.
         stop_grace_s: how long to wait for a stopped job to end before giving up on it.
+        submit_retry_s: how long to retry a submission the head refuses because its job agent is not up.
         entrypoint_resources: optional ``entrypoint_num_cpus`` / ``entrypoint_num_gpus`` /
             ``entrypoint_resources`` for :meth:`JobSubmissionClient.submit_job`.
         client: a ready client (tests); by default one is created (and the cluster contacted) here.
@@ -63,19 +97,28 @@ class RayJobExecutor:
     name = "ray"
 
     def __init__(self, address: str, *, poll_s: float = 1.0, log_every_s: float = 5.0, stop_grace_s: float = 60.0,
-                 entrypoint_resources: dict[str, Any] | None = None, client: Any = None) -> None:
+                 entrypoint_resources: dict[str, Any] | None = None, client: Any = None,
+                 submit_retry_s: float = 60.0) -> None:
         self.address = address
+        self.submit_retry_s = submit_retry_s
         self.poll_s = poll_s
         self.log_every_s = log_every_s
         self.stop_grace_s = stop_grace_s
         self.entrypoint_resources = dict(entrypoint_resources or {})
         if client is None:
+            token, source = resolve_auth_token()
+            headers = {"authorization": f"Bearer {token}"} if token else None
             try:
                 from ray.job_submission import JobSubmissionClient
 
-                client = JobSubmissionClient(address)
+                client = JobSubmissionClient(address, headers=headers)
             except Exception as exc:  # ConnectionError, RuntimeError, ValueError ...
                 msg = " ".join(str(exc).split())[:300]
+                if "token" in msg.lower() or "401" in msg or "unauthorized" in msg.lower():
+                    hint = (f"the token from {source} was refused" if token else
+                            "no token found (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH, ~/.ray/auth_token)")
+                    raise BenchError(f"--ray-address {address}: the cluster requires Ray token authentication and "
+                                     f"{hint}: set RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH") from None
                 raise BenchError(f"--ray-address {address}: cannot reach the Ray job server: {msg}") from None
         self.client = client
         self.last_submission_id: str | None = None
@@ -121,19 +164,25 @@ class RayJobExecutor:
         sid = submission_id_for(launch.run_dir)
         self.last_submission_id = sid
         start = time.perf_counter()
-        try:
-            self.client.submit_job(
-                entrypoint=self.entrypoint(launch),
-                submission_id=sid,
-                runtime_env=self.runtime_env(launch),
-                metadata={"bench_run_dir": str(launch.run_dir)},
-                **self.entrypoint_resources,
-            )
-        except Exception as exc:
-            msg = " ".join(str(exc).split())[:300]
-            with open(log_path, "a") as fh:
-                fh.write(f"[bench] Ray job submission to {self.address} failed: {msg}\n")
-            return ExecResult(None, False, 0.0, f"Ray job submission failed: {msg}")
+        while True:
+            try:
+                self.client.submit_job(
+                    entrypoint=self.entrypoint(launch),
+                    submission_id=sid,
+                    runtime_env=self.runtime_env(launch),
+                    metadata={"bench_run_dir": str(launch.run_dir)},
+                    **self.entrypoint_resources,
+                )
+                break
+            except Exception as exc:
+                msg = " ".join(str(exc).split())[:300]
+                # a head that is still starting its job agent answers 500 "No available agent": retry a while
+                if _TRANSIENT_SUBMIT in msg and time.perf_counter() - start < self.submit_retry_s:
+                    time.sleep(2.0)
+                    continue
+                with open(log_path, "a") as fh:
+                    fh.write(f"[bench] Ray job submission to {self.address} failed: {msg}\n")
+                return ExecResult(None, False, 0.0, f"Ray job submission failed: {msg}")
 
         written = 0
         last_log = time.perf_counter()

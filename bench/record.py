@@ -18,7 +18,7 @@ from typing import Any
 from bench.executors import ExecResult
 from bench.measure import MeasureError, collect, summarize
 from bench.measure._common import iqr, mean, median
-from bench.results import RECORD, atomic_write_json, read_json
+from bench.results import RECORD, atomic_write_json, is_record, read_json
 
 SCHEMA_VERSION = 1
 LOG_TAIL_LINES = 30
@@ -45,7 +45,7 @@ def _failure(run_dir: Path, res: ExecResult) -> tuple[str, str]:
     if res.timed_out:
         return "timeout", res.reason
     tail = log_tail(run_dir / "run.log", 200).lower()
-    if "out of memory" in tail or "outofmemoryerror" in tail or (res.returncode == -9):
+    if "out of memory" in tail or "outofmemoryerror" in tail or "out of memory" in res.reason:
         return "oom", res.reason + (" (out of memory in log)" if "out of memory" in tail else "")
     last = next((ln.strip() for ln in reversed(log_tail(run_dir / "run.log").splitlines()) if ln.strip()), "")
     return "crash", f"{res.reason}: {last}"[:500] if last else res.reason
@@ -92,15 +92,39 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
         if got["metrics"]:
             rec["summary"] = summarize(got, warmup_steps)
             _timed_stats(rec["summary"], got["metrics"])
+    if spec["engine"] == "verl":
+        _verl_evidence(run_dir, rec)
     if res.returncode != 0 or res.timed_out:
         rec["status"] = "failed"
         rec["failure_kind"], rec["reason"] = _failure(run_dir, res)
+        if spec["engine"] == "verl" and not (run_dir / "failure.json").exists():
+            from bench.measure.verl_failure import classify
+
+            argv = spec["launch"]["argv"]
+            got = classify(log_tail(run_dir / "run.log", 400), timed_out=res.timed_out, steps_done=len(rec["steps"]),
+                           returncode=res.returncode, overrides=[a for a in argv[1:] if "=" in a])
+            if got is not None:
+                rec["failure_kind"], rec["reason"] = got
     elif not rec["summary"] or rec["summary"].get("step_time_median_s") is None:
         rec["status"] = "failed"
         rec["failure_kind"], rec["reason"] = "no_metrics", "the run exited 0 but wrote no step metrics"
     if rec["status"] != "ok":
         rec["log_tail"] = log_tail(run_dir / "run.log")
     return rec
+
+
+def _verl_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
+    """Per-factor evidence of a verl run (:mod:`bench.measure.verl_evidence`) into the record and
+    ``evidence.json``; factors whose evidence is missing or contradicted become warnings."""
+    from bench.measure.verl_evidence import factor_evidence, flagged
+
+    ev = factor_evidence(run_dir, rec["levels"])
+    rec["evidence"] = {**rec["evidence"], **{k: f"{v['verdict']}: {v['detail']}" for k, v in ev.items()}}
+    rec["evidence_verdicts"] = {k: v["verdict"] for k, v in ev.items()}
+    rec["evidence_flagged"] = flagged(ev)
+    for key in rec["evidence_flagged"]:
+        rec["warnings"].append(f"factor {key}: evidence {ev[key]['verdict']}: {ev[key]['detail']}")
+    atomic_write_json(run_dir / "evidence.json", {"factors": ev})
 
 
 def _timed_stats(summary: dict[str, Any], metrics: dict[int, dict[str, float]]) -> None:
@@ -124,4 +148,4 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> None:
 def is_finished(run_dir: Path) -> bool:
     """True when the run folder holds a record with status ``ok``."""
     rec = read_json(Path(run_dir) / RECORD)
-    return bool(rec and rec.get("status") == "ok")
+    return bool(is_record(rec) and rec.get("status") == "ok")

@@ -19,8 +19,10 @@ starts a new sweep.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -37,12 +39,17 @@ SWEEP = "sweep.json"
 def atomic_write_text(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``.
 
-    A reader sees the old or the new content, never a partial file, even if the process is killed.
+    A reader sees the old or the new content, never a partial file, even if the process is killed. The
+    file gets the mode a plain ``open()`` would give it (``0o666`` minus the umask: 0644 under umask 022).
+
+    Raises:
+        OSError: the folder cannot be written (``ENOSPC`` when the disk is full; nothing is left behind).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
@@ -53,16 +60,72 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+def current_umask() -> int:
+    """The process umask (read from ``/proc/self/status`` where available, else set and restored)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+#: errno values that mean "no space left" (disk full, quota exceeded)
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it wraps) is an ``ENOSPC``/``EDQUOT`` error."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+            return True
+        if "No space left on device" in str(exc) or "database or disk is full" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
+
+
+def folder_size(path: Path) -> int:
+    """Bytes of the regular files under ``path`` (0 when missing)."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the file system of ``path`` (or its nearest existing parent); ``None`` if unknown."""
+    path = Path(path)
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return None
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     """:func:`atomic_write_text` of ``data`` as indented JSON (non-JSON values via ``str``)."""
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
 
 
 def read_json(path: Path) -> Any | None:
-    """The JSON content of ``path``, or ``None`` when missing or unreadable."""
+    """The JSON content of ``path``, or ``None`` when missing or unreadable (any bytes, any size above 256 MiB)."""
     try:
-        return json.loads(Path(path).read_text())
-    except (OSError, ValueError):
+        path = Path(path)
+        if path.stat().st_size > 256 << 20:
+            return None
+        return json.loads(path.read_text())
+    except (OSError, ValueError, RecursionError):
         return None
 
 
@@ -97,8 +160,12 @@ class ResultsDir:
     def lock(self) -> FileLock:
         """A lock for this matrix's folder; acquire with ``with rd.lock():``.
 
-        Raises (on acquire): BenchError when another harness holds it.
+        Raises:
+            BenchError: the matrix folder exists as something else than a folder; (on acquire) another
+                harness holds the lock.
         """
+        if self.base.exists() and not self.base.is_dir() or (self.base / ".lock").is_dir():
+            raise BenchError(f"{self.base}: exists and is not a results folder (move it away)")
         self.base.mkdir(parents=True, exist_ok=True)
         return _NamedLock(str(self.base / ".lock"))
 
@@ -131,6 +198,8 @@ class ResultsDir:
     def point_latest(self, sweep: Path) -> None:
         """Atomically point ``latest`` at ``sweep`` (relative symlink)."""
         link = self.base / "latest"
+        if link.exists() and not link.is_symlink():
+            raise BenchError(f"{link}: exists and is not the 'latest' link (move it away)")
         tmp = self.base / f".latest.{os.getpid()}"
         tmp.unlink(missing_ok=True)
         os.symlink(sweep.name, tmp)
@@ -148,8 +217,32 @@ def find_sweep(ref: str | Path, root: Path) -> Path:
     """
     for cand in (Path(ref), Path(ref) / "latest", Path(root) / str(ref), Path(root) / str(ref) / "latest"):
         if (cand / SWEEP).exists():
+            check_sweep_meta(cand / SWEEP)
             return cand.resolve()
     raise BenchError(f"{ref}: no sweep found (give a sweep folder, or a matrix name under {root})")
+
+
+def check_sweep_meta(path: Path) -> dict:
+    """Read a ``sweep.json`` and check the shape readers rely on (``plan.runs`` of cells with ``cell_id``,
+    ``label`` and ``levels``); returns it.
+
+    Raises:
+        BenchError: unreadable, not JSON, or missing/mistyped keys (naming the file and key).
+    """
+    meta = read_json(path)
+    if not isinstance(meta, dict):
+        raise BenchError(f"{path}: not a sweep record (unreadable or not a JSON object)")
+    runs = (meta.get("plan") or {}).get("runs") if isinstance(meta.get("plan"), dict) else None
+    if not isinstance(runs, list):
+        raise BenchError(f"{path}: not a sweep record: plan.runs missing")
+    for i, run in enumerate(runs):
+        if not (isinstance(run, dict) and isinstance(run.get("cell_id"), str) and isinstance(run.get("label"), str)
+                and isinstance(run.get("levels"), dict)):
+            raise BenchError(f"{path}: plan.runs[{i}]: needs cell_id, label and levels")
+    for key in ("engine", "platform", "matrix_name"):
+        if not isinstance(meta.get(key), str):
+            raise BenchError(f"{path}: not a sweep record: {key} missing")
+    return meta
 
 
 def run_dir(sweep: Path, cell_id: str, repeat: int) -> Path:
@@ -158,14 +251,26 @@ def run_dir(sweep: Path, cell_id: str, repeat: int) -> Path:
 
 
 def load_records(sweep: Path) -> list[dict]:
-    """Every ``record.json`` of a sweep (finished or failed), ordered by cell id then repeat."""
+    """Every ``record.json`` of a sweep (finished or failed), ordered by cell id then repeat.
+
+    Records that are not a JSON object with ``cell_id`` (str), ``repeat`` (int) and ``status`` (str) are
+    left out (a hand-edited or foreign file is not a run record).
+    """
     out = []
     for path in sorted(Path(sweep).glob(f"*/r*/{RECORD}")):
         rec = read_json(path)
-        if rec is not None:
+        if is_record(rec):
             rec["_dir"] = str(path.parent)
             out.append(rec)
     return out
+
+
+def is_record(rec: Any) -> bool:
+    """Whether ``rec`` has the shape every reader relies on: a dict with ``cell_id`` (str), ``repeat``
+    (int), ``status`` (str), and ``summary`` / ``steps`` dicts when present."""
+    return (isinstance(rec, dict) and isinstance(rec.get("cell_id"), str) and isinstance(rec.get("repeat"), int)
+            and not isinstance(rec.get("repeat"), bool) and isinstance(rec.get("status"), str)
+            and isinstance(rec.get("summary", {}), dict) and isinstance(rec.get("steps", {}), dict))
 
 
 class _NamedLock(FileLock):

@@ -5,7 +5,15 @@ The sweep goes on when a run fails (recorded with its reason and log tail); each
 finished run; rerunning the same matrix resumes the newest sweep of the same content.
 
 Harness overhead = wall time of this invocation (from process start) not spent inside GRPO steps (the sum of
-``timing_s/step`` of every step the runs executed), as a share of the invocation's wall time.
+``timing_s/step`` of every step the runs executed), as a share of the invocation's wall time. The sweep's
+wall time and overhead are those of its first finished invocation; a resume records its own under
+``invocations`` (and ``resume_*`` metrics) and never overwrites them.
+
+Faults: the results lock is taken before MLflow is touched; MLflow failures queue the upload on disk
+(:mod:`bench.sync`) and never stop the sweep; a resume first ends processes a killed harness left in the
+sweep's folders; a full disk records the current run as failed when it can, closes the sweep and its
+parent run as failed and stops with :class:`~bench.errors.DiskFullError`; SIGTERM/Ctrl-C close them as
+interrupted.
 """
 
 from __future__ import annotations
@@ -21,15 +29,28 @@ from typing import Any, Callable
 
 import yaml
 
-from bench.executors import Executor, LocalExecutor, resolve_launch
+from bench.errors import DiskFullError, doing
+from bench.executors import Executor, LocalExecutor, kill_strays, resolve_launch
 from bench.matrix import Matrix
 from bench.measure._common import iqr
 from bench.model import SUMMARY_PEAK_MEM, SUMMARY_STEP_TIME, Snapshot, cell_stats
 from bench.optimizations import FACTOR_KEYS, REGISTRY
 from bench.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.record import build_record, is_finished, write_record
-from bench.results import SWEEP, ResultsDir, atomic_write_json, atomic_write_text, new_sweep_id, read_json, run_dir
-from bench.tracking import Tracker, git_commit, versions
+from bench.results import (
+    SWEEP,
+    ResultsDir,
+    atomic_write_json,
+    atomic_write_text,
+    folder_size,
+    free_bytes,
+    is_no_space,
+    new_sweep_id,
+    read_json,
+    run_dir,
+)
+from bench.sync import QUEUE, queue_upload, sync_matrix
+from bench.tracking import Tracker, check_tracking_uri, git_commit, versions
 
 MLFLOW_MARK = "mlflow.json"
 #: base settings logged as params on every child run
@@ -171,27 +192,48 @@ class Sweep:
         self.on_event = on_event or (lambda kind, data: None)
 
     def run(self) -> SweepOutcome:
-        """Run every unfinished cell repeat; returns the outcome (failed runs do not raise)."""
-        tracker = Tracker(self.tracking_uri, self.matrix.name)
-        with self.rd.lock():
+        """Run every unfinished cell repeat; returns the outcome (failed runs do not raise).
+
+        Raises:
+            BenchError: the tracking URI is unusable or another harness holds the matrix's lock.
+            DiskFullError: the results folder filled up (the sweep is closed as failed; rerun to resume).
+            KeyboardInterrupt: SIGINT/SIGTERM (the sweep is closed as interrupted; rerun to resume).
+        """
+        check_tracking_uri(self.tracking_uri)
+        try:
+            with self.rd.lock():
+                tracker = Tracker(self.tracking_uri, self.matrix.name)
+                return self._run_locked(tracker)
+        finally:
+            close = getattr(self.executor, "close", None)
+            if close is not None:
+                close()
+
+    def _run_locked(self, tracker: Tracker) -> SweepOutcome:
+        with doing(f"opening the sweep of {self.matrix.source or self.matrix.name}"):
             sweep_dir, meta = self._open_sweep(tracker)
-            specs = {r.cell_id: r for r in self.plan.runs}
-            order = planned_order(meta)
-            todo = [(specs[c], k) for c, k in order.runs]
-            self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed"),
-                                    "order": order.kind, "order_seed": order.seed})
-            counts = {"executed": 0, "skipped": 0, "failed": 0, "in_step": 0.0}
-            try:
-                self._loop(tracker, sweep_dir, meta, todo, counts)
-            finally:
-                close = getattr(self.executor, "close", None)
-                if close is not None:
-                    close()
+            if meta.get("resumed"):
+                left = kill_strays(sweep_dir)  # what a killed harness of this sweep may have left running
+                if left:
+                    self.on_event("warn", {"message": f"ended {len(left)} process(es) of an earlier harness still "
+                                                      f"running in {sweep_dir}: {left}"})
+            sync_matrix(self.rd.base, tracker, skip=sweep_dir, on_event=self.on_event)
+        specs = {r.cell_id: r for r in self.plan.runs}
+        order = planned_order(meta)
+        todo = [(specs[c], k) for c, k in order.runs]
+        self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed"),
+                                "order": order.kind, "order_seed": order.seed})
+        counts = {"executed": 0, "skipped": 0, "failed": 0, "in_step": 0.0}
+        try:
+            self._loop(tracker, sweep_dir, meta, todo, counts)
             executed, skipped, failed, in_step = (counts[k] for k in ("executed", "skipped", "failed", "in_step"))
             wall = time.time() - process_start()
             overhead = (wall - in_step) / wall if wall > 0 and executed else 0.0
-            outcome = self._finish(tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead)
-        return outcome
+            with doing(f"writing the summary of {sweep_dir}"):
+                return self._finish(tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead)
+        except BaseException as exc:
+            self._abort(tracker, sweep_dir, meta, exc, todo, counts)
+            raise
 
     def _loop(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], todo: list, counts: dict) -> None:
         """Run or skip every (spec, repeat) of ``todo``, updating ``counts`` as runs finish."""
@@ -203,8 +245,11 @@ class Sweep:
                 self.on_event("skip", {"spec": spec, "repeat": k, "record": read_json(rdir / "record.json")})
                 continue
             self.on_event("launch", {"spec": spec, "repeat": k})
-            rec = self._run_one(sweep_dir, spec, k)
+            with doing(f"running cell {spec.cell_id} repeat {k} in {rdir}"):
+                rec = self._run_one(sweep_dir, spec, k)
             counts["executed"] += 1
+            if rec["status"] != "ok" and self._out_of_space(sweep_dir, rec):
+                raise OSError(28, "No space left on device", str(rdir))
             counts["failed"] += rec["status"] != "ok"
             counts["in_step"] += sum(float(s.get("timing_s/step", 0.0)) for s in rec["steps"].values())
             self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
@@ -222,8 +267,7 @@ class Sweep:
                                                  else planned.seed):
                 self.on_event("warn", {"message": f"resuming sweep {meta['sweep_id']} in its planned order "
                                                   f"({planned.kind}, seed {planned.seed}), not --order {self.order_kind}"})
-            if not (meta.get("parent_run_id") and tracker.parent_alive(meta["parent_run_id"])):
-                meta["parent_run_id"] = self._start_parent(tracker, meta["sweep_id"], planned)
+            self._ensure_parent(tracker, meta)
         else:
             sweep_id = new_sweep_id(fp)
             sweep_dir = self.rd.base / sweep_id
@@ -244,13 +288,26 @@ class Sweep:
                 seed = self.order_seed if self.order_seed is not None else new_order_seed()
             order = run_order([r.cell_id for r in self.plan.runs], self.plan.repeats, self.order_kind, seed)
             meta["order"] = order.model_dump(mode="json")
-            meta["parent_run_id"] = self._start_parent(tracker, sweep_id, order)
+            meta["parent_run_id"] = None
+            self._ensure_parent(tracker, meta)
         meta["status"] = "running"
         atomic_write_json(sweep_dir / SWEEP, meta)
         for spec in self.plan.runs:
             atomic_write_json(sweep_dir / spec.cell_id / "spec.json", spec.model_dump(mode="json"))
         self.rd.point_latest(sweep_dir)
         return sweep_dir, meta
+
+    def _ensure_parent(self, tracker: Tracker, meta: dict[str, Any]) -> None:
+        """Reuse the sweep's parent run when the store has it, else create one; an MLflow failure marks the
+        tracker down (uploads are queued) instead of stopping the sweep."""
+        try:
+            if not (meta.get("parent_run_id") and tracker.parent_alive(meta["parent_run_id"])):
+                meta["parent_run_id"] = self._start_parent(tracker, meta["sweep_id"], planned_order(meta))
+        except Exception as exc:
+            if isinstance(exc, OSError) and is_no_space(exc):
+                raise
+            self.on_event("warn", {"message": f"MLflow unreachable ({tracker.mark_down(exc)}): uploads queued; "
+                                              "`run_bench.py sync` fills MLflow in later"})
 
     def _start_parent(self, tracker: Tracker, sweep_id: str, order: RunOrder) -> str:
         m = self.matrix
@@ -275,13 +332,65 @@ class Sweep:
         rec = read_json(rdir / "record.json")
         if rec is None:
             return
+        if tracker.down or not parent_id:  # queued: `run_bench.py sync` (or the next invocation) logs it
+            queue_upload(rdir.parent.parent, self.tracking_uri, tracker.down or "no parent run")
+            return
         try:
             tracker.drop_children(parent_id, {"cell_id": spec.cell_id, "repeat": rec["repeat"]})
             rid = log_record(tracker, parent_id, spec, rec, rdir, self.matrix)
-        except Exception as exc:  # the store went away: keep going, the next resume logs it
-            self.on_event("warn", {"message": f"MLflow logging of {spec.cell_id}/r{rec['repeat']} failed: {exc}"})
+        except Exception as exc:  # the store went away: keep going, queue the upload
+            if isinstance(exc, OSError) and is_no_space(exc):
+                raise
+            reason = tracker.mark_down(exc)
+            queue_upload(rdir.parent.parent, self.tracking_uri, reason)
+            self.on_event("warn", {"message": f"MLflow unreachable ({reason}): uploads queued in "
+                                              f"{rdir.parent.parent}; `run_bench.py sync` fills MLflow in later"})
             return
         atomic_write_json(rdir / MLFLOW_MARK, {"run_id": rid, "tracking_uri": self.tracking_uri})
+
+    def _out_of_space(self, sweep_dir: Path, rec: dict[str, Any]) -> bool:
+        """A failed run on a (nearly) full disk: ENOSPC in its log or less free space than a run takes."""
+        if "No space left on device" in (rec.get("log_tail") or "") or "Disk quota exceeded" in (rec.get("log_tail") or ""):
+            return True
+        free = free_bytes(sweep_dir)
+        return free is not None and free < min(self._run_bytes(sweep_dir), 8 << 20)
+
+    def _run_bytes(self, sweep_dir: Path) -> int:
+        """Bytes one run folder takes: the largest finished run of the sweep, else 32 MiB."""
+        sizes = [folder_size(p.parent) for p in Path(sweep_dir).glob("*/r*/record.json")]
+        return max(sizes, default=0) or (32 << 20)
+
+    def _abort(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], exc: BaseException, todo: list,
+               counts: dict) -> None:
+        """Close the sweep after an exception: status, parent run, and a :class:`DiskFullError` for ENOSPC."""
+        disk_full = is_no_space(exc)
+        meta["status"] = "failed" if disk_full or not isinstance(exc, KeyboardInterrupt) else "interrupted"
+        meta["stopped"] = {"at": time.time(), "reason": f"{type(exc).__name__}: {exc}"[:500]}
+        for attempt in range(2):
+            try:
+                atomic_write_json(sweep_dir / SWEEP, meta)
+                break
+            except OSError:
+                if attempt == 0:  # free the unfinished run's folder (it reruns on resume) and try again
+                    for rdir in Path(sweep_dir).glob("*/r*"):
+                        if rdir.is_dir() and not (rdir / "record.json").exists():
+                            shutil.rmtree(rdir, ignore_errors=True)
+        status = "KILLED" if meta["status"] == "interrupted" else "FAILED"
+        if not tracker.down and meta.get("parent_run_id"):
+            try:
+                tracker.client.set_tag(meta["parent_run_id"], "bench.status", meta["status"])
+                tracker.client.set_terminated(meta["parent_run_id"], status=status)
+            except Exception as mexc:
+                queue_upload(sweep_dir, self.tracking_uri, tracker.mark_down(mexc),
+                             {"metrics": {}, "tags": {"bench.status": meta["status"]}, "status": status})
+        if disk_full:
+            done = sum(1 for spec, k in todo if (run_dir(sweep_dir, spec.cell_id, k) / "record.json").exists())
+            need = self._run_bytes(sweep_dir) * max(1, len(todo) - done)
+            free = free_bytes(sweep_dir) or 0
+            raise DiskFullError(
+                f"{sweep_dir}: disk full ({free / 2**20:.1f} MiB free; about {need / 2**20:.0f} MiB needed for the "
+                f"{max(1, len(todo) - done)} run(s) left); the sweep is closed as failed, finished runs are kept: "
+                "free space and rerun the same command to resume") from None
 
     def _finish(self, tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead) -> SweepOutcome:
         from bench.baseline import snapshot
@@ -293,6 +402,7 @@ class Sweep:
         meta["invocations"].append({"finished_at": time.time(), "wall_s": wall, "in_step_s": in_step,
                                     "overhead_share": overhead, "executed": executed, "skipped": skipped,
                                     "failed": failed})
+        first = meta["invocations"][0]  # the sweep's wall time and overhead: a resume never overwrites them
         all_ok = all(r["status"] == "ok" for r in rows)
         meta["status"] = "complete" if all_ok else "incomplete"
         header = {"sweep_id": meta["sweep_id"], "matrix": meta["matrix_name"], "engine": meta["engine"],
@@ -305,20 +415,39 @@ class Sweep:
                                   if probe_ref else "; raw (no speed probe in every run)"),
                   "run order": f"{meta.get('order', {}).get('kind', 'sequential')}"
                                + (f", seed {meta['order']['seed']}" if (meta.get("order") or {}).get("seed") is not None else ""),
-                  "harness overhead": f"{overhead:.1%} of {wall:.1f} s wall (in GRPO steps {in_step:.1f} s)"}
+                  "harness overhead": f"{first['overhead_share']:.1%} of {first['wall_s']:.1f} s wall "
+                                      f"(in GRPO steps {first['in_step_s']:.1f} s)"}
+        resumes = meta["invocations"][1:]
+        if resumes:
+            header["resumed"] = "; ".join(
+                f"invocation {i}: {inv['wall_s']:.1f} s wall, overhead {inv['overhead_share']:.1%}, executed "
+                f"{inv['executed']}, cached {inv['skipped']}" for i, inv in enumerate(resumes, 2))
         csv_path, md_path = write_summary(sweep_dir, rows, header)
         atomic_write_json(sweep_dir / SWEEP, meta)
-        try:
-            tracker.finish_parent(
-                meta["parent_run_id"],
-                metrics={"harness_overhead_share": overhead, "sweep_wall_s": wall, "in_step_s": in_step,
-                         "cells_failed": sum(r["status"] != "ok" for r in rows), **summary_metrics(rows)},
-                artifacts=[csv_path, md_path, sweep_dir / SWEEP],
-                status="FINISHED" if all_ok else "FAILED",
-                tags={"bench.status": meta["status"]},
-            )
-        except Exception as exc:
-            self.on_event("warn", {"message": f"MLflow parent update failed: {exc}"})
+        n = len(meta["invocations"]) - 1
+        metrics = {"cells_failed": sum(r["status"] != "ok" for r in rows), **summary_metrics(rows)}
+        if n == 0:
+            metrics.update(harness_overhead_share=overhead, sweep_wall_s=wall, in_step_s=in_step)
+        else:
+            metrics.update({f"resume{n}_wall_s": wall, f"resume{n}_overhead_share": overhead,
+                            f"resume{n}_in_step_s": in_step})
+        queued = (read_json(sweep_dir / QUEUE) or {}).get("parent_finish") or {}
+        metrics = {**(queued.get("metrics") or {}), **metrics}  # an earlier invocation's, never uploaded
+        finish = {"metrics": metrics, "tags": {"bench.status": meta["status"]},
+                  "status": "FINISHED" if all_ok else "FAILED"}
+        if tracker.down or not meta.get("parent_run_id"):
+            queue_upload(sweep_dir, self.tracking_uri, tracker.down or "no parent run", finish)
+        else:
+            try:
+                tracker.finish_parent(meta["parent_run_id"], artifacts=[csv_path, md_path, sweep_dir / SWEEP], **finish)
+                if not tracker.down:  # every child is logged and the parent closed: nothing left queued
+                    (sweep_dir / QUEUE).unlink(missing_ok=True)
+            except Exception as exc:
+                if isinstance(exc, OSError) and is_no_space(exc):
+                    raise
+                queue_upload(sweep_dir, self.tracking_uri, tracker.mark_down(exc), finish)
+                self.on_event("warn", {"message": f"MLflow parent update failed ({tracker.down}): queued; "
+                                                  f"`run_bench.py sync {sweep_dir}` fills it in later"})
         return SweepOutcome(sweep_dir, meta["parent_run_id"], rows, executed, skipped, failed, wall, in_step,
                             overhead)
 
@@ -423,7 +552,9 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
         tags.update({"failure_kind": rec.get("failure_kind"), "failure_reason": rec.get("reason")})
     params = {**{f"factor.{k}": ("n/a" if v is None else v) for k, v in spec.levels.items()},
               **{k: getattr(matrix.base, k) for k in KEY_SETTINGS}, "cell_id": spec.cell_id}
-    arts = [rdir / n for n in ("run_config.yaml", "metrics.jsonl", "run.log", "evidence.json", "record.json",
-                               "engine.log")]
+    arts: list = [rdir / n for n in ("run_config.yaml", "metrics.jsonl", "run.log", "evidence.json", "record.json",
+                                     "engine.log")]
+    # verl runs: the config verl composed (Hydra's record of the job) and the per-process patch reports
+    arts += [(rdir / "hydra" / ".hydra", "verl_config"), (rdir / "patches", "patch_reports")]
     return tracker.log_child(parent_id, f"{spec.label}#r{rec['repeat']}", params=params, tags=tags,
                              series=series, summary=summary, artifacts=arts, status=rec["status"])

@@ -12,19 +12,37 @@
 
 Uses :class:`mlflow.MlflowClient` with ``log_batch`` (one round trip per child), which works against a
 ``sqlite:///`` store and an ``http://`` tracking server alike.
+
+MLflow is a best-effort mirror of the results folder (the source of truth): HTTP calls get a short timeout
+and retry budget (:data:`HTTP_DEFAULTS`, seconds; each can be overridden by setting the MLflow variable),
+the first failure of an invocation marks the tracker *down* (later calls are skipped at once), and what
+was not uploaded is queued on disk and uploaded by ``run_bench.py sync`` (:mod:`bench.sync`).
 """
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 import subprocess
 import time
+import urllib.parse
+import urllib.request
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from bench.errors import BenchError
+from bench.errors import BenchError, doing
+
+#: MLflow HTTP settings the harness uses unless the variable is already set: timeout per request (s),
+#: retries, backoff factor (s) and jitter (s). Worst case per failing call: about 10 + 2 x 10 + 3 s.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5"}
+#: seconds the start-up reachability probe of an ``http(s)://`` tracking server may take
+PROBE_TIMEOUT_S = 5.0
+#: URI schemes a tracking URI may use
+SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
 
 #: Packages whose versions are recorded as tags when installed.
 VERSIONED = ("torch", "transformers", "verl", "torch_npu", "vllm", "vllm_ascend", "mlflow", "optuna")
@@ -77,26 +95,127 @@ def _tag(v: Any) -> str:
     return s[:5000]
 
 
+def http_defaults() -> None:
+    """Set :data:`HTTP_DEFAULTS` in ``os.environ`` where the user has not set them (MLflow reads them per call)."""
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if uri.startswith("sqlite:///"):
+        return Path(urllib.parse.unquote(uri[len("sqlite:///"):].split("?", 1)[0]))
+    return None
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Check a tracking URI without writing anything: known scheme; a sqlite file that is a database (or
+    absent, in a writable folder); an ``http(s)`` server that answers within :data:`PROBE_TIMEOUT_S`.
+
+    Raises:
+        BenchError: naming ``--tracking-uri``, the URI and what is wrong.
+    """
+    scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+    if scheme.split("+", 1)[0] not in SCHEMES:
+        raise BenchError(f"--tracking-uri {uri}: unsupported scheme (allowed: sqlite:///PATH, http(s)://HOST:PORT, "
+                         "file:PATH or a database URL)")
+    db = _sqlite_path(uri)
+    if scheme == "sqlite" and db is None:
+        raise BenchError(f"--tracking-uri {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
+    if db is not None:
+        folder = db.parent
+        while not folder.exists() and folder.parent != folder:
+            folder = folder.parent
+        if db.exists():
+            if not db.is_file():
+                raise BenchError(f"--tracking-uri {uri}: {db} is not a file")
+            try:
+                with open(db, "rb") as fh:
+                    head = fh.read(16)
+            except OSError as exc:
+                raise BenchError(f"--tracking-uri {uri}: cannot read {db}: {exc.strerror}") from None
+            if head and head != b"SQLite format 3\x00":
+                raise BenchError(f"--tracking-uri {uri}: {db} is not a SQLite database")
+            if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK | os.X_OK):
+                raise BenchError(f"--tracking-uri {uri}: {db} is not writable")
+        elif not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise BenchError(f"--tracking-uri {uri}: folder {folder} is not writable")
+    if scheme in ("http", "https"):
+        parsed = urllib.parse.urlparse(uri)
+        if not parsed.hostname:
+            raise BenchError(f"--tracking-uri {uri}: no host")
+        try:
+            parsed.port  # noqa: B018 - raises on a bad port
+        except ValueError:
+            raise BenchError(f"--tracking-uri {uri}: bad port") from None
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S) as resp:
+                resp.read(64)
+        except urllib.error.HTTPError:
+            pass  # it answered: a server without /health is still a server
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "reason", None) or exc
+            raise BenchError(f"--tracking-uri {uri}: tracking server unreachable ({why}); start it, or use "
+                             "a sqlite:/// store and `run_bench.py sync` later") from None
+
+
 class Tracker:
     """Thin wrapper over :class:`mlflow.MlflowClient` for one experiment.
+
+    ``down`` is ``None`` while the store answers, else the reason of the first failure: callers skip
+    further calls (the upload is queued on disk for ``run_bench.py sync``).
 
     Raises:
         BenchError: the tracking URI cannot be opened (bad scheme, unreachable server, unwritable file).
     """
 
     def __init__(self, tracking_uri: str, experiment: str):
-        import mlflow
-        from mlflow import MlflowClient
-
+        http_defaults()
         self.uri = tracking_uri
-        self.client = MlflowClient(tracking_uri=tracking_uri)
-        self._mlflow = mlflow
+        self.down: str | None = None
+        db = _sqlite_path(tracking_uri)
         try:
+            with doing(f"opening the MLflow store {tracking_uri}"):
+                import mlflow
+                from mlflow import MlflowClient
+
+                for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." is not for the terminal
+                    logging.getLogger(name).setLevel(logging.WARNING)
+                self._mlflow = mlflow
+                if db is not None:  # two harnesses creating one fresh database: one migrates, the other waits
+                    from filelock import FileLock
+
+                    db.parent.mkdir(parents=True, exist_ok=True)
+                    with FileLock(str(db) + ".lock", timeout=120):
+                        self.client = MlflowClient(tracking_uri=tracking_uri)
+                        self.experiment_id = self._experiment(experiment)
+                else:
+                    self.client = MlflowClient(tracking_uri=tracking_uri)
+                    self.experiment_id = self._experiment(experiment)
+        except BenchError:
+            raise
+        except Exception as exc:  # MlflowException, requests errors, sqlalchemy errors, filelock timeout
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise BenchError(f"--tracking-uri {tracking_uri}: cannot open MLflow store: {first}") from None
+
+    def _experiment(self, experiment: str) -> str:
+        for attempt in range(3):  # a concurrent creator may win the race: look it up again
             exp = self.client.get_experiment_by_name(experiment)
-            self.experiment_id = exp.experiment_id if exp else self.client.create_experiment(
-                experiment, artifact_location=_artifact_location(tracking_uri, experiment))
-        except Exception as exc:  # MlflowException, requests errors, sqlalchemy errors
-            raise BenchError(f"--tracking-uri {tracking_uri}: cannot open MLflow store: {str(exc).splitlines()[0]}") from None
+            if exp:
+                return exp.experiment_id
+            try:
+                return self.client.create_experiment(
+                    experiment, artifact_location=_artifact_location(self.uri, experiment))
+            except Exception:
+                if attempt == 2:
+                    raise
+                time.sleep(0.5)
+        raise AssertionError("unreachable")
+
+    def mark_down(self, exc: BaseException) -> str:
+        """Record the first failure (later calls are skipped); returns the one-line reason."""
+        if self.down is None:
+            self.down = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+        return self.down
 
     def start_parent(self, name: str, tags: dict[str, Any], params: dict[str, Any]) -> str:
         """Create a parent run (status RUNNING); returns its run id."""
@@ -124,7 +243,7 @@ class Tracker:
 
     def log_child(self, parent_id: str, name: str, *, params: dict[str, Any], tags: dict[str, Any],
                   series: dict[str, list[tuple[int, float]]], summary: dict[str, Any],
-                  artifacts: list[Path], status: str) -> str:
+                  artifacts: list[Path | tuple[Path, str]], status: str) -> str:
         """Create a finished child run under ``parent_id`` with everything logged; returns its id.
 
         ``series``: metric -> [(step, value)]; ``summary``: metric -> value (non-numbers skipped).
@@ -139,9 +258,12 @@ class Tracker:
                    if (f := _finite(v)) is not None]
         metrics += [Metric(_key(k), f, now, 0) for k, v in summary.items() if (f := _finite(v)) is not None]
         self._log(rid, params=params, metrics=metrics)
-        for path in artifacts:
+        for item in artifacts:
+            path, under = item if isinstance(item, tuple) else (item, None)
             if Path(path).is_file():
-                self.client.log_artifact(rid, str(path))
+                self.client.log_artifact(rid, str(path), under)
+            elif Path(path).is_dir():  # a folder: its files under ``under`` (default: the folder's name)
+                self.client.log_artifacts(rid, str(path), under or Path(path).name)
         self.client.set_terminated(rid, status="FINISHED" if status == "ok" else "FAILED")
         return rid
 

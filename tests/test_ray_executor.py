@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import signal
 import socket
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -110,55 +105,22 @@ def test_unreachable_cluster_is_a_bench_error():
 # ------------------------------------------------------------------------------------ real head
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from _rayhead import start_head as _start_head  # noqa: E402
 
 
 @pytest.fixture(scope="module")
 def ray_head():
-    """A local Ray head (CPU only) on free ports; yields its job server address; always stopped."""
-    ray_bin = Path(sys.executable).parent / "ray"
-    if not ray_bin.exists():
-        pytest.skip("the ray CLI is not installed next to this Python")
-    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
-    dport = _free_port()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    for k in ("BENCH_PATCHES", "BENCH_RUN_DIR", "RAY_ADDRESS"):
-        env.pop(k, None)
-    cmd = [str(ray_bin), "start", "--head", "--block", "--num-cpus=2", "--num-gpus=0", f"--port={_free_port()}",
-           f"--dashboard-port={dport}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-           f"--ray-client-server-port={_free_port()}", f"--temp-dir={temp}"]
-    log = open(Path(temp) / "ray-start.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    address = f"http://127.0.0.1:{dport}"
-    try:
-        from ray.job_submission import JobSubmissionClient
+    """A local Ray head (CPU only, token authentication off) on free ports; yields its job server address."""
+    yield from _start_head({"RAY_AUTH_MODE": "disabled"})
 
-        deadline = time.time() + 60
-        while True:
-            try:
-                JobSubmissionClient(address).list_jobs()
-                break
-            except Exception:
-                if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"ray head did not come up: {(Path(temp) / 'ray-start.log').read_text()[-2000:]}")
-                time.sleep(0.5)
-        yield address
-    finally:
-        proc.send_signal(signal.SIGTERM)  # `ray start --block` shuts its processes down
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group this test started
-        except ProcessLookupError:
-            pass
-        proc.wait()
-        log.close()
-        shutil.rmtree(temp, ignore_errors=True)
+
+TOKEN = "0123456789abcdef0123456789abcdef"
+
+
+@pytest.fixture
+def ray_head_token():
+    """A local Ray head that requires token authentication (as Ray 2.60 local clusters do by default)."""
+    yield from _start_head({"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": TOKEN})
 
 
 JOB_CODE = """
@@ -240,3 +202,24 @@ def test_embedded_sweep_through_ray_lands_in_mlflow(ray_head, tmp_path):
     assert len(parents) == 1 and len(children) == 1
     assert children[0].data.tags["mlflow.parentRunId"] == parents[0].info.run_id
     assert children[0].data.metrics["step_time_s"] > 0
+
+
+@pytest.mark.ray
+def test_token_auth_cluster(ray_head_token, tmp_path, monkeypatch):
+    """A token-auth cluster: no token -> one clear line; token from the environment or a token file -> the
+    job runs; the token never reaches the run's environment or files."""
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.ray/auth_token of the machine's user
+    for k in ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "RAY_AUTH_MODE"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(BenchError, match="requires Ray token authentication.*RAY_AUTH_TOKEN"):
+        RayJobExecutor(ray_head_token, poll_s=0.1)
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN + "\n")
+    monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token_file))
+    ex = RayJobExecutor(ray_head_token, poll_s=0.1, stop_grace_s=20)
+    launch = _launch(tmp_path / "ok", argv=["{python}", "-c", "import os; print('job ran', 'RAY_AUTH_TOKEN' in os.environ)"])
+    res = ex.execute(launch)
+    assert res.returncode == 0, (res.reason, (launch.run_dir / "run.log").read_text())
+    assert "job ran" in (launch.run_dir / "run.log").read_text()
+    assert TOKEN not in json.dumps(ex.runtime_env(launch))
+    assert not any(TOKEN in p.read_text(errors="replace") for p in launch.run_dir.rglob("*") if p.is_file())

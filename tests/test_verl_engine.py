@@ -67,6 +67,7 @@ TAIL = [
     "actor_rollout_ref.rollout.enable_chunked_prefill=true",
     "actor_rollout_ref.rollout.max_num_batched_tokens=8192",
     "actor_rollout_ref.rollout.free_cache_engine=true",
+    "hydra.run.dir='{run_dir}/hydra'",
 ]
 
 
@@ -103,7 +104,7 @@ def test_article_all_on_cell_exact(a2_env):
         "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE": "1",
         "VERL_FILE_LOGGER_PATH": "{run_dir}/metrics.jsonl",
     }
-    assert run.launch.patches == ["qwen3vl_npu_fused:on", "vllm_ascend_mrope_cache", "verl_file_logger"]
+    assert run.launch.patches == ["qwen3vl_npu_fused:on", "vllm_ascend_mrope_cache", "verl_file_logger", "verl_evidence"]
     assert run.launch.notes == []
     assert run.launch.config["overrides"] == run.launch.argv[3:]
 
@@ -125,7 +126,7 @@ def test_article_all_off_cell_exact(a2_env):
                               "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE": "0",
                               "VERL_FILE_LOGGER_PATH": "{run_dir}/metrics.jsonl"}
     # "off" actively restores the eager forwards (verl 0.6.x patches them at import)
-    assert run.launch.patches == ["qwen3vl_npu_fused:off", "verl_file_logger"]
+    assert run.launch.patches == ["qwen3vl_npu_fused:off", "verl_file_logger", "verl_evidence"]
 
 
 def test_task_queue_levels_and_graph_mode_conflict(a2_env):
@@ -168,7 +169,7 @@ def test_cuda_cell(a2_env):
     assert "trainer.device=cuda" in argv and "global_profiler.tool=torch" in argv
     assert "actor_rollout_ref.model.use_liger=true" in argv  # the fused path on CUDA is Liger
     assert not [a for a in argv if "tool_config.npu" in a]
-    assert run.launch.patches == ["verl_file_logger"]
+    assert run.launch.patches == ["verl_file_logger", "verl_evidence"]
     assert set(run.launch.env) == {"USE_OPTIMIZED_MODEL", "VERL_FILE_LOGGER_PATH"}  # no task queue / mc2 on CUDA
     assert {k for k, v in run.levels.items() if v is None} == {"task_queue", "mc2", "mrope_cache"}
 
@@ -195,8 +196,15 @@ def test_dry_run_plan_with_unset_variables(monkeypatch):
 def test_refusals():
     base = load_matrix("matrix/full.yaml").base
     engine = get_engine("verl")
-    with pytest.raises(BenchError, match="engine verl runs on npu or cuda"):
-        engine.build(base.model_copy(update={"model": "/m", "data": "/d"}), Mechanism(), "cpu", {}, strict=False)
+    cpu = engine.build(base, Mechanism(), "cpu", {}, strict=True)  # verl:cpu: tiny model and data, built locally
+    assert cpu.argv[0] == "{verl_python}" and "trainer.device=cpu" in cpu.argv
+    assert any(a.startswith("actor_rollout_ref.model.path='{bench_cache}/models/qwen3-tiny-") for a in cpu.argv)
+    assert cpu.env["VERL_PLATFORM"] == "cpu" and cpu.patches[0] == "verl_cpu"
+    with pytest.raises(BenchError, match=r"base\.model: builtin:qwen3-tiny is the tiny CPU model"):
+        engine.build(base.model_copy(update={"model": "builtin:qwen3-tiny", "data": "/d"}), Mechanism(), "npu", {},
+                     strict=False)
+    with pytest.raises(BenchError, match="unknown builtin data set"):
+        engine.build(base.model_copy(update={"data": "builtin:nope"}), Mechanism(), "cpu", {}, strict=False)
     with pytest.raises(BenchError, match=r"base\.model: engine verl needs a model path"):
         engine.build(base, Mechanism(), "npu", {}, strict=True)
     dry = engine.build(base, Mechanism(), "npu", {}, strict=False)  # a dry run shows what is missing
@@ -278,11 +286,11 @@ def test_preflight_on_this_cpu_machine(tmp_path, monkeypatch):
     assert probe["invalid"]["index"] == 1 and "divisible" in probe["invalid"]["error"]
     assert probe["devices"] == 0 and "torch_npu does not import" in probe["detail"]
 
-    monkeypatch.setattr(verl_engine, "probe_machine", lambda platform, lists: {**probe, "invalid": {
+    monkeypatch.setattr(verl_engine, "probe_machine", lambda platform, lists, **kw: {**probe, "invalid": {
         "index": 0, "error": probe["invalid"]["error"]}})
     with pytest.raises(BenchError, match=r"verl .* rejects run 1 of the plan \(its validate_config\): .*divisible"):
         engine.preflight(odd, odd_launches, "npu")
-    monkeypatch.setattr(verl_engine, "probe_machine", lambda platform, lists: {
+    monkeypatch.setattr(verl_engine, "probe_machine", lambda platform, lists, **kw: {
         k: v for k, v in probe.items() if k != "invalid"})
     with pytest.raises(BenchError, match=r"base\.n_gpus_per_node: 8 npu device\(s\) wanted, 0 visible .*torch_npu"):
         engine.preflight(m, good_launches, "npu")

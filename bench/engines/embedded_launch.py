@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.engines.base import Launch
 from bench.errors import BenchError
-from bench.matrix import Base, Matrix
+from bench.matrix import Base, Matrix, expand_env
 from bench.optimizations import Mechanism
 
 #: Matrix ``base`` keys copied into the embedded run config under the same name.
@@ -54,8 +54,11 @@ class EmbeddedEngine:
         """Run config = shared ``base`` keys + ``base.embedded`` + the factors' config keys.
 
         Raises:
-            BenchError: ``base.embedded`` holds a key the run config does not know.
+            BenchError: ``base.embedded`` holds a key the run config does not know or a value it refuses;
+                ``base.env`` names an unset ``${VAR}`` (``strict``; a dry run leaves it visible).
         """
+        from pydantic import ValidationError
+
         from bench.engines.embedded.config import RunConfig
 
         ctx = base.context()
@@ -77,9 +80,22 @@ class EmbeddedEngine:
             )
         config.update(base.embedded)
         config.update({k: _fill(v, ctx) for k, v in mechanism.config.items()})
-        config = RunConfig(**config).model_dump()
+        try:
+            config = RunConfig.model_validate(config).model_dump()
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = ".".join(str(p) for p in err["loc"]) or "(root)"
+            where = f"base.embedded.{key}" if key in base.embedded else f"base.{key}"
+            if key not in base.embedded and key not in _SHARED_KEYS:
+                where = f"base (embedded run config {key})"
+            raise BenchError(f"{where}: {err['msg'].removeprefix('Value error, ')} "
+                             f"(engine embedded), got {err.get('input')!r}") from None
+        env = {k: expand_env(v, file="base", key=f"env.{k}", strict=strict) for k, v in base.env.items()}
+        notes = [f"base.env.{k}: {v} has an unset variable; left as written (a real run stops on it)"
+                 for k, v in env.items() if "${" in v]
         argv = ["{python}", "-m", "bench.engines.embedded", "--out", "{run_dir}", "--config", "{run_dir}/run_config.yaml"]
-        return Launch(argv=argv, env={**base.env, **mechanism.env}, patches=list(mechanism.patches), config=config)
+        return Launch(argv=argv, env={**env, **mechanism.env}, patches=list(mechanism.patches), config=config,
+                      notes=notes)
 
     def preflight(self, matrix: Matrix, launches: list[Launch], platform: str) -> None:
         """torch and transformers importable; the requested device present.
@@ -90,3 +106,24 @@ class EmbeddedEngine:
         for mod in ("torch", "transformers", "verl"):
             if importlib.util.find_spec(mod) is None:
                 raise BenchError(f"{matrix.source}: engine: embedded needs the package {mod!r} (pip install -e .)")
+        if platform != "cpu" and not device_available(platform):
+            raise BenchError(f"{matrix.source}: platform: {platform} requested but no {platform} device is "
+                             "available on this machine (use platform: cpu or auto)")
+
+
+def device_available(platform: str) -> bool:
+    """Whether torch sees at least one device of ``platform`` (``cpu`` always; ``cuda``; ``npu`` via torch_npu)."""
+    if platform == "cpu":
+        return True
+    try:
+        import torch
+
+        if platform == "cuda":
+            return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
+        if platform == "npu" and importlib.util.find_spec("torch_npu") is not None:
+            import torch_npu  # noqa: F401
+
+            return bool(torch.npu.is_available())
+    except Exception:  # a broken driver stack counts as no device
+        return False
+    return False

@@ -52,10 +52,14 @@ PROFILE_DIR = "profile"
 #: NPU profiler role settings (verl ``tool_config.npu``): what the Ascend step_trace_time.csv needs.
 NPU_PROFILER = {"discrete": False, "contents": ["npu", "cpu"], "level": "level1", "analysis": True}
 #: Patches every verl launch gets (measurement plumbing, not factors): see patches/bench_patches/verl_file_logger.py.
-ENGINE_PATCHES = ("verl_file_logger",)
+ENGINE_PATCHES = ("verl_file_logger", "verl_evidence")
+#: Hydra's output folder inside the run folder: ``.hydra/config.yaml`` there is the config verl composed.
+HYDRA_DIR = "hydra"
+#: The reward function of the verl:cpu target, relative to the repository root.
+REWARD_FILE = "bench/engines/verl_cpu/reward.py"
 #: First vllm-ascend release with ``VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE`` (tags v0.10.0rc1 on; absent in v0.9.x).
 MC2_MIN_VLLM_ASCEND = "0.10.0"
-_DEVICE = {"npu": "npu", "cuda": "cuda"}
+_DEVICE = {"npu": "npu", "cuda": "cuda", "cpu": "cpu"}
 _UNSET_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")
 _PLACEHOLDER = "{run_dir}"
 #: Hydra/OmegaConf's "missing value" literal, shown in a dry run for an unset model or data path.
@@ -126,6 +130,45 @@ def _key_of(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+~")
 
 
+def builtin_model_path(spec: str | None, platform: str) -> str | None:
+    """``{bench_cache}/models/qwen3-tiny-<hash>`` for ``builtin:qwen3-tiny`` (or no model) on ``cpu``; ``None``
+    for a real path. The placeholder is filled at launch, so the cell id does not name this machine.
+
+    Raises:
+        BenchError: a ``builtin:`` model on an accelerator platform, or an unknown builtin name.
+    """
+    from bench.engines.verl_cpu import assets
+
+    if spec is None and platform == "cpu":
+        spec = assets.BUILTIN_MODEL
+    if spec is None or not spec.startswith("builtin:"):
+        return None
+    if spec != assets.BUILTIN_MODEL:
+        raise BenchError(f"base.model: unknown builtin model {spec!r} for engine verl (allowed: {assets.BUILTIN_MODEL})")
+    if platform != "cpu":
+        raise BenchError(f"base.model: {spec} is the tiny CPU model; on {platform} give a checkpoint path")
+    return "{bench_cache}/" + assets.model_dir(Path("")).as_posix()
+
+
+def builtin_data_path(spec: str | None, platform: str, default: str | None = "builtin:text") -> str | None:
+    """``{bench_cache}/data/<set>-<hash>.parquet`` for a ``builtin:`` data set (or none) on ``cpu``; else ``None``.
+
+    Raises:
+        BenchError: a ``builtin:`` data set on an accelerator platform, or an unknown builtin name.
+    """
+    from bench.engines.embedded import data as data_mod
+
+    if spec is None and platform == "cpu":
+        spec = default
+    if spec is None or not spec.startswith("builtin:"):
+        return None
+    if spec not in data_mod.BUILTINS:
+        raise BenchError(f"base.data: unknown builtin data set {spec!r} (allowed: {', '.join(data_mod.BUILTINS)})")
+    if platform != "cpu":
+        raise BenchError(f"base.data: {spec} is generated for CPU smoke runs; on {platform} give a parquet path")
+    return "{bench_cache}/" + data_mod.builtin_relpath(spec)
+
+
 def base_overrides(base: Base, platform: str, model: str, train: str, val: str) -> list[str]:
     """The run settings of ``base`` as verl overrides (paths already expanded)."""
     return [
@@ -168,21 +211,42 @@ def profiler_overrides(base: Base, platform: str) -> list[str]:
         out += [f"{prefix}.enable=true", f"{prefix}.all_ranks=true"]
         if platform == "npu":
             out += [f"{prefix}.tool_config.npu.{k}={_hv(v)}" for k, v in NPU_PROFILER.items()]
+        elif platform == "cpu":
+            out.append(f"{prefix}.tool_config.torch.contents=[cpu]")
     return out
 
 
 def overrides_of(argv: list[str]) -> list[str]:
-    """The Hydra overrides of a verl launch argv (everything after ``-m verl.trainer.main_ppo``)."""
+    """The overrides of verl's config in a verl launch argv (everything after ``-m verl.trainer.main_ppo``
+    except Hydra's own ``hydra.*`` settings, which verl's config does not hold)."""
     try:
         i = argv.index(ENTRY_MODULE)
     except ValueError:
         return []
-    return list(argv[i + 1:])
+    return [o for o in argv[i + 1:] if not _key_of(o).startswith("hydra.")]
 
 
 def fill_run_dir(overrides: list[str], run_dir: str = "/tmp/bench-run") -> list[str]:
-    """Overrides with ``{run_dir}`` replaced (to check them before the run folder exists)."""
-    return [o.replace(_PLACEHOLDER, run_dir) for o in overrides]
+    """Overrides with ``{run_dir}`` and the machine placeholders replaced (to check them before the run
+    folder exists)."""
+    from bench.executors import fill_placeholders
+
+    return [fill_placeholders(o.replace(_PLACEHOLDER, run_dir)) for o in overrides]
+
+
+def _ensure_cpu_assets(launches: list[Launch]) -> None:
+    """Build the tiny model and the data set the ``verl:cpu`` launches name (once; cached)."""
+    from bench.engines.embedded import data as data_mod
+    from bench.engines.embedded.model import default_cache_dir
+    from bench.engines.verl_cpu import assets
+
+    cache = default_cache_dir()
+    paths = [p for launch in launches for p in (launch.config.get("paths") or {}).values()]
+    if any("{bench_cache}/models/" in p for p in paths):
+        assets.ensure_model(cache)
+    for name in data_mod.BUILTINS:
+        if any(("{bench_cache}/" + data_mod.builtin_relpath(name)) in p for p in paths):
+            data_mod.builtin_path(name, cache)
 
 
 def _fsdp_strategy(overrides: list[str]) -> str:
@@ -255,32 +319,44 @@ class VerlEngine:
                 ``base.data``, or (``strict``) an unset ``${VAR}`` (the message names the matrix key).
         """
         if platform not in _DEVICE:
-            raise BenchError(
-                f"platform: engine verl runs on npu or cuda, not {platform!r} (verl's rollout needs vLLM/SGLang "
-                "on an NPU or GPU); set platform: npu or cuda, or use engine: embedded"
-            )
+            raise BenchError(f"platform: engine verl runs on npu, cuda or cpu, not {platform!r}")
         notes: list[str] = []
+        cpu = platform == "cpu"
         for key, what in (("model", "a model path (e.g. ${QWEN3VL_MODEL_PATH})"),
                           ("data", "a train parquet (e.g. ${QWEN3VL_TRAIN_FILES})")):
-            if not getattr(base, key):
+            if not getattr(base, key) and not cpu:
                 if strict:
                     raise BenchError(f"base.{key}: engine verl needs {what}")
                 notes.append(f"base.{key} is not set: engine verl needs {what}; shown as ??? (a real run stops here)")
-        model = _expand(base.model, "model", strict, notes) if base.model else MISSING
-        train = _expand(base.data, "data", strict, notes) if base.data else MISSING
-        val = (_expand(base.val_data, "val_data", strict, notes) if base.val_data else "") or train
+        model = builtin_model_path(base.model, platform) or (
+            _expand(base.model, "model", strict, notes) if base.model else MISSING)
+        train = builtin_data_path(base.data, platform) or (
+            _expand(base.data, "data", strict, notes) if base.data else MISSING)
+        val = builtin_data_path(base.val_data, platform, default=None) or (
+            (_expand(base.val_data, "val_data", strict, notes) if base.val_data else "") or train)
 
         ctx = base.context()
         factor_overrides = [o.format(**ctx) for o in mechanism.overrides]
         user_overrides = [_expand(o, f"overrides[{i}]", strict, notes) for i, o in enumerate(base.overrides)]
+        target_overrides: list[str] = []
+        env: dict[str, str] = {}
+        target_patches: tuple[str, ...] = ()
+        if cpu:
+            from bench.engines.verl_cpu import target
+
+            target_overrides = target.overrides(base.n_gpus_per_node, f"'{{repo}}/{REWARD_FILE}'")
+            env.update(target.env())
+            target_patches = target.PATCHES
         overrides = [
             *base_overrides(base, platform, model, train, val),
             *profiler_overrides(base, platform),
+            *target_overrides,
             *factor_overrides,
             *user_overrides,
+            f"hydra.run.dir='{_PLACEHOLDER}/{HYDRA_DIR}'",
         ]
 
-        env = {k: _expand(v, f"env.{k}", strict, notes) for k, v in base.env.items()}
+        env.update({k: _expand(v, f"env.{k}", strict, notes) for k, v in base.env.items()})
         for k, v in mechanism.env.items():
             if k in env and env[k] != v:
                 notes.append(f"base.env.{k}={env[k]} is replaced by the factor's {k}={v}")
@@ -288,7 +364,7 @@ class VerlEngine:
         env["VERL_FILE_LOGGER_PATH"] = f"{_PLACEHOLDER}/{METRICS_FILE}"
 
         notes += self._factor_notes(base, platform, levels, user_overrides, overrides)
-        patches = [*mechanism.patches, *(p for p in ENGINE_PATCHES if p not in mechanism.patches)]
+        patches = list(dict.fromkeys([*target_patches, *mechanism.patches, *ENGINE_PATCHES]))
         config = {
             "engine": "verl",
             "entry": ENTRY_MODULE,
@@ -298,8 +374,9 @@ class VerlEngine:
             "patches": patches,
             "paths": {"base.model": model, "base.data": train, "base.val_data": val},
         }
+        python = "{verl_python}" if cpu else "{python}"
         return Launch(
-            argv=["{python}", "-m", ENTRY_MODULE, *overrides],
+            argv=[python, "-m", ENTRY_MODULE, *overrides],
             env=env,
             patches=patches,
             config=config,
@@ -340,12 +417,23 @@ class VerlEngine:
         Raises:
             BenchError: one line naming what is missing or refused.
         """
+        from bench.executors import fill_placeholders
+
         where = matrix.source or matrix.name
-        if importlib.util.find_spec("verl") is None:
+        python = sys.executable
+        if platform == "cpu":
+            from bench.engines.verl_cpu import target
+
+            python = target.verl_python()
+            if not Path(python).exists():
+                raise BenchError(f"{where}: engine verl on cpu: {target.PYTHON_ENV}={python} does not exist "
+                                 "(install the stack: bash tools/install_verl_cpu.sh)")
+            _ensure_cpu_assets(launches)
+        elif importlib.util.find_spec("verl") is None:
             raise BenchError(f"{where}: engine verl: verl is not installed for {sys.executable} (pip install verl)")
         for launch in launches:
             for key, path in (launch.config.get("paths") or {}).items():
-                check_path(where, key, path)
+                check_path(where, key, fill_placeholders(path).strip("'"))
         if any(launch.env.get("VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE") == "1" for launch in launches):
             note = mc2_note()
             if note:
@@ -358,7 +446,7 @@ class VerlEngine:
             except VerlConfigError as exc:
                 raise BenchError(f"{where}: {exc}") from None
         overrides = [fill_run_dir(overrides_of(launch.argv)) for launch in launches]
-        probe = probe_machine(platform, overrides)
+        probe = probe_machine(platform, overrides, python=python)
         if probe.get("error"):
             raise BenchError(f"{where}: engine verl: {probe['error']}")
         if probe.get("invalid"):
@@ -427,7 +515,8 @@ def check_path(where: str, key: str, path: str | None) -> None:
             raise BenchError(f"{where}: {key}: {item} does not exist on this machine")
 
 
-def probe_machine(platform: str, override_lists: list[list[str]] = (), timeout_s: float = 900) -> dict[str, Any]:
+def probe_machine(platform: str, override_lists: list[list[str]] = (), timeout_s: float = 900,
+                  python: str = sys.executable) -> dict[str, Any]:
     """In a child process (patches never touch the harness): import verl, run verl's own
     ``validate_config`` on each composed override list, count the ``platform`` devices.
 
@@ -444,7 +533,7 @@ def probe_machine(platform: str, override_lists: list[list[str]] = (), timeout_s
         json.dump([list(o) for o in override_lists], fh)
         path = fh.name
     try:
-        proc = subprocess.run([sys.executable, "-m", "bench.engines.verl", "--probe", platform, path],
+        proc = subprocess.run([python, "-m", "bench.engines.verl", "--probe", platform, path],
                               capture_output=True, text=True, timeout=timeout_s, env=env)
     except subprocess.TimeoutExpired:
         return {"error": f"the verl probe (import, config validation, devices) took over {timeout_s:g} s"}
@@ -498,6 +587,10 @@ def _probe(platform: str, path: str) -> dict[str, Any]:
                 out.update(devices=0, detail=f"torch_npu does not import: {exc}")
             else:
                 out["devices"] = torch.npu.device_count() if torch.npu.is_available() else 0
+        elif platform == "cpu":  # ranks are processes on the host; vLLM's CPU build serves the rollout
+            out["devices"] = os.cpu_count() or 1
+            if importlib.util.find_spec("vllm") is None:
+                out.update(devices=0, detail="vLLM is not installed beside verl (bash tools/install_verl_cpu.sh)")
         else:
             out["devices"] = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -104,6 +105,25 @@ def find_metrics_file(run_dir: str | os.PathLike) -> tuple[Path | None, list[Pat
     if candidates:
         return candidates[0], candidates[1:]
     return None, []
+
+
+_PATH_STEP_RE = re.compile(r"(?:^|[_\-/])(?:train_)?step[_\-]?(\d+)(?=[_\-./]|$)")
+
+
+def step_from_path(rel: str) -> int | None:
+    """The training step a trace file's name or folders name (``None`` if none does).
+
+    verl's torch profiler writes one trace per role and profiled step, named like
+    ``actor-rollout_train_step2_rank0-of-1_pid123.json.gz`` (verl >= 0.7), or ``<save_path>/<step>/<role>/``
+    folders (verl 0.6.x): a trace without ``ProfilerStep#N`` windows is attributed to that step.
+    """
+    m = _PATH_STEP_RE.search(rel)
+    if m:
+        return int(m.group(1))
+    for part in Path(rel).parts[:-1]:
+        if part.isdigit():
+            return int(part)
+    return None
 
 
 def find_torch_traces(run_dir: str | os.PathLike) -> list[Path]:
@@ -203,14 +223,16 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
         d["path"] = rel
         out["traces"].append(d)
         warnings.extend(f"{rel}: {w}" for w in tf.warnings)
+        path_step = step_from_path(rel)
         for s in tf.steps:
             if math.isnan(s.free_ratio):
                 continue
             entry = {"kind": "torch", "source": rel, "free_ratio": s.free_ratio, "basis": s.basis}
-            if s.step is None:
+            step = s.step if s.step is not None else path_step
+            if step is None:
                 out["unstepped_free"].append(entry)
             else:
-                per_step.setdefault(s.step, []).append(entry)
+                per_step.setdefault(step, []).append(entry)
 
     if analyse:
         ensure_analysed(root)

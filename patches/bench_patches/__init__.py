@@ -36,6 +36,9 @@ KNOWN_PATCHES = {
     "qwen3vl_npu_fused": "bench_patches.qwen3vl_npu_fused",
     "vllm_ascend_mrope_cache": "bench_patches.vllm_ascend_mrope_cache",
     "verl_file_logger": "bench_patches.verl_file_logger",
+    "verl_cpu": "bench_patches.verl_cpu",
+    "verl_evidence": "bench_patches.verl_evidence",
+    "cpu_rmsnorm": "bench_patches.cpu_rmsnorm",
 }
 _LOCK = threading.RLock()
 
@@ -259,6 +262,23 @@ def reset_hooks() -> None:
         if _FINDER is not None and _FINDER in sys.meta_path:
             sys.meta_path.remove(_FINDER)
         _FINDER = None
+
+
+def replace(owner: Any, attr: str, make: Callable[[Any], Callable], tag: str) -> bool:
+    """Replace ``owner.<attr>`` by ``make(original)``, once per ``tag``.
+
+    The new callable gets ``__bench_patch__ = tag`` and ``__wrapped__ = original`` (so a second hook call,
+    or a second patch module, sees what is installed). Returns ``False`` when ``owner`` has no such
+    attribute or it is already this tag's replacement.
+    """
+    original = getattr(owner, attr, None)
+    if original is None or getattr(original, "__bench_patch__", None) == tag:
+        return False
+    new = make(original)
+    new.__bench_patch__ = tag
+    new.__wrapped__ = original
+    setattr(owner, attr, new)
+    return True
 
 
 # ------------------------------------------------------------------------------------------- activate

@@ -190,6 +190,13 @@ def write_parquet(rows: list[dict[str, Any]], path: Path) -> None:
     os.replace(tmp, path)
 
 
+def builtin_relpath(name: str, seed: int = 0) -> str:
+    """``data/<set>-<hash>.parquet``: where builtin set ``name`` lives inside the cache folder (the hash
+    covers name, size, seed and recipe version, so a recipe change rebuilds)."""
+    key = hashlib.sha256(json.dumps([name, BUILTIN_SIZE, seed, DATA_RECIPE_VERSION]).encode()).hexdigest()[:12]
+    return f"data/{name.split(':', 1)[1]}-{key}.parquet"
+
+
 def builtin_path(name: str, cache_dir: Path, seed: int = 0) -> Path:
     """Path of the cached parquet of builtin set ``name``; generates it (under a file lock) if absent.
 
@@ -197,8 +204,7 @@ def builtin_path(name: str, cache_dir: Path, seed: int = 0) -> Path:
     """
     from filelock import FileLock
 
-    key = hashlib.sha256(json.dumps([name, BUILTIN_SIZE, seed, DATA_RECIPE_VERSION]).encode()).hexdigest()[:12]
-    path = cache_dir / "data" / f"{name.split(':', 1)[1]}-{key}.parquet"
+    path = cache_dir / builtin_relpath(name, seed)
     if path.exists():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)

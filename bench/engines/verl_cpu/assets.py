@@ -1,0 +1,134 @@
+"""Model and data of the ``verl:cpu`` target, built locally on first use (no hub downloads).
+
+``builtin:qwen3-tiny``: a randomly initialised 2-layer ``Qwen3ForCausalLM`` (hidden 128, 2 heads of 64,
+fp32) with the byte-level BPE tokenizer and chat template of the embedded engine's tiny model
+(:func:`bench.engines.embedded.model._train_tokenizer`), trained on the builtin arithmetic prompts.
+Why text and not Qwen3-VL: vLLM's CPU build pins ``torch==2.13.0+cpu``, and the only torchvision wheels
+reachable here are CUDA builds that do not load beside it; transformers' Qwen3-VL processor needs
+torchvision, so vLLM cannot serve the tiny Qwen3-VL in this environment.
+
+``builtin:text`` data: the embedded engine's arithmetic prompts (:mod:`bench.engines.embedded.data`),
+already in verl's RL parquet format (``data_source``, ``prompt`` chat messages, ``ability``,
+``reward_model.ground_truth``, ``extra_info``).
+
+Both live under the bench cache (``$BENCH_CACHE_DIR`` or ``<repo>/.cache``) in folders named by a hash
+of their recipe; a file lock makes concurrent builders wait for one build.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from bench.errors import BenchError
+
+BUILTIN_MODEL = "builtin:qwen3-tiny"
+BUILTIN_DATA = "builtin:text"
+RECIPE: dict[str, Any] = {
+    "architecture": "Qwen3ForCausalLM",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "head_dim": 64,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "tie_word_embeddings": True,
+    "vocab_size_target": 1024,
+    "seed": 0,
+    "version": 1,
+}
+
+
+def cache_key() -> str:
+    """12 hex digits of the model recipe (the cache folder suffix)."""
+    return hashlib.sha256(json.dumps(RECIPE, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def model_dir(cache_dir: Path) -> Path:
+    """Where ``builtin:qwen3-tiny`` lives in ``cache_dir``."""
+    return Path(cache_dir) / "models" / f"qwen3-tiny-{cache_key()}"
+
+
+def build_model(out_dir: Path, cache_dir: Path) -> None:
+    """Build tokenizer + random-weight tiny Qwen3 into ``out_dir`` (seconds on 2 cores)."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from bench.engines.embedded import data as data_mod
+    from bench.engines.embedded.model import _train_tokenizer
+
+    items = data_mod.load_prompts(data_mod.builtin_path(BUILTIN_DATA, cache_dir))
+    texts = [m["content"] for it in items for m in it.messages]
+    texts += [it.answer or it.ground_truth for it in items] + ["user", "assistant", "system"]
+    tokenizer = _train_tokenizer(texts, RECIPE["vocab_size_target"])
+    pad, eos = tokenizer.convert_tokens_to_ids("<|endoftext|>"), tokenizer.convert_tokens_to_ids("<|im_end|>")
+    config = Qwen3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=RECIPE["hidden_size"],
+        intermediate_size=RECIPE["intermediate_size"],
+        num_hidden_layers=RECIPE["num_hidden_layers"],
+        num_attention_heads=RECIPE["num_attention_heads"],
+        num_key_value_heads=RECIPE["num_key_value_heads"],
+        head_dim=RECIPE["head_dim"],
+        max_position_embeddings=RECIPE["max_position_embeddings"],
+        rms_norm_eps=RECIPE["rms_norm_eps"],
+        rope_theta=RECIPE["rope_theta"],
+        tie_word_embeddings=RECIPE["tie_word_embeddings"],
+        eos_token_id=eos,
+        pad_token_id=pad,
+        bos_token_id=None,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(RECIPE["seed"])
+    model = Qwen3ForCausalLM(config)
+    model.generation_config.eos_token_id = [eos, pad]
+    model.generation_config.pad_token_id = pad
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "bench_recipe.json").write_text(json.dumps({"key": cache_key(), "recipe": RECIPE}, indent=1))
+
+
+def ensure_model(cache_dir: Path) -> Path:
+    """Path of ``builtin:qwen3-tiny`` in ``cache_dir``, built first when absent.
+
+    Raises:
+        BenchError: the build failed (message says why).
+    """
+    from filelock import FileLock
+
+    path = model_dir(cache_dir)
+    if (path / "config.json").is_file():
+        return path
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock"):
+        if (path / "config.json").is_file():
+            return path
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        try:
+            build_model(tmp, cache_dir)
+            os.replace(tmp, path)
+        except Exception as exc:
+            raise BenchError(f"model: building {BUILTIN_MODEL} failed: {type(exc).__name__}: {exc}") from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return path
+
+
+def ensure_data(cache_dir: Path) -> Path:
+    """Path of the ``builtin:text`` RL parquet in ``cache_dir`` (generated when absent)."""
+    from bench.engines.embedded import data as data_mod
+
+    return data_mod.builtin_path(BUILTIN_DATA, cache_dir)
+
+
+def reward_file() -> Path:
+    """The reward function file verl loads (:mod:`bench.engines.verl_cpu.reward`)."""
+    return Path(__file__).with_name("reward.py")

@@ -1,0 +1,194 @@
+"""``run_bench.py MATRIX --smoke``: every cell of a verl matrix, for real, on this CPU, before accelerator time.
+
+A verl matrix for NPU or GPU nodes is checked against verl's config at plan time, but some mistakes only
+show when verl runs: a factor whose mechanism is silently ignored, a patch that fails to import, an
+override that verl accepts and then trips over, an environment variable nobody reads. The smoke run
+launches each cell's own verl launch on the ``verl:cpu`` target for a couple of real GRPO steps:
+
+- kept from the cell: its factor overrides (filled with the smoke lengths), its environment (factor and
+  ``base.env``), its patches (an NPU patch then reports in each process whether it applied or why it
+  refused), and ``base.overrides``;
+- replaced: model and data (the tiny ``builtin:qwen3-tiny`` and ``builtin:text``), lengths, batch sizes,
+  ``n``, steps, ranks and rollout TP (one CPU rank), the device (``cpu``) and the profiler (off);
+- left out, with the reason: overrides that only make sense on an accelerator
+  (:data:`ACCELERATOR_ONLY`), and the accelerator platform's profiler settings.
+
+Per cell the result is ``ran`` (steps finished, with the evidence of each factor), ``failed`` with the
+first verl error line, and the list of what was left out and why. Nothing goes to MLflow: a smoke run
+checks launches, it measures nothing worth comparing.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from bench.engines.verl import VerlEngine, _key_of
+from bench.matrix import Base, Matrix
+from bench.optimizations import resolve
+from bench.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
+
+#: Key patterns of overrides that only make sense on an accelerator, with the reason they are left out.
+ACCELERATOR_ONLY: tuple[tuple[str, str], ...] = (
+    (r"actor_rollout_ref\.model\.use_remove_padding", "remove-padding needs flash-attn's varlen kernels (CUDA/NPU)"),
+    (r"actor_rollout_ref\.model\.use_liger", "Liger kernels are Triton GPU kernels"),
+    (r"actor_rollout_ref\.model\.use_fused_kernels", "verl's fused kernels are Triton GPU kernels"),
+    (r"actor_rollout_ref\.(actor|ref)\.(fsdp_config\.)?strategy", "FSDP1 refuses a CPU device; the CPU target uses fsdp2"),
+    (r"actor_rollout_ref\.rollout\.name", "the CPU target's rollout is vLLM's CPU build"),
+    (r"actor_rollout_ref\.rollout\.(enable_sleep_mode|free_cache_engine)", "vLLM has no sleep mode on CPU"),
+    (r"actor_rollout_ref\.rollout\.(tensor_model_parallel_size|data_parallel_size|expert_parallel_size)",
+     "one CPU rank: no model parallelism"),
+    (r".*\.attn_implementation", "flash attention needs CUDA; the CPU target uses sdpa"),
+    (r"(actor_rollout_ref\.rollout\.)?dtype|.*\.fsdp_config\.(model_)?dtype|.*mixed_precision.*",
+     "the CPU target computes in fp32"),
+    (r"trainer\.(device|n_gpus_per_node|nnodes)", "the smoke run places one rank on the CPU"),
+    (r"global_profiler\..*|actor_rollout_ref\.(actor|ref|rollout)\.profiler\..*",
+     "the accelerator's profiler settings (the smoke run does not profile)"),
+    (r"ray_kwargs\..*|transfer_queue\..*", "the CPU target sizes Ray and TransferQueue for a 2-core machine"),
+)
+_ACCEL = [(re.compile(rf"^{pattern}$"), why) for pattern, why in ACCELERATOR_ONLY]
+#: Environment variables read only by an accelerator stack: kept (they are part of the cell), noted inert.
+INERT_ENV = {
+    "TASK_QUEUE_ENABLE": "read by torch_npu's dispatcher only",
+    "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE": "read by vLLM-Ascend only",
+    "HCCL_CONNECT_TIMEOUT": "read by Ascend's HCCL only",
+    "USE_OPTIMIZED_MODEL": "read by vLLM-Ascend only",
+}
+#: Settings of the smoke run (tiny model, short sequences, one rank).
+SMOKE_BASE: dict[str, Any] = {
+    "model": "builtin:qwen3-tiny", "data": "builtin:text", "val_data": None,
+    "train_batch_size": 4, "ppo_mini_batch_size": 4, "micro_batch_size_per_gpu": 2,
+    "log_prob_micro_batch_size_per_gpu": 4, "n": 2, "max_prompt_length": 64, "max_response_length": 32,
+    "ppo_max_token_len": None, "log_prob_max_token_len": None, "rollout_tp": 1, "n_gpus_per_node": 1,
+    "nnodes": 1, "gpu_memory_utilization": 0.5, "profile_steps": [], "warmup_steps": 0, "timeout_s": 900,
+}
+
+
+def accelerator_only(override: str) -> str | None:
+    """Why ``override`` is left out of a smoke run (``None``: kept; also when the CPU target sets the
+    same value itself, e.g. ``actor_rollout_ref.rollout.name=vllm``)."""
+    from bench.engines.verl_cpu import target
+
+    if override.lstrip("+") in {s.value.lstrip("+") for s in target.OVERRIDES}:
+        return None
+    key = _key_of(override)
+    for pattern, why in _ACCEL:
+        if pattern.match(key):
+            return why
+    return None
+
+
+def not_exercised(plan: Plan) -> dict[str, str]:
+    """Factors the plan varies whose mechanism has no effect on the CPU target, with the reason (their
+    environment variables and patches still go into the smoke launches)."""
+    from bench.optimizations import applicability
+
+    out = {}
+    for key in plan.varied:
+        why = applicability(key, "verl", "cpu", {"rollout_tp": 1})
+        if why:
+            out[key] = why
+    return out
+
+
+def smoke_base(matrix: Matrix, steps: int = 2) -> tuple[Base, list[str]]:
+    """The matrix's ``base`` with the smoke settings (:data:`SMOKE_BASE`, ``steps``), its accelerator-only
+    overrides removed; returns it and the removed overrides as ``"override: why"``."""
+    kept, left = [], []
+    for o in matrix.base.overrides:
+        why = accelerator_only(o)
+        if why:
+            left.append(f"{o}: {why}")
+        else:
+            kept.append(o)
+    return Base(**{**matrix.base.model_dump(), **SMOKE_BASE, "steps": steps, "overrides": kept}), left
+
+
+@dataclass
+class SmokeCell:
+    """One cell of a smoke run: the CPU launch and what was left out of the cell's own launch."""
+
+    spec: RunSpec
+    source_label: str
+    left_out: list[str] = field(default_factory=list)
+    inert: list[str] = field(default_factory=list)
+
+
+def smoke_cells(matrix: Matrix, plan: Plan, steps: int = 2) -> list[SmokeCell]:
+    """The CPU smoke launch of every run of ``plan`` (a verl matrix's plan on its own platform).
+
+    Raises:
+        BenchError: the smoke settings cannot be built (from :meth:`VerlEngine.build`).
+    """
+    engine = VerlEngine()
+    out = []
+    base, left_user = smoke_base(matrix, steps)
+    for run in plan.runs:
+        levels = dict(run.levels)
+        mechs = [resolve(k, v, "verl", plan.platform) for k, v in levels.items() if v is not None]
+        mech = merge_mechanisms(mechs)
+        left = [f"base.overrides: {x}" for x in left_user]
+        kept_factor = []
+        for o in mech.overrides:
+            why = accelerator_only(o)
+            if why:
+                left.append(f"factor override {o}: {why}")
+            else:
+                kept_factor.append(o)
+        mech = mech.model_copy(update={"overrides": tuple(kept_factor)})
+        launch = engine.build(base, mech, "cpu", levels, strict=False)
+        inert = [f"{k}={v}: {INERT_ENV[k]} (kept, no effect on CPU)" for k, v in launch.env.items() if k in INERT_ENV]
+        spec = RunSpec(cell_id=cell_id_of("verl", "cpu", launch), engine="verl", platform="cpu", levels=levels,
+                       cells=run.cells, not_applicable=run.not_applicable, launch=launch, timeout_s=base.timeout_s)
+        out.append(SmokeCell(spec=spec, source_label=run.label, left_out=left, inert=inert))
+    return out
+
+
+def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2, executor: Any = None,
+              on_cell: Any = None) -> tuple[Path, list[dict[str, Any]]]:
+    """Run every smoke cell; returns the smoke folder and one result per cell.
+
+    Each result: ``{"cell": label, "cell_id", "status": "ran" | "failed", "steps": n, "step_time_s",
+    "reason": first verl error line, "failure_kind", "left_out": [...], "inert_env": [...],
+    "patches": {patch: "applied in N; refused in M: why"}, "evidence": {factor: verdict}}``.
+    ``evidence`` holds only the factors whose evidence is missing or contradicted, among those the CPU
+    target can exercise (:func:`not_exercised` lists the others). ``smoke.json`` in the folder holds the list.
+    """
+    from bench.engines.verl import patch_evidence
+    from bench.executors import LocalExecutor
+    from bench.results import atomic_write_json
+    from bench.sweep import execute_spec
+
+    cells = smoke_cells(matrix, plan, steps)
+    inert_factors = not_exercised(plan)
+    folder = Path(results_root) / f"{matrix.name}-smoke" / time.strftime("%Y%m%d-%H%M%S")
+    folder.mkdir(parents=True, exist_ok=True)
+    executor = executor or LocalExecutor()
+    results = []
+    for i, cell in enumerate(cells, 1):
+        if on_cell:
+            on_cell("start", i, len(cells), cell, None)
+        rdir = folder / cell.spec.cell_id
+        rec = execute_spec(cell.spec, rdir, 0, executor, warmup_steps=0)
+        st = (rec.get("summary") or {}).get("step_time_median_s")
+        res = {
+            "cell": cell.source_label, "cell_id": cell.spec.cell_id,
+            "status": "ran" if rec["status"] == "ok" else "failed",
+            "steps": len(rec.get("steps") or {}), "step_time_s": st,
+            "failure_kind": rec.get("failure_kind"), "reason": rec.get("reason", ""),
+            "left_out": cell.left_out, "inert_env": cell.inert, "patches": patch_evidence(rdir),
+            "evidence": {k: v for k, v in (rec.get("evidence") or {}).items()
+                         if k in (rec.get("evidence_flagged") or []) and k not in inert_factors},
+            "run_dir": str(rdir),
+        }
+        results.append(res)
+        atomic_write_json(folder / "smoke.json", {"matrix": matrix.source, "steps": steps, "cells": results})
+        if on_cell:
+            on_cell("done", i, len(cells), cell, res)
+    return folder, results
+
+
+__all__ = ["ACCELERATOR_ONLY", "SmokeCell", "accelerator_only", "run_smoke", "smoke_cells"]

@@ -1,0 +1,190 @@
+"""Evidence, read from a finished verl run, that each factor did what its level says.
+
+A factor can be on in the launch and do nothing in the run (FSDP2 ignored ``forward_prefetch`` in verl
+releases before PR 6317; a patch may be refused in the process that matters). The verdict of each factor
+comes from what the run's own processes wrote:
+
+- the patch reports ``<run>/patches/<role>-<host>-<pid>.json`` (``patches/bench_patches``): which patch
+  was applied in which process, and the counters of ``verl_evidence`` (micro-batches per pass, FSDP2
+  forward-prefetch calls, vLLM's resolved engine config);
+- the config verl composed, ``<run>/hydra/.hydra/config.yaml`` (Hydra's own record of the job).
+
+Verdicts: ``confirmed`` (the run shows the level's effect), ``missing`` (nothing in the run shows it:
+a silent no-op, flagged), ``contradicted`` (the run shows the other level), ``n/a`` (the factor does
+not apply here). Each comes with a one-line detail.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+#: Verdict words, in order of concern.
+VERDICTS = ("contradicted", "missing", "confirmed", "n/a")
+HYDRA_CONFIG = Path("hydra") / ".hydra" / "config.yaml"
+
+
+def load_reports(run_dir: str | Path) -> list[dict[str, Any]]:
+    """The per-process patch reports of a run (unreadable files skipped)."""
+    out = []
+    for path in sorted(Path(run_dir, "patches").glob("*.json")):
+        try:
+            out.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+def load_config(run_dir: str | Path) -> dict[str, Any] | None:
+    """The config verl composed for the run (Hydra's ``.hydra/config.yaml``), or ``None``."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(run_dir, HYDRA_CONFIG).read_text())
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+
+
+def _select(cfg: dict[str, Any] | None, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _counter(reports: list[dict], group: str) -> dict[str, int]:
+    total: dict[str, int] = {}
+    for rep in reports:
+        counters = ((rep.get("patches") or {}).get("verl_evidence") or {}).get("counters") or {}
+        for k, v in (counters.get(group) or {}).items():
+            if isinstance(v, (int, float)):
+                total[k] = total.get(k, 0) + int(v)
+    return total
+
+
+def _applied(reports: list[dict], name: str, mode: str | None, where: str) -> int:
+    """How many processes record an action of patch ``name`` (with ``mode``) on a module starting with
+    ``where`` (``transformers.``: the actor/ref model; ``vllm.``: the rollout engine)."""
+    n = 0
+    for rep in reports:
+        rec = (rep.get("patches") or {}).get(name) or {}
+        if rec.get("status") != "applied" or (mode is not None and rec.get("mode") != mode):
+            continue
+        if any(str(a).startswith(where) for a in rec.get("actions") or []):
+            n += 1
+    return n
+
+
+def _vllm_config(reports: list[dict]) -> dict[str, Any] | None:
+    for rep in reports:
+        counters = ((rep.get("patches") or {}).get("verl_evidence") or {}).get("counters") or {}
+        if counters.get("vllm_config"):
+            return counters["vllm_config"]
+    return None
+
+
+def dynamic_bsz(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, str]:
+    """Micro-batches per pass: token budget (``rearrange_micro_batches``) vs fixed size."""
+    dyn, fixed = _counter(reports, "dynamic_bsz"), _counter(reports, "fixed_bsz")
+    want, other = (dyn, fixed) if level else (fixed, dyn)
+    kind = "token-budget" if level else "fixed-size"
+    if want.get("calls"):
+        detail = (f"{want['calls']} passes split {want.get('sequences', 0)} sequences into "
+                  f"{want.get('micro_batches', 0)} {kind} micro-batches")
+        if other.get("calls"):
+            return "contradicted", detail + f"; but {other['calls']} passes used the other mode"
+        return "confirmed", detail
+    if other.get("calls"):
+        return "contradicted", f"every pass ({other['calls']}) used {'fixed-size' if level else 'token-budget'} micro-batches"
+    return "missing", "no pass of verl's prepare_micro_batches was counted (verl_evidence patch not reached)"
+
+
+def forward_prefetch(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, str]:
+    """FSDP2 ``set_modules_to_forward_prefetch`` calls (``apply_fsdp2`` honouring the setting)."""
+    c = _counter(reports, "forward_prefetch")
+    strategy = _select(cfg, "actor_rollout_ref.actor.strategy")
+    if level:
+        if c.get("calls"):
+            return "confirmed", (f"FSDP2 forward prefetch set on {c['calls']} modules "
+                                 f"({c.get('modules', 0)} targets), strategy {strategy}")
+        if strategy == "fsdp":
+            return "confirmed", "strategy fsdp: FSDP1 takes forward_prefetch as a constructor argument"
+        return "missing", (f"fsdp_config.forward_prefetch=true but no FSDP2 module had forward prefetch set "
+                           f"(strategy {strategy}): the factor did nothing in this run")
+    if c.get("calls"):
+        return "contradicted", f"forward prefetch set on {c['calls']} modules although the level is off"
+    return "confirmed", "no FSDP module had forward prefetch set"
+
+
+def graph_mode(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, str]:
+    """vLLM's resolved ``enforce_eager`` / compilation mode, else verl's composed rollout config."""
+    vc = _vllm_config(reports)
+    want_eager = not level
+    if vc is not None and vc.get("enforce_eager") is not None:
+        detail = f"vLLM engine: enforce_eager={vc['enforce_eager']}, compilation {vc.get('compilation_mode')}"
+        return ("confirmed" if bool(vc["enforce_eager"]) == want_eager else "contradicted"), detail
+    eager = _select(cfg, "actor_rollout_ref.rollout.enforce_eager")
+    if eager is None:
+        return "missing", "neither vLLM's engine config nor verl's composed config was recorded"
+    verdict = "confirmed" if bool(eager) == want_eager else "contradicted"
+    return verdict, f"verl config rollout.enforce_eager={eager} (vLLM's own config not recorded)"
+
+
+def rmsnorm_fused(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, str]:
+    """The RMSNorm patch of the platform applied in the training processes (and vLLM's, where present)."""
+    mode = "on" if level else "off"
+    for name in ("cpu_rmsnorm", "qwen3vl_npu_fused"):
+        if not any(f"{name}:{mode}" in (r.get("requested") or []) for r in reports):
+            continue
+        training = _applied(reports, name, mode, "transformers.")
+        rollout = _applied(reports, name, mode, "vllm.")
+        where = f"{name}:{mode} in {training} training process(es), {rollout} vLLM process(es)"
+        if training:
+            return "confirmed", where
+        refused = [((r.get("patches") or {}).get(name) or {}).get("reason", "") for r in reports
+                   if ((r.get("patches") or {}).get(name) or {}).get("status") in ("refused", "error")]
+        why = f"; refused: {refused[0][:160]}" if refused else ""
+        return "missing", f"{where}: the actor/ref model was never patched{why}"
+    liger = _select(cfg, "actor_rollout_ref.model.use_liger")
+    if liger is not None:
+        return ("confirmed" if bool(liger) == bool(level) else "contradicted"), f"verl config model.use_liger={liger}"
+    return "missing", "no RMSNorm patch report and no use_liger in the composed config"
+
+
+CHECKS = {
+    "dynamic_bsz": dynamic_bsz,
+    "forward_prefetch": forward_prefetch,
+    "graph_mode": graph_mode,
+    "rmsnorm_fused": rmsnorm_fused,
+}
+
+
+def factor_evidence(run_dir: str | Path, levels: dict[str, int | None]) -> dict[str, dict[str, str]]:
+    """Per factor of ``levels``: ``{"verdict": confirmed|missing|contradicted|n/a, "detail": str}``.
+
+    Factors without a check here (``task_queue``, ``mc2``, ``mrope_cache``: environment variables and
+    vLLM-Ascend patches, NPU only) are judged from the patch reports' requested list where they are
+    patches, else reported ``n/a`` when not applicable and ``missing`` otherwise.
+    """
+    reports = load_reports(run_dir)
+    cfg = load_config(run_dir)
+    out: dict[str, dict[str, str]] = {}
+    for key, level in levels.items():
+        if level is None:
+            out[key] = {"verdict": "n/a", "detail": "not applicable on this target"}
+            continue
+        check = CHECKS.get(key)
+        if check is None:
+            out[key] = {"verdict": "missing", "detail": "no evidence reader for this factor on verl yet"}
+            continue
+        verdict, detail = check(int(level), reports, cfg)
+        out[key] = {"verdict": verdict, "detail": detail}
+    return out
+
+
+def flagged(evidence: dict[str, dict[str, str]]) -> list[str]:
+    """Factors whose evidence is ``missing`` or ``contradicted`` (what the harness warns about)."""
+    return [k for k, v in evidence.items() if v.get("verdict") in ("missing", "contradicted")]

@@ -1,0 +1,71 @@
+"""A real local Ray head for tests: free ports, its own temp folder and HOME, always stopped."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_head(auth: dict[str, str], ray_bin: Path | None = None, cpus: int = 2, gpus: int = 0):
+    """Start ``ray start --head --block`` with ``auth`` in its environment and HOME in its own temp folder
+    (so nothing in the real ``~/.ray`` — e.g. an ``auth_token`` a local verl run left — changes how it starts).
+    ``ray_bin``: the ``ray`` CLI (default: next to this Python); ``cpus``/``gpus``: logical resources.
+    Yields the job server address; always stopped."""
+    ray_bin = Path(ray_bin) if ray_bin else Path(sys.executable).parent / "ray"
+    if not ray_bin.exists():
+        pytest.skip("the ray CLI is not installed next to this Python")
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths are length-limited
+    dport = free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HOME": temp, **auth}
+    for k in ("BENCH_PATCHES", "BENCH_RUN_DIR", "RAY_ADDRESS", "RAY_AUTH_TOKEN_PATH"):
+        env.pop(k, None)
+    if "RAY_AUTH_TOKEN" not in auth:
+        env.pop("RAY_AUTH_TOKEN", None)
+    cmd = [str(ray_bin), "start", "--head", "--block", f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--port={free_port()}",
+           f"--dashboard-port={dport}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
+           f"--ray-client-server-port={free_port()}", f"--temp-dir={temp}"]
+    log = open(Path(temp) / "ray-start.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    address = f"http://127.0.0.1:{dport}"
+    headers = {"authorization": f"Bearer {auth['RAY_AUTH_TOKEN']}"} if "RAY_AUTH_TOKEN" in auth else None
+    try:
+        from ray.job_submission import JobSubmissionClient
+
+        deadline = time.time() + 60
+        while True:
+            try:
+                JobSubmissionClient(address, headers=headers).list_jobs()
+                break
+            except Exception:
+                if proc.poll() is not None or time.time() > deadline:
+                    raise RuntimeError(f"ray head did not come up: {(Path(temp) / 'ray-start.log').read_text()[-2000:]}")
+                time.sleep(0.5)
+        yield address
+    finally:
+        proc.send_signal(signal.SIGTERM)  # `ray start --block` shuts its processes down
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group this test started
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        log.close()
+        shutil.rmtree(temp, ignore_errors=True)

@@ -1,0 +1,140 @@
+"""A real verl sweep on this CPU: ``run_bench.py`` launches ``verl.trainer.main_ppo`` twice (dynamic bsz off
+and on), through the runner, the patches, verl's file logger and profiler, the measurements, MLflow and
+the report. Needs the verl CPU stack (``tools/install_verl_cpu.sh``; ``.ci/run`` installs it); about
+5 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.engines.verl_cpu.target import verl_python
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = verl_python()
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not Path(PY).exists() or subprocess.run([PY, "-c", "import verl, vllm"], capture_output=True).returncode,
+        reason="the verl CPU stack is not installed (bash tools/install_verl_cpu.sh)"),
+]
+
+
+def _matrix(tmp_path: Path) -> Path:
+    m = yaml.safe_load((ROOT / "matrix" / "verl_cpu.yaml").read_text())
+    m["name"] = "verl_cpu_ci"
+    m["base"].update(steps=3, warmup_steps=1, profile_steps=[3], timeout_s=900)
+    m["factors"] = {"dynamic_bsz": ["off", "on"]}
+    m["design"] = "full"
+    path = tmp_path / "verl_cpu_ci.yaml"
+    path.write_text(yaml.safe_dump(m))
+    return path
+
+
+def test_real_verl_sweep_on_cpu(tmp_path):
+    from mlflow import MlflowClient
+
+    from bench.executors import run_processes
+
+    results = tmp_path / "results"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_PATCHES", "BENCH_RUN_DIR"))}
+    proc = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), str(_matrix(tmp_path)), "--results", str(results),
+                           "--tracking-uri", uri], capture_output=True, text=True, env=env, timeout=1800)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+
+    sweep = (results / "verl_cpu_ci" / "latest").resolve()
+    records = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/r0/record.json"))]
+    assert len(records) == 2 and all(r["status"] == "ok" for r in records), [r.get("reason") for r in records]
+    by_level = {r["levels"]["dynamic_bsz"]: r for r in records}
+    for level, rec in by_level.items():
+        rdir = sweep / rec["cell_id"] / "r0"
+        # verl's own file logger wrote the JSONL: one line per step, verl's metric names
+        lines = [json.loads(x) for x in (rdir / "metrics.jsonl").read_text().splitlines()]
+        assert [x["step"] for x in lines] == [1, 2, 3]
+        assert {"timing_s/gen", "timing_s/step", "perf/throughput", "timing_s/update_actor"} <= set(lines[0]["data"])
+        # verl's torch profiler traced step 3; the Free ratio (host basis on CPU) comes from that trace
+        traces = list((rdir / "profile").glob("*step3*.json.gz"))
+        assert traces and json.loads(gzip.open(traces[0]).read())["traceEvents"]
+        assert set(rec["free_ratio"]) == {"3"} and 0.0 < rec["free_ratio"]["3"] < 1.0
+        assert rec["free_ratio_detail"]["3"]["sources"][0]["basis"] == "cpu"
+        assert rec["summary"]["timed_steps"] == [2] and 0 < rec["summary"]["rollout_share_median"] < 1
+        # evidence per factor from the run's processes
+        assert rec["evidence_verdicts"]["dynamic_bsz"] == "confirmed", rec["evidence"]
+        kind = "token-budget" if level else "fixed-size"
+        assert kind in rec["evidence"]["dynamic_bsz"]
+        assert rec["evidence_verdicts"]["task_queue"] == "n/a"
+        # the verl CPU workarounds and the factor patches report from the worker processes
+        reports = [json.loads(p.read_text()) for p in (rdir / "patches").glob("*.json")]
+        roles = {r["role"] for r in reports if r["patches"].get("verl_cpu", {}).get("status") == "applied"}
+        assert {"driver", "ray-worker"} <= roles
+        # the config verl composed
+        cfg = yaml.safe_load((rdir / "hydra" / ".hydra" / "config.yaml").read_text())
+        assert cfg["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is bool(level)
+    # token-budget micro-batches differ from fixed-size ones: the factor changed the work
+    micro = {lv: int(r["evidence"]["dynamic_bsz"].split(" into ")[1].split()[0]) for lv, r in by_level.items()}
+    assert micro[0] != micro[1]
+    # nothing of the runs outlives them (Ray head, raylet, workers, vLLM engine)
+    assert not [p for r in records for p in run_processes(sweep / r["cell_id"] / "r0")]
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("verl_cpu_ci")
+    runs = client.search_runs([exp.experiment_id])
+    parents = [r for r in runs if r.data.tags.get("bench.kind") == "sweep"]
+    children = [r for r in runs if r.data.tags.get("bench.kind") == "cell"]
+    assert len(parents) == 1 and len(children) == 2
+    assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
+    assert all(c.data.tags["evidence.dynamic_bsz"].startswith("confirmed") for c in children)
+    arts = {a.path for a in client.list_artifacts(children[0].info.run_id)}
+    assert {"metrics.jsonl", "evidence.json", "verl_config", "patch_reports"} <= arts
+    assert [a.path for a in client.list_artifacts(children[0].info.run_id, "verl_config")] == [
+        "verl_config/config.yaml", "verl_config/hydra.yaml", "verl_config/overrides.yaml"]
+
+    rep = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "report", "verl_cpu_ci", "--results", str(results),
+                          "--tracking-uri", uri], capture_output=True, text=True, env=env, timeout=600)
+    assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
+    report = (sweep / "report" / "report.md").read_text()
+    assert "| dynamic_bsz |" in report and "| all-off |" in report
+
+
+@pytest.mark.ray
+def test_verl_cpu_run_as_a_ray_job(tmp_path):
+    """The same target as a job on an existing Ray cluster (``--ray-address``): the cluster is started from
+    the verl stack's own ``ray`` (its workers must run that Python) with logical GPU slots for the rank."""
+    from _rayhead import start_head
+
+    ray_bin = Path(PY).parent / "ray"
+    m = yaml.safe_load(_matrix(tmp_path).read_text())
+    m.update(name="verl_cpu_ray", factors={"dynamic_bsz": ["on"]})
+    m["base"].update(steps=2, warmup_steps=1, profile_steps=[])
+    path = tmp_path / "ray.yaml"
+    path.write_text(yaml.safe_dump(m))
+    results = tmp_path / "results"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_PATCHES", "BENCH_RUN_DIR"))}
+    gen = start_head({"RAY_AUTH_MODE": "disabled"}, ray_bin=ray_bin, cpus=8, gpus=1)
+    address = next(gen)
+    try:
+        proc = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), str(path), "--results", str(results),
+                               "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--ray-address", address],
+                              capture_output=True, text=True, env=env, timeout=1200)
+    finally:
+        gen.close()
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    rec = json.loads(next((results / "verl_cpu_ray").glob("*/*/r0/record.json")).read_text())
+    assert rec["status"] == "ok" and len(rec["steps"]) == 2
+    assert rec["evidence_verdicts"]["dynamic_bsz"] == "confirmed"
+    rdir = next((results / "verl_cpu_ray").glob("*/*/r0"))
+    log = (rdir / "run.log").read_text()
+    assert "Ray job bench-" in log and "SUCCEEDED" in log
+    actions = [a for p in (rdir / "patches").glob("driver-*.json")
+               for a in json.loads(p.read_text())["patches"]["verl_cpu"]["actions"]]
+    assert any(a.startswith("ray_init_existing: joining the cluster") for a in actions)

@@ -1,0 +1,155 @@
+"""The pieces of the verl CPU target that run without verl: failure classes, factor evidence, the smoke
+transformation, trace-step mapping, the RMSNorm patch's arithmetic, the target's launch."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.errors import BenchError
+from bench.matrix import load_matrix
+from bench.measure import step_from_path
+from bench.measure.verl_evidence import factor_evidence, flagged
+from bench.measure.verl_failure import classify, culprit_override, last_exception_line
+from bench.plan import make_plan
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "patches"))
+
+# Lines as a real verl 0.9.1 run on this machine printed them (Ray's actor prefix and colours included).
+PIN_LOG = """\
+\x1b[36m(TaskRunnerV1 pid=8048)\x1b[0m INFO: actor and ref model engine initialized
+ray.exceptions.RayTaskError(RuntimeError): \x1b[36mray::WorkerDict.actor_rollout_ref_init_model()\x1b[39m (pid=8507, ip=192.0.2.2)
+    padded_sharded_param = padded_sharded_param.pin_memory()
+RuntimeError: Cannot access accelerator device when none is available.
+Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
+"""
+TQ_LOG = """\
+  File "verl/trainer/main_ppo.py", line 137, in run
+    import transfer_queue as tq
+ModuleNotFoundError: No module named 'transfer_queue'
+"""
+CONFIG_LOG = """\
+Could not override 'actor_rollout_ref.actor.no_such_knob'.
+To append to your config use +actor_rollout_ref.actor.no_such_knob=1
+Key 'no_such_knob' is not in struct
+"""
+DIED_LOG = """\
+(TaskRunnerV1 pid=9093) step:2 - timing_s/step:2.5
+\x1b[36m(vLLMHttpServer pid=1619)\x1b[0m RuntimeError: operator torchvision::nms does not exist
+ray.exceptions.ActorDiedError: The actor died unexpectedly before finishing this task.
+	class_name: vLLMHttpServer
+RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {'EngineCore': 1}
+"""
+
+
+def test_failure_classes_from_real_log_lines():
+    assert classify(PIN_LOG) == ("crash", "RuntimeError: Cannot access accelerator device when none is available.")
+    assert classify(TQ_LOG) == ("crash", "ModuleNotFoundError: No module named 'transfer_queue'")
+    kind, reason = classify(CONFIG_LOG, overrides=["a=1", "actor_rollout_ref.actor.no_such_knob=1"])
+    assert kind == "config" and reason.startswith("Could not override 'actor_rollout_ref.actor.no_such_knob'")
+    assert reason.endswith("(override actor_rollout_ref.actor.no_such_knob=1)")
+    kind, reason = classify(DIED_LOG, steps_done=2)
+    assert kind == "worker_died" and "The actor died unexpectedly" in reason
+    assert reason.endswith("first error: RuntimeError: operator torchvision::nms does not exist")
+    assert classify("torch.OutOfMemoryError: CPU out of memory. Tried to allocate 2.00 GiB")[0] == "oom"
+    assert classify(PIN_LOG, timed_out=True, steps_done=0)[0] == "startup_timeout"
+    assert classify("", timed_out=True, steps_done=3) == ("timeout", "timed out after 3 finished step(s)")
+    assert classify("nothing to see\n") is None
+    assert last_exception_line(["(WorkerDict pid=1) ValueError: bad", "done"]) == "ValueError: bad"
+    assert culprit_override("Key 'x' is not in struct", ["y=1"]) is None
+
+
+def _report(tmp: Path, role: str, pid: int, patches: dict) -> None:
+    (tmp / "patches").mkdir(parents=True, exist_ok=True)
+    requested = [f"{k}:{v['mode']}" if v.get("mode") else k for k, v in patches.items()]
+    (tmp / "patches" / f"{role}-h-{pid}.json").write_text(json.dumps(
+        {"pid": pid, "role": role, "requested": requested, "patches": patches}))
+
+
+def test_factor_evidence_verdicts(tmp_path):
+    ev = {"mode": None, "status": "applied", "actions": [], "counters": {
+        "dynamic_bsz": {"calls": 3, "sequences": 24, "micro_batches": 5}, "forward_prefetch": {"calls": 2, "modules": 2},
+        "vllm_config": {"enforce_eager": False, "compilation_mode": "VLLM_COMPILE"}}}
+    rms = {"mode": "on", "status": "applied", "actions": ["transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm.forward"
+                                                          " -> torch.nn.functional.rms_norm (fused, on)"]}
+    _report(tmp_path, "ray-worker", 1, {"verl_evidence": ev, "cpu_rmsnorm": rms})
+    got = factor_evidence(tmp_path, {"dynamic_bsz": 1, "forward_prefetch": 1, "graph_mode": 1, "rmsnorm_fused": 1,
+                                     "mc2": None})
+    assert {k: v["verdict"] for k, v in got.items()} == {
+        "dynamic_bsz": "confirmed", "forward_prefetch": "confirmed", "graph_mode": "confirmed",
+        "rmsnorm_fused": "confirmed", "mc2": "n/a"}
+    assert got["dynamic_bsz"]["detail"] == "3 passes split 24 sequences into 5 token-budget micro-batches"
+    # the same run judged against the other levels: every factor is contradicted; nothing recorded: missing
+    other = factor_evidence(tmp_path, {"dynamic_bsz": 0, "forward_prefetch": 0, "graph_mode": 0})
+    assert {v["verdict"] for v in other.values()} == {"contradicted"} and flagged(other) == list(other)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    none = factor_evidence(empty, {"dynamic_bsz": 1, "forward_prefetch": 1, "graph_mode": 1, "rmsnorm_fused": 1})
+    assert {v["verdict"] for v in none.values()} == {"missing"}
+    # a silent no-op: prefetch on, FSDP2, but no module got a prefetch target
+    (empty / "hydra" / ".hydra").mkdir(parents=True)
+    (empty / "hydra" / ".hydra" / "config.yaml").write_text("actor_rollout_ref:\n  actor:\n    strategy: fsdp2\n")
+    assert "did nothing" in factor_evidence(empty, {"forward_prefetch": 1})["forward_prefetch"]["detail"]
+
+
+def test_trace_step_from_verl_file_names():
+    assert step_from_path("profile/actor-rollout-ref_train_step3_rank0-of-1_pid9455_2026.json.gz") == 3
+    assert step_from_path("profile/12/actor/trace.json") == 12
+    assert step_from_path("trace/run.pt.trace.json") is None
+
+
+def test_smoke_cells_keep_the_cell_and_say_what_was_left_out():
+    from bench.engines.verl_cpu.smoke import accelerator_only, smoke_cells
+
+    m = load_matrix(ROOT / "matrix" / "qwen3vl8b_a2.yaml")
+    plan = make_plan(m, strict=False)
+    cells = smoke_cells(m, plan, steps=2)
+    assert len(cells) == len(plan.runs) == 9
+    by_label = {c.source_label: c for c in cells}
+    tq2 = by_label["task_queue=2"]
+    assert tq2.spec.platform == "cpu" and tq2.spec.launch.argv[0] == "{verl_python}"
+    assert tq2.spec.launch.env["TASK_QUEUE_ENABLE"] == "2"  # the cell's own environment is kept ...
+    assert any(x.startswith("TASK_QUEUE_ENABLE=2: read by torch_npu") for x in tq2.inert)  # ... and said inert
+    fused = by_label["rmsnorm_fused"].spec.launch
+    assert "qwen3vl_npu_fused:on" in fused.patches and "verl_cpu" in fused.patches
+    argv = " ".join(fused.argv)
+    assert "trainer.device=cpu" in argv and "trainer.total_training_steps=2" in argv and "global_profiler" not in argv
+    assert "data.image_key=images" in argv and "actor_rollout_ref.rollout.max_num_batched_tokens=8192" in argv
+    left = by_label["all-off"].left_out
+    assert any("use_remove_padding=true" in x and "flash-attn" in x for x in left)
+    assert any("free_cache_engine=true" in x for x in left)
+    assert not any("rollout.name=vllm" in x for x in left)  # the CPU target sets the same value itself
+    assert accelerator_only("actor_rollout_ref.actor.strategy=fsdp") and not accelerator_only("data.truncation=error")
+
+
+def test_cpu_rmsnorm_arithmetic():
+    import torch
+    from bench_patches.cpu_rmsnorm import decomposed_rms_norm, fused_forward
+    from transformers.models.qwen3.modeling_qwen3 import Qwen3RMSNorm
+
+    torch.manual_seed(0)
+    norm = Qwen3RMSNorm(64, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    x = torch.randn(3, 7, 64)
+    ref = norm(x)
+    assert torch.allclose(fused_forward(norm, x), ref, atol=1e-5)
+    assert torch.allclose(decomposed_rms_norm(x, norm.weight, 1e-6), ref, atol=1e-5)
+
+
+def test_builtin_assets_and_unknown_names(tmp_path, monkeypatch):
+    from bench.engines.verl import builtin_data_path, builtin_model_path
+    from bench.engines.verl_cpu import assets
+
+    assert builtin_model_path(None, "cpu") == f"{{bench_cache}}/models/qwen3-tiny-{assets.cache_key()}"
+    assert builtin_model_path("/ckpt", "cpu") is None and builtin_data_path("/d.parquet", "cpu") is None
+    with pytest.raises(BenchError, match="unknown builtin model"):
+        builtin_model_path("builtin:llama", "cpu")
+    path = assets.ensure_model(tmp_path)
+    cfg = json.loads((path / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["num_hidden_layers"] == 2
+    assert (path / "tokenizer.json").is_file() and assets.ensure_model(tmp_path) == path  # cached
