@@ -90,8 +90,8 @@ def test_fit_effects_on_runs_with_blocks_and_holm():
 
 def test_baseline_is_validated_against_the_model_on_load(tmp_path):
     bad = {"format": "grpo-bench-baseline", "format_version": 1, "engine": "embedded", "platform": "cpu",
-           "cells": [{"key": "x", "cell_id": "c", "levels": {}, "status": "ok"}]}
+           "source": {}, "cells": [{"key": "x", "label": "all-off", "levels": {}, "status": "ok", "repeats": []}]}
     (tmp_path / "baselines").mkdir()
     (tmp_path / "baselines" / "b.json").write_text(json.dumps(bad))
-    with pytest.raises(BenchError, match=r"b\.json: cells\.0\.label: Field required"):
+    with pytest.raises(BenchError, match=r"b\.json: cells\.0\.cell_id: Field required"):
         load_baseline("b", tmp_path)
