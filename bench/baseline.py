@@ -31,11 +31,12 @@ import platform as _platform
 import re
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchError
+from bench.measure import PHASES
+from bench.model import METRICS, SUMMARY_STEP_TIME, Metric, Snapshot  # noqa: F401  (METRICS, Metric re-exported)
 from bench.optimizations import FACTOR_KEYS
 from bench.results import SWEEP, atomic_write_json, find_sweep, load_records, read_json
 from bench.speed import PROBE_METRIC, probe_spec
@@ -47,30 +48,10 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 #: CPU pressure (PSI some avg60, %) above which runs are called contended: other jobs shared the CPUs
 CONTENDED_PSI = 40.0
 #: summary values copied per repeat into the snapshot
-_SUMMARY_KEYS = ("step_time_median_s", "step_time_iqr_s", "step_time_mean_s", "rollout_share_median",
+_SUMMARY_KEYS = (SUMMARY_STEP_TIME, "step_time_iqr_s", "step_time_mean_s", "rollout_share_median",
                  "free_ratio_median", "throughput_median", "phase_median_s", "peak_memory_gb",
                  "response_length_mean", "response_length_max", "response_length_min",
                  "long_tail_waste_median", "timed_steps", "profiled_steps", "measured_steps")
-
-
-@dataclass(frozen=True)
-class Metric:
-    """A metric the gate can compare: where its per-step samples come from and which way is better."""
-
-    key: str
-    title: str
-    unit: str
-    higher_is_better: bool
-    scale: str  # log (strictly positive) | linear (may be 0)
-    source: str
-
-
-METRICS: dict[str, Metric] = {m.key: m for m in (
-    Metric("step_time", "step time", "s", False, "log", "timing_s/step of the timed steps"),
-    Metric("throughput", "throughput", "tokens/s", True, "log", "perf/throughput of the timed steps"),
-    Metric("rollout_share", "rollout share", "", False, "linear", "timing_s/gen / timing_s/step of the timed steps"),
-    Metric("free_ratio", "Free ratio", "", False, "linear", "per-step Free ratio of the profiled measured steps"),
-)}
 
 
 def levels_key(levels: dict[str, Any]) -> str:
@@ -88,7 +69,9 @@ def _num(v: Any) -> float | None:
 
 def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     """Per-step samples of every gate metric in one run record (empty lists where absent), plus
-    ``speed_probe``: the speed probe's seconds at each timed step (:mod:`bench.speed`), or empty."""
+    ``speed_probe``: the speed probe's seconds at each timed step (:mod:`bench.speed`), or empty, and
+    ``phase_share/<phase>``: each phase's share of the step time at each timed step (``other`` = the
+    rest of the step), so that a phase breakdown describes the same steps as the step time."""
     summ = rec.get("summary") or {}
     steps = rec.get("steps") or {}
     timed = [int(s) for s in summ.get("timed_steps") or []]
@@ -96,7 +79,7 @@ def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     def at(step: int, key: str) -> float | None:
         return _num((steps.get(str(step)) or {}).get(key))
 
-    st = [v for v in (_num(x) for x in summ.get("step_time_samples_s") or []) if v is not None]
+    st = [v for v in (_num(x) for x in summ.get("step_time_samples_s") or []) if v is not None]  # timed steps
     if not st:
         st = [v for v in (at(s, "timing_s/step") for s in timed) if v is not None]
     tp = [v for v in (at(s, "perf/throughput") for s in timed) if v is not None]
@@ -113,7 +96,16 @@ def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     # the machine-speed probe of each timed step (bench.speed); kept only when every timed step has one
     pr = [at(s, PROBE_METRIC) for s in timed]
     pr = pr if pr and all(v is not None and v > 0 for v in pr) else []
-    return {"step_time": st, "throughput": tp, "rollout_share": rs, "free_ratio": fr, "speed_probe": pr}
+    shares: dict[str, list[float]] = {f"phase_share/{p}": [] for p in (*PHASES, "other")}
+    for s in timed:
+        step = at(s, "timing_s/step")
+        if not step:
+            continue
+        parts = {p: at(s, m) or 0.0 for p, m in PHASES.items()}
+        for p, v in parts.items():
+            shares[f"phase_share/{p}"].append(v / step)
+        shares["phase_share/other"].append(max(0.0, 1.0 - sum(parts.values()) / step))
+    return {"step_time": st, "throughput": tp, "rollout_share": rs, "free_ratio": fr, "speed_probe": pr, **shares}
 
 
 #: per-step metrics that identify the work a step did (same values = same prompts and responses)
@@ -227,7 +219,7 @@ def snapshot(sweep: Path, results_root: Path | None = None) -> dict[str, Any]:
             rel = sweep.resolve().relative_to(Path(results_root).resolve()).as_posix()
         except ValueError:
             rel = f"{meta.get('matrix_name')}/{sweep.name}"
-    return {
+    out = {
         "format": FORMAT, "format_version": FORMAT_VERSION,
         "engine": meta.get("engine"), "platform": meta.get("platform"),
         "versions": meta.get("versions") or {}, "git_commit": meta.get("git_commit"),
@@ -237,8 +229,27 @@ def snapshot(sweep: Path, results_root: Path | None = None) -> dict[str, Any]:
         "base": matrix.get("base") or {}, "design": matrix.get("design") or {},
         "repeats": repeats, "varied": plan.get("varied") or [], "aliases": plan.get("aliases") or [],
         "expect": matrix.get("expect") or [],
+        "order": {k: v for k, v in (meta.get("order") or {"kind": "sequential", "seed": None}).items() if k != "runs"},
         "cells": cells,
     }
+    check_snapshot(out, str(sweep / SWEEP))
+    return out
+
+
+def check_snapshot(data: dict[str, Any], where: str) -> Snapshot:
+    """Validate a snapshot or baseline dict against :class:`bench.model.Snapshot`; returns the typed model.
+
+    Raises:
+        BenchError: one line naming ``where``, the first offending key and the problem.
+    """
+    from pydantic import ValidationError
+
+    try:
+        return Snapshot.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = ".".join(str(x) for x in err.get("loc", ()))
+        raise BenchError(f"{where}: {loc}: {err.get('msg')}") from None
 
 
 def cpu_pressure(cell_or_snap: dict[str, Any]) -> float | None:
@@ -344,6 +355,7 @@ def load_baseline(ref: str, results: Path) -> dict[str, Any]:
         if key not in data:
             raise BenchError(f"{path}: baseline file lacks {key!r}")
     check_baseline_shape(data, path)
+    check_snapshot(data, str(path))
     data["_path"] = str(path)
     return data
 

@@ -14,8 +14,9 @@ from rich.table import Table
 
 from bench.engines.base import get_engine
 from bench.matrix import load_matrix
+from bench.model import SUMMARY_STEP_TIME
 from bench.optimizations import FACTOR_KEYS
-from bench.plan import Plan, make_plan
+from bench.plan import ORDERS, Plan, RunOrder, make_plan, new_order_seed, run_order
 from bench.results import check_writable
 
 
@@ -41,6 +42,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GRPO steps per smoke cell (1-10, default 2)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run each cell as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")
+    p.add_argument("--order", choices=ORDERS, default="blocked",
+                   help="run order of a new sweep: blocked (default: block k = repeat k of every cell, shuffled "
+                        "with a recorded seed, so machine drift is not confounded with the factors) or sequential "
+                        "(every repeat of one cell, then the next; for debugging). A resumed sweep keeps its order")
+    p.add_argument("--order-seed", type=int, default=None, metavar="N",
+                   help="shuffle seed of the blocked order (default: a fresh random seed, recorded in sweep.json)")
 
 
 def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -> Plan:
@@ -77,6 +84,16 @@ def _levels(levels: dict[str, int | None]) -> str:
     return " ".join(f"{k}={'n/a' if v is None else v}" for k, v in levels.items())
 
 
+def print_order(plan: Plan, order: RunOrder, console: Console) -> None:
+    """The execution order of the runs (``--dry-run``): kind, seed, and per block the cells in turn."""
+    labels = {r.cell_id: r.label for r in plan.runs}
+    seed = f", seed {order.seed} (pass --order-seed {order.seed} to run exactly this order)" if order.seed is not None else ""
+    console.print(f"\n[bold]run order[/]: {order.kind}{seed}; {len(order.runs)} runs", markup=True)
+    for i, (cid, k) in enumerate(order.runs, 1):
+        block = f"block {k} " if order.blocked() else ""
+        console.print(f"  {i:>3}. {block}{labels.get(cid, cid)} ({cid}) r{k}", markup=False)
+
+
 def print_plan(plan: Plan, console: Console) -> None:
     """The ``--dry-run`` listing: runs with argv/env/patches, merged cells, dropped cells and why."""
     console.print(f"[bold]{plan.matrix_name}[/]: engine={plan.engine} platform={plan.platform} "
@@ -110,14 +127,16 @@ def print_plan(plan: Plan, console: Console) -> None:
 
 
 class ConsoleView:
-    """Progress bar over cell repeats plus a line per finished run (a growing live table)."""
+    """Progress bar over cell repeats plus a line per finished run (a growing live table).
+
+    Each line shows the run's own median timed step (raw seconds); speedups are a cell statistic and
+    appear only in the final table (:func:`summary_table`, the rows of ``summary.md``)."""
 
     def __init__(self, console: Console):
         self.console = console
         self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                                  TimeElapsedColumn(), console=console, transient=True)
         self.task = None
-        self.ref: float | None = None
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
         if kind == "start":
@@ -125,24 +144,24 @@ class ConsoleView:
             self.console.print(f"{verb}: {data['sweep_dir']}")
             self.progress.start()
             self.task = self.progress.add_task("cells", total=data["total"])
-            self.console.print(f"{'status':8} {'cell':34} {'rep':>3} {'step s':>8} {'speedup':>8} "
+            if data.get("order"):
+                seed = f", seed {data['order_seed']}" if data.get("order_seed") is not None else ""
+                self.console.print(f"run order: {data['order']}{seed}")
+            self.console.print(f"{'status':8} {'cell':34} {'rep':>3} {'step s':>8} "
                                f"{'rollout':>8} {'Free':>6}")
         elif kind == "launch":
             self.progress.update(self.task, description=f"running {data['spec'].label} r{data['repeat']}")
         elif kind in ("done", "skip"):
             rec = data["record"] or {}
             s = rec.get("summary") or {}
-            st = s.get("step_time_median_s")
-            if data["spec"].is_all_off() and st and self.ref is None:
-                self.ref = st
-            speed = f"{self.ref / st:8.3f}" if (self.ref and st) else f"{'-':>8}"
+            st = s.get(SUMMARY_STEP_TIME)
             status = ("cached" if kind == "skip" else rec.get("status", "?"))
             fr, rs = s.get("free_ratio_median"), s.get("rollout_share_median")
             label = data["spec"].label
             if self.console.is_terminal:
                 label = label[:34]  # a terminal's width is known; a log keeps the whole label
             line = (f"{status:8} {label:34} {data['repeat']:>3} "
-                    f"{(f'{st:.3f}' if st else '-'):>8} {speed} {(f'{rs:.3f}' if rs is not None else '-'):>8} "
+                    f"{(f'{st:.3f}' if st else '-'):>8} {(f'{rs:.3f}' if rs is not None else '-'):>8} "
                     f"{(f'{fr:.3f}' if fr is not None else '-'):>6}")
             if rec.get("status") == "failed":
                 line += f"  {rec.get('failure_kind')}: {rec.get('reason', '')[:100]}"
@@ -156,7 +175,8 @@ class ConsoleView:
 
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
-    """The final rich table of cells (factor columns only for factors that apply and vary)."""
+    """The final rich table of cells: the rows of ``summary.md`` (:func:`bench.sweep.cell_rows`), factor
+    columns only for factors that apply and vary."""
     head, body = _summary_columns(rows)
     t = Table(title="cells")
     for col in head:
@@ -173,10 +193,11 @@ PLAIN_WIDTH = 160
 def _summary_columns(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and text cells of the final table (shared by the rich and the plain layout)."""
     factors = [k for k in FACTOR_KEYS if len({r[k] for r in rows}) > 1 or any(r[k] not in ("n/a", "0") for r in rows)]
-    head = ["cell", *factors, "step s", "IQR", "speedup", "rollout", "Free", "status"]
+    head = ["cell", *factors, "step s", "raw s", "IQR", "speedup", "rollout", "Free", "status"]
     body = [[r["label"], *[r[k] for k in factors],
              *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
-               (r["step_time_median_s"], r["step_time_iqr_s"], r["speedup"], r["rollout_share"], r["free_ratio"])),
+               (r["step_time_s"], r["step_time_raw_s"], r["step_time_iqr_s"], r["speedup"], r["rollout_share"],
+                r["free_ratio"])),
              r["status"] + (f": {r['reason'][:60]}" if r["reason"] else "")] for r in rows]
     return head, body
 
@@ -237,8 +258,12 @@ def main(args: argparse.Namespace) -> int:
         if len(plan.runs) < len(make_plan(matrix, strict=False).runs):
             # its own sweep: a subset neither resumes nor is resumed by the sweep of every cell
             matrix.selected_cells = sorted(r.cell_id for r in plan.runs)
+    order_seed = getattr(args, "order_seed", None)
+    order_kind = getattr(args, "order", "blocked")
     if args.dry_run:
         print_plan(plan, console)
+        seed = (order_seed if order_seed is not None else new_order_seed()) if order_kind == "blocked" else None
+        print_order(plan, run_order([r.cell_id for r in plan.runs], plan.repeats, order_kind, seed), console)
         return 0
     get_engine(matrix.engine).preflight(matrix, [r.launch for r in plan.runs], plan.platform)
     check_writable(args.results)
@@ -247,7 +272,7 @@ def main(args: argparse.Namespace) -> int:
     view = ConsoleView(console)
     try:
         out = Sweep(matrix, plan, args.results, args.tracking_uri, executor=make_executor(args, matrix.engine, plan.platform),
-                    force=args.force, on_event=view).run()
+                    force=args.force, on_event=view, order=order_kind, order_seed=order_seed).run()
     finally:
         view.stop()
     print_summary(out.rows, console)

@@ -198,3 +198,71 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
         resolution=design.resolution,
         repeats=matrix.repeats,
     )
+
+
+# -- run order ----------------------------------------------------------------------------------
+
+#: run orders of a sweep: ``blocked`` (default) and ``sequential`` (every repeat of cell 1, then cell 2 ...)
+ORDERS = ("blocked", "sequential")
+
+
+class RunOrder(BaseModel):
+    """The planned execution order of a sweep's runs, recorded in ``sweep.json`` (key ``order``).
+
+    Attributes:
+        kind: ``blocked`` or ``sequential``.
+        seed: the shuffle seed (``None`` for ``sequential``).
+        runs: ``[cell_id, repeat]`` in execution order; in a blocked order, block ``k`` = the runs of repeat ``k``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str
+    seed: int | None = None
+    runs: list[tuple[str, int]]
+
+    def blocked(self) -> bool:
+        """Whether repeat ``k`` of every run spec ran in time block ``k`` (the report's block factor)."""
+        return self.kind == "blocked"
+
+
+def new_order_seed() -> int:
+    """A fresh random seed for the blocked order (31 bits, from the OS entropy pool)."""
+    import secrets
+
+    return secrets.randbits(31)
+
+
+def run_order(cell_ids: list[str], repeats: int, kind: str = "blocked", seed: int | None = None) -> RunOrder:
+    """The execution order of ``repeats`` repeats of each run spec.
+
+    * ``blocked``: block ``k`` (``k = 0 .. repeats-1``) holds repeat ``k`` of every run spec, in an order
+      shuffled by ``numpy.random.default_rng([seed, k]).permutation``; blocks run one after another.
+      This is a randomized complete block design with time as the block (Montgomery, *Design and
+      Analysis of Experiments*, 9th ed., sec. 4.1; asv ``--interleave-rounds`` does the same for
+      benchmarks): a drift of the machine over the sweep moves whole blocks, which the report's block
+      factor absorbs, and the shuffle keeps what drift remains inside a block from lining up with a factor.
+    * ``sequential``: every repeat of the first spec, then of the second ... (for debugging; confounds
+      drift with the factors).
+
+    Args:
+        cell_ids: the plan's run specs, plan order.
+        repeats: repeats per spec (>= 1).
+        kind: one of :data:`ORDERS`.
+        seed: shuffle seed (required for ``blocked``; ignored for ``sequential``).
+
+    Raises:
+        BenchError: unknown ``kind`` or a blocked order without a seed.
+    """
+    import numpy as np
+
+    if kind not in ORDERS:
+        raise BenchError(f"--order {kind}: unknown run order (allowed: {', '.join(ORDERS)})")
+    if kind == "sequential":
+        return RunOrder(kind=kind, seed=None, runs=[(c, k) for c in cell_ids for k in range(repeats)])
+    if seed is None:
+        raise BenchError("a blocked run order needs a seed")
+    runs: list[tuple[str, int]] = []
+    for k in range(repeats):
+        perm = np.random.default_rng([int(seed), k]).permutation(len(cell_ids))
+        runs += [(cell_ids[int(i)], k) for i in perm]
+    return RunOrder(kind=kind, seed=int(seed), runs=runs)

@@ -5,22 +5,28 @@ under ``report/``, effect metrics, tag ``bench.report``):
 
 * ``report.md``: the tables below, with the plots linked; ``report.json``: the same numbers;
   ``effects.csv``: the model terms;
-* per cell: speedup vs the all-off cell (``all-off median / cell median`` through the Hodges-Lehmann
-  shift of log step times) with its bootstrap interval (over repeats) and Mann-Whitney p
-  (:func:`bench.stats.compare`) -> ``speedup.png``;
-* main effects and two-factor interactions: OLS (statsmodels) of log step time, every timed step of
-  every repeat one observation, factors coded +-1 (effect = 2 x coefficient; factors with more than
-  two levels dummy-coded vs their first level); for fractional designs the alias structure (pyDOE3)
-  and which interactions are confounded -> ``effects.png``;
+* the unit of replication is the **run**: each finished run is summarized by its value
+  (:func:`bench.model.run_value`: median of its timed steps, speed-normalized when every run timed the
+  probe) and every interval and p value below is computed from run values, never from steps as if they
+  were independent samples; the time block (repeat ``k`` of a blocked sweep) is a fixed factor;
+* per cell: speedup vs the all-off cell (:func:`bench.model.speedup` of the cells' geometric-mean run
+  values, the same number as ``summary.md``) with a t interval and p value from the log run values and
+  the pooled residual SD of the cell-means model (:func:`bench.stats.run_contrast`) -> ``speedup.png``;
+* main effects and two-factor interactions: OLS (statsmodels) of the log run values, factors coded +-1
+  (effect = 2 x coefficient; factors with more than two levels dummy-coded vs their first level), the
+  block as a factor, residual degrees of freedom stated, Holm-adjusted p values deciding "significant";
+  with one run per cell, estimates only (no run-to-run variance to test against); for fractional
+  designs the alias structure (pyDOE3) and which interactions are confounded -> ``effects.png``;
 * phase breakdown per cell (gen, old_log_prob, ref, update_actor, other = step - those, reward and
-  adv included) as a stacked bar, with the rollout share and the Free ratio -> ``phases.png``;
+  adv included): each phase's mean share of the timed steps times the cell's step time, so the bars add
+  up to the table's step time; with the rollout share and the Free ratio -> ``phases.png``;
 * the rollout long tail (article 2.6): response length min / mean / max per cell and the decode slots
   wasted waiting for the longest sample, ``1 - mean/max`` -> ``long_tail.png``;
 * the article's reported gains (+30 % end to end, ~+15 % dynamic bsz, +9 % task queue, +8 % mc2)
   beside ours -> ``article.png``;
 * the minimal detectable effect given the measured noise (within-run and run-to-run), for a
   two-cell comparison, a main effect, and the gate against a baseline;
-* the matrix's ``expect`` claims, when it has some.
+* the matrix's ``expect`` claims, when it has some, judged on the runs (:func:`claims_on_runs`).
 """
 
 from __future__ import annotations
@@ -36,15 +42,16 @@ from typing import Any
 
 import numpy as np
 
-from bench.baseline import pairable, snapshot
+from bench.baseline import snapshot
 from bench.errors import BenchError
 from bench.gate import DEFAULT_ALPHA as GATE_ALPHA
 from bench.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.gate import check_expectations, validate_expect
+from bench.model import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
 from bench.optimizations import FACTOR_KEYS, REGISTRY, applicability
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 from bench.speed import normalize_snapshot
-from bench.stats import N_BOOT, compare, fit_effects, mde_from_se, noise_components
+from bench.stats import N_BOOT, cell_means_residual, fit_effects, mde_from_se, noise_components, run_contrast
 
 #: the article's end-to-end claim (summary) and the stacked phases of the plot
 ARTICLE_E2E = 0.30
@@ -53,93 +60,124 @@ PHASE_COLORS = {"gen": "#4c72b0", "old_log_prob": "#dd8452", "ref": "#55a868", "
                 "other": "#9d9d9d"}
 
 
-def _med(values: list[float | None]) -> float | None:
-    v = [float(x) for x in values if x is not None and math.isfinite(float(x))]
-    return float(np.median(v)) if v else None
+def _ok_cells(m: Snapshot) -> list[CellResult]:
+    return [c for c in m.cells if c.status == "ok" and run_values(c, "step_time")]
 
 
-def _ok_repeats(cell: dict[str, Any]) -> list[dict[str, Any]]:
-    return [r for r in cell["repeats"] if r.get("status") == "ok"]
-
-
-def _step_groups(cell: dict[str, Any]) -> list[list[float]]:
-    return [r["samples"]["step_time"] for r in _ok_repeats(cell) if r["samples"]["step_time"]]
-
-
-def _varied(cells: list[dict[str, Any]]) -> list[str]:
+def _varied(cells: list[CellResult]) -> list[str]:
     """Applicable factors that take more than one level among the cells, registry order."""
-    return [k for k in FACTOR_KEYS if len({c["levels"].get(k) for c in cells if c["levels"].get(k) is not None}) > 1]
+    return [k for k in FACTOR_KEYS if len({c.levels.get(k) for c in cells if c.levels.get(k) is not None}) > 1]
 
 
-def _reference(cells: list[dict[str, Any]]) -> dict[str, Any] | None:
-    ref = next((c for c in cells if c.get("all_off")), None)
-    if ref is None and cells:
-        lows = {k: min(c["levels"][k] for c in cells) for k in cells[0]["levels"] if cells[0]["levels"][k] is not None}
-        ref = next((c for c in cells if all(c["levels"][k] == v for k, v in lows.items())), None)
-    return ref
+def _log_runs(m: Snapshot, metric: str = "step_time") -> dict[str, list[tuple[int, float]]]:
+    """Per finished cell id, its runs as ``(block = repeat, log run value)``: the observations of every test."""
+    return {c.cell_id: [(k, math.log(v)) for k, v in run_values(c, metric) if v > 0] for c in _ok_cells(m)}
 
 
-def cell_table(snap: dict[str, Any], alpha: float, n_boot: int, seed: int) -> tuple[list[dict[str, Any]], str | None]:
-    """Per cell: medians, speedup vs the all-off cell with CI, phases, long tail. Returns (rows, reference label)."""
-    cells = snap["cells"]
-    ok = [c for c in cells if c["status"] == "ok" and _step_groups(c)]
-    ref = _reference(ok)
+def replication(m: Snapshot) -> dict[str, Any]:
+    """The unit of replication of the report's tests and its residual variance.
+
+    ``sd``/``df``: residual SD of the log run value and its degrees of freedom in the cell-means model
+    (with the time block when the sweep ran blocked; :func:`bench.stats.cell_means_residual`);
+    ``runs_per_cell``: the most ok runs of a cell; ``note`` when no run-to-run variance can be estimated.
+    """
+    logs = _log_runs(m)
+    blocked = m.blocked()
+    sd, df = cell_means_residual(list(logs.values()), blocked=blocked)
+    most = max((len(v) for v in logs.values()), default=0)
+    out = {"unit": "run", "blocked": blocked, "order": (m.order or {}).get("kind", "sequential"),
+           "order_seed": (m.order or {}).get("seed"), "sd": sd, "df": df, "runs_per_cell": most,
+           "runs": sum(len(v) for v in logs.values()), "note": ""}
+    if most <= 1 or sd is None:
+        out["note"] = ("one run per cell: no run-to-run variance can be estimated, so the report gives estimates "
+                       "without intervals, p values or verdicts (add repeats)")
+    elif not blocked:
+        out["note"] = ("the sweep ran in sequential order: machine drift during the sweep is confounded with the "
+                       "cells and no block factor can absorb it (rerun with the default --order blocked)")
+    return out
+
+
+def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]], str | None]:
+    """Per cell: values of :mod:`bench.model` (step time, speedup vs the all-off cell, rollout share, Free
+    ratio, throughput), the speedup's interval and p value from the runs (:func:`bench.stats.run_contrast`
+    with the pooled residual SD of :func:`replication`), phases and long tail. Returns (rows, reference label).
+
+    Phases: each phase's mean share of the timed steps (``other`` = the rest of the step) times the cell's
+    step time, so that the bars add up to the step time of the table.
+    """
+    m = Snapshot.model_validate(snap)
+    st = cell_stats(m, "step_time")
+    other = {k: cell_stats(m, k) for k in ("rollout_share", "free_ratio", "throughput")}
+    ok = _ok_cells(m)
+    ref = reference_cell(ok)
+    logs = _log_runs(m)
+    rep = replication(m)
     rows = []
-    for c in cells:
-        reps = _ok_repeats(c)
-        summ = [r["summary"] for r in reps]
-        samples = [t for g in _step_groups(c) for t in g]
-        row: dict[str, Any] = {"cell": c["label"], "cell_id": c["cell_id"], "levels": c["levels"], "status": c["status"],
-                               "runs_ok": len(reps), "runs": len(c["repeats"]) + len(c.get("missing_repeats") or []),
-                               "n_steps": len(samples), "step_time_median_s": _med(samples),
-                               "rollout_share": _med([s.get("rollout_share_median") for s in summ]),
-                               "free_ratio": _med([s.get("free_ratio_median") for s in summ]),
-                               "throughput": _med([s.get("throughput_median") for s in summ]),
-                               "phases": {p: _med([(s.get("phase_median_s") or {}).get(p) for s in summ])
-                                          for p in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "other")},
-                               "response_length_mean": _med([s.get("response_length_mean") for s in summ]),
-                               "response_length_max": _med([s.get("response_length_max") for s in summ]),
-                               "response_length_min": _med([s.get("response_length_min") for s in summ]),
-                               "long_tail_waste": _med([s.get("long_tail_waste_median") for s in summ]),
-                               "speedup": None, "speedup_ci": [None, None], "p_value": None, "reason": ""}
-        if c["status"] != "ok":
-            row["reason"] = "; ".join(f"r{f['repeat']} {f['kind']}: {f['reason'][:120]}" for f in c["failures"]) or \
-                f"unfinished (repeats {c.get('missing_repeats')})"
-        elif ref is not None and samples:
+    for c in m.cells:
+        reps = c.ok_repeats()
+        summ = [r.summary for r in reps]
+        samples = [t for g in c.groups("step_time") for t in g]
+        value = st[c.cell_id]["value"]
+        shares = {p: float(np.mean([np.mean(getattr(r.samples, f"phase_share/{p}", None) or [np.nan]) for r in reps]))
+                  if reps else None for p in ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor", "other")}
+        row: dict[str, Any] = {"cell": c.label, "cell_id": c.cell_id, "levels": c.levels, "status": c.status,
+                               "runs_ok": len(reps), "runs": len(c.repeats) + len(c.missing_repeats),
+                               "n_steps": len(samples), "step_time_s": value,
+                               "rollout_share": other["rollout_share"][c.cell_id]["value"],
+                               "free_ratio": other["free_ratio"][c.cell_id]["value"],
+                               "throughput": other["throughput"][c.cell_id]["value"],
+                               "phases": {p: (v * value if v is not None and value is not None and math.isfinite(v)
+                                              else None) for p, v in shares.items()},
+                               "response_length_mean": cell_value([s.get("response_length_mean") for s in summ]),
+                               "response_length_max": cell_value([s.get("response_length_max") for s in summ]),
+                               "response_length_min": cell_value([s.get("response_length_min") for s in summ]),
+                               "long_tail_waste": cell_value([s.get("long_tail_waste_median") for s in summ]),
+                               "speedup": st[c.cell_id]["speedup"], "speedup_ci": [None, None], "p_value": None,
+                               "reason": ""}
+        if c.status != "ok":
+            row["reason"] = "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures) or \
+                f"unfinished (repeats {c.missing_repeats})"
+        elif ref is not None and c.cell_id in logs:
             if c is ref:
-                row.update(speedup=1.0, speedup_ci=[1.0, 1.0])
+                row.update(speedup_ci=[1.0, 1.0])
             else:
-                cmp = compare(_step_groups(ref), _step_groups(c), alpha=alpha, n_boot=n_boot, seed=seed,
-                              paired=pairable(ref, c, "step_time"))
-                if cmp.change is not None:
-                    row["speedup"] = 1.0 / (1.0 + cmp.change)
-                    if cmp.ci_low is not None:
-                        row["speedup_ci"] = [1.0 / (1.0 + cmp.ci_high), 1.0 / (1.0 + cmp.ci_low)]
-                    row["p_value"] = cmp.p_value
-                    row["test"] = cmp.test
+                con = run_contrast([y for _, y in logs[ref.cell_id]], [y for _, y in logs[c.cell_id]], rep["sd"],
+                                   rep["df"], alpha=alpha)
+                if con.ci_low is not None:
+                    row["speedup_ci"] = [math.exp(-con.ci_high), math.exp(-con.ci_low)]
+                row["p_value"] = con.p_value
+                row["test"] = f"t on log run values, {con.df} df" if con.p_value is not None else "none (one run per cell)"
         rows.append(row)
-    return rows, (ref["label"] if ref else None)
+    return rows, (ref.label if ref else None)
 
 
 def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> dict[str, Any]:
-    """OLS main effects and interactions on log step time, plus the alias structure of the design."""
-    ok = [c for c in snap["cells"] if c["status"] == "ok" and _step_groups(c)]
+    """Main effects and interactions with the run as the unit of replication, plus the design's alias structure.
+
+    One observation per finished run: the log of its value (:func:`bench.model.run_value`: median timed
+    step, speed-normalized when the snapshot is); the time block (= repeat) is a fixed factor when the
+    sweep ran blocked (:func:`bench.stats.fit_effects`).
+    """
+    m = Snapshot.model_validate(snap)
+    ok = _ok_cells(m)
     varied = _varied(ok)
+    rep = replication(m)
     out: dict[str, Any] = {"varied": varied, "design": (snap.get("design") or {}).get("type"),
-                           "aliases": snap.get("aliases") or [], "resolution": None, "fit": None, "note": ""}
+                           "aliases": snap.get("aliases") or [], "resolution": None, "fit": None, "note": "",
+                           "replication": rep}
     if not varied:
         out["note"] = "no factor varies among the finished cells: no effect to estimate"
         return out
-    obs, y = [], []
+    logs = _log_runs(m)
+    obs, y, blocks = [], [], []
     for c in ok:
-        lv = {k: c["levels"][k] for k in varied}
-        for g in _step_groups(c):
-            for t in g:
-                if t > 0:
-                    obs.append(lv)
-                    y.append(math.log(t))
+        for k, v in logs[c.cell_id]:
+            obs.append({f: c.levels[f] for f in varied})
+            y.append(v)
+            blocks.append(k)
     try:
-        fit = fit_effects(obs, y, varied, alpha=alpha, interactions=interactions)
+        fit = fit_effects(obs, y, varied, alpha=alpha, interactions=interactions,
+                          blocks=blocks if rep["blocked"] else None, unit="run", replicated=rep["runs_per_cell"] > 1)
     except ValueError as exc:
         out["note"] = str(exc)
         return out
@@ -151,7 +189,8 @@ def article_rows(snap: dict[str, Any], rows: list[dict[str, Any]], eff: dict[str
     """The article's reported gains beside ours (gain = speedup - 1, i.e. step time ratio all-off / cell - 1)."""
     by_levels = {tuple(sorted((k, v) for k, v in r["levels"].items())): r for r in rows if r["status"] == "ok"}
     ok_cells = [c for c in snap["cells"] if c["status"] == "ok"]
-    ref = _reference(ok_cells)
+    ref_m = reference_cell([c for c in Snapshot.model_validate(snap).cells if c.status == "ok"])
+    ref = next((c for c in ok_cells if ref_m is not None and c["cell_id"] == ref_m.cell_id), None)
     terms = {t["name"]: t for t in ((eff.get("fit") or {}).get("terms") or [])}
     out = []
 
@@ -189,36 +228,42 @@ def article_rows(snap: dict[str, Any], rows: list[dict[str, Any]], eff: dict[str
             if t is not None:
                 # a negative effect on log step time is a gain: gain = exp(-effect) - 1
                 row["ours_effect"] = math.expm1(-t["effect"])
-                row["ours_effect_ci"] = [math.expm1(-t["ci_high"]), math.expm1(-t["ci_low"])]
+                if t["ci_low"] is not None:
+                    row["ours_effect_ci"] = [math.expm1(-t["ci_high"]), math.expm1(-t["ci_low"])]
             row["note"] = f"cell: {key}={on_level} alone vs all-off; effect: OLS main effect averaged over the other factors"
         out.append(row)
     return out
 
 
 def mde_section(snap: dict[str, Any], alpha: float, eff: dict[str, Any]) -> dict[str, Any]:
-    """Minimal detectable effects (80 % power) given the measured noise of log step time."""
-    ok = [c for c in snap["cells"] if c["status"] == "ok" and _step_groups(c)]
-    noise = noise_components([_step_groups(c) for c in ok])
-    out: dict[str, Any] = {"noise": noise.to_dict(), "power": 0.8, "alpha": alpha}
-    sd = noise.run_mean_sd()
+    """Minimal detectable effects (80 % power) given the measured noise of log step time.
+
+    The noise of a run's value is the residual SD of the cell-means model of the log run values
+    (:func:`replication`); without replicated runs it is estimated from the steps
+    (:func:`bench.stats.noise_components`: ``sqrt(sd_run^2 + sd_step^2 / steps)``, run-to-run part unknown).
+    """
+    m = Snapshot.model_validate(snap)
+    ok = _ok_cells(m)
+    noise = noise_components([c.groups("step_time") for c in ok])
+    rep = (eff.get("replication") or replication(m))
+    out: dict[str, Any] = {"noise": noise.to_dict(), "power": 0.8, "alpha": alpha, "unit": "run"}
+    sd = rep["sd"] if rep.get("sd") is not None else noise.run_mean_sd()
+    out["run_sd"], out["run_sd_source"] = sd, ("runs (cell-means model)" if rep.get("sd") is not None else
+                                               "steps only: run-to-run variance unknown (one run per cell)")
     if sd is None:
         out["note"] = "too few samples to measure the noise"
         return out
-    r = max(noise.runs_per_cell, 1.0)
-    k = noise.steps_per_run
-    # comparing two cells of this sweep: each cell's mean log time has variance sd^2 / r
+    r = float(max(rep.get("runs_per_cell") or 1, 1))
+    n_runs = sum(len(run_values(c)) for c in ok)
+    # comparing two cells of this sweep: each cell's mean log run value has variance sd^2 / r
     se_cells = math.sqrt(2.0) * sd / math.sqrt(r)
     out["two_cells"] = mde_from_se(se_cells, alpha=alpha)
     # a +-1 main effect over N runs: var(effect) = 4 sd^2 / N
-    n_runs = sum(len(_step_groups(c)) for c in ok)
     if eff.get("fit") and n_runs:
         out["main_effect"] = mde_from_se(2.0 * sd / math.sqrt(n_runs), alpha=alpha)
-        ses = [t["se"] for t in eff["fit"]["terms"] if t["kind"] == "main"]
-        if ses:
-            out["main_effect_ols_se"] = mde_from_se(float(np.mean(ses)), alpha=alpha)
     # the gate against a baseline with the same counts: the threshold and its alpha also apply
     out["gate"] = mde_from_se(se_cells, alpha=GATE_ALPHA, threshold=GATE_THRESHOLD)
-    out["runs_per_cell"], out["steps_per_run"], out["runs"] = r, k, n_runs
+    out["runs_per_cell"], out["steps_per_run"], out["runs"] = r, noise.steps_per_run, n_runs
     return out
 
 
@@ -258,15 +303,16 @@ def plot_effects(eff: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.5, max(2.5, 0.45 * len(terms) + 1.2)))
     y = np.arange(len(terms))[::-1]
     ch = np.array([100 * t["change"] for t in terms])
-    lo = np.array([100 * t["change_ci_low"] for t in terms])
-    hi = np.array([100 * t["change_ci_high"] for t in terms])
+    lo = np.array([100 * t["change_ci_low"] if t["change_ci_low"] is not None else 100 * t["change"] for t in terms])
+    hi = np.array([100 * t["change_ci_high"] if t["change_ci_high"] is not None else 100 * t["change"] for t in terms])
     ax.barh(y, ch, color=["#4c72b0" if t["kind"] != "interaction" else "#8172b2" for t in terms])
     ax.errorbar(ch, y, xerr=[ch - lo, hi - ch], fmt="none", ecolor="black", capsize=3)
     ax.axvline(0, color="black", lw=0.8)
     ax.set_yticks(y, [t["name"] for t in terms], fontsize=8)
     ax.set_xlabel("step time change, low -> high level (%)  (negative = faster)")
     lvl = (eff.get("fit") or {}).get("level", 0.95)
-    ax.set_title(f"Main effects and interactions\n(OLS on log step time, {lvl:.0%} CI)", fontsize=10)
+    unit = (eff.get("fit") or {}).get("unit", "run")
+    ax.set_title(f"Main effects and interactions\n(OLS on log {unit} step time, {lvl:.0%} CI)", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -274,7 +320,7 @@ def plot_effects(eff: dict[str, Any], path: Path) -> None:
 
 def plot_phases(rows: list[dict[str, Any]], path: Path) -> None:
     plt = _plt()
-    rs = [r for r in rows if r["status"] == "ok" and r["step_time_median_s"]]
+    rs = [r for r in rows if r["status"] == "ok" and r["step_time_s"]]
     fig, ax = plt.subplots(figsize=(max(5, 0.9 * len(rs) + 2.5), 4.2))
     x = np.arange(len(rs))
     bottom = np.zeros(len(rs))
@@ -297,7 +343,7 @@ def plot_phases(rows: list[dict[str, Any]], path: Path) -> None:
             txt.append(f"Free {r['free_ratio']:.0%}")
         ax.text(i, bottom[i] * 1.01, "\n".join(txt), ha="center", va="bottom", fontsize=7)
     ax.set_xticks(x, [r["cell"] for r in rs], rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("median seconds per step")
+    ax.set_ylabel("seconds per step (phase share x step time)")
     ax.set_ylim(0, max(bottom.max() if len(bottom) else 1, 1e-9) * 1.25)
     ax.set_title("Phase breakdown per cell (rollout share, Free ratio above)")
     ax.legend(fontsize=7, loc="upper left", ncols=5)
@@ -382,27 +428,41 @@ def render(data: dict[str, Any]) -> str:
         L += ["**Cells not finished** (left out of every statistic):", ""]
         L += [f"- `{r['cell']}` ({r['status']}): {r['reason']}" for r in data["failed"]] + [""]
     varied = data["effects"]["varied"]
-    L += ["## Cells", "", "| cell | " + " | ".join(varied) + f" | runs | steps | step time s | speedup [{lvl:.0%} CI] | p | "
+    rep = data["replication"]
+    L += ["## Cells", "",
+          f"Unit of replication: the run ({rep['runs']} runs, at most {rep['runs_per_cell']} per cell; run order "
+          f"{rep['order']}{', seed ' + str(rep['order_seed']) if rep.get('order_seed') is not None else ''}). Step time = "
+          "per run the median timed step, geometric mean over the cell's runs; speedup = all-off / cell; interval and "
+          f"p: t on the log run values with the pooled residual SD of the cell-means model"
+          f"{' with the time block' if rep['blocked'] else ''} ({_f(rep['sd'], '.4f')}, {rep['df']} df)."
+          + (f" **{rep['note']}**" if rep.get("note") else ""), "",
+          "| cell | " + " | ".join(varied) + f" | runs | steps | step time s | speedup [{lvl:.0%} CI] | p | "
           "rollout share | Free ratio | tokens/s |", "|---" * (len(varied) + 9) + "|"]
     for r in data["cells"]:
         ci = r["speedup_ci"]
         sp = f"{_f(r['speedup'])} [{_f(ci[0])}, {_f(ci[1])}]" if r["speedup"] is not None else "-"
         L.append(f"| {r['cell']} | " + " | ".join(str(r["levels"].get(k)) for k in varied) +
-                 f" | {r['runs_ok']}/{r['runs']} | {r['n_steps']} | {_f(r['step_time_median_s'])} | {sp} | "
+                 f" | {r['runs_ok']}/{r['runs']} | {r['n_steps']} | {_f(r['step_time_s'])} | {sp} | "
                  f"{_f(r['p_value'], '.2g')} | {_f(r['rollout_share'])} | {_f(r['free_ratio'])} | {_f(r['throughput'], '.1f')} |")
-    L += ["", "![speedup](speedup.png)", "", "## Effects (OLS on log step time)", ""]
+    L += ["", "![speedup](speedup.png)", "", "## Effects (OLS on per-run log step time)", ""]
     eff = data["effects"]
     fit = eff.get("fit")
     if fit:
-        L += [f"{fit['n_obs']} step samples in {fit['n_cells']} cells; residual SD of log step time "
-              f"{_f(fit['residual_sd'], '.4f')} ({fit['df_resid']:.0f} df). Coding: " +
-              "; ".join(f"{k}: {v}" for k, v in fit["coding"].items()) + ". Steps of one run are treated as independent "
-              "observations (see the noise section for the run-to-run part).", "",
-              f"| term | effect (log) | step time change [{lvl:.0%} CI] | speedup | p | aliased with |", "|---|---|---|---|---|---|"]
+        blocks = f", the {fit['n_blocks']} time blocks as a fixed factor" if fit.get("n_blocks") else ", no block factor"
+        L += [f"**Unit of replication: the {fit['unit']}** ({fit['n_obs']} {fit['unit']}s in {fit['n_cells']} cells"
+              f"{blocks}); one observation per {fit['unit']} = log of its median timed step. Residual SD "
+              f"{_f(fit['residual_sd'], '.4f')} with **{fit['df_resid']:.0f} residual degrees of freedom**; "
+              f"intervals and p values are t-based on them; a term is significant when its Holm-adjusted p "
+              f"(over the terms of this table) is below {data['alpha']}. Coding: "
+              + "; ".join(f"{k}: {v}" for k, v in fit["coding"].items()) + "."
+              + (f" **{fit['note']}.**" if fit.get("note") else ""), "",
+              f"| term | effect (log) | step time change [{lvl:.0%} CI] | speedup | p | p (Holm) | significant | aliased with |",
+              "|---|---|---|---|---|---|---|---|"]
         for t in fit["terms"]:
-            L.append(f"| {t['name']} | {t['effect']:+.4f} | {_pct(t['change'])} [{_pct(t['change_ci_low'])}, "
-                     f"{_pct(t['change_ci_high'])}] | {math.exp(-t['effect']):.3f}x | {t['p_value']:.2g} | "
-                     f"{', '.join(t['aliases']) or '-'} |")
+            ci = f" [{_pct(t['change_ci_low'])}, {_pct(t['change_ci_high'])}]" if t["change_ci_low"] is not None else ""
+            sig = ("yes" if t["significant"] else "no") if t["p_value"] is not None else "not judged"
+            L.append(f"| {t['name']} | {t['effect']:+.4f} | {_pct(t['change'])}{ci} | {math.exp(-t['effect']):.3f}x | "
+                     f"{_f(t['p_value'], '.2g')} | {_f(t['p_adjusted'], '.2g')} | {sig} | {', '.join(t['aliases']) or '-'} |")
         if fit["not_estimable"]:
             L += ["", "Terms left out of the model:", ""]
             L += [f"- `{k}`: {v}" for k, v in fit["not_estimable"].items()]
@@ -449,28 +509,104 @@ def render(data: dict[str, Any]) -> str:
     else:
         L += [f"Noise of log step time: {_f(n['sd_step'], '.4f')} within a run (step to step), "
               f"{_f(n['sd_run'], '.4f')} between runs of one cell; {n['steps_per_run']:.1f} timed steps per run, "
-              f"{n['runs_per_cell']:.1f} runs per cell; SD of one run's mean {_f(n['run_mean_sd'], '.4f')}.", "",
+              f"{n['runs_per_cell']:.1f} runs per cell. SD of one run's value used below: {_f(m.get('run_sd'), '.4f')} "
+              f"(from {m.get('run_sd_source')}).", "",
               f"Smallest true change found with 80 % power (two-sided, alpha {data['alpha']}):", "",
               f"- between two cells of this sweep: {_pct(m.get('two_cells'))}",
-              f"- a main effect ({m.get('runs')} runs): {_pct(m.get('main_effect'))}"
-              + (f" (from the OLS standard errors, which treat steps as independent: {_pct(m.get('main_effect_ols_se'))})"
-                 if m.get("main_effect_ols_se") is not None else ""),
+              f"- a main effect ({m.get('runs')} runs): {_pct(m.get('main_effect'))}",
               f"- by the gate against a baseline with the same counts (threshold {GATE_THRESHOLD:.0%}, alpha {GATE_ALPHA}): "
               f"{_pct(m.get('gate'))}", ""]
     if data.get("expectations"):
-        L += ["## Claims of the matrix `expect` block", "", "| claim | improvement | CI | p | result |", "|---|---|---|---|---|"]
+        L += ["## Claims of the matrix `expect` block", "",
+              "Judged on the runs (t on the log run values of the two cells, pooled residual SD, as the cell table).", "",
+              "| claim | improvement | CI | p | result |", "|---|---|---|---|---|"]
         for e in data["expectations"]:
             ci = e.get("improvement_ci") or [None, None]
             L.append(f"| {e['claim']} | {_pct(e.get('improvement'))} | [{_pct(ci[0])}, {_pct(ci[1])}] | "
                      f"{_f(e.get('p_value'), '.2g')} | {e['result']}{': ' + e['reason'] if e.get('reason') else ''} |")
         L.append("")
     L += ["## Method", "",
-          "Speedup: Hodges-Lehmann shift of log step times (all timed steps of all repeats) between the all-off cell "
-          "and the cell; interval by bootstrap over repeats (and steps when fewer than 4); p from the two-sided Mann-Whitney U test. "
-          "Effects: statsmodels OLS of log step time on +-1 coded factors and their two-factor interactions "
-          "(effect = 2 x coefficient = change of log step time from the low to the high level; step time change = "
-          "exp(effect) - 1; speedup = exp(-effect)). Timed steps exclude warm-up and profiled steps.", ""]
+          "The run is the unit of replication: the timed steps of one run (warm-up and profiled steps excluded) share "
+          "its start-up, placement and machine state, so each run is summarized by its median timed step before any "
+          "test (no p value here treats steps as independent samples). Runs execute in time blocks (block k = repeat k "
+          "of every cell, shuffled with the recorded seed); the block is a fixed factor of the models. "
+          "Speedup: all-off cell's value / the cell's (geometric means over runs of the run medians), interval and p "
+          "from a t test on the log run values with the pooled residual SD of the cell-means model (Montgomery, Design "
+          "and Analysis of Experiments, ch. 4). Effects: statsmodels OLS of the log run values on +-1 coded factors, "
+          "their two-factor interactions and the block (effect = 2 x coefficient = change of log step time from the low "
+          "to the high level; step time change = exp(effect) - 1; speedup = exp(-effect)); p values Holm-adjusted over "
+          "the terms. With one run per cell no run-to-run variance exists to test against: estimates only.", ""]
     return "\n".join(L)
+
+
+def claims_on_runs(snap: dict[str, Any], results: list[dict[str, Any]], alpha: float) -> list[dict[str, Any]]:
+    """Judge the matrix ``expect`` claims on the runs: the cells each claim names (found by
+    :func:`bench.gate.check_expectations`) are compared by :func:`bench.stats.run_contrast` of their run
+    values (log scale for step time and throughput, linear for ratios), as the cell table does; the
+    step-level comparison of the gate is dropped. A claim needing significance is not judged (``error``)
+    with one run per cell."""
+    m = Snapshot.model_validate(snap)
+    by_label = {c.label: c for c in m.cells}
+    out = []
+    for e in results:
+        e = dict(e)
+        out.append(e)
+        if "comparison" not in e or e.get("cell") not in by_label or e.get("reference") not in by_label:
+            continue
+        metric = METRICS[e["metric"]]
+        log = metric.scale == "log"
+        vals = {lab: run_values(by_label[lab], e["metric"]) for lab in (e["reference"], e["cell"])}
+        if log and any(v <= 0 for lab in vals for _, v in vals[lab]):
+            log = False
+        ys = {c.cell_id: [(k, math.log(v) if log else v) for k, v in run_values(c, e["metric"])] for c in _ok_cells(m)}
+        sd, df = cell_means_residual([v for v in ys.values() if v], blocked=m.blocked())
+        ref_y = [math.log(v) if log else v for _, v in vals[e["reference"]]]
+        cell_y = [math.log(v) if log else v for _, v in vals[e["cell"]]]
+        e.pop("comparison")
+        if not ref_y or not cell_y:
+            e.update(result="error", reason="no run values for the claim's cells")
+            continue
+        con = run_contrast(ref_y, cell_y, sd, df, alpha=alpha)
+        ref_mean = float(np.mean(ref_y))
+
+        def change(d: float) -> float:
+            return math.expm1(d) if log else d / ref_mean
+
+        sign = 1.0 if metric.higher_is_better else -1.0
+        imp = sign * change(con.diff)
+        ci = sorted((sign * change(con.ci_low), sign * change(con.ci_high))) if con.ci_low is not None else [None, None]
+        e.update(improvement=imp, improvement_ci=ci, p_value=con.p_value, unit="run", df=con.df,
+                 runs=[con.n_ref, con.n_cell], reason="")
+        ok = (e["at_least"] is None or imp >= e["at_least"]) and (e["at_most"] is None or imp <= e["at_most"])
+        if ok and e["at_least"] is not None and e["at_least"] > 0:
+            if con.p_value is None:
+                e.update(result="error", reason="one run per cell: no run-to-run variance to test the claim against "
+                                                "(add repeats)")
+                continue
+            if not con.p_value < alpha:
+                ok = False
+                e["reason"] = f"not significant on {con.n_ref}+{con.n_cell} runs (p = {con.p_value:.3g} >= {alpha})"
+        e["result"] = "met" if ok else "not met"
+        if not ok and not e["reason"]:
+            e["reason"] = f"improvement {imp:+.1%} outside the claim"
+    return out
+
+
+def analyze(snap: dict[str, Any], *, alpha: float = 0.05, interactions: bool = True) -> dict[str, Any]:
+    """The report's statistics of one (already speed-normalized or raw) snapshot: cell rows, effects,
+    replication, article rows, minimal detectable effects. Pure: no files, no MLflow.
+
+    Raises:
+        BenchError: no finished cell.
+    """
+    rows, ref = cell_table(snap, alpha)
+    if not any(r["status"] == "ok" for r in rows):
+        raise BenchError(f"{snap['source'].get('sweep')}: no finished cell to report on (" +
+                         "; ".join(f"{r['cell']}: {r['reason']}" for r in rows)[:600] + ")")
+    eff = effects(snap, alpha, interactions)
+    return {"reference": ref, "cells": rows, "effects": eff, "replication": eff["replication"],
+            "failed": [r for r in rows if r["status"] != "ok"],
+            "article": article_rows(snap, rows, eff), "mde": mde_section(snap, alpha, eff)}
 
 
 def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BOOT, seed: int = 0,
@@ -478,38 +614,34 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
     """All numbers of the report of one sweep (no files written).
 
     With ``normalize`` (default) and a speed probe in every run (embedded engine on CPU), step times and
-    throughput are speed-normalized to the sweep's median probe time first (:func:`bench.speed.normalize_snapshot`).
+    throughput are speed-normalized to the sweep's median probe time first (:func:`bench.speed.normalize_snapshot`),
+    exactly as ``summary.md`` is. ``n_boot``/``seed`` are kept for the command line; the report's
+    intervals are t intervals on runs and draw no bootstrap.
     """
     snap = snapshot(sweep, results)
     if not snap["cells"]:
         raise BenchError(f"{sweep}: the sweep's plan has no cells")
     # cells of a sweep run minutes apart: read every step time at the sweep's median machine speed
     probe_ref = normalize_snapshot(snap) if normalize else None
-    rows, ref = cell_table(snap, alpha, n_boot, seed)
-    if not any(r["status"] == "ok" for r in rows):
-        raise BenchError(f"{sweep}: no finished cell to report on (" +
-                         "; ".join(f"{r['cell']}: {r['reason']}" for r in rows)[:600] + ")")
-    eff = effects(snap, alpha, interactions)
-    resolution = None
-    meta_res = (snap.get("design") or {}).get("resolution")
+    stats = analyze(snap, alpha=alpha, interactions=interactions)
     from bench.results import read_json
 
     meta = read_json(Path(sweep) / "sweep.json") or {}
-    resolution = (meta.get("plan") or {}).get("resolution") or meta_res
+    resolution = (meta.get("plan") or {}).get("resolution") or (snap.get("design") or {}).get("resolution")
     data = {
-        "format": "grpo-bench-report", "format_version": 1, "created_at": time.time(), "alpha": alpha,
+        "format": "grpo-bench-report", "format_version": 2, "created_at": time.time(), "alpha": alpha,
         "sweep": {"matrix": snap["source"]["matrix"], "sweep_id": snap["source"]["sweep_id"], "sweep": snap["source"]["sweep"],
-                  "engine": snap["engine"], "platform": snap["platform"], "design": eff["design"],
+                  "engine": snap["engine"], "platform": snap["platform"], "design": stats["effects"]["design"],
                   "repeats": snap["repeats"], "versions": snap["versions"], "git_commit": snap.get("git_commit"),
-                  "resolution": resolution, "parent_run_id": snap["source"].get("parent_run_id")},
-        "speed_normalized_to_s": probe_ref, "reference": ref, "cells": rows, "effects": eff,
-        "failed": [r for r in rows if r["status"] != "ok"],
-        "article": article_rows(snap, rows, eff), "mde": mde_section(snap, alpha, eff),
+                  "resolution": resolution, "parent_run_id": snap["source"].get("parent_run_id"),
+                  "order": snap.get("order")},
+        "speed_normalized_to_s": probe_ref, **stats,
     }
     if snap.get("expect"):
         try:
-            data["expectations"] = check_expectations(snap, validate_expect(snap["expect"], snap["source"].get("matrix_file") or sweep),
-                                                      alpha=alpha, n_boot=n_boot, seed=seed)
+            found = check_expectations(snap, validate_expect(snap["expect"], snap["source"].get("matrix_file") or sweep),
+                                       alpha=alpha, n_boot=0, seed=seed, normalize=False)
+            data["expectations"] = claims_on_runs(snap, found, alpha)
         except BenchError as exc:
             data["expectations_error"] = str(exc)
     return data
@@ -531,10 +663,12 @@ def write(data: dict[str, Any], out: Path) -> list[Path]:
         files.append(out / name)
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["term", "kind", "effect_log", "se", "ci_low", "ci_high", "p_value", "step_time_change", "aliases"])
-    for t in ((data["effects"].get("fit") or {}).get("terms") or []):
-        w.writerow([t["name"], t["kind"], t["effect"], t["se"], t["ci_low"], t["ci_high"], t["p_value"], t["change"],
-                    " ".join(t["aliases"])])
+    fit = data["effects"].get("fit") or {}
+    w.writerow(["term", "kind", "effect_log", "se", "ci_low", "ci_high", "p_value", "p_holm", "step_time_change",
+                "aliases", "unit", "df_resid"])
+    for t in fit.get("terms") or []:
+        w.writerow([t["name"], t["kind"], t["effect"], t["se"], t["ci_low"], t["ci_high"], t["p_value"], t["p_adjusted"],
+                    t["change"], " ".join(t["aliases"]), fit.get("unit"), fit.get("df_resid")])
     atomic_write_text(out / "effects.csv", buf.getvalue())
     atomic_write_json(out / "report.json", data)
     atomic_write_text(out / "report.md", render(data))
@@ -572,8 +706,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("sweep", help="the sweep: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
     p.add_argument("--out", type=Path, default=None, metavar="DIR", help="output folder (default: <sweep>/report/)")
     p.add_argument("--alpha", type=float, default=0.05, help="intervals at 1-alpha, tests at alpha (default 0.05)")
-    p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")
-    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N",
+                   help=f"bootstrap resamples (default {N_BOOT}; kept for scripts: the report's intervals are t "
+                        "intervals on run values and draw no bootstrap)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0; see --bootstrap)")
     p.add_argument("--no-interactions", action="store_true", help="main effects only")
     p.add_argument("--normalize", choices=("auto", "off"), default="auto",
                    help="auto (default): speed-normalize step times by the machine-speed probe when every run has "

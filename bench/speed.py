@@ -99,10 +99,13 @@ def normalized_pair(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric
 
 
 def normalized_median(xs: Sequence[float], probes: Sequence[float], ref: float, metric: str) -> float | None:
-    """Median of one run's samples speed-normalized to ``ref``; None when the probes do not cover every sample."""
+    """One run's value (:func:`bench.model.run_value`, the median of its timed-step samples) after speed
+    normalization to ``ref``; None when the probes do not cover every sample."""
+    from bench.model import run_value
+
     if not probes or len(probes) != len(xs):
         return None
-    return float(np.median(normalize([xs], [probes], ref, metric)[0]))
+    return run_value(normalize([xs], [probes], ref, metric)[0])
 
 
 def normalize_snapshot(snap: dict[str, Any]) -> float | None:

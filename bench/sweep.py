@@ -32,9 +32,10 @@ import yaml
 from bench.errors import DiskFullError, doing
 from bench.executors import Executor, LocalExecutor, kill_strays, resolve_launch
 from bench.matrix import Matrix
-from bench.measure._common import iqr, median
+from bench.measure._common import iqr
+from bench.model import SUMMARY_PEAK_MEM, SUMMARY_STEP_TIME, Snapshot, cell_stats
 from bench.optimizations import FACTOR_KEYS, REGISTRY
-from bench.plan import Plan, RunSpec
+from bench.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.record import build_record, is_finished, write_record
 from bench.results import (
     SWEEP,
@@ -84,36 +85,39 @@ def _levels_str(levels: dict[str, int | None]) -> dict[str, str]:
     return {k: ("n/a" if v is None else str(v)) for k, v in levels.items()}
 
 
-def cell_rows(plan_runs: list[dict[str, Any]], records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One summary row per run spec, pooling the timed step samples of all its repeats.
+def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
+    """One summary row per run spec of a sweep snapshot (:func:`bench.baseline.snapshot`).
 
-    ``speedup`` = all-off cell's median step time / this cell's (> 1 = faster). Columns: cell_id, label,
-    one per factor, merged (design cells represented), repeats_ok, repeats, step_time_median_s,
-    step_time_iqr_s, speedup, rollout_share, free_ratio, throughput, peak_memory_gb, status, reason.
+    When the snapshot was speed-normalized (:func:`bench.speed.normalize_snapshot`) every value is at
+    the sweep's median machine speed; ``step_time_raw_s`` keeps the measured seconds. Values come from
+    :mod:`bench.model` (the report and MLflow use the same functions): ``step_time_s`` = geometric mean
+    over the ok repeats of each run's median timed step (s); ``speedup`` = all-off cell's value / this
+    cell's (> 1 = faster); rollout share, Free ratio and throughput likewise per run, then over runs.
+
+    Columns: cell_id, label, one per factor, merged (design cells represented), repeats_ok, repeats,
+    step_time_s, step_time_raw_s, step_time_iqr_s (of the pooled timed steps), speedup, rollout_share,
+    free_ratio, throughput, peak_memory_gb, status, reason, all_off.
     """
-    by_cell: dict[str, list[dict]] = {}
-    for rec in records:
-        by_cell.setdefault(rec["cell_id"], []).append(rec)
+    model = Snapshot.model_validate(snap)
+    st = cell_stats(model, "step_time")
+    raw = cell_stats(model, "step_time_raw")
+    others = {m: cell_stats(model, m) for m in ("rollout_share", "free_ratio", "throughput")}
     rows = []
-    for spec in plan_runs:
-        recs = by_cell.get(spec["cell_id"], [])
-        ok = [r for r in recs if r.get("status") == "ok"]
-        samples = [t for r in ok for t in r["summary"].get("step_time_samples_s", [])]
-        row = {"cell_id": spec["cell_id"], "label": spec["label"], **_levels_str(spec["levels"]),
-               "merged": len(spec["cells"]), "repeats_ok": len(ok), "repeats": len(recs),
-               "step_time_median_s": median(samples), "step_time_iqr_s": iqr(samples),
-               "rollout_share": median(r["summary"].get("rollout_share_median") for r in ok),
-               "free_ratio": median(r["summary"].get("free_ratio_median") for r in ok),
-               "throughput": median(r["summary"].get("throughput_median") for r in ok),
-               "peak_memory_gb": max((r["summary"].get("peak_memory_gb") or 0 for r in ok), default=None),
-               "status": "ok" if ok and len(ok) == len(recs) else ("failed" if recs else "pending"),
-               "reason": next((r.get("reason", "") for r in recs if r.get("status") != "ok"), ""),
-               "all_off": spec.get("all_off", False)}
+    for c in model.cells:
+        ok = c.ok_repeats()
+        samples = [t for g in c.groups("step_time") for t in g]
+        row = {"cell_id": c.cell_id, "label": c.label, **_levels_str(c.levels),
+               "merged": c.merged_cells, "repeats_ok": len(ok), "repeats": len(c.repeats) + len(c.missing_repeats),
+               "step_time_s": st[c.cell_id]["value"],
+               "step_time_raw_s": raw[c.cell_id]["value"] if raw[c.cell_id]["value"] is not None else st[c.cell_id]["value"],
+               "step_time_iqr_s": iqr(samples) if samples else None, "speedup": st[c.cell_id]["speedup"],
+               **{m: others[m][c.cell_id]["value"] for m in others},
+               "peak_memory_gb": max((r.summary.get(SUMMARY_PEAK_MEM) or 0 for r in ok), default=None),
+               "status": c.status,
+               "reason": "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures)
+               or (f"unfinished (repeats {c.missing_repeats})" if c.status == "pending" else ""),
+               "all_off": c.all_off}
         rows.append(row)
-    ref = next((r for r in rows if r["all_off"] and r["step_time_median_s"]), None)
-    for row in rows:
-        st = row["step_time_median_s"]
-        row["speedup"] = (ref["step_time_median_s"] / st) if (ref and st) else None
     return rows
 
 
@@ -127,7 +131,7 @@ def _fmt(v: Any, digits: int = 3) -> str:
 
 def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str, Any]) -> tuple[Path, Path]:
     """Write ``summary.csv`` and ``summary.md`` (atomically) into the sweep folder; returns both paths."""
-    cols = ["cell_id", "label", *FACTOR_KEYS, "merged", "repeats_ok", "repeats", "step_time_median_s",
+    cols = ["cell_id", "label", *FACTOR_KEYS, "merged", "repeats_ok", "repeats", "step_time_s", "step_time_raw_s",
             "step_time_iqr_s", "speedup", "rollout_share", "free_ratio", "throughput", "peak_memory_gb",
             "status", "reason"]
     buf = io.StringIO()
@@ -140,12 +144,12 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
     md = [f"# Sweep {header.get('sweep_id')} of `{header.get('matrix')}`", ""]
     md += [f"- {k}: {v}" for k, v in header.items() if k not in ("sweep_id", "matrix")]
     md += ["", "| cell | " + " | ".join(REGISTRY[k].key for k in FACTOR_KEYS)
-           + " | step time s (median) | IQR s | speedup vs all-off | rollout share | Free ratio | tokens/s | status |",
-           "|---" * (len(FACTOR_KEYS) + 8) + "|"]
+           + " | step time s | raw step time s | IQR s | speedup vs all-off | rollout share | Free ratio | tokens/s | status |",
+           "|---" * (len(FACTOR_KEYS) + 9) + "|"]
     for r in rows:
         md.append(
             f"| {r['label']} (`{r['cell_id']}`) | " + " | ".join(r[k] for k in FACTOR_KEYS)
-            + f" | {_fmt(r['step_time_median_s'])} | {_fmt(r['step_time_iqr_s'])} | {_fmt(r['speedup'])}"
+            + f" | {_fmt(r['step_time_s'])} | {_fmt(r['step_time_raw_s'])} | {_fmt(r['step_time_iqr_s'])} | {_fmt(r['speedup'])}"
             f" | {_fmt(r['rollout_share'])} | {_fmt(r['free_ratio'])} | {_fmt(r['throughput'], 1)}"
             f" | {r['status']}{(': ' + r['reason'][:80]) if r['reason'] else ''} |"
         )
@@ -169,13 +173,18 @@ class Sweep:
         tracking_uri: MLflow tracking URI.
         executor: how runs are launched (default: local subprocess).
         force: start a new sweep even if a resumable one exists.
-        on_row: callback per finished run (for the console), given the record.
+        on_event: callback ``(kind, data)`` for the console: start, launch, done, skip, warn.
+        order: run order of a new sweep, ``blocked`` (default) or ``sequential`` (:func:`bench.plan.run_order`);
+            a resumed sweep keeps the order it planned.
+        order_seed: shuffle seed of a blocked order (default: a fresh random one, recorded in ``sweep.json``).
     """
 
     def __init__(self, matrix: Matrix, plan: Plan, results_root: Path, tracking_uri: str,
                  executor: Executor | None = None, force: bool = False,
-                 on_event: Callable[[str, dict[str, Any]], None] | None = None):
+                 on_event: Callable[[str, dict[str, Any]], None] | None = None,
+                 order: str = "blocked", order_seed: int | None = None):
         self.matrix, self.plan = matrix, plan
+        self.order_kind, self.order_seed = order, order_seed
         self.rd = ResultsDir(results_root, matrix.name)
         self.tracking_uri = tracking_uri
         self.executor = executor or LocalExecutor()
@@ -210,9 +219,10 @@ class Sweep:
                                                       f"running in {sweep_dir}: {left}"})
             sync_matrix(self.rd.base, tracker, skip=sweep_dir, on_event=self.on_event)
         specs = {r.cell_id: r for r in self.plan.runs}
-        plan_runs = meta["plan"]["runs"]
-        todo = [(specs[c["cell_id"]], k) for c in plan_runs for k in range(self.plan.repeats)]
-        self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed")})
+        order = planned_order(meta)
+        todo = [(specs[c], k) for c, k in order.runs]
+        self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed"),
+                                "order": order.kind, "order_seed": order.seed})
         counts = {"executed": 0, "skipped": 0, "failed": 0, "in_step": 0.0}
         try:
             self._loop(tracker, sweep_dir, meta, todo, counts)
@@ -252,6 +262,11 @@ class Sweep:
         if sweep_dir is not None:
             meta = read_json(sweep_dir / SWEEP)
             meta["resumed"] = True
+            planned = planned_order(meta)
+            if (planned.kind, planned.seed) != (self.order_kind, self.order_seed if self.order_seed is not None
+                                                 else planned.seed):
+                self.on_event("warn", {"message": f"resuming sweep {meta['sweep_id']} in its planned order "
+                                                  f"({planned.kind}, seed {planned.seed}), not --order {self.order_kind}"})
             self._ensure_parent(tracker, meta)
         else:
             sweep_id = new_sweep_id(fp)
@@ -268,6 +283,11 @@ class Sweep:
                 "versions": versions(), "git_commit": git_commit(), "tracking_uri": self.tracking_uri,
                 "invocations": [], "resumed": False,
             }
+            seed = None
+            if self.order_kind == "blocked":
+                seed = self.order_seed if self.order_seed is not None else new_order_seed()
+            order = run_order([r.cell_id for r in self.plan.runs], self.plan.repeats, self.order_kind, seed)
+            meta["order"] = order.model_dump(mode="json")
             meta["parent_run_id"] = None
             self._ensure_parent(tracker, meta)
         meta["status"] = "running"
@@ -282,20 +302,22 @@ class Sweep:
         tracker down (uploads are queued) instead of stopping the sweep."""
         try:
             if not (meta.get("parent_run_id") and tracker.parent_alive(meta["parent_run_id"])):
-                meta["parent_run_id"] = self._start_parent(tracker, meta["sweep_id"])
+                meta["parent_run_id"] = self._start_parent(tracker, meta["sweep_id"], planned_order(meta))
         except Exception as exc:
             if isinstance(exc, OSError) and is_no_space(exc):
                 raise
             self.on_event("warn", {"message": f"MLflow unreachable ({tracker.mark_down(exc)}): uploads queued; "
                                               "`run_bench.py sync` fills MLflow in later"})
 
-    def _start_parent(self, tracker: Tracker, sweep_id: str) -> str:
+    def _start_parent(self, tracker: Tracker, sweep_id: str, order: RunOrder) -> str:
         m = self.matrix
         tags = {"bench.kind": "sweep", "bench.sweep_id": sweep_id, "bench.fingerprint": m.fingerprint(),
+                "bench.order": order.kind, "bench.order_seed": "" if order.seed is None else str(order.seed),
                 "engine": self.plan.engine, "platform": self.plan.platform, "git_commit": git_commit(),
                 "matrix_file": m.source, "design": m.design.type,
                 **{f"version.{k}": v for k, v in versions().items()}}
         params = {"design": m.design.type, "repeats": m.repeats, "cells": len(self.plan.runs),
+                  "order": order.kind, "order_seed": "none" if order.seed is None else order.seed,
                   "design_cells": self.plan.design_cells, "factors": ",".join(self.plan.varied),
                   **{f"base.{k}": v for k, v in m.base.model_dump(exclude={"env", "overrides", "embedded"}).items()}}
         return tracker.start_parent(sweep_id, tags, params)
@@ -371,10 +393,12 @@ class Sweep:
                 "free space and rerun the same command to resume") from None
 
     def _finish(self, tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead) -> SweepOutcome:
-        from bench.results import load_records
+        from bench.baseline import snapshot
+        from bench.speed import normalize_snapshot
 
-        records = load_records(sweep_dir)
-        rows = cell_rows(meta["plan"]["runs"], records)
+        snap = snapshot(sweep_dir)
+        probe_ref = normalize_snapshot(snap)
+        rows = cell_rows(snap)
         meta["invocations"].append({"finished_at": time.time(), "wall_s": wall, "in_step_s": in_step,
                                     "overhead_share": overhead, "executed": executed, "skipped": skipped,
                                     "failed": failed})
@@ -386,6 +410,11 @@ class Sweep:
                   "cells run / design cells": f"{len(rows)} / {meta['plan']['design_cells']}",
                   "dropped": len(meta["plan"]["dropped"]),
                   "timed steps": "measured steps without the profiler (profiled steps give the Free ratio)",
+                  "step time": "per run the median timed step, geometric mean over the cell's ok repeats"
+                               + (f"; speed-normalized to the sweep's median speed-probe time {probe_ref:.4f} s"
+                                  if probe_ref else "; raw (no speed probe in every run)"),
+                  "run order": f"{meta.get('order', {}).get('kind', 'sequential')}"
+                               + (f", seed {meta['order']['seed']}" if (meta.get("order") or {}).get("seed") is not None else ""),
                   "harness overhead": f"{first['overhead_share']:.1%} of {first['wall_s']:.1f} s wall "
                                       f"(in GRPO steps {first['in_step_s']:.1f} s)"}
         resumes = meta["invocations"][1:]
@@ -396,7 +425,7 @@ class Sweep:
         csv_path, md_path = write_summary(sweep_dir, rows, header)
         atomic_write_json(sweep_dir / SWEEP, meta)
         n = len(meta["invocations"]) - 1
-        metrics = {"cells_failed": sum(r["status"] != "ok" for r in rows)}
+        metrics = {"cells_failed": sum(r["status"] != "ok" for r in rows), **summary_metrics(rows)}
         if n == 0:
             metrics.update(harness_overhead_share=overhead, sweep_wall_s=wall, in_step_s=in_step)
         else:
@@ -421,6 +450,28 @@ class Sweep:
                                                   f"`run_bench.py sync {sweep_dir}` fills it in later"})
         return SweepOutcome(sweep_dir, meta["parent_run_id"], rows, executed, skipped, failed, wall, in_step,
                             overhead)
+
+
+def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """MLflow metrics of the sweep's parent run from the summary rows: ``speedup.<label>`` and
+    ``step_time_s.<label>`` (the values of ``summary.md``)."""
+    from bench.tracking import _key
+
+    out = {}
+    for r in rows:
+        for k in ("speedup", "step_time_s"):
+            if r.get(k) is not None:
+                out[_key(f"{k}.{r['label']}")] = float(r[k])
+    return out
+
+
+def planned_order(meta: dict[str, Any]) -> RunOrder:
+    """The run order recorded in a sweep's ``sweep.json`` (key ``order``); a sweep written before run
+    orders existed ran sequentially (plan order, every repeat of a spec in turn)."""
+    if meta.get("order"):
+        return RunOrder.model_validate(meta["order"])
+    plan = meta.get("plan") or {}
+    return run_order([c["cell_id"] for c in plan.get("runs", [])], int(plan.get("repeats") or 1), "sequential")
 
 
 def host_load() -> dict[str, float | None]:
@@ -479,7 +530,7 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
     for step, value in rec.get("free_ratio", {}).items():
         series.setdefault("free_ratio/step", []).append((int(step), value))
     summary = {
-        "step_time_s": summ.get("step_time_median_s"), "step_time_iqr_s": summ.get("step_time_iqr_s"),
+        "step_time_s": summ.get(SUMMARY_STEP_TIME), "step_time_iqr_s": summ.get("step_time_iqr_s"),
         "rollout_share": summ.get("rollout_share_median"), "free_ratio": summ.get("free_ratio_median"),
         "throughput": summ.get("throughput_median"), "peak_memory_gb": summ.get("peak_memory_gb"),
         "long_tail_waste": summ.get("long_tail_waste_median"), "wall_s": rec.get("wall_s"),

@@ -5,10 +5,15 @@ A trial = the fixed factor levels of the matrix's ``tune`` block (dynamic bsz on
 :class:`~bench.plan.RunSpec` exactly as a sweep does (a copy of the matrix whose ``base`` carries the
 limits and whose design is the one fixed cell, through :func:`bench.plan.make_plan`), runs it with
 :func:`bench.sweep.execute_spec` into ``results/<matrix>/tune/<study>/trial-<n>/`` and takes the
-objective from the run record's summary (median step time, minimized; or median throughput, maximized),
-speed-normalized when the run timed the machine-speed probe (:meth:`Tuner.speed_normalized`,
-:mod:`bench.speed`; the tune block's ``normalize: false`` turns it off): trials run minutes apart on a
-shared machine whose speed drifts by several percent.
+objective from the run record: the run's value (:func:`bench.model.run_value`, the median over its
+timed steps of the step time, minimized, or of the throughput, maximized; the same statistic a sweep
+reports per run), speed-normalized when the run timed the machine-speed probe
+(:meth:`Tuner.speed_normalized`, :mod:`bench.speed`; the tune block's ``normalize: false`` turns it
+off): trials run minutes apart on a shared machine whose speed drifts by several percent. The objective
+is named with its unit in Optuna (``study.set_metric_names``), MLflow and the outputs
+(:attr:`TuneSettings.metric_name`); the best trial is reported with its measured median beside the
+normalized value (:func:`bench.tune_report.best_summary`). A trial is one run: trials run one at a time
+in the sampler's order (there is no run order to block).
 
 How a run's outcome becomes a trial:
 
@@ -222,6 +227,14 @@ class TuneSettings:
         return OBJECTIVES[self.block.objective][2]
 
     @property
+    def metric_name(self) -> str:
+        """The objective's name in Optuna (``study.set_metric_names``), MLflow and the outputs, with its unit:
+        ``step_time_s`` / ``throughput_tokens_per_s``, suffixed ``_speed_normalized`` when the tune block
+        normalizes (a trial without a probe keeps its raw value; its ``normalized`` attribute says which)."""
+        base = {"step_time": "step_time_s", "throughput": "throughput_tokens_per_s"}[self.block.objective]
+        return base + ("_speed_normalized" if self.block.normalize else "")
+
+    @property
     def seq(self) -> int:
         return seq_len(self.matrix.base)
 
@@ -355,6 +368,7 @@ class Tuner:
         except KeyError:
             study = optuna.create_study(study_name=s.study_name, storage=storage, direction=s.direction,
                                         sampler=make_sampler(s.block, s.space))
+            study.set_metric_names([s.metric_name])
             study.set_user_attr(FP_ATTR, fp)
             study.set_user_attr(SETTINGS_ATTR, ident)
             study.set_user_attr("matrix", s.matrix.name)
@@ -485,6 +499,7 @@ class Tuner:
         from bench.speed import normalized_median, probe_spec
 
         trial.set_user_attr("raw_value", raw)
+        trial.set_user_attr("normalized", False)
         if not self.s.block.normalize:
             return raw
         smp = record_samples(rec)
@@ -503,6 +518,7 @@ class Tuner:
                                               f"{ref_kernel}: raw objective used"})
             return raw
         trial.set_user_attr("speed_probe_median_s", float(np.median(ps)))
+        trial.set_user_attr("normalized", True)
         return normalized_median(xs, ps, float(ref), self.s.block.objective)
 
     def objective(self, trial: Any) -> float:
@@ -530,12 +546,17 @@ class Tuner:
         atomic_write_json(rdir / "spec.json", spec.model_dump(mode="json"))
         atomic_write_json(rdir / "trial.json", {"study": s.study_name, "number": trial.number, "limits": limits,
                                                 "storage": redact(s.storage_url)})
-        value = (rec.get("summary") or {}).get(s.objective_key)
+        from bench.baseline import record_samples
+        from bench.model import run_value
+
+        value = run_value(record_samples(rec)[s.block.objective]) if rec["status"] == "ok" else None
         if rec["status"] == "ok" and value is not None:
             value = self.speed_normalized(trial, rec, float(value))
             trial.set_constraint(CONSTRAINT, 0.0)
             self.log_trial(trial.number, "COMPLETE", value, 0.0, limits, spec, rec, rdir)
-            self.on_event("trial", {"number": trial.number, "limits": limits, "kind": "feasible", "value": value})
+            self.on_event("trial", {"number": trial.number, "limits": limits, "kind": "feasible", "value": value,
+                                    "raw_value": trial.user_attrs.get("raw_value"),
+                                    "normalized": bool(trial.user_attrs.get("normalized")), "unit": s.unit})
             return float(value)
         kind = rec.get("failure_kind") or "no_metrics"
         reason = rec.get("reason") or f"the run's summary has no {s.objective_key}"
@@ -623,7 +644,8 @@ class Tuner:
                                     limits_of_trial=lambda t: {k: int(t.user_attrs.get(k, t.params.get(k)))
                                                                for k in PARAMS},
                                     header=self.header(),
-                                    reference={k: s.matrix.base.context()[f] for k, f in PARAMS.items()})
+                                    reference={k: s.matrix.base.context()[f] for k, f in PARAMS.items()},
+                                    metric_name=s.metric_name)
         except Exception:
             if status == "KILLED":
                 return {}
@@ -636,13 +658,18 @@ class Tuner:
                 best = summary["best"]
                 if best:
                     ms.append(Metric("best_value", float(best["value"]), now, 0))
+                    if best.get("raw_value") is not None:
+                        ms.append(Metric("best_raw_value", float(best["raw_value"]), now, 0))
                     for k, v in best["limits"].items():
                         ms.append(Metric(f"best.{k}", float(v), now, 0))
                 for k, v in (summary["importance"] or {}).items():
                     ms.append(Metric(f"importance.{k}", float(v), now, 0))
                 self.tracker.client.log_batch(self.parent_id, metrics=ms)
+                self.tracker.client.set_tag(self.parent_id, "objective_name", s.metric_name)
                 if best:
                     self.tracker.client.set_tag(self.parent_id, "best_trial", str(best["trial"]))
+                    if best.get("note"):
+                        self.tracker.client.set_tag(self.parent_id, "best_note", best["note"][:4000])
                     self.tracker.client.set_tag(self.parent_id, "best_overrides", " ".join(verl_overrides(best["limits"])))
                 for p in summary["files"].values():
                     if Path(p).is_file():
@@ -710,7 +737,10 @@ class ConsoleView:
             self.p(f"trial {d['number']:>3}: {lim} ...")
         elif kind == "trial":
             if d["kind"] == "feasible":
-                self.p(f"trial {d['number']:>3}: {d['value']:.4g}")
+                unit = d.get("unit", "")
+                extra = (f" at the reference speed (measured {d['raw_value']:.4g} {unit})" if d.get("normalized")
+                         and d.get("raw_value") is not None else "")
+                self.p(f"trial {d['number']:>3}: {d['value']:.4g} {unit}{extra}")
             elif d["kind"] == "infeasible":
                 self.p(f"trial {d['number']:>3}: INFEASIBLE ({d['failure_kind']}, constraint {d['constraint']:.3g}): "
                        f"{d['reason'][:160]}")
@@ -720,6 +750,18 @@ class ConsoleView:
             self.p(f"warning: {d['message']}")
 
 
+def best_text(best: dict[str, Any], unit: str) -> str:
+    """The best trial's objective in its units: the value with its name and, when speed-normalized, the
+    reference probe time and the measured (raw) median."""
+    txt = f"{best.get('objective_name') or 'objective'} = {best['value']:.4g} {unit}"
+    if best.get("normalized"):
+        txt += (f" (median over the timed steps at the study's reference speed: probe {best['reference_probe_s']:.4f} s); "
+                f"measured median {best['raw_value']:.4g} {unit}")
+    elif best.get("raw_value") is not None:
+        txt += " (measured median over the timed steps)"
+    return txt
+
+
 def print_result(out: TuneOutcome, settings: TuneSettings, view: ConsoleView) -> None:
     s, summ = settings, out.summary
     c = summ.get("counts", {})
@@ -727,7 +769,9 @@ def print_result(out: TuneOutcome, settings: TuneSettings, view: ConsoleView) ->
            f"{c.get('failed', 0)} failed, {c.get('interrupted', 0)} interrupted (ran {out.ran} now)")
     best = summ.get("best")
     if best:
-        view.p(f"best: trial {best['trial']}, {s.block.objective} = {best['value']:.4g} {s.unit}")
+        view.p(f"best: trial {best['trial']}, {best_text(best, s.unit)}")
+        if best.get("note"):
+            view.p(f"  note: {best['note']}")
         for k, v in best["limits"].items():
             view.p(f"  {k} = {v} tokens ({v / s.seq:.2f} x (P+R))")
         view.p("verl overrides (ready to paste):")

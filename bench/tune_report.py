@@ -89,12 +89,15 @@ def importance(study: Any) -> tuple[dict[str, float] | None, str]:
 
 
 def trials_rows(study: Any, objective_key: str) -> list[dict[str, Any]]:
-    """One row per trial: number, kind, state, limits, value, constraint, reason, run folder."""
+    """One row per trial: number, kind, state, limits, value (column ``objective_key``), raw value (the
+    measured median, before speed normalization), whether normalized, constraint, reason, run folder."""
     rows = []
     for t in study.get_trials(deepcopy=False):
         row = {"number": t.number, "kind": trial_kind(t), "state": t.state.name,
                **{k: t.params.get(k, t.user_attrs.get(k)) for k in PARAMS},
                objective_key: t.value if t.values else None,
+               "raw_value": t.user_attrs.get("raw_value") if t.values else None,
+               "normalized": t.user_attrs.get("normalized"),
                "constraint": t.constraints.get(CONSTRAINT) if t.constraints else None,
                "failure_kind": t.user_attrs.get("failure_kind", ""), "reason": t.user_attrs.get("reason", ""),
                "run_dir": t.user_attrs.get("run_dir", "")}
@@ -166,12 +169,39 @@ def plot(path: Path, rows: list[dict[str, Any]], space: dict[str, IntDim], objec
     return path
 
 
+def best_summary(study: Any, best: Any, rows: list[dict[str, Any]], objective_key: str, metric_name: str,
+                 unit: str) -> dict[str, Any]:
+    """The best trial in its units: ``value`` (the objective, named ``objective_name``), ``raw_value`` (its
+    measured median, ``unit``), ``normalized`` and ``reference_probe_s`` (the study's reference probe time
+    the value is expressed at), and a ``note`` when another feasible trial measured better on the clock
+    (the normalized objective then ranks trials by the machine's speed as well: the note says by how much)."""
+    out = {"trial": best.number, "value": best.value, "objective_name": metric_name,
+           "raw_value": best.user_attrs.get("raw_value"), "normalized": bool(best.user_attrs.get("normalized")),
+           "reference_probe_s": study.user_attrs.get("speed_probe_ref_s") if best.user_attrs.get("normalized") else None,
+           "unit": unit, "note": ""}
+    feas = [r for r in rows if r["kind"] == "feasible" and r.get("raw_value") is not None]
+    if feas and out["raw_value"] is not None:
+        sign = 1 if study.direction.name.lower() == "minimize" else -1
+        raw_best = min(feas, key=lambda r: sign * r["raw_value"])
+        if raw_best["number"] != best.number and sign * raw_best["raw_value"] < sign * out["raw_value"]:
+            ranked = sorted(feas, key=lambda r: sign * r["raw_value"])
+            place = 1 + [r["number"] for r in ranked].index(best.number)
+            out["note"] = (f"trial {best.number} is best at the reference machine speed ({metric_name} {best.value:.4g} "
+                           f"{unit}) but measured {out['raw_value']:.4g} {unit}, place {place} of {len(ranked)} on the "
+                           f"clock; trial {raw_best['number']} measured best ({raw_best['raw_value']:.4g} {unit}) while the "
+                           "machine ran faster. The speed probe says the difference is the machine's, not the limits': "
+                           "rerun both to confirm before adopting either")
+    return out
+
+
 def write_outputs(out_dir: Path, study: Any, *, space: dict[str, IntDim], objective: str, objective_key: str,
-                  unit: str, limits_of_trial: Any, header: str, reference: dict[str, int] | None = None) -> dict[str, Any]:
+                  unit: str, limits_of_trial: Any, header: str, reference: dict[str, int] | None = None,
+                  metric_name: str | None = None) -> dict[str, Any]:
     """Write best.json, best_overrides.txt, best_fragment.yaml, importance.json, trials.csv and the plot.
 
     ``limits_of_trial(trial) -> {param: tokens}`` gives both limits of a trial. Returns a summary dict
-    (``best``: None when no feasible trial) with the paths written.
+    (``best``: None when no feasible trial; else :func:`best_summary` plus ``limits`` and ``run_dir``)
+    with the paths written.
     """
     rows = trials_rows(study, objective_key)
     best = best_trial(study)
@@ -183,9 +213,12 @@ def write_outputs(out_dir: Path, study: Any, *, space: dict[str, IntDim], object
     files: dict[str, Path] = {}
     if best is not None:
         limits = limits_of_trial(best)
-        summary["best"] = {"trial": best.number, "value": best.value, "limits": limits,
-                           "run_dir": best.user_attrs.get("run_dir")}
-        hdr = f"{header}\nbest trial {best.number}: {objective} = {best.value:.4g} {unit}"
+        summary["best"] = {**best_summary(study, best, rows, objective_key, metric_name or objective, unit),
+                           "limits": limits, "run_dir": best.user_attrs.get("run_dir")}
+        b = summary["best"]
+        hdr = f"{header}\nbest trial {best.number}: {b['objective_name']} = {best.value:.4g} {unit}"
+        if b["raw_value"] is not None:
+            hdr += f" (measured median {b['raw_value']:.4g} {unit})"
         files["overrides"] = out_dir / "best_overrides.txt"
         atomic_write_text(files["overrides"], "\n".join(verl_overrides(limits)) + "\n")
         files["fragment"] = out_dir / "best_fragment.yaml"

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from bench.errors import BenchError
 from bench.matrix import Base, Matrix, format_validation_error, parse_cell
+from bench.model import SUMMARY_STEP_TIME, SUMMARY_THROUGHPUT
 
 #: searchable parameter (verl's name) -> the matrix ``base`` field that carries it into a run
 PARAMS: dict[str, str] = {
@@ -50,8 +51,8 @@ PARAMS: dict[str, str] = {
 }
 #: objective name -> (record summary key, Optuna direction, unit for printing)
 OBJECTIVES: dict[str, tuple[str, str, str]] = {
-    "step_time": ("step_time_median_s", "minimize", "s"),
-    "throughput": ("throughput_median", "maximize", "tokens/s"),
+    "step_time": (SUMMARY_STEP_TIME, "minimize", "s"),
+    "throughput": (SUMMARY_THROUGHPUT, "maximize", "tokens/s"),
 }
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 

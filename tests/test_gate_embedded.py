@@ -1,5 +1,6 @@
 """Acceptance of the gate on real embedded GRPO sweeps (issue 6): a slowdown of about 10 % of a step,
-injected as a sleep inside the update phase, is caught (exit 1); an identical rerun passes (exit 0).
+injected as a sleep inside the update phase, is caught (exit 1); an identical rerun passes (exit 0);
+on a busy machine (recorded CPU pressure) "noisy" is accepted, never the wrong direction.
 
 One cell, eight repeats of 12 timed steps per sweep (the matrix of ``benchmarks/bench_gate.py``, whose
 real mode measures the false-alarm and detection rates of exactly this setup); three sweeps in all.
@@ -31,19 +32,38 @@ def cpu_pressure() -> str:
 
 #: sweeps per claim: one, plus one confirmation when the first verdict is wrong (see the test's docstring)
 ATTEMPTS = 2
+#: CPU pressure (PSI some avg60, %, highest recorded around the runs) above which the machine counts as busy
+#: for this test: other work waited for a CPU a tenth of the time or more (an idle machine reads 0-2 %)
+BUSY_PSI = 10.0
+
+
+def recorded_pressure(results: Path, sweep: str) -> float:
+    """Highest CPU pressure recorded around the runs of the baseline and of the candidate's latest sweep."""
+    from bench.baseline import cpu_pressure, snapshot
+
+    base = json.loads((results / "baselines" / "ci.json").read_text())
+    vals = [cpu_pressure(base), cpu_pressure(snapshot(results / sweep / "latest"))]
+    return max((v for v in vals if v is not None), default=0.0)
 
 
 @pytest.mark.slow
 def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
-    """A 10 % slowdown exits 1 and an identical rerun exits 0, each on real embedded sweeps.
+    """A 10 % slowdown is never passed and an identical rerun is never called a regression, on real
+    embedded sweeps; on a quiet machine the slowdown exits 1 and the rerun exits 0.
 
     Measured with exactly this matrix (``benchmarks/bench_gate.py real``, 10 + 10 + 10 sweeps on the
     development VM): the gate flagged 0 of 90 identical pairs (95 % CI up to 4 %) and missed 3 of 100
     10 % slowdowns (see README). A single-shot CI check with those odds would be red about one run in
     twenty for no reason, so each claim gets one confirmation sweep when its first verdict is wrong, as
     a performance engineer would rerun before believing either; both sweeps must be wrong (odds
-    well under 1 %) for the test to fail. The gate's verdict logic itself is covered by tests/test_gate.py
-    and tests/test_speed.py on synthetic samples.
+    well under 1 %) for the test to fail.
+
+    On a busy machine (another job competing for the CPUs) step times scatter by tens of percent and the
+    gate's correct answer is "noisy" (exit 2: cannot judge): the test accepts it when the CPU pressure
+    recorded around the runs says the machine was busy (:data:`BUSY_PSI`), and asserts only the
+    direction there: the slowdown is never "unchanged"/"improvement", the rerun never "regression".
+    The gate's verdict logic itself is covered by tests/test_gate.py and tests/test_speed.py on
+    synthetic samples.
     """
     results = tmp_path / "results"
     common = ["--results", str(results), "--tracking-uri", f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"]
@@ -72,13 +92,18 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
         assert run(gate_matrix("gate_ci_slow", delay), *(["--force"] if attempt else [])) == 0
         rc, verdict = gate("gate_ci_slow")
         row = verdict["rows"][0]
-        seen.append((rc, row["verdict"], row.get("change"), row.get("raw_change"), row.get("speed_change")))
-        if rc == 1:
+        psi = recorded_pressure(results, "gate_ci_slow")
+        seen.append((rc, row["verdict"], row.get("change"), row.get("raw_change"), row.get("speed_change"), psi))
+        if rc == 1 or (row["verdict"] == "noisy" and psi > BUSY_PSI):
             break
-    assert rc == 1 and row["verdict"] == "regression" and row["change"] > 0.05 and row["normalized"], (
-        f"injected {delay:.3f} s (10 % of a step) not caught in {ATTEMPTS} sweeps: "
-        f"(exit, verdict, change, raw change, machine) = {seen}; CPU pressure {cpu_pressure()}")
-    assert "update_delay_s" in " ".join(verdict["notes"])
+    why = (f"injected {delay:.3f} s (10 % of a step) in {ATTEMPTS} sweeps: (exit, verdict, change, raw change, "
+           f"machine, recorded PSI) = {seen}; CPU pressure now {cpu_pressure()}")
+    assert row["verdict"] not in ("unchanged", "improvement"), "slowdown passed: " + why
+    if row["verdict"] == "noisy":
+        assert rc == 2 and psi > BUSY_PSI, "noisy on a quiet machine: " + why
+    else:
+        assert rc == 1 and row["verdict"] == "regression" and row["change"] > 0.05 and row["normalized"], why
+        assert "update_delay_s" in " ".join(verdict["notes"])
 
     # an identical rerun of the baseline's matrix passes
     seen = []
@@ -86,9 +111,14 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
         assert run(gate_matrix("gate_ci"), "--force") == 0
         rc, verdict = gate("gate_ci")
         row = verdict["rows"][0]
-        seen.append((rc, row["verdict"], row.get("change"), row.get("raw_change"), row.get("speed_change")))
-        if rc == 0:
+        psi = recorded_pressure(results, "gate_ci")
+        seen.append((rc, row["verdict"], row.get("change"), row.get("raw_change"), row.get("speed_change"), psi))
+        if rc == 0 or (row["verdict"] == "noisy" and psi > BUSY_PSI):
             break
-    assert rc == 0 and row["verdict"] in ("unchanged", "improvement"), (
-        f"identical rerun flagged in {ATTEMPTS} sweeps: (exit, verdict, change, raw change, machine) = {seen}; "
-        f"CPU pressure {cpu_pressure()}")
+    why = (f"identical rerun in {ATTEMPTS} sweeps: (exit, verdict, change, raw change, machine, recorded PSI) = "
+           f"{seen}; CPU pressure now {cpu_pressure()}")
+    assert row["verdict"] != "regression", "identical rerun flagged: " + why
+    if row["verdict"] == "noisy":
+        assert rc == 2 and psi > BUSY_PSI, "noisy on a quiet machine: " + why
+    else:
+        assert rc == 0 and row["verdict"] in ("unchanged", "improvement"), why
