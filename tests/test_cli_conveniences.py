@@ -58,8 +58,8 @@ def test_plain_table_keeps_every_label_whole_on_one_line():
 
     long = "rmsnorm_fused+dynamic_bsz+" + "x" * 180
     lines = plain_table([_row("all-off", rmsnorm_fused="0"), _row(long, dynamic_bsz="1")])
-    assert len(lines) == 4 and lines[0].split() == ["cell", "rmsnorm_fused", "dynamic_bsz", "step", "s", "IQR",
-                                                    "speedup", "rollout", "Free", "status"]
+    assert len(lines) == 4 and lines[0].split() == ["cell", "rmsnorm_fused", "dynamic_bsz", "step", "s", "raw", "s",
+                                                    "IQR", "speedup", "rollout", "Free", "status"]
     assert lines[3].startswith(long + "  1              1") and lines[3].split()[-1] == "ok" and "1.234" in lines[3]
     assert lines[2].startswith("all-off ") and lines[2].split()[-2:] == ["-", "ok"]  # free_ratio None -> "-"
 
