@@ -153,3 +153,19 @@ def test_builtin_assets_and_unknown_names(tmp_path, monkeypatch):
     cfg = json.loads((path / "config.json").read_text())
     assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["num_hidden_layers"] == 2
     assert (path / "tokenizer.json").is_file() and assets.ensure_model(tmp_path) == path  # cached
+
+
+def test_embedded_rollout_never_samples_vision_placeholders():
+    """A sampled <|image_pad|> in a response made the next Qwen3-VL training forward fail ("Image features
+    and image tokens do not match", seen in matrix/full.yaml at step 4): generation suppresses them."""
+    from types import SimpleNamespace
+
+    from bench.engines.embedded.model import token_ids
+
+    cfg = SimpleNamespace(image_token_id=7, video_token_id=8, vision_start_token_id=5, vision_end_token_id=6)
+    model = SimpleNamespace(config=cfg, generation_config=SimpleNamespace(eos_token_id=[3, 1]))
+    tok = SimpleNamespace(eos_token_id=3, pad_token_id=1)
+    ids = token_ids(model, tok)
+    assert ids.vision == (7, 8, 5, 6) and ids.image == 7 and ids.eos == (3, 1)
+    src = (ROOT / "bench" / "engines" / "embedded" / "rollout.py").read_text()
+    assert "suppress_tokens=list(ids.vision)" in src

@@ -37,11 +37,15 @@ class Sequence:
 
 @dataclass(frozen=True)
 class TokenIds:
-    """Special token ids the engine needs: ``pad``, ``image`` (``<|image_pad|>``), ``eos`` (list)."""
+    """Special token ids the engine needs: ``pad``, ``image`` (``<|image_pad|>``), ``eos`` (list), and
+    ``vision``: the vision placeholders (image/video pad, vision start/end) a response must never contain —
+    Qwen3-VL's forward counts every ``<|image_pad|>`` in the sequence as an image slot, so a sampled one
+    fails the next training forward ("Image features and image tokens do not match")."""
 
     pad: int
     image: int | None
     eos: tuple[int, ...]
+    vision: tuple[int, ...] = ()
 
 
 def pack(seqs: list[Sequence], ids: TokenIds, device: torch.device | str) -> dict[str, torch.Tensor]:

@@ -289,4 +289,7 @@ def token_ids(model: Any, processor: Any) -> "Any":
         eos.append(tok.eos_token_id)
     pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
     image = getattr(model.config, "image_token_id", None)
-    return TokenIds(pad=int(pad), image=None if image is None else int(image), eos=tuple(int(e) for e in eos))
+    vision = [getattr(model.config, k, None) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                                       "vision_end_token_id")]
+    return TokenIds(pad=int(pad), image=None if image is None else int(image), eos=tuple(int(e) for e in eos),
+                    vision=tuple(int(v) for v in vision if v is not None))

@@ -83,6 +83,7 @@ def generate(
             max_new_tokens=max_response_length,
             eos_token_id=list(ids.eos),
             pad_token_id=ids.pad,
+            suppress_tokens=list(ids.vision) or None,  # a sampled <|image_pad|> breaks the next forward
         )
     gen = out[:, width:].cpu()
     responses = torch.full((num, max_response_length), ids.pad, dtype=torch.long)
