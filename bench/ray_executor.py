@@ -98,7 +98,7 @@ class RayJobExecutor:
 
     def __init__(self, address: str, *, poll_s: float = 1.0, log_every_s: float = 5.0, stop_grace_s: float = 60.0,
                  entrypoint_resources: dict[str, Any] | None = None, client: Any = None,
-                 submit_retry_s: float = 60.0) -> None:
+                 submit_retry_s: float = 180.0) -> None:
         self.address = address
         self.submit_retry_s = submit_retry_s
         self.poll_s = poll_s
@@ -182,7 +182,7 @@ class RayJobExecutor:
                     continue
                 with open(log_path, "a") as fh:
                     fh.write(f"[bench] Ray job submission to {self.address} failed: {msg}\n")
-                return ExecResult(None, False, 0.0, f"Ray job submission failed: {msg}")
+                return ExecResult(None, False, time.perf_counter() - start, f"Ray job submission failed: {msg}")
 
         written = 0
         last_log = time.perf_counter()
