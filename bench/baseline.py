@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform as _platform
 import re
 import sys
 import time
@@ -36,6 +34,7 @@ from typing import Any
 
 from bench.errors import BenchError
 from bench.measure import PHASES
+from bench.metadata import machine  # noqa: F401  (re-exported; gathered in bench.metadata)
 from bench.model import METRICS, SUMMARY_STEP_TIME, Metric, Snapshot  # noqa: F401  (METRICS, Metric re-exported)
 from bench.optimizations import FACTOR_KEYS
 from bench.results import SWEEP, atomic_write_json, find_sweep, load_records, read_json
@@ -147,30 +146,6 @@ def pairable(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: str) 
                     [u is None for u in a] != [v is None for v in b]:
                 return False
     return True
-
-
-def machine() -> dict[str, Any]:
-    """A description of this machine: host, OS, architecture, CPU model and count, memory, Python."""
-    cpu = _platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem_gb = None
-    try:
-        mem_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError, AttributeError):
-        pass
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:
-        usable = os.cpu_count()
-    return {"hostname": _platform.node(), "os": _platform.platform(), "arch": _platform.machine(), "cpu": cpu,
-            "cpu_count": os.cpu_count(), "cpus_usable": usable, "memory_gb": mem_gb,
-            "python": _platform.python_version()}
 
 
 def snapshot(sweep: Path, results_root: Path | None = None) -> dict[str, Any]:
@@ -421,7 +396,7 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
     snap = snapshot(sweep, results)
     check_complete(snap, f"{sweep}")
     if alpha is None:
-        from bench.gate import DEFAULT_ALPHA as alpha
+        from bench.stats import DEFAULT_ALPHA as alpha
     check_judgeable(snap, f"{sweep}", alpha)
     snap.update(name=name, created_at=time.time(), note=note, machine=machine())
     for c in snap["cells"]:

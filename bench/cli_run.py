@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bench.engines.base import get_engine
+from bench.engines import engine_class, engines_with, get_engine
 from bench.matrix import load_matrix
 from bench.model import SUMMARY_STEP_TIME
 from bench.optimizations import FACTOR_KEYS
@@ -117,7 +117,7 @@ def print_plan(plan: Plan, console: Console) -> None:
         console.print(f"  argv: {json.dumps(launch.argv)}", soft_wrap=True, markup=False)
         console.print(f"  env: {json.dumps(launch.env, sort_keys=True)}", soft_wrap=True, markup=False)
         console.print(f"  patches: {json.dumps(launch.patches)}", markup=False)
-        if launch.config and plan.engine == "embedded":
+        if launch.config and engine_class(plan.engine).shows_config:
             console.print(f"  {launch.config_file}: {json.dumps(launch.config, sort_keys=True)}", soft_wrap=True,
                           markup=False)
         for note in launch.notes:
@@ -225,13 +225,13 @@ def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
 
 
 def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""):
-    """Ray job executor with ``--ray-address``; the fork server for embedded CPU runs (unless ``--spawn``);
-    else a fresh local process per run."""
+    """Ray job executor with ``--ray-address``; the fork server where the engine allows it on this platform
+    (``forkserver_platforms``: embedded CPU runs) unless ``--spawn``; else a fresh local process per run."""
     if getattr(args, "ray_address", None):
         from bench.ray_executor import RayJobExecutor
 
         return RayJobExecutor(args.ray_address)
-    if engine == "embedded" and platform == "cpu" and not getattr(args, "spawn", False):
+    if engine and platform in engine_class(engine).forkserver_platforms and not getattr(args, "spawn", False):
         from bench.forkserver import ForkServerExecutor
 
         return ForkServerExecutor()
@@ -245,11 +245,7 @@ def main(args: argparse.Namespace) -> int:
     console = Console(highlight=False, soft_wrap=True)
     if not console.is_terminal:  # CI log or file: no 80-column default
         console = Console(highlight=False, soft_wrap=True, width=max(PLAIN_WIDTH, console.width))
-    matrix = load_matrix(args.matrix, getattr(args, "overrides", None))
-    if matrix.expect:  # claims checked by the gate: a bad block fails now, not after the sweep
-        from bench.gate import validate_expect
-
-        validate_expect(matrix.expect, args.matrix, Path(args.matrix).read_text())
+    matrix = load_matrix(args.matrix, getattr(args, "overrides", None))  # its expect claims too
     if getattr(args, "smoke", False):
         return smoke_main(args, matrix, console)
     plan = make_plan(matrix, strict=not args.dry_run)
@@ -295,9 +291,10 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     from bench.engines.verl_cpu.smoke import not_exercised, run_smoke, smoke_base, smoke_cells
     from bench.errors import BenchError
 
-    if matrix.engine != "verl":
-        raise BenchError(f"{args.matrix}: engine: --smoke checks verl launches; this matrix uses engine "
-                         f"{matrix.engine!r} (allowed: verl)")
+    if not engine_class(matrix.engine).supports_smoke:
+        allowed = engines_with("supports_smoke")
+        raise BenchError(f"{args.matrix}: engine: --smoke checks {' or '.join(allowed)} launches; this matrix uses "
+                         f"engine {matrix.engine!r} (allowed: {', '.join(allowed)})")
     plan = make_plan(matrix, strict=False)
     if getattr(args, "cells", None) is not None:
         plan = select_cells(plan, args.cells, args.matrix)
@@ -310,7 +307,7 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
                 console.print(f"  left out / inert: {x}", markup=False)
         return 0
     base, _ = smoke_base(matrix, args.smoke_steps)
-    get_engine("verl").preflight(matrix.model_copy(update={"platform": "cpu", "base": base}),
+    get_engine(matrix.engine).preflight(matrix.model_copy(update={"platform": "cpu", "base": base}),
                                  [c.spec.launch for c in cells], "cpu")
     check_writable(args.results)
 

@@ -74,15 +74,16 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import ValidationError
 
 from bench.baseline import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, load_baseline, pairable, snapshot
 from bench.errors import BenchError
+from bench.expect import Expect, ExpectBlock
 from bench.matrix import format_validation_error
-from bench.optimizations import FACTOR_KEYS, REGISTRY, applicability
+from bench.optimizations import REGISTRY, applicability
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 from bench.speed import normalizable, normalized_pair
-from bench.stats import N_BOOT, compare, mde_from_se, verdict
+from bench.stats import DEFAULT_ALPHA, N_BOOT, compare, mde_from_se, verdict
 
 DEFAULT_THRESHOLD = 0.05
 #: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
@@ -94,7 +95,6 @@ EXIT_CODES = (f"exit codes: {EXIT_PASS} pass; {EXIT_REGRESSION} regression (a ce
               "(one line on stderr: unknown baseline or sweep, no matching cells, another engine or platform, a failed "
               f"baseline cell, a bad flag); {EXIT_CANNOT_JUDGE} cannot judge (too noisy, too few samples to reach "
               "p < alpha, missing samples, a candidate cell that failed on bad input: the reasons are printed)")
-DEFAULT_ALPHA = 0.01
 #: candidate failure kinds that are input errors, not regressions of the candidate
 INPUT_FAILURES = ("bad_input",)
 #: base settings whose difference is expected between baseline and candidate (not reported)
@@ -103,74 +103,6 @@ _IGNORED_BASE = {"timeout_s"}
 
 # -- expect block ---------------------------------------------------------------------------------
 
-class Expect(BaseModel):
-    """One claim about a factor's effect, checked within a sweep.
-
-    ``factor`` at ``level`` (default: its last level in the matrix) improves ``metric`` by at least
-    ``at_least`` (and at most ``at_most``), as a fraction, against the reference ``vs``:
-
-    * ``vs: all_off``: the cell with only this factor changed from the all-off cell, against the
-      all-off cell (``factor: all``: the all-on cell against the all-off cell, the article's end to end);
-    * ``vs: all_on``: the all-on cell against the all-on cell with this factor off.
-
-    Improvement = relative decrease for lower-is-better metrics (``step_time``: ``1 - cell/ref``),
-    relative increase for ``throughput``. Met when the estimate is within the bounds and, for a
-    positive ``at_least``, the difference is significant (Mann-Whitney p < alpha).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    factor: str
-    level: int | None = None
-    metric: Literal["step_time", "throughput", "rollout_share", "free_ratio"] = "step_time"
-    at_least: float | None = Field(None, gt=-1.0, lt=10.0)
-    at_most: float | None = Field(None, gt=-1.0, lt=10.0)
-    vs: Literal["all_off", "all_on"] = "all_off"
-    name: str = ""
-
-    @field_validator("factor")
-    @classmethod
-    def _factor(cls, v: str) -> str:
-        if v != "all" and v not in REGISTRY:
-            raise ValueError(f"unknown factor {v!r} (allowed: all, {', '.join(FACTOR_KEYS)})")
-        return v
-
-    @field_validator("level")
-    @classmethod
-    def _level(cls, v: int | None, info: ValidationInfo) -> int | None:
-        f = info.data.get("factor")
-        if v is not None and f in REGISTRY and v not in REGISTRY[f].levels:
-            raise ValueError(f"level {v} of {f} unknown (allowed: {', '.join(map(str, REGISTRY[f].levels))})")
-        return v
-
-    @model_validator(mode="after")
-    def _check(self) -> "Expect":
-        if self.at_least is None and self.at_most is None:
-            raise ValueError("give at_least and/or at_most (fractions, e.g. at_least: 0.10)")
-        if self.at_least is not None and self.at_most is not None and self.at_most < self.at_least:
-            raise ValueError(f"at_most ({self.at_most}) is below at_least ({self.at_least})")
-        if self.factor == "all" and (self.vs != "all_off" or self.level is not None):
-            raise ValueError("factor: all compares the all-on cell with the all-off cell (vs: all_off, no level)")
-        return self
-
-    def describe(self) -> str:
-        """Human text of the claim."""
-        if self.name:
-            return self.name
-        m = METRICS[self.metric]
-        verb = "raises" if m.higher_is_better else "lowers"
-        bounds = []
-        if self.at_least is not None:
-            bounds.append(f"at least {self.at_least:.0%}")
-        if self.at_most is not None:
-            bounds.append(f"at most {self.at_most:.0%}")
-        who = "all factors on" if self.factor == "all" else f"{self.factor}" + (f"={self.level}" if self.level is not None else "")
-        return f"{who} {verb} {m.title} by {' and '.join(bounds)} vs {self.vs.replace('_', '-')}"
-
-
-class _ExpectBlock(BaseModel):
-    expect: list[Expect] = Field(default_factory=list)
-
-
 def validate_expect(raw: Any, file: str | Path = "matrix", text: str = "") -> list[Expect]:
     """Validate a matrix's ``expect`` list.
 
@@ -178,7 +110,7 @@ def validate_expect(raw: Any, file: str | Path = "matrix", text: str = "") -> li
         BenchError: one line naming file, line (when found), ``expect.<i>.<key>`` and the problem.
     """
     try:
-        return _ExpectBlock(expect=raw or []).expect
+        return ExpectBlock(expect=raw or []).expect
     except ValidationError as exc:
         raise BenchError(format_validation_error(file, exc, text)) from None
 
@@ -640,7 +572,7 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
                               "sweep": base["source"].get("sweep"), "engine": base["engine"],
                               "platform": base["platform"], "git_commit": base.get("git_commit"),
                               "created_at": base.get("created_at")}
-        from bench.baseline import machine
+        from bench.metadata import machine
 
         cand["machine"] = machine()
         result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,

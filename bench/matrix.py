@@ -2,8 +2,9 @@
 
 A matrix names the engine and platform, a ``base`` block of run settings, the ``factors`` (any of the
 seven optimizations of :mod:`bench.optimizations`, each with its levels), a ``design`` that turns
-factors into cells, ``repeats`` and ``exclude`` rules. ``tune`` (Optuna search) and ``expect`` (claims
-checked by the gate) blocks are validated by their own modules.
+factors into cells, ``repeats`` and ``exclude`` rules. The engine names come from the registry of
+engines (:mod:`bench.engines`); ``expect`` (claims checked by the gate) is typed by
+:mod:`bench.expect` and validated here; ``tune`` (Optuna search) by :mod:`bench.tune_space`.
 
 Every error is a :class:`~bench.errors.BenchError` naming the file, the key (and line where known) and
 the allowed values.
@@ -22,6 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bench.errors import BenchError, doing
+from bench.expect import ExpectBlock
 from bench.optimizations import FACTOR_KEYS, REGISTRY
 
 #: upper bounds of matrix numbers (a typo such as ``repeats: 1000000000000`` is refused, not planned)
@@ -220,7 +222,7 @@ class Matrix(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-    engine: Literal["embedded", "verl"] = "embedded"
+    engine: str = "embedded"
     platform: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     base: Base = Field(default_factory=Base)
     factors: dict[str, list[int]] = Field(default_factory=dict)
@@ -228,6 +230,7 @@ class Matrix(BaseModel):
     repeats: int = Field(1, ge=1, le=MAX_REPEATS)
     exclude: list[Exclude] = Field(default_factory=list)
     tune: dict[str, Any] | None = None
+    #: claims checked by the gate (:class:`bench.expect.Expect`); validated at load, stored as written
     expect: list[dict[str, Any]] = Field(default_factory=list)
     description: str = ""
 
@@ -236,6 +239,18 @@ class Matrix(BaseModel):
     #: cell ids of a ``run --cells`` subset (empty: every cell); part of the fingerprint, so a subset sweep
     #: neither resumes nor is resumed by the sweep of the whole matrix
     selected_cells: list[str] = Field(default_factory=list, exclude=True)
+
+    @field_validator("engine", mode="before")
+    @classmethod
+    def _engine(cls, value: Any) -> str:
+        from bench.engines import engine_names  # the registry of engines (loaded on first use)
+
+        names = engine_names()
+        if value not in names:
+            allowed = " or ".join(repr(n) for n in names) if len(names) <= 2 else \
+                ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}"
+            raise ValueError(f"allowed: {allowed}, got {value!r}")
+        return value
 
     @field_validator("factors", mode="before")
     @classmethod
@@ -271,6 +286,8 @@ class Matrix(BaseModel):
             self.design.cells = [parse_cell(c, f"design.cells[{i}]") for i, c in enumerate(self.design.cells)]
         for i, rule in enumerate(self.exclude):
             rule.when = parse_cell(rule.when, f"exclude[{i}]")
+        if self.expect:  # raises pydantic's ValidationError located at expect.<i>.<key>
+            ExpectBlock(expect=self.expect)
         return self
 
     def fingerprint(self) -> str:

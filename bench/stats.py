@@ -60,6 +60,8 @@ from scipy import stats as sps
 
 #: default bootstrap resamples for confidence intervals
 N_BOOT = 2000
+#: default significance level of the gate and the report (intervals at ``1 - alpha``)
+DEFAULT_ALPHA = 0.01
 
 
 def _arr(values: Sequence[float]) -> np.ndarray:

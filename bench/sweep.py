@@ -33,6 +33,7 @@ from bench.errors import DiskFullError, doing
 from bench.executors import Executor, LocalExecutor, kill_strays, resolve_launch
 from bench.matrix import Matrix
 from bench.measure._common import iqr
+from bench.metadata import host_load  # noqa: F401  (re-exported; gathered in bench.metadata)
 from bench.model import SUMMARY_PEAK_MEM, SUMMARY_STEP_TIME, Snapshot, cell_stats
 from bench.optimizations import FACTOR_KEYS, REGISTRY
 from bench.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
@@ -472,24 +473,6 @@ def planned_order(meta: dict[str, Any]) -> RunOrder:
         return RunOrder.model_validate(meta["order"])
     plan = meta.get("plan") or {}
     return run_order([c["cell_id"] for c in plan.get("runs", [])], int(plan.get("repeats") or 1), "sequential")
-
-
-def host_load() -> dict[str, float | None]:
-    """CPU contention on the harness host: PSI ``some`` avg10/avg60 of ``/proc/pressure/cpu`` (% of time a
-    task waited for a CPU; ``None`` where PSI is absent) and the 1-minute load average per CPU."""
-    import os
-
-    out: dict[str, float | None] = {"cpu_pressure_avg10": None, "cpu_pressure_avg60": None, "load1_per_cpu": None}
-    try:
-        kv = dict(x.split("=") for x in Path("/proc/pressure/cpu").read_text().splitlines()[0].split()[1:])
-        out["cpu_pressure_avg10"], out["cpu_pressure_avg60"] = float(kv["avg10"]), float(kv["avg60"])
-    except (OSError, ValueError, KeyError, IndexError):
-        pass
-    try:
-        out["load1_per_cpu"] = os.getloadavg()[0] / (os.cpu_count() or 1)
-    except OSError:
-        pass
-    return out
 
 
 def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, warmup_steps: int) -> dict[str, Any]:

@@ -24,16 +24,14 @@ from __future__ import annotations
 import logging
 import math
 import os
-import subprocess
 import time
 import urllib.parse
 import urllib.request
-from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchError, doing
+from bench.metadata import VERSIONED, git_commit, versions  # noqa: F401  (re-exported; gathered in bench.metadata)
 
 #: MLflow HTTP settings the harness uses unless the variable is already set: timeout per request (s),
 #: retries, backoff factor (s) and jitter (s). Worst case per failing call: about 10 + 2 x 10 + 3 s.
@@ -44,42 +42,7 @@ PROBE_TIMEOUT_S = 5.0
 #: URI schemes a tracking URI may use
 SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
 
-#: Packages whose versions are recorded as tags when installed.
-VERSIONED = ("torch", "transformers", "verl", "torch_npu", "vllm", "vllm_ascend", "mlflow", "optuna")
 _MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
-
-
-@lru_cache(maxsize=1)
-def versions() -> dict[str, str]:
-    """Installed versions of :data:`VERSIONED` packages and CANN (absent ones omitted)."""
-    from bench.engines.verl import cann_version
-
-    out = {}
-    if cann := cann_version():
-        out["cann"] = cann
-    for name in VERSIONED:
-        for dist in (name, name.replace("_", "-")):
-            try:
-                out[name] = metadata.version(dist)
-                break
-            except metadata.PackageNotFoundError:
-                continue
-    return out
-
-
-@lru_cache(maxsize=1)
-def git_commit() -> str:
-    """The project's git commit (``+dirty`` when the tree has changes), or ``unknown``."""
-    root = Path(__file__).resolve().parent.parent
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
-        if sha.returncode != 0:
-            return "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10)
-        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-    except (OSError, subprocess.SubprocessError):
-        return "unknown"
 
 
 def _finite(v: Any) -> float | None:

@@ -42,9 +42,23 @@ class Launch(BaseModel):
 
 
 class Engine(Protocol):
-    """An engine: ``build`` a launch for one cell; ``preflight`` checks before a real sweep."""
+    """An engine: ``build`` a launch for one cell; ``preflight`` checks before a real sweep.
+
+    Class attributes (capabilities the commands read instead of testing the engine's name):
+        name: the ``engine:`` value of a matrix file.
+        options_key: the key under ``base`` holding this engine's own settings (``embedded``), or ``None``.
+        shows_config: ``--dry-run`` prints the run config the launch writes (the embedded run config).
+        forkserver_platforms: platforms on which runs may fork from a warm server (``--spawn`` turns it off).
+        supports_smoke: ``run --smoke`` can exercise this engine's launches on a CPU.
+        has_speed_probe: runs log the machine-speed probe (:mod:`bench.speed`) next to each step.
+    """
 
     name: str
+    options_key: str | None
+    shows_config: bool
+    forkserver_platforms: tuple[str, ...]
+    supports_smoke: bool
+    has_speed_probe: bool
 
     def build(
         self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool
@@ -73,17 +87,11 @@ class Engine(Protocol):
 
 
 def get_engine(name: str) -> Engine:
-    """The engine called ``name`` (``embedded`` or ``verl``).
+    """The engine called ``name`` (see :mod:`bench.engines`: the registry of engines).
 
     Raises:
         KeyError: unknown engine name (the matrix schema already restricts it).
     """
-    if name == "embedded":
-        from bench.engines.embedded_launch import EmbeddedEngine
+    from bench.engines import get_engine as lookup
 
-        return EmbeddedEngine()
-    if name == "verl":
-        from bench.engines.verl import VerlEngine
-
-        return VerlEngine()
-    raise KeyError(name)
+    return lookup(name)

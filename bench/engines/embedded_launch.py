@@ -8,7 +8,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from bench.engines import register
 from bench.engines.base import Launch
+from bench.engines.common import default_profile_steps, device_available  # noqa: F401  (re-exported)
 from bench.errors import BenchError
 from bench.matrix import Base, Matrix, expand_env
 from bench.optimizations import Mechanism
@@ -38,15 +40,16 @@ def _fill(value: Any, ctx: dict[str, Any]) -> Any:
     return value
 
 
-def default_profile_steps(base: Base) -> list[int]:
-    """Profile the last step only, so earlier measured steps are timed without profiler overhead."""
-    return list(base.profile_steps) if base.profile_steps is not None else [base.steps]
-
-
+@register
 class EmbeddedEngine:
     """Builds launches of the embedded one-process GRPO engine (:mod:`bench.engines.embedded`)."""
 
     name = "embedded"
+    options_key = "embedded"
+    shows_config = True
+    forkserver_platforms = ("cpu",)
+    supports_smoke = False
+    has_speed_probe = True
 
     def build(
         self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool
@@ -109,21 +112,3 @@ class EmbeddedEngine:
         if platform != "cpu" and not device_available(platform):
             raise BenchError(f"{matrix.source}: platform: {platform} requested but no {platform} device is "
                              "available on this machine (use platform: cpu or auto)")
-
-
-def device_available(platform: str) -> bool:
-    """Whether torch sees at least one device of ``platform`` (``cpu`` always; ``cuda``; ``npu`` via torch_npu)."""
-    if platform == "cpu":
-        return True
-    try:
-        import torch
-
-        if platform == "cuda":
-            return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
-        if platform == "npu" and importlib.util.find_spec("torch_npu") is not None:
-            import torch_npu  # noqa: F401
-
-            return bool(torch.npu.is_available())
-    except Exception:  # a broken driver stack counts as no device
-        return False
-    return False

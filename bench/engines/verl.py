@@ -38,10 +38,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.engines import register
 from bench.engines.base import Launch
-from bench.engines.embedded_launch import default_profile_steps
+from bench.engines.common import default_profile_steps
 from bench.errors import BenchError
 from bench.matrix import Base, Matrix, expand_env
+from bench.metadata import cann_version, installed_version  # noqa: F401  (cann_version re-exported)
 from bench.optimizations import Mechanism, resolve
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
@@ -64,39 +66,6 @@ _UNSET_RE = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-[^}]*)?\}")
 _PLACEHOLDER = "{run_dir}"
 #: Hydra/OmegaConf's "missing value" literal, shown in a dry run for an unset model or data path.
 MISSING = "???"
-
-
-def installed_version(*dists: str) -> str | None:
-    """Version of the first installed distribution among ``dists`` (``None`` when none is)."""
-    for dist in dists:
-        try:
-            return importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return None
-
-
-def cann_version() -> str | None:
-    """CANN toolkit version, read from the toolkit's install info (``version=`` in
-    ``<arch>-linux/ascend_toolkit_install.info``, or ``Version=`` in ``compiler/version.info``) under
-    ``$ASCEND_TOOLKIT_HOME`` / ``$ASCEND_HOME_PATH`` / the default ``/usr/local/Ascend/ascend-toolkit/latest``;
-    ``None`` when no toolkit is found. (Record it with the run metadata next to torch_npu's version.)"""
-    roots = [os.environ.get(k) for k in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")]
-    roots.append("/usr/local/Ascend/ascend-toolkit/latest")
-    for root in filter(None, roots):
-        base = Path(root)
-        candidates = [*sorted(base.glob("*/ascend_toolkit_install.info")), base / "ascend_toolkit_install.info",
-                      base / "compiler" / "version.info"]
-        for info in candidates:
-            try:
-                text = info.read_text()
-            except OSError:
-                continue
-            for line in text.splitlines():
-                key, _, value = line.partition("=")
-                if key.strip().lower() == "version" and value.strip():
-                    return value.strip()
-    return None
 
 
 def _hv(value: Any) -> str:
@@ -296,6 +265,7 @@ def mc2_note() -> str | None:
     return None
 
 
+@register
 class VerlEngine:
     """Builds ``verl.trainer.main_ppo`` launches; checks the machine before a real sweep.
 
@@ -305,6 +275,11 @@ class VerlEngine:
     """
 
     name = "verl"
+    options_key = None
+    shows_config = False
+    forkserver_platforms = ()
+    supports_smoke = True
+    has_speed_probe = False
 
     def __init__(self, verl_version: str | None = None) -> None:
         self.verl_version = verl_version

@@ -1,0 +1,37 @@
+"""Pieces the engines share (neutral ground, so no engine imports another): profiled steps, devices.
+
+Nothing here imports torch at module level: planning and ``--dry-run`` stay light.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+from bench.matrix import Base
+
+
+def default_profile_steps(base: Base) -> list[int]:
+    """The steps run under the profiler: ``base.profile_steps``, or the last step only (so earlier measured
+    steps are timed without profiler overhead). Step numbers are 1-based."""
+    return list(base.profile_steps) if base.profile_steps is not None else [base.steps]
+
+
+def device_available(platform: str) -> bool:
+    """Whether torch sees at least one device of ``platform`` (``cpu`` always; ``cuda``; ``npu`` via torch_npu).
+
+    A broken driver stack counts as no device (never raises).
+    """
+    if platform == "cpu":
+        return True
+    try:
+        import torch
+
+        if platform == "cuda":
+            return bool(torch.cuda.is_available() and torch.cuda.device_count() > 0)
+        if platform == "npu" and importlib.util.find_spec("torch_npu") is not None:
+            import torch_npu  # noqa: F401
+
+            return bool(torch.npu.is_available())
+    except Exception:  # a broken driver stack counts as no device
+        return False
+    return False

@@ -1,0 +1,140 @@
+"""Run metadata, gathered in one place: package versions, the code's git commit, the device runtime
+(CANN, CUDA), this machine and its CPU load.
+
+Everything here reads the machine without side effects and without importing torch; the results are
+recorded with sweeps, runs, baselines and MLflow runs (:mod:`bench.sweep`, :mod:`bench.baseline`,
+:mod:`bench.tracking`).
+"""
+
+from __future__ import annotations
+
+import os
+import platform as _platform
+import subprocess
+import sys
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+#: Packages whose versions are recorded as tags when installed.
+VERSIONED = ("torch", "transformers", "verl", "torch_npu", "vllm", "vllm_ascend", "mlflow", "optuna")
+
+
+def installed_version(*dists: str) -> str | None:
+    """Version of the first installed distribution among ``dists`` (``None`` when none is)."""
+    for dist in dists:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def cann_version() -> str | None:
+    """CANN toolkit version, read from the toolkit's install info (``version=`` in
+    ``<arch>-linux/ascend_toolkit_install.info``, or ``Version=`` in ``compiler/version.info``) under
+    ``$ASCEND_TOOLKIT_HOME`` / ``$ASCEND_HOME_PATH`` / the default ``/usr/local/Ascend/ascend-toolkit/latest``;
+    ``None`` when no toolkit is found. (Recorded with the run metadata next to torch_npu's version.)"""
+    roots = [os.environ.get(k) for k in ("ASCEND_TOOLKIT_HOME", "ASCEND_HOME_PATH")]
+    roots.append("/usr/local/Ascend/ascend-toolkit/latest")
+    for root in filter(None, roots):
+        base = Path(root)
+        candidates = [*sorted(base.glob("*/ascend_toolkit_install.info")), base / "ascend_toolkit_install.info",
+                      base / "compiler" / "version.info"]
+        for info in candidates:
+            try:
+                text = info.read_text()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                key, _, value = line.partition("=")
+                if key.strip().lower() == "version" and value.strip():
+                    return value.strip()
+    return None
+
+
+def cuda_version() -> str | None:
+    """The CUDA runtime torch was built with (``torch.version.cuda``), read only when torch is already
+    imported in this process (never imports it); ``None`` otherwise or on a CPU/NPU build."""
+    torch = sys.modules.get("torch")
+    version = getattr(getattr(torch, "version", None), "cuda", None)
+    return str(version) if version else None
+
+
+def device_runtime() -> dict[str, str]:
+    """The device runtimes found here: ``{"cann": version}`` and/or ``{"cuda": version}`` (absent ones omitted)."""
+    out = {}
+    if cann := cann_version():
+        out["cann"] = cann
+    if cuda := cuda_version():
+        out["cuda"] = cuda
+    return out
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """Installed versions of :data:`VERSIONED` packages and CANN (absent ones omitted)."""
+    out = {}
+    if cann := cann_version():
+        out["cann"] = cann
+    for name in VERSIONED:
+        version = installed_version(name, name.replace("_", "-"))
+        if version is not None:
+            out[name] = version
+    return out
+
+
+@lru_cache(maxsize=1)
+def git_commit() -> str:
+    """The project's git commit (``+dirty`` when the tree has changes), or ``unknown``."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
+        if sha.returncode != 0:
+            return "unknown"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10)
+        return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """A description of this machine: host, OS, architecture, CPU model and count, memory (GiB), Python."""
+    cpu = _platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = None
+    try:
+        mem_gb = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:
+        usable = os.cpu_count()
+    return {"hostname": _platform.node(), "os": _platform.platform(), "arch": _platform.machine(), "cpu": cpu,
+            "cpu_count": os.cpu_count(), "cpus_usable": usable, "memory_gb": mem_gb,
+            "python": _platform.python_version()}
+
+
+def host_load() -> dict[str, float | None]:
+    """CPU contention on this host: PSI ``some`` avg10/avg60 of ``/proc/pressure/cpu`` (% of time a
+    task waited for a CPU; ``None`` where PSI is absent) and the 1-minute load average per CPU."""
+    out: dict[str, float | None] = {"cpu_pressure_avg10": None, "cpu_pressure_avg60": None, "load1_per_cpu": None}
+    try:
+        kv = dict(x.split("=") for x in Path("/proc/pressure/cpu").read_text().splitlines()[0].split()[1:])
+        out["cpu_pressure_avg10"], out["cpu_pressure_avg60"] = float(kv["avg10"]), float(kv["avg60"])
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+    try:
+        out["load1_per_cpu"] = os.getloadavg()[0] / (os.cpu_count() or 1)
+    except OSError:
+        pass
+    return out
