@@ -45,7 +45,7 @@ def main(args: argparse.Namespace) -> int:
                       tracking_uri=args.tracking_uri, metrics=metric_list(args), threshold=args.threshold,
                       alpha=args.alpha, out=out, n_boot=args.bootstrap, seed=args.seed, check_expect=False,
                       pairing=args.pairing == "auto", max_mde=args.max_mde, normalize=args.normalize == "auto",
-                      prefer="sweep")
+                      prefer="sweep", test=getattr(args, "test", None))
     return print_result(result, "compare")
 
 

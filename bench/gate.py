@@ -83,7 +83,7 @@ from bench.matrix import format_validation_error
 from bench.optimizations import REGISTRY, applicability
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 from bench.speed import normalizable, normalized_pair
-from bench.stats import DEFAULT_ALPHA, N_BOOT, compare, mde_from_se, verdict
+from bench.stats import DEFAULT_ALPHA, N_BOOT, TESTS, compare, describe_tests, mde_from_se, verdict
 
 DEFAULT_THRESHOLD = 0.05
 #: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
@@ -135,7 +135,8 @@ def _matrix_levels(snap: dict[str, Any]) -> dict[str, list[int]]:
 
 
 def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: float, n_boot: int = N_BOOT,
-                       seed: int = 0, pairing: bool = False, normalize: bool = True) -> list[dict[str, Any]]:
+                       seed: int = 0, pairing: bool = False, normalize: bool = True,
+                       test: str | None = None) -> list[dict[str, Any]]:
     """Check each claim within one sweep snapshot; one result dict per claim.
 
     With ``normalize`` (default) step times and throughput are speed-normalized (:mod:`bench.speed`)
@@ -186,7 +187,7 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
             rg, cg, res["speed_change"] = normalized_pair(ref, cell, e.metric, rg, cg)
             res["normalized"] = True
         cmp = compare(rg, cg, alpha=alpha, n_boot=n_boot, seed=seed,
-                      scale=m.scale, paired=pairing and pairable(ref, cell, e.metric))
+                      scale=m.scale, paired=pairing and pairable(ref, cell, e.metric), test=test)
         res["comparison"] = cmp.to_dict()
         if cmp.change is None:
             res["reason"] = f"no {e.metric} samples ({cmp.n_base} reference, {cmp.n_cand} compared)" + \
@@ -228,7 +229,7 @@ def _diff_dicts(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[
 
 def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: list[str], threshold: float,
                       alpha: float, n_boot: int = N_BOOT, seed: int = 0, pairing: bool = False,
-                      max_mde: float | None = None, normalize: bool = True) -> dict[str, Any]:
+                      max_mde: float | None = None, normalize: bool = True, test: str | None = None) -> dict[str, Any]:
     """Gate a candidate snapshot against a baseline snapshot.
 
     With ``normalize`` (default) ``step_time`` and ``throughput`` samples are speed-normalized
@@ -318,13 +319,13 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
             paired = pairing and pairable(bc, cc, metric)
             why = normalizable(bc, cc, metric) if normalize else "--normalize off"
             if why is None:
-                raw = compare(bg, cg, alpha=alpha, n_boot=0, ci=False, scale=m.scale, paired=paired)
+                raw = compare(bg, cg, alpha=alpha, n_boot=0, ci=False, scale=m.scale, paired=paired, test=test)
                 bg, cg, sp = normalized_pair(bc, cc, metric, bg, cg)
                 row.update(normalized=True, speed_change=sp, raw_change=raw.change,
                            raw_base_median=raw.base_median, raw_cand_median=raw.cand_median)
             else:
                 row.update(normalized=False, normalize_reason=why)
-            cmp = compare(bg, cg, alpha=alpha, n_boot=n_boot, seed=seed, scale=m.scale, paired=paired)
+            cmp = compare(bg, cg, alpha=alpha, n_boot=n_boot, seed=seed, scale=m.scale, paired=paired, test=test)
             row.update(cmp.to_dict())
             if cmp.min_p >= alpha:
                 row["reason"] = (f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {alpha} "
@@ -414,7 +415,7 @@ def render_markdown(result: dict[str, Any]) -> str:
             lines.append(f"| {r['cell']} | {r['metric']} | {_val(r.get('base_median'), r['metric'])} | "
                          f"{_val(r.get('cand_median'), r['metric'])} | {_pct(r.get('change'))} | {ci} | {p} | "
                          f"{r.get('n_base', '-')}/{r.get('n_cand', '-')} | "
-                         f"{('paired' if r['test'].startswith('wilcoxon') else 'unpaired') if r.get('test') else '-'} | "
+                         f"{_pairing_of(r.get('test'))} | "
                          f"{_speed(r)} | {verdict_txt} |")
     if result.get("expectations"):
         lines += ["", "### Expectations (matrix `expect`)", "",
@@ -527,7 +528,7 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
              metrics: list[str], threshold: float, alpha: float, out: Path | None = None, n_boot: int = N_BOOT,
              seed: int = 0, check_expect: bool = True, pairing: bool = False,
              max_mde: float | None = None, normalize: bool = True,
-             prefer: Literal["baseline", "sweep"] = "baseline") -> dict[str, Any]:
+             prefer: Literal["baseline", "sweep"] = "baseline", test: str | None = None) -> dict[str, Any]:
     """Everything ``gate`` does; returns the result dict (``exit_code``, ``verdict``, ``files`` ...).
 
     ``baseline_ref``: a baseline or a sweep (:func:`load_reference`; ``prefer`` decides a name that is
@@ -544,6 +545,8 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
         raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
     if not 0 < alpha < 0.5:
         raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
+    if test is not None and test not in TESTS:
+        raise BenchError(f"--test {test}: unknown test (allowed: {', '.join(TESTS)})")
     sweep = find_sweep(candidate_ref, results)
     cand = snapshot(sweep, results)
     expects = validate_expect(cand.get("expect"), cand["source"].get("matrix_file") or sweep) if check_expect else []
@@ -557,8 +560,7 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
                      "seed": seed, "pairing": "auto" if pairing else "off",
                      "normalize": "auto" if normalize else "off",
                      "max_mde": 2 * threshold if max_mde is None else max_mde,
-                     "test": ("wilcoxon signed-rank when the steps pair up, else mann-whitney u (two-sided)" if pairing
-                              else "mann-whitney u (two-sided)"),
+                     "test": describe_tests(pairing, test),
                      "estimate": "exp(hodges-lehmann shift of log samples) - 1",
                      "ci": "bootstrap over repeats (and steps when < 4 repeats), percentile"},
         "candidate": {"sweep": cand["source"]["sweep"], "sweep_id": cand["source"]["sweep_id"],
@@ -577,10 +579,10 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
         cand["machine"] = machine()
         result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,
                                         n_boot=n_boot, seed=seed, pairing=pairing, max_mde=max_mde,
-                                        normalize=normalize))
+                                        normalize=normalize, test=test))
     if expects:
         exp = check_expectations(cand, expects, alpha=alpha, n_boot=n_boot, seed=seed, pairing=pairing,
-                                 normalize=normalize)
+                                 normalize=normalize, test=test)
         result["expectations"] = exp
         if any(e["result"] == "not met" for e in exp):
             result["verdict"], result["exit_code"] = "regression", 1
@@ -642,6 +644,9 @@ def add_comparison_arguments(p: argparse.ArgumentParser) -> None:
                    help="off (default): unpaired (Mann-Whitney U on the samples of all repeats); auto: compare step by "
                         "step when both sides ran the same steps on the same work (same seed; equal response/prompt "
                         "lengths per step; Wilcoxon signed-rank), which helps with 1-2 repeats")
+    p.add_argument("--test", default=None, metavar="NAME",
+                   help="the two-sample test by name (bench.stats.TESTS; a paired one only where the steps pair "
+                        "up). Default: Mann-Whitney U, or Wilcoxon signed-rank where --pairing auto pairs the steps")
     p.add_argument("--normalize", choices=("auto", "off"), default="auto",
                    help="auto (default): divide step times (multiply throughput) by the machine-speed probe timed "
                         "around each step when both sides have the same probe (embedded engine on CPU); "
@@ -662,7 +667,7 @@ def main(args: argparse.Namespace) -> int:
                           tracking_uri=args.tracking_uri, metrics=metrics, threshold=args.threshold,
                           alpha=args.alpha, out=args.out, n_boot=args.bootstrap, seed=args.seed,
                           check_expect=not args.no_expect, pairing=args.pairing == "auto", max_mde=args.max_mde,
-                          normalize=args.normalize == "auto")
+                          normalize=args.normalize == "auto", test=getattr(args, "test", None))
     except BenchError as exc:
         summary = os.environ.get("GITHUB_STEP_SUMMARY")
         if summary:
@@ -673,6 +678,14 @@ def main(args: argparse.Namespace) -> int:
                 pass
         raise
     return print_result(result, "gate")
+
+
+def _pairing_of(test: str | None) -> str:
+    """``paired`` / ``unpaired`` for the markdown table, from the registered test of that name."""
+    if not test:
+        return "-"
+    known = TESTS.get(test)
+    return "paired" if (known.paired if known is not None else test.startswith("wilcoxon")) else "unpaired"
 
 
 def metric_list(args: argparse.Namespace) -> list[str]:
