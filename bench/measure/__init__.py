@@ -5,16 +5,16 @@
 * :func:`summarize` turns per-step metrics (+ Free ratio) into the run's statistics over the
   measured (non-warm-up) steps.
 
-Readers: :mod:`bench.measure.jsonl` (verl file-logger JSONL), :mod:`bench.measure.torch_trace`
-(Free ratio from a torch chrome trace), :mod:`bench.measure.ascend` (``step_trace_time.csv`` /
-``analysis.db`` of torch_npu).
+Formats: one :class:`~bench.measure.formats.Reader` each, asked in the order of :data:`READERS`
+(registered below, one line per format): :mod:`bench.measure.jsonl` (verl file-logger JSONL),
+:mod:`bench.measure.torch_trace` (Free ratio from a torch chrome trace), :mod:`bench.measure.ascend`
+(``step_trace_time.csv`` / ``analysis.db`` of torch_npu).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -23,6 +23,7 @@ import numpy as np
 from bench.measure._common import MeasureError, finite, iqr, mean, median
 from bench.measure.ascend import (
     AscendFree,
+    AscendReader,
     analyse_raw,
     ensure_analysed,
     find_ascend_profiles,
@@ -30,19 +31,39 @@ from bench.measure.ascend import (
     read_step_trace_csv,
     read_step_trace_db,
 )
-from bench.measure.jsonl import MetricsLog, StepMetrics, looks_like_verl_jsonl, read_metrics_jsonl
-from bench.measure.torch_trace import (
-    StepFree,
-    TraceFree,
-    looks_like_chrome_trace,
-    parse_trace_free,
+from bench.measure.formats import READERS, Measurements, Reader, ReadOptions, register_reader, unregister_reader
+from bench.measure.jsonl import (
+    JsonlReader,
+    MetricsLog,
+    StepMetrics,
+    find_metrics_file,
+    read_metrics_jsonl,
 )
+from bench.measure.torch_trace import (
+    TRACE_DIRS,
+    StepFree,
+    TorchTraceReader,
+    TraceFree,
+    find_torch_traces,
+    parse_trace_free,
+    step_from_path,
+)
+
+#: the formats collect() reads, in this order (their warnings appear in this order): one line each
+register_reader(JsonlReader())
+register_reader(TorchTraceReader())
+register_reader(AscendReader())
 
 __all__ = [
     "PHASES",
     "AscendFree",
     "MeasureError",
+    "Measurements",
     "MetricsLog",
+    "READERS",
+    "ReadOptions",
+    "Reader",
+    "TRACE_DIRS",
     "StepFree",
     "StepMetrics",
     "TraceFree",
@@ -57,7 +78,10 @@ __all__ = [
     "read_metrics_jsonl",
     "read_step_trace_csv",
     "read_step_trace_db",
+    "register_reader",
+    "step_from_path",
     "summarize",
+    "unregister_reader",
 ]
 
 #: phase key -> verl metric (seconds); ``other`` = ``timing_s/step`` minus the phases present
@@ -70,78 +94,6 @@ PHASES = {
     "update_actor": "timing_s/update_actor",
 }
 STEP_TIME = "timing_s/step"
-TRACE_DIRS = ("trace", "profile")
-
-
-def _rel(path: str | os.PathLike, root: Path) -> str:
-    try:
-        return Path(path).relative_to(root).as_posix()
-    except ValueError:
-        return Path(path).as_posix()
-
-
-def _walk_files(root: Path) -> Iterable[Path]:
-    """Files below ``root`` in sorted order, not descending into ``*_ascend_pt`` folders."""
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.endswith("_ascend_pt"))
-        for name in sorted(filenames):
-            yield Path(dirpath) / name
-
-
-def find_metrics_file(run_dir: str | os.PathLike) -> tuple[Path | None, list[Path]]:
-    """The metrics JSONL of a run folder and the other candidates.
-
-    ``<run_dir>/metrics.jsonl`` if present; else every ``*.jsonl`` below the folder whose first
-    line is a verl file-logger record, the shallowest (then alphabetically first) chosen.
-    Returns ``(chosen or None, other candidates)``.
-    """
-    root = Path(run_dir)
-    direct = root / "metrics.jsonl"
-    candidates = [p for p in _walk_files(root) if p.name.endswith(".jsonl") and p != direct]
-    candidates = [p for p in candidates if looks_like_verl_jsonl(p)]
-    candidates.sort(key=lambda p: (len(p.relative_to(root).parts), p.as_posix()))
-    if direct.is_file():
-        return direct, candidates
-    if candidates:
-        return candidates[0], candidates[1:]
-    return None, []
-
-
-_PATH_STEP_RE = re.compile(r"(?:^|[_\-/])(?:train_)?step[_\-]?(\d+)(?=[_\-./]|$)")
-
-
-def step_from_path(rel: str) -> int | None:
-    """The training step a trace file's name or folders name (``None`` if none does).
-
-    verl's torch profiler writes one trace per role and profiled step, named like
-    ``actor-rollout_train_step2_rank0-of-1_pid123.json.gz`` (verl >= 0.7), or ``<save_path>/<step>/<role>/``
-    folders (verl 0.6.x): a trace without ``ProfilerStep#N`` windows is attributed to that step.
-    """
-    m = _PATH_STEP_RE.search(rel)
-    if m:
-        return int(m.group(1))
-    for part in Path(rel).parts[:-1]:
-        if part.isdigit():
-            return int(part)
-    return None
-
-
-def find_torch_traces(run_dir: str | os.PathLike) -> list[Path]:
-    """Chrome traces under ``<run_dir>/trace/`` and ``<run_dir>/profile/`` (any depth).
-
-    Names ending ``.json`` or ``.json.gz`` (``*.pt.trace.json[.gz]``, verl's ``prof_rank-<r>.json.gz``)
-    whose first bytes look like a chrome trace; nothing inside ``*_ascend_pt`` folders.
-    """
-    root = Path(run_dir)
-    found = []
-    for sub in TRACE_DIRS:
-        base = root / sub
-        if not base.is_dir():
-            continue
-        for p in _walk_files(base):
-            if (p.name.endswith(".json") or p.name.endswith(".json.gz")) and looks_like_chrome_trace(p):
-                found.append(p)
-    return found
 
 
 def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analyse: bool = False) -> dict:
@@ -194,72 +146,24 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
         "warnings": warnings,
     }
 
-    metrics_path, others = find_metrics_file(root)
-    if metrics_path is not None:
-        log = read_metrics_jsonl(metrics_path)
-        out["metrics_file"] = _rel(metrics_path, root)
-        out["metrics"] = log.by_step()
-        out["metrics_issues"] = log.issues()
-        if log.truncated_last_line:
-            warnings.append(f"{_rel(metrics_path, root)}: last line truncated (run killed mid-write); skipped")
-        for lineno, reason in log.bad_lines:
-            warnings.append(f"{_rel(metrics_path, root)}:{lineno}: skipped: {reason}")
-        if others:
-            warnings.append(f"other metrics JSONL files ignored: {[_rel(p, root) for p in others]}")
-    else:
-        warnings.append("no metrics JSONL found")
-
     per_step: dict[int, list[dict]] = {}
     missing_by_step: dict[int, list[int]] = {}
-
-    for trace_path in find_torch_traces(root):
-        rel = _rel(trace_path, root)
-        try:
-            tf = parse_trace_free(trace_path)
-        except MeasureError as exc:
-            warnings.append(str(exc))
+    options = ReadOptions(expected_ranks=expected_ranks, analyse=analyse)
+    for reader in READERS:
+        reader.prepare(root, options)
+        if not reader.detect(root):
+            if reader.when_absent:
+                warnings.append(reader.when_absent)
             continue
-        d = tf.to_dict()
-        d["path"] = rel
-        out["traces"].append(d)
-        warnings.extend(f"{rel}: {w}" for w in tf.warnings)
-        path_step = step_from_path(rel)
-        for s in tf.steps:
-            if math.isnan(s.free_ratio):
-                continue
-            entry = {"kind": "torch", "source": rel, "free_ratio": s.free_ratio, "basis": s.basis}
-            step = s.step if s.step is not None else path_step
+        got = reader.read(root, options)
+        out.update(got.fields)
+        warnings.extend(got.warnings)
+        for step, entry in got.free:
             if step is None:
                 out["unstepped_free"].append(entry)
             else:
                 per_step.setdefault(step, []).append(entry)
-
-    if analyse:
-        ensure_analysed(root)
-    if find_ascend_profiles(root):
-        af = read_ascend_free(root, expected_ranks=expected_ranks)
-        ad = af.to_dict()
-        for p in ad["profiles"]:
-            p["path"] = _rel(p["path"], root)
-            if p["output"]:
-                p["output"] = _rel(p["output"], root)
-        ad["root"] = "."
-        ad["needs_analyse"] = [_rel(p, root) for p in ad["needs_analyse"]]
-        out["ascend"] = ad
-        warnings.extend(af.warnings)
-        if af.needs_analyse:
-            warnings.append(f"raw Ascend profiler data not parsed yet (run analyse): {ad['needs_analyse']}")
-        if af.missing_ranks:
-            warnings.append(f"Ascend profiler output missing for rank(s) {af.missing_ranks}")
-        for step, across in af.steps.items():
-            for rank, ratio in across.per_rank.items():
-                entry = {"kind": "ascend", "source": f"rank {rank}", "free_ratio": ratio, "basis": "device"}
-                if step is None:
-                    out["unstepped_free"].append(entry)
-                else:
-                    per_step.setdefault(step, []).append(entry)
-            if step is not None:
-                missing_by_step[step] = list(across.missing_ranks)
+        missing_by_step.update(got.missing_ranks)
 
     for step in sorted(per_step):
         vals = [e["free_ratio"] for e in per_step[step]]

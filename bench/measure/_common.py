@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -99,3 +101,19 @@ def merge_segments(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np
     last = np.append(idx[1:] - 1, s.size - 1)
     seg_ends = run_max[last]
     return seg_starts, seg_ends
+
+
+def rel_path(path: str | os.PathLike, root: Path) -> str:
+    """``path`` relative to ``root`` in POSIX form (as given when it is not below ``root``)."""
+    try:
+        return Path(path).relative_to(root).as_posix()
+    except ValueError:
+        return Path(path).as_posix()
+
+
+def walk_files(root: Path) -> Iterable[Path]:
+    """Files below ``root`` in sorted order, not descending into ``*_ascend_pt`` folders."""
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.endswith("_ascend_pt"))
+        for name in sorted(filenames):
+            yield Path(dirpath) / name

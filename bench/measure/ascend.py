@@ -41,7 +41,8 @@ import sqlite3
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench.measure._common import MeasureError, to_float
+from bench.measure._common import MeasureError, rel_path, to_float
+from bench.measure.formats import Measurements, Reader, ReadOptions
 
 OUTPUT_DIR = "ASCEND_PROFILER_OUTPUT"
 STEP_TRACE_CSV = "step_trace_time.csv"
@@ -494,3 +495,38 @@ def ensure_analysed(root: str | os.PathLike) -> list[str]:
     for folder in todo:
         analyse_raw(folder)
     return todo
+
+
+class AscendReader(Reader):
+    """torch_npu profiler folders (``*_ascend_pt``): the device Free ratio per step and rank from
+    ``step_trace_time.csv`` / ``analysis.db``; ``prepare`` runs the offline ``analyse`` when asked."""
+
+    name = "ascend"
+
+    def prepare(self, run_dir: Path, options: ReadOptions) -> None:
+        if options.analyse:
+            ensure_analysed(run_dir)
+
+    def detect(self, run_dir: Path) -> bool:
+        return bool(find_ascend_profiles(run_dir))
+
+    def read(self, run_dir: Path, options: ReadOptions) -> Measurements:
+        af = read_ascend_free(run_dir, expected_ranks=options.expected_ranks)
+        ad = af.to_dict()
+        for p in ad["profiles"]:
+            p["path"] = rel_path(p["path"], run_dir)
+            if p["output"]:
+                p["output"] = rel_path(p["output"], run_dir)
+        ad["root"] = "."
+        ad["needs_analyse"] = [rel_path(p, run_dir) for p in ad["needs_analyse"]]
+        out = Measurements(fields={"ascend": ad}, warnings=list(af.warnings))
+        if af.needs_analyse:
+            out.warnings.append(f"raw Ascend profiler data not parsed yet (run analyse): {ad['needs_analyse']}")
+        if af.missing_ranks:
+            out.warnings.append(f"Ascend profiler output missing for rank(s) {af.missing_ranks}")
+        for step, across in af.steps.items():
+            for rank, ratio in across.per_rank.items():
+                out.free.append((step, {"kind": "ascend", "source": f"rank {rank}", "free_ratio": ratio, "basis": "device"}))
+            if step is not None:
+                out.missing_ranks[step] = list(across.missing_ranks)
+        return out

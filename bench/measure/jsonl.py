@@ -29,7 +29,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.measure._common import MeasureError, to_float
+from bench.measure._common import MeasureError, rel_path, to_float, walk_files
+from bench.measure.formats import Measurements, Reader, ReadOptions
 
 
 @dataclass(frozen=True)
@@ -154,3 +155,48 @@ def looks_like_verl_jsonl(path: str | os.PathLike, max_bytes: int = 1 << 16) -> 
             return False
         return isinstance(obj, dict) and "step" in obj and isinstance(obj.get("data"), dict)
     return False
+
+
+def find_metrics_file(run_dir: str | os.PathLike) -> tuple[Path | None, list[Path]]:
+    """The metrics JSONL of a run folder and the other candidates.
+
+    ``<run_dir>/metrics.jsonl`` if present; else every ``*.jsonl`` below the folder whose first
+    line is a verl file-logger record, the shallowest (then alphabetically first) chosen.
+    Returns ``(chosen or None, other candidates)``.
+    """
+    root = Path(run_dir)
+    direct = root / "metrics.jsonl"
+    candidates = [p for p in walk_files(root) if p.name.endswith(".jsonl") and p != direct]
+    candidates = [p for p in candidates if looks_like_verl_jsonl(p)]
+    candidates.sort(key=lambda p: (len(p.relative_to(root).parts), p.as_posix()))
+    if direct.is_file():
+        return direct, candidates
+    if candidates:
+        return candidates[0], candidates[1:]
+    return None, []
+
+
+class JsonlReader(Reader):
+    """verl's file-logger JSONL (also what the embedded engine writes): per-step metrics."""
+
+    name = "jsonl"
+    when_absent = "no metrics JSONL found"
+
+    def detect(self, run_dir: Path) -> bool:
+        return find_metrics_file(run_dir)[0] is not None
+
+    def read(self, run_dir: Path, options: ReadOptions) -> Measurements:
+        metrics_path, others = find_metrics_file(run_dir)
+        out = Measurements()
+        if metrics_path is None:
+            return out
+        log = read_metrics_jsonl(metrics_path)
+        rel = rel_path(metrics_path, run_dir)
+        out.fields = {"metrics_file": rel, "metrics": log.by_step(), "metrics_issues": log.issues()}
+        if log.truncated_last_line:
+            out.warnings.append(f"{rel}: last line truncated (run killed mid-write); skipped")
+        for lineno, reason in log.bad_lines:
+            out.warnings.append(f"{rel}:{lineno}: skipped: {reason}")
+        if others:
+            out.warnings.append(f"other metrics JSONL files ignored: {[rel_path(p, run_dir) for p in others]}")
+        return out
