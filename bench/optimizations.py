@@ -65,7 +65,13 @@ class Optimization(BaseModel):
         mechanisms: per target, per level, what the level sets.
         not_applicable: per target, why the factor cannot be applied there.
         requires: settings the factor needs; unmet -> not applicable with the reason.
-        evidence: how a run shows the factor took effect.
+        evidence: how a run shows the factor took effect (prose).
+        evidence_checks: per target, the check that reads a finished run and judges whether the level
+            took effect, as ``"module:function"`` (imported when a run is measured); the function takes
+            ``(level, patch_reports, composed_config)`` and returns ``(verdict, detail)`` with verdict in
+            ``confirmed | missing | contradicted | n/a`` (see :mod:`bench.measure.verl_evidence`).
+        article_level: the level whose gain the article reports; the report puts that level's gain
+            beside the article's (table and ``article.png``); ``None``: no article figure.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -80,6 +86,8 @@ class Optimization(BaseModel):
     not_applicable: dict[str, str] = Field(default_factory=dict)
     requires: tuple[Requirement, ...] = ()
     evidence: str = ""
+    evidence_checks: dict[str, str] = Field(default_factory=dict)
+    article_level: int | None = None
 
     @property
     def off(self) -> int:
@@ -133,6 +141,7 @@ REGISTRY: dict[str, Optimization] = {
                 "embedded:*": {0: M(config={"rmsnorm_fused": False}), 1: M(config={"rmsnorm_fused": True})},
             },
             evidence="the RMSNorm forward installed in each process (patch report / run evidence)",
+            evidence_checks={"verl:*": "bench.measure.verl_evidence:rmsnorm_fused"},
         ),
         Optimization(
             key="task_queue",
@@ -142,6 +151,7 @@ REGISTRY: dict[str, Optimization] = {
             levels=(0, 1, 2),
             default_levels=(0, 1, 2),
             article_gain=0.09,
+            article_level=1,
             mechanisms={
                 "verl:npu": {lv: M(env={"TASK_QUEUE_ENABLE": str(lv)}) for lv in (0, 1, 2)},
                 "embedded:npu": {lv: M(env={"TASK_QUEUE_ENABLE": str(lv)}) for lv in (0, 1, 2)},
@@ -160,6 +170,7 @@ REGISTRY: dict[str, Optimization] = {
             section="3.2.1",
             acts="training",
             article_gain=0.15,
+            article_level=1,
             mechanisms={
                 "verl:*": {0: M(overrides=_DYN_OFF_OVERRIDES), 1: M(overrides=_DYN_ON_OVERRIDES)},
                 "embedded:*": {
@@ -174,6 +185,7 @@ REGISTRY: dict[str, Optimization] = {
                 },
             },
             evidence="micro-batches formed per pass and padded vs real tokens (perf/*micro_batches*)",
+            evidence_checks={"verl:*": "bench.measure.verl_evidence:dynamic_bsz"},
         ),
         Optimization(
             key="forward_prefetch",
@@ -193,6 +205,7 @@ REGISTRY: dict[str, Optimization] = {
             },
             not_applicable={"embedded:*": "the embedded engine trains in one process without FSDP: nothing to prefetch"},
             evidence="fsdp_config.forward_prefetch in the resolved verl config; FSDP2 ignores it in some verl versions",
+            evidence_checks={"verl:*": "bench.measure.verl_evidence:forward_prefetch"},
         ),
         Optimization(
             key="mc2",
@@ -200,6 +213,7 @@ REGISTRY: dict[str, Optimization] = {
             section="3.3.1",
             acts="rollout",
             article_gain=0.08,
+            article_level=1,
             mechanisms={
                 "verl:npu": {
                     0: M(env={"VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE": "0"}),
@@ -254,6 +268,7 @@ REGISTRY: dict[str, Optimization] = {
                 "new sequence length and costs more than a short benchmark run, so there is no faithful analog",
             },
             evidence="rollout.enforce_eager in the resolved verl config",
+            evidence_checks={"verl:*": "bench.measure.verl_evidence:graph_mode"},
         ),
     ]
 }
@@ -307,6 +322,32 @@ def resolve(key: str, level: int, engine: str, platform: str) -> Mechanism:
         if target in opt.mechanisms:
             return opt.mechanisms[target][level]
     raise KeyError(f"{key} has no mechanism on {engine}:{platform}")
+
+
+def evidence_check(key: str, engine: str, platform: str):
+    """The evidence check of factor ``key`` on ``engine``/``platform`` (a callable, see
+    :attr:`Optimization.evidence_checks`), or ``None`` when the registry names none.
+
+    Raises:
+        KeyError: unknown factor key.
+        ImportError / AttributeError: the named module or function does not exist.
+    """
+    import importlib
+
+    opt = REGISTRY[key]
+    for target in (f"{engine}:{platform}", f"{engine}:*"):
+        if target in opt.evidence_checks:
+            module, _, func = opt.evidence_checks[target].partition(":")
+            return getattr(importlib.import_module(module), func)
+    return None
+
+
+def article_factors() -> list[tuple[str, int]]:
+    """``(factor, level)`` of the optimizations with an article figure (:attr:`Optimization.article_level`),
+    largest article gain first: the rows of the report's comparison with the article."""
+    opts = [o for o in REGISTRY.values() if o.article_level is not None]
+    opts.sort(key=lambda o: -(o.article_gain or 0.0))
+    return [(o.key, o.article_level) for o in opts]
 
 
 def conflicts_of(levels: dict[str, int]) -> list[str]:

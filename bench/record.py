@@ -94,6 +94,8 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
             _timed_stats(rec["summary"], got["metrics"])
     if spec["engine"] == "verl":
         _verl_evidence(run_dir, rec)
+    else:  # other engines: the registry's evidence checks for this engine, where an entry names one
+        _registry_evidence(run_dir, rec)
     if res.returncode != 0 or res.timed_out:
         rec["status"] = "failed"
         rec["failure_kind"], rec["reason"] = _failure(run_dir, res)
@@ -118,13 +120,32 @@ def _verl_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
     ``evidence.json``; factors whose evidence is missing or contradicted become warnings."""
     from bench.measure.verl_evidence import factor_evidence, flagged
 
-    ev = factor_evidence(run_dir, rec["levels"])
+    ev = factor_evidence(run_dir, rec["levels"], "verl", rec["platform"])
     rec["evidence"] = {**rec["evidence"], **{k: f"{v['verdict']}: {v['detail']}" for k, v in ev.items()}}
     rec["evidence_verdicts"] = {k: v["verdict"] for k, v in ev.items()}
     rec["evidence_flagged"] = flagged(ev)
     for key in rec["evidence_flagged"]:
         rec["warnings"].append(f"factor {key}: evidence {ev[key]['verdict']}: {ev[key]['detail']}")
     atomic_write_json(run_dir / "evidence.json", {"factors": ev})
+
+
+def _registry_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
+    """Evidence of the factors whose registry entry names a check for this engine/platform
+    (:attr:`bench.optimizations.Optimization.evidence_checks`), into the record; ``evidence.json`` (the
+    engine's own) is left as written. Missing or contradicted evidence becomes a warning."""
+    from bench.measure.verl_evidence import factor_evidence, flagged
+    from bench.optimizations import REGISTRY, evidence_check
+
+    levels = {k: v for k, v in rec["levels"].items()
+              if v is not None and k in REGISTRY and evidence_check(k, rec["engine"], rec["platform"]) is not None}
+    if not levels:
+        return
+    ev = factor_evidence(run_dir, levels, rec["engine"], rec["platform"])
+    rec["evidence"] = {**rec["evidence"], **{k: f"{v['verdict']}: {v['detail']}" for k, v in ev.items()}}
+    rec["evidence_verdicts"] = {k: v["verdict"] for k, v in ev.items()}
+    rec["evidence_flagged"] = flagged(ev)
+    for key in rec["evidence_flagged"]:
+        rec["warnings"].append(f"factor {key}: evidence {ev[key]['verdict']}: {ev[key]['detail']}")
 
 
 def _timed_stats(summary: dict[str, Any], metrics: dict[int, dict[str, float]]) -> None:

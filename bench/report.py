@@ -48,7 +48,7 @@ from bench.gate import DEFAULT_ALPHA as GATE_ALPHA
 from bench.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.gate import check_expectations, validate_expect
 from bench.model import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
-from bench.optimizations import FACTOR_KEYS, REGISTRY, applicability
+from bench.optimizations import FACTOR_KEYS, REGISTRY, applicability, article_factors
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 from bench.speed import normalize_snapshot
 from bench.stats import N_BOOT, cell_means_residual, fit_effects, mde_from_se, noise_components, run_contrast
@@ -211,7 +211,7 @@ def article_rows(snap: dict[str, Any], rows: list[dict[str, Any]], eff: dict[str
         if e2e["ours_cell"] is None:
             e2e["note"] += "; the sweep has no finished all-on cell"
     out.append(e2e)
-    for key, on_level in (("dynamic_bsz", 1), ("task_queue", 1), ("mc2", 1)):
+    for key, on_level in article_factors():
         opt = REGISTRY[key]
         row = {"claim": opt.title, "factor": key, "section": opt.section, "article": opt.article_gain,
                "ours_cell": None, "ours_cell_ci": [None, None], "ours_effect": None, "ours_effect_ci": [None, None],

@@ -20,6 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.optimizations import REGISTRY, evidence_check
+
 #: Verdict words, in order of concern.
 VERDICTS = ("contradicted", "missing", "confirmed", "n/a")
 HYDRA_CONFIG = Path("hydra") / ".hydra" / "config.yaml"
@@ -156,18 +158,13 @@ def rmsnorm_fused(level: int, reports: list[dict], cfg: dict | None) -> tuple[st
     return "missing", "no RMSNorm patch report and no use_liger in the composed config"
 
 
-CHECKS = {
-    "dynamic_bsz": dynamic_bsz,
-    "forward_prefetch": forward_prefetch,
-    "graph_mode": graph_mode,
-    "rmsnorm_fused": rmsnorm_fused,
-}
-
-
-def factor_evidence(run_dir: str | Path, levels: dict[str, int | None]) -> dict[str, dict[str, str]]:
+def factor_evidence(run_dir: str | Path, levels: dict[str, int | None], engine: str = "verl",
+                    platform: str = "*") -> dict[str, dict[str, str]]:
     """Per factor of ``levels``: ``{"verdict": confirmed|missing|contradicted|n/a, "detail": str}``.
 
-    Factors without a check here (``task_queue``, ``mc2``, ``mrope_cache``: environment variables and
+    The check of each factor is the one its registry entry names for ``engine``/``platform``
+    (:attr:`bench.optimizations.Optimization.evidence_checks`; the functions above for verl).
+    Factors without a check (``task_queue``, ``mc2``, ``mrope_cache``: environment variables and
     vLLM-Ascend patches, NPU only) are judged from the patch reports' requested list where they are
     patches, else reported ``n/a`` when not applicable and ``missing`` otherwise.
     """
@@ -178,9 +175,9 @@ def factor_evidence(run_dir: str | Path, levels: dict[str, int | None]) -> dict[
         if level is None:
             out[key] = {"verdict": "n/a", "detail": "not applicable on this target"}
             continue
-        check = CHECKS.get(key)
+        check = evidence_check(key, engine, platform) if key in REGISTRY else None
         if check is None:
-            out[key] = {"verdict": "missing", "detail": "no evidence reader for this factor on verl yet"}
+            out[key] = {"verdict": "missing", "detail": f"no evidence reader for this factor on {engine} yet"}
             continue
         verdict, detail = check(int(level), reports, cfg)
         out[key] = {"verdict": verdict, "detail": detail}
