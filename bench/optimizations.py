@@ -284,6 +284,29 @@ CONFLICTS: tuple[Conflict, ...] = (
 FACTOR_KEYS: tuple[str, ...] = tuple(REGISTRY)
 
 
+def register_optimization(opt: Optimization) -> Optimization:
+    """Add ``opt`` to :data:`REGISTRY` and :data:`FACTOR_KEYS` (returns it). For an optimization kept outside
+    this file (a plugin): call it before the harness's other modules are imported, since they bind
+    ``FACTOR_KEYS`` at import. An optimization of the project itself is one more entry in the list above.
+
+    Raises:
+        ValueError: the key is taken.
+    """
+    global FACTOR_KEYS
+    if opt.key in REGISTRY:
+        raise ValueError(f"optimization {opt.key!r} is already registered")
+    REGISTRY[opt.key] = opt
+    FACTOR_KEYS = tuple(REGISTRY)
+    return opt
+
+
+def unregister_optimization(key: str) -> None:
+    """Remove the optimization ``key`` from :data:`REGISTRY` and :data:`FACTOR_KEYS` (tests undo a toy with it)."""
+    global FACTOR_KEYS
+    REGISTRY.pop(key, None)
+    FACTOR_KEYS = tuple(REGISTRY)
+
+
 def applicability(key: str, engine: str, platform: str, context: dict[str, Any]) -> str | None:
     """Why factor ``key`` is not applicable on ``engine``/``platform`` with these settings, or ``None``.
 
