@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from bench.engines import engine_class, engines_with, get_engine
@@ -127,30 +126,53 @@ def print_plan(plan: Plan, console: Console) -> None:
 
 
 class ConsoleView:
-    """Progress bar over cell repeats plus a line per finished run (a growing live table).
+    """The live progress of a sweep (:class:`bench.progress.LiveProgress`: runs done/total, ETA from the
+    measured run times, the current cell and what it is doing) plus a line per finished run.
 
     Each line shows the run's own median timed step (raw seconds); speedups are a cell statistic and
-    appear only in the final table (:func:`summary_table`, the rows of ``summary.md``)."""
+    appear only in the final table (:func:`summary_table`, the rows of ``summary.md``).
 
-    def __init__(self, console: Console):
+    Args:
+        console: :func:`bench.progress.make_console`.
+        executor: the sweep's executor (a fork server still importing is shown as such).
+        steps: GRPO steps per run (``base.steps``), for ``step k/N``.
+        engine: the matrix's engine (what a run's start-up is called).
+    """
+
+    def __init__(self, console: Console, executor: Any = None, steps: int = 0, engine: str = ""):
+        from bench.progress import LiveProgress
+
         self.console = console
-        self.progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TimeElapsedColumn(), console=console, transient=True)
-        self.task = None
+        self.executor, self.steps, self.engine = executor, steps, engine
+        self.live = LiveProgress(console, noun="run")
+        self.sweep_dir: Path | None = None
+
+    def prepare(self, text: str) -> None:
+        """Before the sweep's start event: say what the harness is doing (results folder, MLflow, fork server)."""
+        self.live.start(text)
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
+        from bench.progress import FORKSERVER_STARTING, run_status
+
         if kind == "start":
             verb = "resuming" if data.get("resumed") else "sweep"
-            self.console.print(f"{verb}: {data['sweep_dir']}")
-            self.progress.start()
-            self.task = self.progress.add_task("cells", total=data["total"])
+            self.sweep_dir = Path(data["sweep_dir"])
+            self.live.print(f"{verb}: {data['sweep_dir']}", markup=False)
             if data.get("order"):
                 seed = f", seed {data['order_seed']}" if data.get("order_seed") is not None else ""
-                self.console.print(f"run order: {data['order']}{seed}")
-            self.console.print(f"{'status':8} {'cell':34} {'rep':>3} {'step s':>8} "
-                               f"{'rollout':>8} {'Free':>6}")
+                self.live.print(f"run order: {data['order']}{seed}", markup=False)
+            self.live.print(f"{'status':8} {'cell':34} {'rep':>3} {'step s':>8} {'rollout':>8} {'Free':>6}",
+                            markup=False)
+            starting = getattr(self.executor, "proc", None) is not None and not getattr(self.executor, "ready", True)
+            self.live.start(FORKSERVER_STARTING if starting else "starting the first run", total=data["total"])
         elif kind == "launch":
-            self.progress.update(self.task, description=f"running {data['spec'].label} r{data['repeat']}")
+            spec, k = data["spec"], data["repeat"]
+            from bench.results import run_dir
+
+            rdir = run_dir(self.sweep_dir, spec.cell_id, k) if self.sweep_dir is not None else None
+            steps = self.steps or 1
+            status_of = (lambda: run_status(rdir, steps, self.engine, spec.launch, self.executor)) if rdir else None
+            self.live.begin(f"{spec.label} r{k}", status_of)
         elif kind in ("done", "skip"):
             rec = data["record"] or {}
             s = rec.get("summary") or {}
@@ -165,13 +187,16 @@ class ConsoleView:
                     f"{(f'{fr:.3f}' if fr is not None else '-'):>6}")
             if rec.get("status") == "failed":
                 line += f"  {rec.get('failure_kind')}: {rec.get('reason', '')[:100]}"
-            self.console.print(line, style="red" if rec.get("status") == "failed" else None, soft_wrap=True)
-            self.progress.advance(self.task)
+            self.live.print(line, style="red" if rec.get("status") == "failed" else None, soft_wrap=True,
+                            markup=False)
+            self.live.finish(measured=kind == "done")
+            if self.live.total is not None and self.live.done >= self.live.total:
+                self.live.set_status("writing the summary and closing the MLflow run")
         elif kind == "warn":
-            self.console.print(f"[yellow]warning[/]: {data['message']}")
+            self.live.print(f"warning: {data['message']}", markup=False)
 
     def stop(self) -> None:
-        self.progress.stop()
+        self.live.stop()
 
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
@@ -242,9 +267,9 @@ def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""
 
 def main(args: argparse.Namespace) -> int:
     """Run (or dry-run) a matrix; 0 when every cell finished, 1 when some failed, 2 on bad input."""
-    console = Console(highlight=False, soft_wrap=True)
-    if not console.is_terminal:  # CI log or file: no 80-column default
-        console = Console(highlight=False, soft_wrap=True, width=max(PLAIN_WIDTH, console.width))
+    from bench.progress import make_console
+
+    console = make_console(PLAIN_WIDTH)  # CI log or file: no colours, no 80-column default
     matrix = load_matrix(args.matrix, getattr(args, "overrides", None))  # its expect claims too
     if getattr(args, "smoke", False):
         return smoke_main(args, matrix, console)
@@ -265,9 +290,11 @@ def main(args: argparse.Namespace) -> int:
     check_writable(args.results)
     from bench.sweep import Sweep
 
-    view = ConsoleView(console)
+    executor = make_executor(args, matrix.engine, plan.platform)
+    view = ConsoleView(console, executor, matrix.base.steps, matrix.engine)
+    view.prepare(f"opening the results folder and the MLflow store ({args.tracking_uri})")
     try:
-        out = Sweep(matrix, plan, args.results, args.tracking_uri, executor=make_executor(args, matrix.engine, plan.platform),
+        out = Sweep(matrix, plan, args.results, args.tracking_uri, executor=executor,
                     force=args.force, on_event=view, order=order_kind, order_seed=order_seed).run()
     finally:
         view.stop()

@@ -48,7 +48,6 @@ import argparse
 import json
 import math
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,7 +59,7 @@ from bench.matrix import ExplicitDesign, Matrix, load_matrix
 from bench.optimizations import FACTOR_KEYS, REGISTRY
 from bench.plan import RunSpec, detect_platform, make_plan
 from bench.results import ResultsDir, atomic_write_json, check_writable, read_json
-from bench.tune_report import CONSTRAINT, verl_overrides, write_outputs
+from bench.tune_report import CONSTRAINT, is_interrupted, verl_overrides, write_outputs
 from bench.tune_space import (
     OBJECTIVES,
     PARAMS,
@@ -79,7 +78,9 @@ MLFLOW_MARK = "mlflow.json"
 PARENT_ATTR = "mlflow_parent_run_id"
 URI_ATTR = "mlflow_tracking_uri"
 FP_ATTR = "bench_fingerprint"
-SETTINGS_ATTR = "bench_settings"
+SETTINGS_ATTR = "bench_settings"  # studies made before the settings were split into keys: one JSON value
+#: prefix of the study user attributes that hold the settings a study's values depend on, one key each
+SETTINGS_PREFIX = "setting."
 INFEASIBLE_KINDS = ("infeasible", "oom")
 LOG_TAIL_CHARS = 4000
 
@@ -227,12 +228,19 @@ class TuneSettings:
         return OBJECTIVES[self.block.objective][2]
 
     @property
+    def value_key(self) -> str:
+        """The objective's key with its unit: ``step_time_s`` / ``throughput_tokens_per_s`` (prefix of the
+        trial user attributes ``<key>_raw`` and ``<key>_normalized``)."""
+        return {"step_time": "step_time_s", "throughput": "throughput_tokens_per_s"}[self.block.objective]
+
+    @property
     def metric_name(self) -> str:
-        """The objective's name in Optuna (``study.set_metric_names``), MLflow and the outputs, with its unit:
-        ``step_time_s`` / ``throughput_tokens_per_s``, suffixed ``_speed_normalized`` when the tune block
-        normalizes (a trial without a probe keeps its raw value; its ``normalized`` attribute says which)."""
-        base = {"step_time": "step_time_s", "throughput": "throughput_tokens_per_s"}[self.block.objective]
-        return base + ("_speed_normalized" if self.block.normalize else "")
+        """The objective's name in Optuna (``study.set_metric_names``, what optuna-dashboard shows), MLflow and
+        the outputs, with its unit and whether it is speed-normalized: ``step_time_s (s, median, speed-normalized)``
+        or ``step_time_s (s, median, raw)`` (throughput: ``tokens/s``). A trial without a probe keeps its raw
+        value even when the block normalizes; its ``normalized`` attribute says which."""
+        kind = "speed-normalized" if self.block.normalize else "raw"
+        return f"{self.value_key} ({self.unit}, median, {kind})"
 
     @property
     def seq(self) -> int:
@@ -317,7 +325,7 @@ def _counted(t: Any) -> bool:
     import optuna
 
     S = optuna.trial.TrialState
-    return t.state in (S.COMPLETE, S.PRUNED) or (t.state == S.FAIL and not t.user_attrs.get("interrupted"))
+    return t.state in (S.COMPLETE, S.PRUNED) or (t.state == S.FAIL and not is_interrupted(t))
 
 
 def _done_points(trials: list[Any]) -> set[tuple]:
@@ -368,19 +376,30 @@ class Tuner:
         except KeyError:
             study = optuna.create_study(study_name=s.study_name, storage=storage, direction=s.direction,
                                         sampler=make_sampler(s.block, s.space))
-            study.set_metric_names([s.metric_name])
             study.set_user_attr(FP_ATTR, fp)
-            study.set_user_attr(SETTINGS_ATTR, ident)
+            for k, v in flatten(ident, SETTINGS_PREFIX).items():
+                study.set_user_attr(k, v)
             study.set_user_attr("matrix", s.matrix.name)
             resumed = False
         if resumed:
             old = study.user_attrs.get(FP_ATTR)
             if old != fp:
-                prev = study.user_attrs.get(SETTINGS_ATTR) or {}
-                changed = sorted({*_diff(prev, ident)}) or ["(settings unknown: not a bench study)"]
+                prev = study_settings(study.user_attrs)
+                changed = sorted({*_diff(prev, flatten(ident))}) or ["(settings unknown: not a bench study)"]
                 raise BenchError(
                     f"--study {s.study_name}: the study in {redact(s.storage_url)} was made with other settings "
                     f"(changed: {', '.join(changed[:6])}); resume with the same matrix, or give --study NEW_NAME")
+        if study.metric_names != [s.metric_name]:  # also names a study made before the objective had a name
+            import warnings
+
+            with warnings.catch_warnings():  # "experimental" since Optuna 3.2; what optuna-dashboard reads
+                warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                study.set_metric_names([s.metric_name])
+        for k, v in {"objective.name": s.metric_name, "objective.unit": s.unit, "objective.direction": s.direction,
+                     "objective.statistic": "median over the timed steps of the trial's run",
+                     "objective.speed_normalized": s.block.normalize}.items():
+            if study.user_attrs.get(k) != v:
+                study.set_user_attr(k, v)
         self._fail_stale(study)
         return study, resumed
 
@@ -392,20 +411,19 @@ class Tuner:
         waiting = {tuple(sorted(t.params.items())) for t in trials if t.state == optuna.trial.TrialState.WAITING}
         for t in trials:
             point = tuple(sorted(t.params.items()))
-            if t.user_attrs.get("interrupted") and point and point not in done and point not in waiting:
+            if is_interrupted(t) and point and point not in done and point not in waiting:
                 study.enqueue_trial(dict(t.params), user_attrs={"rerun_of": t.number})
                 waiting.add(point)
 
     def _fail_stale(self, study: Any) -> None:
+        """Mark trials a killed harness left RUNNING as FAIL (``study.tell``): a FAIL trial without a
+        ``failure_kind`` attribute is an interrupted one (:func:`bench.tune_report.is_interrupted`)."""
         import optuna
 
         S = optuna.trial.TrialState
         for t in study.get_trials(deepcopy=False, states=[S.RUNNING]):
-            st = study._storage
             try:
-                st.set_trial_user_attr(t._trial_id, "interrupted", True)
-                st.set_trial_user_attr(t._trial_id, "reason", "the harness stopped during this trial")
-                st.set_trial_state_values(t._trial_id, S.FAIL)
+                study.tell(t.number, state=S.FAIL, skip_if_finished=True)
             except Exception as exc:  # another process finished it meanwhile
                 self.on_event("warn", {"message": f"could not mark stale trial {t.number} failed: {exc}"})
 
@@ -499,6 +517,7 @@ class Tuner:
         from bench.speed import normalized_median, probe_spec
 
         trial.set_user_attr("raw_value", raw)
+        trial.set_user_attr(f"{self.s.value_key}_raw", raw)
         trial.set_user_attr("normalized", False)
         if not self.s.block.normalize:
             return raw
@@ -517,9 +536,12 @@ class Tuner:
             self.on_event("warn", {"message": f"trial {trial.number}: probe kernel {kernel} differs from the study's "
                                               f"{ref_kernel}: raw objective used"})
             return raw
+        value = normalized_median(xs, ps, float(ref), self.s.block.objective)
         trial.set_user_attr("speed_probe_median_s", float(np.median(ps)))
+        trial.set_user_attr("reference_probe_s", float(ref))
+        trial.set_user_attr(f"{self.s.value_key}_normalized", value)
         trial.set_user_attr("normalized", True)
-        return normalized_median(xs, ps, float(ref), self.s.block.objective)
+        return value
 
     def objective(self, trial: Any) -> float:
         import optuna
@@ -536,7 +558,7 @@ class Tuner:
         trial.set_user_attr("run_dir", rel)
         spec = trial_spec(s.matrix, s.cell, limits, s.platform)
         trial.set_user_attr("cell_id", spec.cell_id)
-        self.on_event("launch", {"number": trial.number, "limits": limits})
+        self.on_event("launch", {"number": trial.number, "limits": limits, "run_dir": str(rdir), "spec": spec})
         try:
             rec = execute_spec(spec, rdir, 0, self.executor, s.matrix.base.warmup_steps)
         except KeyboardInterrupt:
@@ -680,6 +702,24 @@ class Tuner:
         return summary
 
 
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{prefix + "a.b": 1}``: one key per leaf (lists stay values)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def study_settings(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The flattened settings a study was made with (its ``setting.*`` user attributes, or the single
+    ``bench_settings`` value of an older study); keys without the prefix."""
+    flat = {k[len(SETTINGS_PREFIX):]: v for k, v in attrs.items() if k.startswith(SETTINGS_PREFIX)}
+    return flat or flatten(attrs.get(SETTINGS_ATTR) or {})
+
+
 def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
     """Dotted keys where two JSON-like values differ."""
     if isinstance(a, dict) and isinstance(b, dict):
@@ -713,15 +753,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 class ConsoleView:
-    """One line per trial, plus the start and the result."""
+    """One line per trial, plus the start and the result, under a live progress line
+    (:class:`bench.progress.LiveProgress`: trials done/total, ETA from the measured trial times, best so far,
+    and what the current trial's run is doing).
 
-    def __init__(self, out=None):
-        self.out = out or sys.stdout
+    Args:
+        out: a file to print to instead of the console (plain lines, no live display; for tests).
+        executor: the tune's executor (a fork server still importing is shown as such).
+        steps: GRPO steps per trial run (``base.steps``); engine: the matrix's engine.
+        direction: ``minimize`` / ``maximize`` (which value is the best so far).
+    """
+
+    def __init__(self, out=None, executor: Any = None, steps: int = 0, engine: str = "", direction: str = "minimize"):
+        from rich.console import Console
+
+        from bench.progress import LiveProgress, make_console
+
+        self.out = out
+        console = make_console() if out is None else Console(file=out, force_terminal=False, no_color=True,
+                                                                 width=160, highlight=False, soft_wrap=True)
+        self.live = LiveProgress(console, noun="trial")
+        self.executor, self.steps, self.engine, self.direction = executor, steps, engine, direction
+        self.best: tuple[float, int, str] | None = None
 
     def p(self, text: str = "") -> None:
-        print(text, file=self.out, flush=True)
+        self.live.print(text, markup=False, highlight=False, soft_wrap=True)
+
+    def stop(self) -> None:
+        self.live.stop()
 
     def __call__(self, kind: str, d: dict[str, Any]) -> None:
+        from bench.progress import FORKSERVER_STARTING, run_status
+
         if kind == "start":
             verb = "resuming" if d["resumed"] else "new"
             todo = "until the timeout" if d["todo"] is None else f"{d['todo']} trial(s) to run"
@@ -732,20 +795,37 @@ class ConsoleView:
             for n in d["notes"]:
                 self.p(f"  note: {n}")
             self.p(f"  trial folders: {d['study_dir']}/trial-<n>/")
+            if d["todo"] != 0:
+                starting = getattr(self.executor, "proc", None) is not None and not getattr(self.executor, "ready", True)
+                if d["todo"] is None and d["timeout_s"]:
+                    self.live.extra = f"stops after {d['timeout_s']:g} s"
+                self.live.start(FORKSERVER_STARTING if starting else "sampling the first trial", total=d["todo"])
         elif kind == "launch":
             lim = " ".join(f"{k}={v}" for k, v in d["limits"].items())
             self.p(f"trial {d['number']:>3}: {lim} ...")
+            rdir, spec, steps = Path(d["run_dir"]) if d.get("run_dir") else None, d.get("spec"), self.steps or 1
+            status_of = ((lambda: run_status(rdir, steps, self.engine, spec.launch, self.executor))
+                         if rdir is not None and spec is not None else None)
+            self.live.begin(f"#{d['number']}", status_of)
         elif kind == "trial":
             if d["kind"] == "feasible":
                 unit = d.get("unit", "")
                 extra = (f" at the reference speed (measured {d['raw_value']:.4g} {unit})" if d.get("normalized")
                          and d.get("raw_value") is not None else "")
                 self.p(f"trial {d['number']:>3}: {d['value']:.4g} {unit}{extra}")
+                sign = 1 if self.direction == "minimize" else -1
+                if self.best is None or sign * d["value"] < sign * self.best[0]:
+                    self.best = (float(d["value"]), d["number"], unit)
             elif d["kind"] == "infeasible":
                 self.p(f"trial {d['number']:>3}: INFEASIBLE ({d['failure_kind']}, constraint {d['constraint']:.3g}): "
                        f"{d['reason'][:160]}")
             else:
                 self.p(f"trial {d['number']:>3}: FAILED ({d['failure_kind']}): {d['reason'][:160]}")
+            if self.best is not None:
+                self.live.extra = f"best so far {self.best[0]:.4g} {self.best[2]} (trial {self.best[1]})"
+            self.live.finish()
+            if self.live.total is not None and self.live.done >= self.live.total:
+                self.live.set_status("writing the outputs (importance, plot) and the MLflow parent")
         elif kind == "warn":
             self.p(f"warning: {d['message']}")
 
@@ -805,9 +885,14 @@ def main(args: argparse.Namespace) -> int:
     check_writable(args.results)
     if settings.storage_url == default_storage(args.results):
         Path(args.results).mkdir(parents=True, exist_ok=True)
-    view = ConsoleView()
     from bench.cli_run import make_executor
 
-    out = Tuner(settings, executor=make_executor(args, matrix.engine, settings.platform), on_event=view).run()
+    executor = make_executor(args, matrix.engine, settings.platform)
+    view = ConsoleView(executor=executor, steps=matrix.base.steps, engine=matrix.engine, direction=settings.direction)
+    view.live.start(f"opening the Optuna storage and the MLflow store ({settings.tracking_uri})")
+    try:
+        out = Tuner(settings, executor=executor, on_event=view).run()
+    finally:
+        view.stop()
     print_result(out, settings, view)
     return 0 if out.summary.get("best") else 1

@@ -25,6 +25,15 @@ def is_infeasible(t: Any) -> bool:
     return any(v > 0 for v in t.constraints.values())
 
 
+def is_interrupted(t: Any) -> bool:
+    """A FAIL trial the harness did not finish: stopped by Ctrl-C (``interrupted`` attribute) or left RUNNING
+    by a killed harness and failed on resume (no ``failure_kind``: every judged failure sets one)."""
+    import optuna
+
+    return t.state == optuna.trial.TrialState.FAIL and bool(t.user_attrs.get("interrupted")
+                                                           or "failure_kind" not in t.user_attrs)
+
+
 def trial_kind(t: Any) -> str:
     """``feasible`` (complete), ``infeasible`` (constraint > 0), ``failed``, ``interrupted`` or ``running``."""
     import optuna
@@ -34,7 +43,7 @@ def trial_kind(t: Any) -> str:
     if is_infeasible(t):
         return "infeasible"
     if t.state == optuna.trial.TrialState.FAIL:
-        return "interrupted" if t.user_attrs.get("interrupted") else "failed"
+        return "interrupted" if is_interrupted(t) else "failed"
     return t.state.name.lower()
 
 
@@ -99,7 +108,8 @@ def trials_rows(study: Any, objective_key: str) -> list[dict[str, Any]]:
                "raw_value": t.user_attrs.get("raw_value") if t.values else None,
                "normalized": t.user_attrs.get("normalized"),
                "constraint": t.constraints.get(CONSTRAINT) if t.constraints else None,
-               "failure_kind": t.user_attrs.get("failure_kind", ""), "reason": t.user_attrs.get("reason", ""),
+               "failure_kind": t.user_attrs.get("failure_kind", ""),
+               "reason": t.user_attrs.get("reason") or ("the harness stopped during this trial" if is_interrupted(t) else ""),
                "run_dir": t.user_attrs.get("run_dir", "")}
         rows.append(row)
     return rows

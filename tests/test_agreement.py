@@ -74,7 +74,7 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
     s, out = tune(tmp_path, make(tmp_path, "agree", n=3), uri, FakeExecutor(machine=[1.0, 1.25]))
     st = load(tmp_path, "agree")
-    assert st.metric_names == ["step_time_s_speed_normalized"]
+    assert st.metric_names == ["step_time_s (s, median, speed-normalized)"]
     ref = st.user_attrs["speed_probe_ref_s"]
     best = out.summary["best"]
     for t in st.get_trials(states=[optuna.trial.TrialState.COMPLETE]):
@@ -83,7 +83,7 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
         assert t.user_attrs["raw_value"] == run_value(smp["step_time"])
     bj = json.loads((s.study_dir / "best.json").read_text())["best"]
     assert bj["value"] == best["value"] == st.best_value
-    assert bj["objective_name"] == "step_time_s_speed_normalized" and bj["normalized"] and bj["reference_probe_s"] == ref
+    assert bj["objective_name"] == "step_time_s (s, median, speed-normalized)" and bj["normalized"] and bj["reference_probe_s"] == ref
     assert bj["raw_value"] == st.best_trial.user_attrs["raw_value"]
     import io
 
@@ -91,7 +91,7 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
 
     buf = io.StringIO()
     print_result(out, s, ConsoleView(buf))
-    assert (f"best: trial {bj['trial']}, step_time_s_speed_normalized = {bj['value']:.4g} s (median over the timed "
+    assert (f"best: trial {bj['trial']}, step_time_s (s, median, speed-normalized) = {bj['value']:.4g} s (median over the timed "
             f"steps at the study's reference speed: probe {ref:.4f} s); measured median {bj['raw_value']:.4g} s") \
         in buf.getvalue()
     trials = {int(r["number"]): r for r in csv.DictReader(open(s.study_dir / "trials.csv"))}
@@ -110,7 +110,7 @@ def test_tune_says_when_the_best_trial_was_not_the_fastest_on_the_clock():
         study.add_trial(optuna.trial.create_trial(value=value, user_attrs={"raw_value": raw, "normalized": True},
                                                   params={}, distributions={}))
     b = best_summary(study, study.best_trial, trials_rows(study, "step_time_median_s"), "step_time_median_s",
-                     "step_time_s_speed_normalized", "s")
+                     "step_time_s (s, median, speed-normalized)", "s")
     assert b["trial"] == 0 and b["value"] == 2.6 and b["raw_value"] == 6.0 and b["reference_probe_s"] == 0.03
     assert "measured 6 s, place 3 of 3 on the clock; trial 1 measured best (3.1 s)" in b["note"]
     study2 = optuna.create_study(direction="minimize")

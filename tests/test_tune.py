@@ -21,7 +21,7 @@ from bench.cli import main as cli_main
 from bench.errors import BenchError
 from bench.matrix import Base, load_matrix
 from bench.tune import Tuner, resolve_settings
-from bench.tune_report import CONSTRAINT, verl_overrides
+from bench.tune_report import CONSTRAINT, is_interrupted, verl_overrides
 from bench.tune_space import IntDim, TuneBlock, resolve_space
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -277,7 +277,7 @@ def test_resume_continues_trial_count_and_reuses_mlflow_parent(tmp_path, mlflow_
     study = load(tmp_path, "resume")
     numbers = [(t.number, t.state) for t in study.trials]
     assert numbers[:3] == [(0, S.COMPLETE), (1, S.COMPLETE), (2, S.COMPLETE)]
-    assert numbers[3] == (3, S.FAIL) and study.trials[3].user_attrs["interrupted"] is True
+    assert numbers[3] == (3, S.FAIL) and is_interrupted(study.trials[3])  # failed through study.tell, no failure_kind
     # 3 more finished trials (6 in all, the interrupted one not counted), numbered on from 4
     assert [n for n, st in numbers[4:]] == [4, 5, 6] and all(st == S.COMPLETE for _, st in numbers[4:])
     assert out2.ran == 3
@@ -484,3 +484,76 @@ def test_objective_is_speed_normalized_to_the_first_trials_machine(tmp_path, mlf
     raw = [t for t in load(tmp_path, "traw").trials if t.state == S.COMPLETE]
     assert all(t.value == pytest.approx(1.3 * step_time(t.user_attrs["ppo_max_token_len_per_gpu"],
                                                         t.user_attrs["log_prob_max_token_len_per_gpu"])) for t in raw)
+
+
+# -- what optuna-dashboard shows: the objective's name and unit, raw and normalized values, settings as keys ---------
+
+def test_study_names_its_objective_with_unit_and_keeps_raw_and_normalized_values(tmp_path, mlflow_uri):
+    slow = [1.0, 1.3]  # the machine alternates between nominal and 30 % slower
+    tune(tmp_path, make(tmp_path, "tnames", n=3), mlflow_uri, FakeExecutor(machine=slow))
+    st = load(tmp_path, "tnames")  # a fresh load from the sqlite storage: what the dashboard reads
+    assert st.metric_names == ["step_time_s (s, median, speed-normalized)"]
+    a = st.user_attrs
+    assert a["objective.name"] == "step_time_s (s, median, speed-normalized)" and a["objective.unit"] == "s"
+    assert a["objective.direction"] == "minimize" and a["objective.speed_normalized"] is True
+    # settings as one key each, no JSON blob
+    assert "bench_settings" not in a
+    assert a["setting.engine"] == "embedded" and a["setting.platform"] == "cpu" and a["setting.objective"] == "step_time"
+    assert a["setting.cell.dynamic_bsz"] == 1 and a["setting.cell.rmsnorm_fused"] == 1
+    assert a["setting.space.ppo_max_token_len_per_gpu.low"] == SEQ and a["setting.base.steps"] == 3
+    assert not [k for k, v in a.items() if isinstance(v, dict) and v], "a study attribute holds a JSON object"
+    ref = a["speed_probe_ref_s"]
+    done = [t for t in st.trials if t.state == S.COMPLETE]
+    assert len(done) == 3
+    for i, t in enumerate(done):
+        true = step_time(t.user_attrs["ppo_max_token_len_per_gpu"], t.user_attrs["log_prob_max_token_len_per_gpu"])
+        assert t.user_attrs["step_time_s_normalized"] == t.value == pytest.approx(true, rel=1e-6)
+        assert t.user_attrs["step_time_s_raw"] == t.user_attrs["raw_value"] == pytest.approx(true * slow[i % 2], rel=1e-6)
+        assert t.user_attrs["reference_probe_s"] == ref == pytest.approx(0.03)
+        assert t.user_attrs["speed_probe_median_s"] == pytest.approx(0.03 * slow[i % 2])
+    # normalize: false: the name says raw, and there is no normalized value
+    text = MATRIX.format(name="tnraw", n=1).replace("  n_trials:", "  normalize: false\n  n_trials:")
+    tune(tmp_path, make(tmp_path, "tnraw", text=text), mlflow_uri, FakeExecutor(machine=[1.3]))
+    st = load(tmp_path, "tnraw")
+    assert st.metric_names == ["step_time_s (s, median, raw)"] and st.user_attrs["objective.speed_normalized"] is False
+    (t,) = st.trials
+    assert t.user_attrs["step_time_s_raw"] == t.value and "step_time_s_normalized" not in t.user_attrs
+
+
+def test_stale_running_trial_is_failed_through_the_public_api_and_rerun(tmp_path, mlflow_uri):
+    path = make(tmp_path, "tstale", n=1)
+    tune(tmp_path, path, mlflow_uri, FakeExecutor())
+    st = load(tmp_path, "tstale")
+    stale = st.ask({"ppo_max_token_len_per_gpu": optuna.distributions.IntDistribution(160, 2560, log=True),
+                    "log_prob_max_token_len_per_gpu": optuna.distributions.IntDistribution(160, 5120, log=True)})
+    s, out = tune(tmp_path, path, mlflow_uri, FakeExecutor(), n_trials=2)
+    st = load(tmp_path, "tstale")
+    assert st.trials[stale.number].state == S.FAIL and is_interrupted(st.trials[stale.number])
+    assert st.trials[-1].params == stale.params and st.trials[-1].state == S.COMPLETE
+    rows = {r["number"]: r for r in out.summary["rows"]}
+    assert rows[stale.number]["kind"] == "interrupted"
+    assert rows[stale.number]["reason"] == "the harness stopped during this trial"
+
+
+def test_tune_console_shows_progress_eta_and_best_so_far(tmp_path, mlflow_uri):
+    import io
+
+    from bench.tune import ConsoleView
+
+    buf = io.StringIO()
+    view = ConsoleView(out=buf, steps=3, engine="embedded")
+    m = load_matrix(make(tmp_path, "tprog", n=3))
+    s = resolve_settings(m, results=tmp_path / "res", tracking_uri=mlflow_uri,
+                         storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    try:
+        Tuner(s, executor=FakeExecutor(), on_event=view).run()
+    finally:
+        view.stop()
+    text = buf.getvalue()
+    assert "\x1b" not in text and "\r" not in text  # plain lines: no control characters
+    progress = [ln for ln in text.splitlines() if ln.startswith("[")]
+    first = next(ln for ln in progress if " trial 1/3 #0: " in ln)
+    assert "0/3 done, ETA ?" in first  # nothing finished yet: no estimate
+    third = next(ln for ln in progress if " trial 3/3 #2: " in ln)
+    assert "2/3 done, ETA " in third and "ETA ?" not in third and "best so far " in third and " s (trial " in third
+    assert any("3/3 done, ETA 0s" in ln and "writing the outputs" in ln for ln in progress)
