@@ -304,6 +304,8 @@ class Sweep:
         try:
             if not (meta.get("parent_run_id") and tracker.parent_alive(meta["parent_run_id"])):
                 meta["parent_run_id"] = self._start_parent(tracker, meta)
+            elif meta.get("resumed"):  # shown as running again (not KILLED or FAILED) until this invocation closes it
+                tracker.client.update_run(meta["parent_run_id"], status="RUNNING")
         except Exception as exc:
             if isinstance(exc, OSError) and is_no_space(exc):
                 raise

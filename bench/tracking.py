@@ -83,19 +83,27 @@ def experiment_description(name: str) -> str:
 @lru_cache(maxsize=1)
 def system_tags() -> dict[str, str]:
     """MLflow's system tags for a run this harness creates, as the UI shows them: ``mlflow.user`` (and any
-    other tag of MLflow's run-context providers), ``mlflow.source.name`` = ``run_bench.py``,
-    ``mlflow.source.type`` = ``LOCAL`` and ``mlflow.source.git.commit`` (the project's commit, when known).
+    other tag of MLflow's run-context providers but git's), ``mlflow.source.name`` = ``run_bench.py``,
+    ``mlflow.source.type`` = ``LOCAL`` and the project's git commit, branch and remote URL (MLflow's
+    ``mlflow.source.git.*``; credentials stripped by MLflow) when it is a git checkout.
 
     :class:`mlflow.MlflowClient` sets none of them (only MLflow's fluent API does); without them the UI's
     User, Source and Git commit columns stay empty.
     """
+    from mlflow.tracking.context.git_context import GitRunContext
     from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.utils.git_utils import get_git_branch, get_git_repo_url
 
     own = {"mlflow.source.name": "run_bench.py", "mlflow.source.type": "LOCAL"}
     sha = git_commit().removesuffix("+dirty")
-    if sha != "unknown":
+    if sha != "unknown":  # the project's repository, not that of whatever script imported the harness
+        root = str(Path(__file__).resolve().parent.parent)
         own["mlflow.source.git.commit"] = sha
-    return {k: str(v) for k, v in resolve_tags(own).items()}
+        for key, value in (("mlflow.source.git.branch", get_git_branch(root)),
+                           ("mlflow.source.git.repoURL", get_git_repo_url(root))):
+            if value:
+                own[key] = value
+    return {k: str(v) for k, v in resolve_tags(own, ignore=[GitRunContext]).items()}
 
 
 def _ms(t: float | None) -> int | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,8 @@ from test_run_order import small_full
 
 from bench.cli import main
 from bench.tracking import EXPERIMENT_KIND, NOTE, Tracker, git_commit
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _client(uri):
@@ -48,6 +51,9 @@ def _assert_system_tags(tags: dict[str, str]) -> None:
     sha = git_commit().removesuffix("+dirty")
     if sha != "unknown":
         assert tags["mlflow.source.git.commit"] == sha
+        branch = subprocess.run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True).stdout.strip()
+        assert tags.get("mlflow.source.git.branch") == (branch if branch != "HEAD" else None)
 
 
 def _records(sweep: Path) -> dict[tuple[str, int], dict]:
@@ -185,3 +191,32 @@ def test_a_failed_child_says_why_on_its_own_page(tmp_path):
         assert "| step time, median | n/a |" in text
         assert child.info.end_time - child.info.start_time == round(rec["finished_at"] * 1000) - round(rec["started_at"] * 1000)
         assert not math.isnan(child.info.end_time)
+
+
+def test_an_interrupted_sweep_says_so_and_shows_running_again_when_resumed(tmp_path):
+    from bench.matrix import load_matrix
+    from bench.plan import make_plan
+    from bench.sweep import Sweep
+
+    path = small_full(tmp_path, repeats=1)
+    matrix, uri = load_matrix(path), f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    plan = make_plan(matrix)
+    with pytest.raises(KeyboardInterrupt):
+        Sweep(matrix, plan, tmp_path / "res", uri, executor=DriftExecutor(4, stop_after=2), order_seed=1).run()
+    _, [parent], children = _runs(uri, "full")
+    assert parent.info.status == "KILLED" and len(children) == 2
+    assert "Stopped (interrupted): KeyboardInterrupt" in parent.data.tags[NOTE]
+    assert "rerun the same command to resume" in parent.data.tags[NOTE]
+
+    seen = []
+
+    class Watching(DriftExecutor):
+        def execute(self, launch):  # the parent's status while the resumed sweep runs
+            seen.append(_client(uri).get_run(parent.info.run_id).info.status)
+            return super().execute(launch)
+
+    out = Sweep(matrix, plan, tmp_path / "res", uri, executor=Watching(4)).run()
+    assert out.parent_run_id == parent.info.run_id and seen == ["RUNNING", "RUNNING"]
+    _, [parent], children = _runs(uri, "full")
+    assert parent.info.status == "FINISHED" and len(children) == 4
+    assert "Stopped" not in parent.data.tags[NOTE] and "| all-off (`" in parent.data.tags[NOTE]
