@@ -64,8 +64,6 @@ _MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
 NOTE = "mlflow.note.content"
 #: experiment tag that tells the MLflow 3 UI which kind of experiment it shows (classic ML: "Training runs")
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
-#: MLflow's limit on a tag value (characters); longer descriptions are cut with a note
-_TAG_MAX = 8000
 
 
 def experiment_description(name: str) -> str:
@@ -112,10 +110,17 @@ def _ms(t: float | None) -> int | None:
 
 
 def note(text: str) -> str:
-    """``text`` fit for :data:`NOTE` (cut at :data:`_TAG_MAX` characters with a closing remark)."""
-    if len(text) <= _TAG_MAX:
+    """``text`` fit for :data:`NOTE`: whole when it fits MLflow's tag limit (``MAX_TAG_VAL_LENGTH``, 8000
+    characters), else cut at a line end (a markdown table stays well formed) with a closing remark."""
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    if len(text) <= MAX_TAG_VAL_LENGTH:
         return text
-    return text[:_TAG_MAX - 60].rstrip() + "\n\n... (cut; the full text is in the run's artifacts)"
+    remark = f"\n\n... (cut at MLflow's {MAX_TAG_VAL_LENGTH}-character limit; the full text is in the run's artifacts)"
+    cut = text[:MAX_TAG_VAL_LENGTH - len(remark)]
+    if "\n" in cut:
+        cut = cut[:cut.rindex("\n")]
+    return cut.rstrip() + remark
 
 
 @lru_cache(maxsize=1)
