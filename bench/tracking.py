@@ -279,13 +279,13 @@ class Tracker:
             if exp:
                 break
             try:
-                self.client.create_experiment(experiment, artifact_location=_artifact_location(self.uri, experiment))
+                exp = self.client.get_experiment(self.client.create_experiment(
+                    experiment, artifact_location=_artifact_location(self.uri, experiment)))
+                break
             except Exception:
                 if attempt == 2:
                     raise
                 time.sleep(0.5)
-        else:
-            raise AssertionError("unreachable")
         wanted = {EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], NOTE: experiment_description(experiment)}
         for key, value in wanted.items():
             if key not in exp.tags:
