@@ -684,7 +684,7 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
     try:
         from mlflow.entities import Metric
 
-        from bench.tracking import NOTE, Tracker, _key, note
+        from bench.tracking import NOTE, REPORT_POINTER, Tracker, _key, note
 
         tr = Tracker(tracking_uri, data["sweep"]["matrix"])
         for f in files:
@@ -698,11 +698,9 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
             tr.client.log_batch(rid, metrics=ms[i:i + 900])
         tr.client.set_tag(rid, "bench.report", "report/report.md")
         # the parent's description points at the report (first, so that a description cut at MLflow's limit keeps it)
-        pointer = ("Report (factor effects with intervals, per-cell speedups, phases, plots): artifact "
-                   "`report/report.md`.")
         current = tr.client.get_run(rid).data.tags.get(NOTE, "")
-        if pointer not in current:
-            tr.client.set_tag(rid, NOTE, note(pointer + ("\n\n" + current if current else "")))
+        if not current.startswith(REPORT_POINTER):
+            tr.client.set_tag(rid, NOTE, note(REPORT_POINTER + ("\n\n" + current if current else "")))
     except Exception as exc:
         return f"report not logged to MLflow run {rid} at {tracking_uri}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
     return None

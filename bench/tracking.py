@@ -62,6 +62,10 @@ _MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
 
 #: the run tag the MLflow UI shows (and edits) as a run's description; markdown (GitHub flavour, tables too)
 NOTE = "mlflow.note.content"
+#: first paragraph of a sweep parent's description once ``report`` logged its report there (kept when the
+#: sweep's description is rewritten, e.g. by a rerun of a finished sweep)
+REPORT_POINTER = ("Report (factor effects with intervals, per-cell speedups, phases, plots): artifact "
+                  "`report/report.md`.")
 #: experiment tag that tells the MLflow 3 UI which kind of experiment it shows (classic ML: "Training runs")
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
 
@@ -367,8 +371,8 @@ class Tracker:
 
     def finish_parent(self, run_id: str, *, metrics: dict[str, Any], artifacts: list[Path], status: str,
                       tags: dict[str, Any] | None = None, description: str | None = None) -> None:
-        """Log final metrics/artifacts/tags (and the markdown ``description``, :data:`NOTE`) on the parent
-        and mark it finished (or failed/killed)."""
+        """Log final metrics/artifacts/tags (and the markdown ``description``, :data:`NOTE`, below the
+        :data:`REPORT_POINTER` when the description had one) on the parent and mark it finished (or failed/killed)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
@@ -376,6 +380,8 @@ class Tracker:
         self._log(run_id, metrics=ms)
         tags = {k: _tag(v) for k, v in (tags or {}).items()}
         if description:
+            if self.client.get_run(run_id).data.tags.get(NOTE, "").startswith(REPORT_POINTER):
+                description = REPORT_POINTER + "\n\n" + description
             tags[NOTE] = note(description)
         for k, v in tags.items():
             self.client.set_tag(run_id, k, v)

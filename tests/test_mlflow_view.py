@@ -26,7 +26,7 @@ from drift_fake import DriftExecutor
 from test_run_order import small_full
 
 from bench.cli import main
-from bench.tracking import EXPERIMENT_KIND, NOTE, Tracker, git_commit
+from bench.tracking import EXPERIMENT_KIND, NOTE, REPORT_POINTER, Tracker, git_commit
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -110,6 +110,13 @@ def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_pa
         assert f"**{rec['label']}**, repeat 0, cell `{rec['cell_id']}`: **ok**" in text
         assert f"| {m['step_time_s']:.3f} s |" in text and f"| {m['throughput']:.1f} tokens/s |" in text
         assert "| Free ratio | n/a |" in text
+
+    # the report's pointer heads the parent's description, and stays when the finished sweep is run again
+    common = ["--results", str(tmp_path / "res"), "--tracking-uri", uri]
+    assert main(["report", "full", *common]) == 0
+    assert main(["run", str(path), *common]) == 0  # resumes the finished sweep: nothing runs, the parent closes again
+    text = _client(uri).get_run(parent.info.run_id).data.tags[NOTE]
+    assert text.startswith(REPORT_POINTER) and text.count("report/report.md") == 1 and md_rows[-1] in text
 
     # the store is lost: sync logs the sweep into a fresh one with the same times
     for mark in sweep.glob(f"*/r*/{MLFLOW_MARK}"):
