@@ -457,8 +457,10 @@ def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) ->
                 "bench.candidate_sweep": cand.get("sweep_id") or "", "engine": cand["engine"], "platform": cand["platform"],
                 "bench.candidate_parent_run": cand.get("parent_run_id") or "",
                 "bench.regressions": ", ".join(sorted({r["cell"] for r in result.get("rows", []) if r["verdict"] in ("regression", "failed")})) or "none"}
+        md = next((Path(f) for f in files if Path(f).suffix == ".md" and Path(f).is_file()), None)
         rid = tr.start_parent(f"gate {bname} vs {cand.get('sweep_id')}", tags,
-                              {k: v for k, v in result["settings"].items()})
+                              {k: v for k, v in result["settings"].items()},
+                              description=md.read_text() if md else None)  # gate.md on the run's page
         now = int(time.time() * 1000)
         ms = []
         for r in result.get("rows", []):

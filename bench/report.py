@@ -676,14 +676,15 @@ def write(data: dict[str, Any], out: Path) -> list[Path]:
 
 
 def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> str | None:
-    """Log the report files (artifact folder ``report``), effect metrics and a tag on the sweep's parent run."""
+    """Log the report files (artifact folder ``report``), effect metrics, a tag and a pointer at the top of
+    the description on the sweep's parent run; returns a warning text instead of raising (``None``: logged)."""
     rid = data["sweep"].get("parent_run_id")
     if not rid:
         return "the sweep has no MLflow parent run recorded; report not logged to MLflow"
     try:
         from mlflow.entities import Metric
 
-        from bench.tracking import Tracker, _key
+        from bench.tracking import NOTE, REPORT_POINTER, Tracker, _key, note
 
         tr = Tracker(tracking_uri, data["sweep"]["matrix"])
         for f in files:
@@ -696,6 +697,10 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
         for i in range(0, len(ms), 900):
             tr.client.log_batch(rid, metrics=ms[i:i + 900])
         tr.client.set_tag(rid, "bench.report", "report/report.md")
+        # the parent's description points at the report (first, so that a description cut at MLflow's limit keeps it)
+        current = tr.client.get_run(rid).data.tags.get(NOTE, "")
+        if not current.startswith(REPORT_POINTER):
+            tr.client.set_tag(rid, NOTE, note(REPORT_POINTER + ("\n\n" + current if current else "")))
     except Exception as exc:
         return f"report not logged to MLflow run {rid} at {tracking_uri}: {str(exc).splitlines()[0] if str(exc) else exc!r}"
     return None

@@ -21,6 +21,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -34,7 +35,7 @@ from bench.executors import Executor, LocalExecutor, kill_strays, resolve_launch
 from bench.matrix import Matrix
 from bench.measure._common import iqr
 from bench.metadata import host_load  # noqa: F401  (re-exported; gathered in bench.metadata)
-from bench.model import SUMMARY_PEAK_MEM, SUMMARY_STEP_TIME, Snapshot, cell_stats
+from bench.model import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, Snapshot, cell_stats, run_value
 from bench.optimizations import FACTOR_KEYS, REGISTRY
 from bench.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.record import build_record, is_finished, write_record
@@ -51,7 +52,7 @@ from bench.results import (
     run_dir,
 )
 from bench.sync import QUEUE, queue_upload, sync_matrix
-from bench.tracking import Tracker, check_tracking_uri, git_commit, versions
+from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, versions
 
 MLFLOW_MARK = "mlflow.json"
 #: base settings logged as params on every child run
@@ -303,15 +304,18 @@ class Sweep:
         tracker down (uploads are queued) instead of stopping the sweep."""
         try:
             if not (meta.get("parent_run_id") and tracker.parent_alive(meta["parent_run_id"])):
-                meta["parent_run_id"] = self._start_parent(tracker, meta["sweep_id"], planned_order(meta))
+                meta["parent_run_id"] = self._start_parent(tracker, meta)
+            elif meta.get("resumed"):  # shown as running again (not KILLED or FAILED) until this invocation closes it
+                tracker.client.update_run(meta["parent_run_id"], status="RUNNING")
         except Exception as exc:
             if isinstance(exc, OSError) and is_no_space(exc):
                 raise
             self.on_event("warn", {"message": f"MLflow unreachable ({tracker.mark_down(exc)}): uploads queued; "
                                               "`run_bench.py sync` fills MLflow in later"})
 
-    def _start_parent(self, tracker: Tracker, sweep_id: str, order: RunOrder) -> str:
-        m = self.matrix
+    def _start_parent(self, tracker: Tracker, meta: dict[str, Any]) -> str:
+        """Create the sweep's parent run (started when the sweep was created); returns its run id."""
+        m, sweep_id, order = self.matrix, meta["sweep_id"], planned_order(meta)
         tags = {"bench.kind": "sweep", "bench.sweep_id": sweep_id, "bench.fingerprint": m.fingerprint(),
                 "bench.order": order.kind, "bench.order_seed": "" if order.seed is None else str(order.seed),
                 "engine": self.plan.engine, "platform": self.plan.platform, "git_commit": git_commit(),
@@ -321,7 +325,8 @@ class Sweep:
                   "order": order.kind, "order_seed": "none" if order.seed is None else order.seed,
                   "design_cells": self.plan.design_cells, "factors": ",".join(self.plan.varied),
                   **{f"base.{k}": v for k, v in m.base.model_dump(exclude={"env", "overrides", "embedded"}).items()}}
-        return tracker.start_parent(sweep_id, tags, params)
+        return tracker.start_parent(sweep_id, tags, params, start_time=meta.get("created_at"),
+                                    description=parent_description(meta))
 
     def _run_one(self, sweep_dir: Path, spec: RunSpec, repeat: int) -> dict[str, Any]:
         return execute_spec(spec, run_dir(sweep_dir, spec.cell_id, repeat), repeat, self.executor,
@@ -380,6 +385,7 @@ class Sweep:
         if not tracker.down and meta.get("parent_run_id"):
             try:
                 tracker.client.set_tag(meta["parent_run_id"], "bench.status", meta["status"])
+                tracker.client.set_tag(meta["parent_run_id"], NOTE, note(parent_description(meta)))
                 tracker.client.set_terminated(meta["parent_run_id"], status=status)
             except Exception as mexc:
                 queue_upload(sweep_dir, self.tracking_uri, tracker.mark_down(mexc),
@@ -440,7 +446,8 @@ class Sweep:
             queue_upload(sweep_dir, self.tracking_uri, tracker.down or "no parent run", finish)
         else:
             try:
-                tracker.finish_parent(meta["parent_run_id"], artifacts=[csv_path, md_path, sweep_dir / SWEEP], **finish)
+                tracker.finish_parent(meta["parent_run_id"], artifacts=[csv_path, md_path, sweep_dir / SWEEP],
+                                      description=parent_description(meta, md_path.read_text()), **finish)
                 if not tracker.down:  # every child is logged and the parent closed: nothing left queued
                     (sweep_dir / QUEUE).unlink(missing_ok=True)
             except Exception as exc:
@@ -512,10 +519,15 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
             series.setdefault(key, []).append((int(step), value))
     for step, value in rec.get("free_ratio", {}).items():
         series.setdefault("free_ratio/step", []).append((int(step), value))
+    # the run's values as summary.md, the report and the gate see them (bench.model.run_value of the timed
+    # steps; Free ratio: profiled steps), raw seconds (a sweep's speed normalization is the parent's)
+    from bench.baseline import record_samples
+
+    samples = record_samples(rec)
     summary = {
-        "step_time_s": summ.get(SUMMARY_STEP_TIME), "step_time_iqr_s": summ.get("step_time_iqr_s"),
-        "rollout_share": summ.get("rollout_share_median"), "free_ratio": summ.get("free_ratio_median"),
-        "throughput": summ.get("throughput_median"), "peak_memory_gb": summ.get("peak_memory_gb"),
+        "step_time_s": run_value(samples["step_time"]), "step_time_iqr_s": summ.get(SUMMARY_STEP_IQR),
+        "rollout_share": run_value(samples["rollout_share"]), "free_ratio": run_value(samples["free_ratio"]),
+        "throughput": run_value(samples["throughput"]), "peak_memory_gb": summ.get(SUMMARY_PEAK_MEM),
         "long_tail_waste": summ.get("long_tail_waste_median"), "wall_s": rec.get("wall_s"),
         **{f"phase/{k}_s": v for k, v in (summ.get("phase_median_s") or {}).items()},
     }
@@ -540,4 +552,79 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
     # verl runs: the config verl composed (Hydra's record of the job) and the per-process patch reports
     arts += [(rdir / "hydra" / ".hydra", "verl_config"), (rdir / "patches", "patch_reports")]
     return tracker.log_child(parent_id, f"{spec.label}#r{rec['repeat']}", params=params, tags=tags,
-                             series=series, summary=summary, artifacts=arts, status=rec["status"])
+                             series=series, summary=summary, artifacts=arts, status=rec["status"],
+                             start_time=rec.get("started_at"), end_time=rec.get("finished_at"),
+                             description=child_description(spec, rec, summary))
+
+
+def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return f"{value:.{digits}f}{unit}" if ok else "n/a"
+
+
+def child_description(spec: RunSpec, rec: dict[str, Any], summary: dict[str, Any]) -> str:
+    """Markdown description of a child run (the Description of its MLflow run page).
+
+    Args:
+        spec: the run's spec (label, cell id, factor levels, not-applicable reasons).
+        rec: its ``record.json`` (status, failure kind and reason, log tail, timed steps).
+        summary: the summary metrics :func:`log_record` logs (``step_time_s`` in s, shares in [0, 1],
+            ``throughput`` in tokens/s ...), so that the description shows exactly the logged values.
+
+    Returns:
+        Markdown: label, repeat, cell id and status; for a failed run its failure kind and reason; a table
+        of the headline values; the factor levels; for a failed run the last lines of its log.
+    """
+    status = rec.get("status", "?")
+    lines = [f"**{spec.label}**, repeat {rec.get('repeat')}, cell `{spec.cell_id}`: **{status}**", ""]
+    if status != "ok":
+        lines += [f"Failure ({rec.get('failure_kind') or 'error'}): {rec.get('reason') or 'no reason recorded'}", ""]
+    timed = (rec.get("summary") or {}).get("timed_steps")
+    rows = [(f"step time, median of timed steps {timed}" if timed else "step time, median",
+             _fmt(summary.get("step_time_s"), " s")),
+            ("step time IQR", _fmt(summary.get("step_time_iqr_s"), " s")),
+            ("rollout share", _fmt(summary.get("rollout_share"))),
+            ("Free ratio", _fmt(summary.get("free_ratio"))),
+            ("throughput", _fmt(summary.get("throughput"), " tokens/s", 1)),
+            ("peak memory", _fmt(summary.get("peak_memory_gb"), " GB", 2)),
+            ("run wall time", _fmt(summary.get("wall_s"), " s", 1))]
+    lines += ["| value | |", "|---|---|", *[f"| {k} | {v} |" for k, v in rows], "",
+              "Values of this run alone, as measured (the parent's summary table may show them speed-normalized "
+              "to the sweep's median machine speed).", ""]
+    levels = [f"{k} = {v}" for k, v in spec.levels.items() if v is not None]
+    na = [f"{k} ({spec.not_applicable[k]})" if spec.not_applicable.get(k) else k
+          for k, v in spec.levels.items() if v is None]
+    lines.append("Factor levels: " + (", ".join(levels) or "none")
+                 + ("; not applicable: " + ", ".join(na) if na else "") + ".")
+    lines.append("Per-step series are under Model metrics (`timing_s/*`, `perf/*`, ...); how each factor was seen "
+                 "to take effect: tags `evidence.*`, artifact `evidence.json`.")
+    if status != "ok" and rec.get("log_tail"):
+        tail = "\n".join(str(rec["log_tail"]).splitlines()[-15:]).replace("```", "` ` `")
+        lines += ["", "Last lines of `run.log`:", "", "```", tail, "```"]
+    return "\n".join(lines)
+
+
+def parent_description(meta: dict[str, Any], summary_md: str | None = None) -> str:
+    """Markdown description of a sweep's parent run: what the sweep is (matrix, engine, platform, design,
+    runs, order) and, once it finished, the body of its ``summary.md`` (the table every other view shows).
+
+    Args:
+        meta: the sweep's ``sweep.json`` content.
+        summary_md: the text of ``summary.md``; ``None`` while the sweep runs.
+    """
+    plan = meta.get("plan") or {}
+    order = meta.get("order") or {}
+    cells, repeats = len(plan.get("runs") or []), int(plan.get("repeats") or 1)
+    design = ((meta.get("matrix") or {}).get("design") or {}).get("type")
+    head = (f"Sweep `{meta.get('sweep_id')}` of matrix `{meta.get('matrix_name')}` "
+            f"(`{meta.get('matrix_source') or 'no file'}`): engine {meta.get('engine')}, platform "
+            f"{meta.get('platform')}, design {design}, {cells} cells x {repeats} repeats = {cells * repeats} runs "
+            f"(a child run each), order {order.get('kind', 'sequential')}"
+            + (f" (seed {order['seed']})" if order.get("seed") is not None else "") + ".")
+    if summary_md is None and meta.get("stopped"):
+        return (head + f"\n\nStopped ({meta.get('status')}): {meta['stopped'].get('reason')}. Finished runs are "
+                "kept: rerun the same command to resume.")
+    if summary_md is None:
+        return head + "\n\nRunning: the summary table appears here when the sweep finishes."
+    body = summary_md.split("\n", 1)[1] if summary_md.startswith("# ") else summary_md
+    return head + "\n\n" + body.strip() + "\n"

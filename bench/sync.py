@@ -82,7 +82,7 @@ def sync_sweep(sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]
     """
     from bench.matrix import Matrix
     from bench.plan import RunSpec
-    from bench.sweep import log_record
+    from bench.sweep import log_record, parent_description
 
     on_event = on_event or (lambda kind, data: None)
     sweep_dir = Path(sweep_dir)
@@ -97,7 +97,8 @@ def sync_sweep(sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]
             parent = meta.get("parent_run_id")
             if not (parent and tracker.parent_alive(parent)):
                 tags, params = parent_fields(meta)
-                parent = tracker.start_parent(meta.get("sweep_id", sweep_dir.name), tags, params)
+                parent = tracker.start_parent(meta.get("sweep_id", sweep_dir.name), tags, params,
+                                              start_time=meta.get("created_at"), description=parent_description(meta))
                 meta["parent_run_id"] = parent
                 atomic_write_json(sweep_dir / SWEEP, meta)
                 counts["parents"] += 1
@@ -119,9 +120,11 @@ def sync_sweep(sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]
             queue = read_json(sweep_dir / QUEUE) or {}
             fin = queue.get("parent_finish")
             if fin:
+                md = sweep_dir / "summary.md"
                 tracker.finish_parent(parent, metrics=fin.get("metrics") or {},
-                                      artifacts=[sweep_dir / "summary.csv", sweep_dir / "summary.md", sweep_dir / SWEEP],
-                                      status=fin.get("status", "FAILED"), tags=fin.get("tags") or {})
+                                      artifacts=[sweep_dir / "summary.csv", md, sweep_dir / SWEEP],
+                                      status=fin.get("status", "FAILED"), tags=fin.get("tags") or {},
+                                      description=parent_description(meta, md.read_text() if md.is_file() else None))
                 counts["closed"] += 1
             (sweep_dir / QUEUE).unlink(missing_ok=True)
     except BenchError:

@@ -10,6 +10,18 @@
   values (``step_time_median_s``, ``rollout_share``, ``free_ratio`` ...); artifacts = resolved config,
   JSONL, log, evidence and the profiler summary.
 
+What the MLflow UI shows follows MLflow's own conventions (:func:`system_tags`, :data:`NOTE`):
+
+- the experiment is a "Machine learning" experiment (tag ``mlflow.experimentKind``), so the UI opens on its
+  training runs, and carries a description of how its runs are laid out;
+- every run has MLflow's system tags (User, Source ``run_bench.py``, Git commit) and a markdown description
+  (``mlflow.note.content``): a child says its cell, factor levels, status (the failure reason and log tail
+  when failed) and headline values; the parent says what the sweep is and, when finished, holds the
+  sweep's summary table;
+- a child's start and end times are those of the run it mirrors (``record.json``'s ``started_at`` and
+  ``finished_at``), so Duration and Created are the run's, not the upload's, also when ``sync`` logs it
+  later; its metrics carry the run's end time as timestamp.
+
 Uses :class:`mlflow.MlflowClient` with ``log_batch`` (one round trip per child), which works against a
 ``sqlite:///`` store and an ``http://`` tracking server alike.
 
@@ -43,6 +55,72 @@ PROBE_TIMEOUT_S = 5.0
 SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
 
 _MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
+
+#: the run tag the MLflow UI shows (and edits) as a run's description; markdown (GitHub flavour, tables too)
+NOTE = "mlflow.note.content"
+#: first paragraph of a sweep parent's description once ``report`` logged its report there (kept when the
+#: sweep's description is rewritten, e.g. by a rerun of a finished sweep)
+REPORT_POINTER = ("Report (factor effects with intervals, per-cell speedups, phases, plots): artifact "
+                  "`report/report.md`.")
+#: experiment tag that tells the MLflow 3 UI which kind of experiment it shows (classic ML: "Training runs")
+EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+
+
+def experiment_description(name: str) -> str:
+    """Markdown description of the experiment ``name`` (the MLflow UI shows it above the runs)."""
+    return (f"GRPO ablation benchmark `{name}` (`run_bench.py`). One **parent run per sweep** (tag "
+            "`bench.kind = sweep`; its description holds the sweep's summary table, its metrics "
+            "`speedup.<cell>` and `step_time_s.<cell>`), with a **child run per cell and repeat** "
+            "(`bench.kind = cell`): params `factor.*` are the factor levels (`n/a`: not applicable), metrics "
+            "are the per-step series of the run and its summary (`step_time_s`, `rollout_share`, `free_ratio`, "
+            "...), tags `evidence.*` say how each factor was seen to take effect. Tune studies "
+            "(`bench.kind = tune`, a child per trial) and gate runs (`bench.kind = gate`) live here too. "
+            "Filter children with e.g. `tags.bench.kind = 'cell' and params.factor.dynamic_bsz = '1'`.")
+
+
+@lru_cache(maxsize=1)
+def system_tags() -> dict[str, str]:
+    """MLflow's system tags for a run this harness creates, as the UI shows them: ``mlflow.user`` (and any
+    other tag of MLflow's run-context providers but git's), ``mlflow.source.name`` = ``run_bench.py``,
+    ``mlflow.source.type`` = ``LOCAL`` and the project's git commit, branch and remote URL (MLflow's
+    ``mlflow.source.git.*``; credentials stripped by MLflow) when it is a git checkout.
+
+    :class:`mlflow.MlflowClient` sets none of them (only MLflow's fluent API does); without them the UI's
+    User, Source and Git commit columns stay empty.
+    """
+    from mlflow.tracking.context.git_context import GitRunContext
+    from mlflow.tracking.context.registry import resolve_tags
+    from mlflow.utils.git_utils import get_git_branch, get_git_repo_url
+
+    own = {"mlflow.source.name": "run_bench.py", "mlflow.source.type": "LOCAL"}
+    sha = git_commit().removesuffix("+dirty")
+    if sha != "unknown":  # the project's repository, not that of whatever script imported the harness
+        root = str(Path(__file__).resolve().parent.parent)
+        own["mlflow.source.git.commit"] = sha
+        for key, value in (("mlflow.source.git.branch", get_git_branch(root)),
+                           ("mlflow.source.git.repoURL", get_git_repo_url(root))):
+            if value:
+                own[key] = value
+    return {k: str(v) for k, v in resolve_tags(own, ignore=[GitRunContext]).items()}
+
+
+def _ms(t: float | None) -> int | None:
+    """Epoch seconds -> epoch milliseconds (MLflow's unit); ``None`` stays ``None``."""
+    return None if t is None else int(round(float(t) * 1000))
+
+
+def note(text: str) -> str:
+    """``text`` fit for :data:`NOTE`: whole when it fits MLflow's tag limit (``MAX_TAG_VAL_LENGTH``, 8000
+    characters), else cut at a line end (a markdown table stays well formed) with a closing remark."""
+    from mlflow.utils.validation import MAX_TAG_VAL_LENGTH
+
+    if len(text) <= MAX_TAG_VAL_LENGTH:
+        return text
+    remark = f"\n\n... (cut at MLflow's {MAX_TAG_VAL_LENGTH}-character limit; the full text is in the run's artifacts)"
+    cut = text[:MAX_TAG_VAL_LENGTH - len(remark)]
+    if "\n" in cut:
+        cut = cut[:cut.rindex("\n")]
+    return cut.rstrip() + remark
 
 
 def _finite(v: Any) -> float | None:
@@ -161,18 +239,25 @@ class Tracker:
             raise BenchError(f"--tracking-uri {tracking_uri}: cannot open MLflow store: {first}") from None
 
     def _experiment(self, experiment: str) -> str:
+        """The experiment's id (created when missing); sets its kind and description where it has none
+        (a description a user edited in the UI is kept)."""
         for attempt in range(3):  # a concurrent creator may win the race: look it up again
             exp = self.client.get_experiment_by_name(experiment)
             if exp:
-                return exp.experiment_id
+                break
             try:
-                return self.client.create_experiment(
-                    experiment, artifact_location=_artifact_location(self.uri, experiment))
+                exp = self.client.get_experiment(self.client.create_experiment(
+                    experiment, artifact_location=_artifact_location(self.uri, experiment)))
+                break
             except Exception:
                 if attempt == 2:
                     raise
                 time.sleep(0.5)
-        raise AssertionError("unreachable")
+        wanted = {EXPERIMENT_KIND[0]: EXPERIMENT_KIND[1], NOTE: experiment_description(experiment)}
+        for key, value in wanted.items():
+            if key not in exp.tags:
+                self.client.set_experiment_tag(exp.experiment_id, key, value)
+        return exp.experiment_id
 
     def mark_down(self, exc: BaseException) -> str:
         """Record the first failure (later calls are skipped); returns the one-line reason."""
@@ -180,9 +265,21 @@ class Tracker:
             self.down = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
         return self.down
 
-    def start_parent(self, name: str, tags: dict[str, Any], params: dict[str, Any]) -> str:
-        """Create a parent run (status RUNNING); returns its run id."""
-        run = self.client.create_run(self.experiment_id, run_name=name, tags={k: _tag(v) for k, v in tags.items()})
+    def _tags(self, tags: dict[str, Any], description: str | None) -> dict[str, str]:
+        out = {**system_tags(), **{k: _tag(v) for k, v in tags.items()}}
+        if description:
+            out[NOTE] = note(description)
+        return out
+
+    def start_parent(self, name: str, tags: dict[str, Any], params: dict[str, Any], *,
+                     start_time: float | None = None, description: str | None = None) -> str:
+        """Create a parent run (status RUNNING) with :func:`system_tags`; returns its run id.
+
+        ``start_time``: epoch seconds (default now), e.g. when ``sync`` creates the parent of an earlier
+        sweep; ``description``: markdown for the run's description (:data:`NOTE`).
+        """
+        run = self.client.create_run(self.experiment_id, run_name=name, start_time=_ms(start_time),
+                                     tags=self._tags(tags, description))
         self._log(run.info.run_id, params=params)
         return run.info.run_id
 
@@ -206,17 +303,22 @@ class Tracker:
 
     def log_child(self, parent_id: str, name: str, *, params: dict[str, Any], tags: dict[str, Any],
                   series: dict[str, list[tuple[int, float]]], summary: dict[str, Any],
-                  artifacts: list[Path | tuple[Path, str]], status: str) -> str:
+                  artifacts: list[Path | tuple[Path, str]], status: str, start_time: float | None = None,
+                  end_time: float | None = None, description: str | None = None) -> str:
         """Create a finished child run under ``parent_id`` with everything logged; returns its id.
 
         ``series``: metric -> [(step, value)]; ``summary``: metric -> value (non-numbers skipped).
+        ``start_time``/``end_time``: epoch seconds of the run it mirrors (default: now), which the UI shows
+        as Created and Duration; metrics are stamped with ``end_time``. ``description``: markdown
+        (:data:`NOTE`). ``status``: ``ok`` -> FINISHED, anything else -> FAILED.
         """
         from mlflow.entities import Metric
 
         tags = {**tags, "mlflow.parentRunId": parent_id}
-        run = self.client.create_run(self.experiment_id, run_name=name, tags={k: _tag(v) for k, v in tags.items()})
+        run = self.client.create_run(self.experiment_id, run_name=name, start_time=_ms(start_time),
+                                     tags=self._tags(tags, description))
         rid = run.info.run_id
-        now = int(time.time() * 1000)
+        now = _ms(end_time) or int(time.time() * 1000)
         metrics = [Metric(_key(k), f, now, int(step)) for k, pts in series.items() for step, v in pts
                    if (f := _finite(v)) is not None]
         metrics += [Metric(_key(k), f, now, 0) for k, v in summary.items() if (f := _finite(v)) is not None]
@@ -227,19 +329,25 @@ class Tracker:
                 self.client.log_artifact(rid, str(path), under)
             elif Path(path).is_dir():  # a folder: its files under ``under`` (default: the folder's name)
                 self.client.log_artifacts(rid, str(path), under or Path(path).name)
-        self.client.set_terminated(rid, status="FINISHED" if status == "ok" else "FAILED")
+        self.client.set_terminated(rid, status="FINISHED" if status == "ok" else "FAILED", end_time=_ms(end_time))
         return rid
 
     def finish_parent(self, run_id: str, *, metrics: dict[str, Any], artifacts: list[Path], status: str,
-                      tags: dict[str, Any] | None = None) -> None:
-        """Log final metrics/artifacts/tags on the parent and mark it finished (or failed/killed)."""
+                      tags: dict[str, Any] | None = None, description: str | None = None) -> None:
+        """Log final metrics/artifacts/tags (and the markdown ``description``, :data:`NOTE`, below the
+        :data:`REPORT_POINTER` when the description had one) on the parent and mark it finished (or failed/killed)."""
         from mlflow.entities import Metric
 
         now = int(time.time() * 1000)
         ms = [Metric(_key(k), f, now, 0) for k, v in metrics.items() if (f := _finite(v)) is not None]
         self._log(run_id, metrics=ms)
-        for k, v in (tags or {}).items():
-            self.client.set_tag(run_id, k, _tag(v))
+        tags = {k: _tag(v) for k, v in (tags or {}).items()}
+        if description:
+            if self.client.get_run(run_id).data.tags.get(NOTE, "").startswith(REPORT_POINTER):
+                description = REPORT_POINTER + "\n\n" + description
+            tags[NOTE] = note(description)
+        for k, v in tags.items():
+            self.client.set_tag(run_id, k, v)
         for path in artifacts:
             if Path(path).is_file():
                 self.client.log_artifact(run_id, str(path))

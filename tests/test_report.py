@@ -72,6 +72,9 @@ def test_full_design_report_recovers_effects_and_writes_files(tmp_path, store):
     # logged on the parent run
     run = tr.client.get_run(pid)
     assert run.data.tags["bench.report"] == "report/report.md"
+    assert run.data.tags["mlflow.note.content"].startswith("Report (factor effects")  # the run page points at it
+    assert main(["report", "npu3", "--results", str(tmp_path), "--tracking-uri", uri, "--bootstrap", "300"]) == 0
+    assert tr.client.get_run(pid).data.tags["mlflow.note.content"].count("report/report.md") == 1  # once, rerun or not
     assert "report.effect.dynamic_bsz" in run.data.metrics
     assert {a.path for a in tr.client.list_artifacts(pid, "report")} >= {f"report/{n}" for n in FILES}
 

@@ -81,6 +81,17 @@ def test_smoke_sweep_against_a_real_mlflow_server_then_resume(tmp_path):
         assert "harness_overhead_share" in client.get_run(parent).data.metrics
 
         sweep = (tmp_path / "res" / "smoke" / "latest").resolve()
+        # what the MLflow UI shows through the server: Created/Duration of the runs themselves, descriptions,
+        # MLflow's system tags, a "Machine learning" experiment
+        assert client.get_experiment_by_name("smoke").tags["mlflow.experimentKind"] == "custom_model_development"
+        for child in children:
+            rec = json.loads((sweep / child.data.tags["cell_id"] / "r0" / "record.json").read_text())
+            assert child.info.start_time == round(rec["started_at"] * 1000)
+            assert child.info.end_time == round(rec["finished_at"] * 1000)
+            assert child.info.end_time - child.info.start_time > 500  # a real run: not the upload's few ms
+            assert f"**{rec['label']}**" in child.data.tags["mlflow.note.content"]
+            assert child.data.tags["mlflow.source.name"] == "run_bench.py"
+        assert "| all-off (`" in client.get_run(parent).data.tags["mlflow.note.content"]
         rows = list(csv.DictReader(open(sweep / "summary.csv")))
         assert [r["dynamic_bsz"] for r in rows] == ["0", "1"]
         assert rows[0]["speedup"] and abs(float(rows[0]["speedup"]) - 1.0) < 1e-9
