@@ -39,6 +39,7 @@ import os
 import time
 import urllib.parse
 import urllib.request
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
