@@ -301,8 +301,15 @@ def main(args: argparse.Namespace) -> int:
     print_summary(out.rows, console)
     console.print(f"sweep folder: {out.sweep_dir}")
     console.print(f"summary: {out.sweep_dir / 'summary.md'}")
-    console.print(f"MLflow: {args.tracking_uri} (parent run {out.parent_run_id}); browse with "
-                  f"`mlflow ui --backend-store-uri {args.tracking_uri}`")
+    from bench.tracking import ML_VIEW, run_url
+
+    link = run_url(args.tracking_uri, out.experiment_id, out.parent_run_id)
+    if link:
+        console.print(f"MLflow: {link}", soft_wrap=True)
+    else:
+        console.print(f"MLflow: {args.tracking_uri} (parent run {out.parent_run_id}); browse with "
+                      f"`mlflow ui --backend-store-uri {args.tracking_uri}` (experiment links with ?{ML_VIEW} open "
+                      "on its runs)", soft_wrap=True)
     console.print(f"executed {out.executed}, cached {out.skipped}, failed {out.failed}; wall {out.wall_s:.1f} s, "
                   f"in GRPO steps {out.in_step_s:.1f} s, harness overhead {out.overhead_share:.1%}")
     if any(r["status"] != "ok" for r in out.rows):  # exit 1: one line on stderr says why

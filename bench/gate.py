@@ -443,41 +443,50 @@ def render_markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) -> str | None:
-    """Create the gate run; tag the candidate's parent run. Returns a warning instead of raising."""
-    try:
-        from mlflow.entities import Metric
+#: MLflow status of a gate run per verdict ("cannot judge" is not a failure: FINISHED, tag ``bench.verdict``)
+RUN_STATUS = {"pass": "FINISHED", "regression": "FAILED", CANNOT_JUDGE: "FINISHED"}
 
+
+def gate_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-cell gate results as table rows (MLflow artifact ``gate_cells.json``): cell (label), metric,
+    verdict, relative change, CI low/high, p value, baseline and candidate cell ids, reason (``None``
+    where not computed)."""
+    return [{"cell": r["cell"], "metric": r["metric"], "verdict": r["verdict"], "change": r.get("change"),
+             "CI low": r.get("ci_low"), "CI high": r.get("ci_high"), "p value": r.get("p_value"),
+             "baseline cell id": r.get("baseline_cell_id"), "candidate cell id": r.get("candidate_cell_id"),
+             "reason": r.get("reason") or ""} for r in result.get("rows", [])]
+
+
+def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) -> str | None:
+    """Create the gate run, nested under the candidate sweep's parent run (same experiment) when it has one,
+    named ``gate <candidate> vs <baseline>: <verdict>``, status by :data:`RUN_STATUS`, the per-cell results
+    as table ``gate_cells.json`` and the counts as metrics; tag the candidate's parent run. Returns a
+    warning instead of raising."""
+    try:
         from bench.tracking import Tracker, _key
 
         cand = result["candidate"]
         tr = Tracker(tracking_uri, cand.get("matrix") or "default")
         bname = result["baseline"].get("name") or "none"
+        parent = cand.get("parent_run_id") if cand.get("parent_run_id") and tr.parent_alive(cand["parent_run_id"]) else None
         tags = {"bench.kind": "gate", "bench.verdict": result["verdict"], "bench.baseline": bname,
                 "bench.candidate_sweep": cand.get("sweep_id") or "", "engine": cand["engine"], "platform": cand["platform"],
                 "bench.candidate_parent_run": cand.get("parent_run_id") or "",
                 "bench.regressions": ", ".join(sorted({r["cell"] for r in result.get("rows", []) if r["verdict"] in ("regression", "failed")})) or "none"}
+        if parent:
+            tags["mlflow.parentRunId"] = parent
         md = next((Path(f) for f in files if Path(f).suffix == ".md" and Path(f).is_file()), None)
-        rid = tr.start_parent(f"gate {bname} vs {cand.get('sweep_id')}", tags,
+        rid = tr.start_parent(f"gate {cand.get('sweep_id')} vs {bname}: {result['verdict']}", tags,
                               {k: v for k, v in result["settings"].items()},
                               description=md.read_text() if md else None)  # gate.md on the run's page
-        now = int(time.time() * 1000)
-        ms = []
-        for r in result.get("rows", []):
-            for k in ("change", "p_value", "ci_low", "ci_high"):
-                if isinstance(r.get(k), (int, float)):
-                    ms.append(Metric(_key(f"{r['metric']}.{k}/{r['cell']}"), float(r[k]), now, 0))
-        for k, v in result.get("counts", {}).items():
-            ms.append(Metric(f"count.{k.replace(' ', '_')}", float(v), now, 0))
-        for i in range(0, len(ms), 900):
-            tr.client.log_batch(rid, metrics=ms[i:i + 900])
-        for f in files:
-            tr.client.log_artifact(rid, str(f))
-        tr.client.set_terminated(rid, status="FINISHED" if result["verdict"] == "pass" else "FAILED")
+        if result.get("rows"):
+            tr.log_table(rid, gate_table(result), "gate_cells.json")
+        tr.finish_parent(rid, metrics={f"count.{k.replace(' ', '_')}": v for k, v in result.get("counts", {}).items()},
+                         artifacts=[Path(f) for f in files], status=RUN_STATUS.get(result["verdict"], "FAILED"))
         result["mlflow_run_id"] = rid
         if cand.get("parent_run_id"):
             try:
-                tr.client.set_tag(cand["parent_run_id"], _key(f"bench.gate.{bname}"), result["verdict"])
+                tr.set_tag(cand["parent_run_id"], _key(f"bench.gate.{bname}"), result["verdict"])
             except Exception:
                 pass
     except Exception as exc:

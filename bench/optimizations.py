@@ -72,6 +72,8 @@ class Optimization(BaseModel):
             ``confirmed | missing | contradicted | n/a`` (see :mod:`bench.measure.verl_evidence`).
         article_level: the level whose gain the article reports; the report puts that level's gain
             beside the article's (table and ``article.png``); ``None``: no article figure.
+        code: a short code (a few letters, e.g. ``dbsz``) for compact cell labels (:func:`compact_label`:
+            MLflow run names, whose list column shows only about 13 characters); default: ``key``.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -88,6 +90,12 @@ class Optimization(BaseModel):
     evidence: str = ""
     evidence_checks: dict[str, str] = Field(default_factory=dict)
     article_level: int | None = None
+    code: str = ""
+
+    @property
+    def short(self) -> str:
+        """The factor's short code (:attr:`code`, else :attr:`key`)."""
+        return self.code or self.key
 
     @property
     def off(self) -> int:
@@ -128,6 +136,7 @@ REGISTRY: dict[str, Optimization] = {
     for o in [
         Optimization(
             key="rmsnorm_fused",
+            code="rms",
             title="Fused RMSNorm (and SwiGLU / rotary) operators in the actor and ref",
             section="3.1.1",
             acts="training",
@@ -145,6 +154,7 @@ REGISTRY: dict[str, Optimization] = {
         ),
         Optimization(
             key="task_queue",
+            code="tq",
             title="Task queue pipelined dispatch (TASK_QUEUE_ENABLE)",
             section="3.1.2",
             acts="host",
@@ -166,6 +176,7 @@ REGISTRY: dict[str, Optimization] = {
         ),
         Optimization(
             key="dynamic_bsz",
+            code="dbsz",
             title="Dynamic batch size (token-budget micro-batches)",
             section="3.2.1",
             acts="training",
@@ -189,6 +200,7 @@ REGISTRY: dict[str, Optimization] = {
         ),
         Optimization(
             key="forward_prefetch",
+            code="fwdpf",
             title="FSDP forward prefetch (overlap all-gather with compute)",
             section="3.2.2",
             acts="training",
@@ -209,6 +221,7 @@ REGISTRY: dict[str, Optimization] = {
         ),
         Optimization(
             key="mc2",
+            code="mc2",
             title="MC2 matmul + all-reduce fusion in vLLM-Ascend tensor parallel",
             section="3.3.1",
             acts="rollout",
@@ -236,6 +249,7 @@ REGISTRY: dict[str, Optimization] = {
         ),
         Optimization(
             key="mrope_cache",
+            code="mrope",
             title="MRoPE cos/sin computed once per forward and reused across layers",
             section="3.3.2",
             acts="rollout",
@@ -254,6 +268,7 @@ REGISTRY: dict[str, Optimization] = {
         ),
         Optimization(
             key="graph_mode",
+            code="graph",
             title="Rollout graph mode (ACL graph / CUDA graph instead of eager)",
             section="2.5",
             acts="rollout",
@@ -305,6 +320,22 @@ def unregister_optimization(key: str) -> None:
     global FACTOR_KEYS
     REGISTRY.pop(key, None)
     FACTOR_KEYS = tuple(REGISTRY)
+
+
+def compact_label(levels: dict[str, int | None]) -> str:
+    """A cell's compact label from its factor levels: the short codes (:attr:`Optimization.short`) of the
+    factors not at their off level, joined by ``+`` in registry order, with ``=<level>`` for factors of more
+    than two levels (``rms+tq=1+dbsz``); ``all-off`` when none. Not-applicable (``None``) factors and
+    factors not in :data:`REGISTRY` (unknown keys are shown by key) are handled; used for MLflow run names,
+    where labels must differ early (``summary.md`` keeps the full labels)."""
+    parts = []
+    for k in [k for k in REGISTRY if k in levels] + [k for k in levels if k not in REGISTRY]:
+        v, opt = levels[k], REGISTRY.get(k)
+        if v is None or (opt is not None and v == opt.off) or (opt is None and not v):
+            continue
+        code = opt.short if opt is not None else k
+        parts.append(code if opt is not None and opt.levels == (0, 1) else f"{code}={v}")
+    return "+".join(parts) if parts else "all-off"
 
 
 def applicability(key: str, engine: str, platform: str, context: dict[str, Any]) -> str | None:

@@ -676,7 +676,7 @@ def write(data: dict[str, Any], out: Path) -> list[Path]:
 
 
 def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> str | None:
-    """Log the report files (artifact folder ``report``), effect metrics, a tag and a pointer at the top of
+    """Log the report files (artifact folder ``report``, with ``report.html`` rendered from ``report.md``), effect metrics, a tag and a pointer at the top of
     the description on the sweep's parent run; returns a warning text instead of raising (``None``: logged)."""
     rid = data["sweep"].get("parent_run_id")
     if not rid:
@@ -687,8 +687,7 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
         from bench.tracking import NOTE, REPORT_POINTER, Tracker, _key, note
 
         tr = Tracker(tracking_uri, data["sweep"]["matrix"])
-        for f in files:
-            tr.client.log_artifact(rid, str(f), artifact_path="report")
+        tr.log_report(rid, files)  # the files under report/, and report.html (images embedded) that the UI renders
         now = int(time.time() * 1000)
         ms = [Metric(_key(f"report.effect.{t['name']}"), float(t["change"]), now, 0)
               for t in ((data["effects"].get("fit") or {}).get("terms") or [])]

@@ -36,7 +36,7 @@ from bench.matrix import Matrix
 from bench.measure._common import iqr
 from bench.metadata import host_load  # noqa: F401  (re-exported; gathered in bench.metadata)
 from bench.model import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, Snapshot, cell_stats, run_value
-from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.optimizations import FACTOR_KEYS, REGISTRY, compact_label
 from bench.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.record import build_record, is_finished, write_record
 from bench.results import (
@@ -52,7 +52,16 @@ from bench.results import (
     run_dir,
 )
 from bench.sync import QUEUE, queue_upload, sync_matrix
-from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, versions
+from bench.tracking import (
+    NOTE,
+    Tracker,
+    check_tracking_uri,
+    git_commit,
+    note,
+    stop_monitor,
+    sweep_run_name,
+    versions,
+)
 
 MLFLOW_MARK = "mlflow.json"
 #: base settings logged as params on every child run
@@ -74,6 +83,8 @@ class SweepOutcome:
     in_step_s: float
     overhead_share: float
     notes: list[str] = field(default_factory=list)
+    #: the MLflow experiment's id (``None`` when the store was not reached)
+    experiment_id: str | None = None
 
 
 def process_start() -> float:
@@ -121,6 +132,22 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
                "all_off": c.all_off}
         rows.append(row)
     return rows
+
+
+def cells_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sweep parent's per-cell results table (MLflow artifact ``cells.json``) from :func:`cell_rows`'
+    rows, the values of ``summary.csv``: ``cell`` (compact label, as in the child run names), ``label``,
+    ``cell id``, one column per factor (level, ``n/a``), ``runs ok``, ``step time s``, ``speedup``,
+    ``rollout share``, ``Free ratio``, ``tokens/s`` (``None`` where ``summary.csv`` is empty)."""
+    out = []
+    for r in rows:
+        levels = {k: (None if r.get(k) in (None, "n/a") else int(r[k])) for k in FACTOR_KEYS if k in r}
+        out.append({"cell": compact_label(levels), "label": r["label"], "cell id": r["cell_id"],
+                    **{k: r[k] for k in FACTOR_KEYS if k in r}, "runs ok": f"{r['repeats_ok']}/{r['repeats']}",
+                    "step time s": r.get("step_time_s"), "speedup": r.get("speedup"),
+                    "rollout share": r.get("rollout_share"), "Free ratio": r.get("free_ratio"),
+                    "tokens/s": r.get("throughput")})
+    return out
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
@@ -226,8 +253,13 @@ class Sweep:
         self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed"),
                                 "order": order.kind, "order_seed": order.seed})
         counts = {"executed": 0, "skipped": 0, "failed": 0, "in_step": 0.0}
+        # MLflow's system metrics (system/*) on the parent while the runs run; stopped before it is closed
+        monitor = tracker.monitor_system(meta["parent_run_id"]) if meta.get("parent_run_id") else None
         try:
-            self._loop(tracker, sweep_dir, meta, todo, counts)
+            try:
+                self._loop(tracker, sweep_dir, meta, todo, counts)
+            finally:
+                stop_monitor(monitor)
             executed, skipped, failed, in_step = (counts[k] for k in ("executed", "skipped", "failed", "in_step"))
             wall = time.time() - process_start()
             overhead = (wall - in_step) / wall if wall > 0 and executed else 0.0
@@ -325,7 +357,8 @@ class Sweep:
                   "order": order.kind, "order_seed": "none" if order.seed is None else order.seed,
                   "design_cells": self.plan.design_cells, "factors": ",".join(self.plan.varied),
                   **{f"base.{k}": v for k, v in m.base.model_dump(exclude={"env", "overrides", "embedded"}).items()}}
-        return tracker.start_parent(sweep_id, tags, params, start_time=meta.get("created_at"),
+        return tracker.start_parent(sweep_run_name(m.name, meta.get("created_at"), meta.get("git_commit")), tags,
+                                    params, start_time=meta.get("created_at"),
                                     description=parent_description(meta))
 
     def _run_one(self, sweep_dir: Path, spec: RunSpec, repeat: int) -> dict[str, Any]:
@@ -447,6 +480,7 @@ class Sweep:
         else:
             try:
                 tracker.finish_parent(meta["parent_run_id"], artifacts=[csv_path, md_path, sweep_dir / SWEEP],
+                                      cells=cells_table(rows),
                                       description=parent_description(meta, md_path.read_text()), **finish)
                 if not tracker.down:  # every child is logged and the parent closed: nothing left queued
                     (sweep_dir / QUEUE).unlink(missing_ok=True)
@@ -457,7 +491,7 @@ class Sweep:
                 self.on_event("warn", {"message": f"MLflow parent update failed ({tracker.down}): queued; "
                                                   f"`run_bench.py sync {sweep_dir}` fills it in later"})
         return SweepOutcome(sweep_dir, meta["parent_run_id"], rows, executed, skipped, failed, wall, in_step,
-                            overhead)
+                            overhead, experiment_id=getattr(tracker, "experiment_id", None))
 
 
 def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
@@ -513,10 +547,7 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
                matrix: Matrix) -> str:
     """Log one run record as an MLflow child run of ``parent_id``; returns the child's run id."""
     summ = rec.get("summary") or {}
-    series: dict[str, list[tuple[int, float]]] = {}
-    for step, metrics in rec.get("steps", {}).items():
-        for key, value in metrics.items():
-            series.setdefault(key, []).append((int(step), value))
+    series = step_series(rec)
     for step, value in rec.get("free_ratio", {}).items():
         series.setdefault("free_ratio/step", []).append((int(step), value))
     # the run's values as summary.md, the report and the gate see them (bench.model.run_value of the timed
@@ -525,15 +556,18 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
 
     samples = record_samples(rec)
     summary = {
-        "step_time_s": run_value(samples["step_time"]), "step_time_iqr_s": summ.get(SUMMARY_STEP_IQR),
+        "step_time_median_s": run_value(samples["step_time"]), "step_time_iqr_s": summ.get(SUMMARY_STEP_IQR),
         "rollout_share": run_value(samples["rollout_share"]), "free_ratio": run_value(samples["free_ratio"]),
         "throughput": run_value(samples["throughput"]), "peak_memory_gb": summ.get(SUMMARY_PEAK_MEM),
         "long_tail_waste": summ.get("long_tail_waste_median"), "wall_s": rec.get("wall_s"),
         **{f"phase/{k}_s": v for k, v in (summ.get("phase_median_s") or {}).items()},
     }
     evidence = rec.get("evidence") or {}
+    phases = step_phases(rec)
     tags = {"bench.kind": "cell", "cell_id": spec.cell_id, "repeat": rec["repeat"], "status": rec["status"],
-            "label": spec.label, "engine": spec.engine, "platform": spec.platform,
+            "label": spec.label, "bench.label": spec.label,
+            "bench.warmup_steps": ",".join(map(str, phases["warmup"])) or "none",
+            "bench.profile_steps": ",".join(map(str, phases["profiled"])) or "none", "engine": spec.engine, "platform": spec.platform,
             "merged_cells": len(spec.cells), "git_commit": git_commit(),
             "timed_steps": summ.get("timed_steps"), "profiled_steps": summ.get("profiled_steps"),
             **{f"version.{k}": v for k, v in versions().items()},
@@ -551,10 +585,84 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
                                      "engine.log")]
     # verl runs: the config verl composed (Hydra's record of the job) and the per-process patch reports
     arts += [(rdir / "hydra" / ".hydra", "verl_config"), (rdir / "patches", "patch_reports")]
-    return tracker.log_child(parent_id, f"{spec.label}#r{rec['repeat']}", params=params, tags=tags,
+    trace, prof = profile_summary(rec, rdir, summary.get("free_ratio"))
+    return tracker.log_child(parent_id, f"{compact_label(spec.levels)} r{rec['repeat']}", params=params, tags=tags,
                              series=series, summary=summary, artifacts=arts, status=rec["status"],
                              start_time=rec.get("started_at"), end_time=rec.get("finished_at"),
-                             description=child_description(spec, rec, summary))
+                             description=child_description(spec, rec, summary), trace=trace,
+                             json_artifacts={"profile_summary.json": prof} if prof else None)
+
+
+def step_phases(rec: dict[str, Any]) -> dict[str, list[int]]:
+    """The steps of a run record by role: ``timed`` (measured, not profiled: what the step time is
+    computed from), ``profiled`` (steps the profiler recorded) and ``warmup`` (every other step: the
+    warm-up steps before measuring)."""
+    summ = rec.get("summary") or {}
+    steps = sorted(int(s) for s in (rec.get("steps") or {}))
+    timed = [int(s) for s in summ.get("timed_steps") or []]
+    profiled = [int(s) for s in summ.get("profiled_steps") or []]
+    return {"timed": timed, "profiled": [s for s in steps if s in profiled and s not in timed],
+            "warmup": [s for s in steps if s not in timed and s not in profiled]}
+
+
+def step_series(rec: dict[str, Any]) -> dict[str, list[tuple[int, float]]]:
+    """MLflow per-step series of a run record: every per-step metric of its steps (``timing_s/step``,
+    ``perf/*`` ..., with the step index), ``free_ratio/step`` at the profiled steps, and the step time split
+    by step role (:func:`step_phases`): ``step_time_s`` at the timed steps only (the samples of the run's
+    step time), ``step_time_s.warmup`` and ``step_time_s.profiled`` at the others."""
+    series: dict[str, list[tuple[int, float]]] = {}
+    for step, metrics in (rec.get("steps") or {}).items():
+        for key, value in metrics.items():
+            series.setdefault(key, []).append((int(step), value))
+    for step, value in (rec.get("free_ratio") or {}).items():
+        series.setdefault("free_ratio/step", []).append((int(step), value))
+    steps = rec.get("steps") or {}
+    for role, key in (("timed", "step_time_s"), ("warmup", "step_time_s.warmup"), ("profiled", "step_time_s.profiled")):
+        pts = [(s, (steps.get(str(s)) or {}).get("timing_s/step")) for s in step_phases(rec)[role]]
+        if pts := [(s, v) for s, v in pts if v is not None]:
+            series[key] = pts
+    return series
+
+
+def profile_summary(rec: dict[str, Any], rdir: Path, free_ratio: float | None) -> tuple[Path | None, dict | None]:
+    """The profiled step's trace file in ``rdir`` (the first torch trace the measurement read, else the first
+    ``trace/*.json[.gz]``; ``None`` without one) and a small profiler summary for MLflow
+    (``profile_summary.json``): the run's Free ratio (``free_ratio``, the value :func:`log_record` logs), per
+    profiled step its Free ratio, basis (``device``: union of device kernels; ``cpu``: CPU ops of the main
+    thread), sources and spread over sources; ``None`` when the run has no profiled step."""
+    detail = rec.get("free_ratio_detail") or {}
+    summ = rec.get("summary") or {}
+    trace = None
+    for step in sorted(detail, key=int):
+        for src in detail[step].get("sources") or []:
+            if src.get("kind") == "torch" and (Path(rdir) / src.get("source", "")).is_file():
+                trace = Path(rdir) / src["source"]
+                break
+        if trace:
+            break
+    if trace is None:
+        found = sorted(Path(rdir).glob("trace/*.json")) + sorted(Path(rdir).glob("trace/*.json.gz"))
+        trace = found[0] if found else None
+    if not detail and not summ.get("profiled_steps"):
+        return trace, None
+    steps = {step: {"free_ratio": d.get("free_ratio", (rec.get("free_ratio") or {}).get(step)),
+                    "basis": sorted({s.get("basis") for s in d.get("sources") or [] if s.get("basis")}),
+                    "sources": d.get("sources") or [], "spread": d.get("spread"),
+                    "missing_ranks": d.get("missing_ranks") or []}
+             for step, d in sorted(detail.items(), key=lambda kv: int(kv[0]))}
+    for step, d in steps.items():
+        d["free_ratio"] = (rec.get("free_ratio") or {}).get(step, d["free_ratio"])
+    return trace, {
+        "free_ratio": free_ratio,
+        "free_ratio_is": "median over the profiled measured steps of the per-step Free ratio (bench.model.run_value)",
+        "definition": "per profiler step window: free = window - union of busy intervals; Free ratio = free / window",
+        "basis_meaning": {"device": "union of device kernel/memcpy/memset intervals (all streams)",
+                          "cpu": "union of cpu_op intervals of the main thread (no device events)"},
+        "profiled_steps": summ.get("profiled_steps") or [], "profiled_measured_steps": summ.get("profiled_measured_steps"),
+        "window": "one ProfilerStep#N window per profiled step",
+        "steps": steps,
+        "trace": str(trace.relative_to(rdir)) if trace else None,
+    }
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
@@ -581,7 +689,7 @@ def child_description(spec: RunSpec, rec: dict[str, Any], summary: dict[str, Any
         lines += [f"Failure ({rec.get('failure_kind') or 'error'}): {rec.get('reason') or 'no reason recorded'}", ""]
     timed = (rec.get("summary") or {}).get("timed_steps")
     rows = [(f"step time, median of timed steps {timed}" if timed else "step time, median",
-             _fmt(summary.get("step_time_s"), " s")),
+             _fmt(summary.get("step_time_median_s"), " s")),
             ("step time IQR", _fmt(summary.get("step_time_iqr_s"), " s")),
             ("rollout share", _fmt(summary.get("rollout_share"))),
             ("Free ratio", _fmt(summary.get("free_ratio"))),

@@ -83,6 +83,7 @@ def sync_sweep(sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]
     from bench.matrix import Matrix
     from bench.plan import RunSpec
     from bench.sweep import log_record, parent_description
+    from bench.tracking import sweep_run_name
 
     on_event = on_event or (lambda kind, data: None)
     sweep_dir = Path(sweep_dir)
@@ -97,7 +98,9 @@ def sync_sweep(sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]
             parent = meta.get("parent_run_id")
             if not (parent and tracker.parent_alive(parent)):
                 tags, params = parent_fields(meta)
-                parent = tracker.start_parent(meta.get("sweep_id", sweep_dir.name), tags, params,
+                name = sweep_run_name(meta.get("matrix_name") or sweep_dir.parent.name, meta.get("created_at"),
+                                      meta.get("git_commit"))
+                parent = tracker.start_parent(name, tags, params,
                                               start_time=meta.get("created_at"), description=parent_description(meta))
                 meta["parent_run_id"] = parent
                 atomic_write_json(sweep_dir / SWEEP, meta)

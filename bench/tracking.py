@@ -65,6 +65,13 @@ REPORT_POINTER = ("Report (factor effects with intervals, per-cell speedups, pha
                   "`report/report.md`.")
 #: experiment tag that tells the MLflow 3 UI which kind of experiment it shows (classic ML: "Training runs")
 EXPERIMENT_KIND = ("mlflow.experimentKind", "custom_model_development")
+#: URL query that makes MLflow 3.17's UI open an experiment on its model-training view (it ignores
+#: :data:`EXPERIMENT_KIND`; the link chooses the view, else what the browser chose last, default GenAI)
+ML_VIEW = "workflowType=machine_learning"
+#: a profiled step's compressed trace larger than this (bytes) is not uploaded (tag ``bench.trace``)
+TRACE_CAP_BYTES = 50 * 2**20
+#: seconds between two samples of MLflow's system-metrics monitor on a sweep's parent run
+SYSTEM_METRICS_INTERVAL_S = 5.0
 
 
 def experiment_description(name: str) -> str:
@@ -103,6 +110,55 @@ def system_tags() -> dict[str, str]:
             if value:
                 own[key] = value
     return {k: str(v) for k, v in resolve_tags(own, ignore=[GitRunContext]).items()}
+
+
+def sweep_run_name(matrix: str, created_at: float | None, commit: str | None) -> str:
+    """A sweep parent run's name: ``<matrix> <YYYY-MM-DD HH:MM> <git short sha>`` (local time of
+    ``created_at``, epoch seconds; the sha's first 7 characters, ``+dirty`` kept; no sha part when unknown)."""
+    when = time.strftime("%Y-%m-%d %H:%M", time.localtime(created_at if created_at is not None else time.time()))
+    sha = str(commit or "")
+    dirty = sha.endswith("+dirty")
+    sha = sha.removesuffix("+dirty")
+    short = "" if not sha or sha == "unknown" else " " + sha[:7] + ("+dirty" if dirty else "")
+    return f"{matrix} {when}{short}"
+
+
+def run_url(tracking_uri: str, experiment_id: str | None, run_id: str | None = None) -> str | None:
+    """The MLflow UI link of an experiment (or of one of its runs) on an ``http(s)`` tracking server, opening
+    on the model-training view (:data:`ML_VIEW`); ``None`` for other stores (no UI at the URI)."""
+    if not tracking_uri.lower().startswith(("http://", "https://")) or not experiment_id:
+        return None
+    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{tracking_uri.rstrip('/')}/{page}?{ML_VIEW}"
+
+
+def markdown_html(md: str, base: Path, title: str = "report") -> str:
+    """A standalone HTML page of the markdown text ``md`` (tables and fenced code rendered by the
+    ``markdown`` package) with every local image (``![..](file.png)``, relative to ``base``) embedded as a
+    base64 ``data:`` URI, so that the MLflow UI's artifact viewer shows it with its plots. Images that are
+    not files under ``base`` are left as they are."""
+    import base64
+    import html
+    import mimetypes
+    import re
+
+    import markdown
+
+    body = markdown.markdown(md, extensions=["tables", "fenced_code"])
+
+    def embed(m: re.Match) -> str:
+        src = html.unescape(m.group(2))
+        path = (base / urllib.parse.unquote(src)).resolve()
+        if "://" in src or not path.is_file():
+            return m.group(0)
+        kind = mimetypes.guess_type(path.name)[0] or "application/octet-stream"
+        return f'{m.group(1)}"data:{kind};base64,{base64.b64encode(path.read_bytes()).decode()}"'
+
+    body = re.sub(r'(<img[^>]*?\ssrc=)"([^"]+)"', embed, body)
+    style = ("body{font-family:sans-serif;max-width:1100px;margin:1em auto;padding:0 1em}"
+             "table{border-collapse:collapse}td,th{border:1px solid #ccc;padding:2px 6px}img{max-width:100%}")
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>\n{body}\n</body></html>\n")
 
 
 def _ms(t: float | None) -> int | None:
@@ -305,13 +361,16 @@ class Tracker:
     def log_child(self, parent_id: str, name: str, *, params: dict[str, Any], tags: dict[str, Any],
                   series: dict[str, list[tuple[int, float]]], summary: dict[str, Any],
                   artifacts: list[Path | tuple[Path, str]], status: str, start_time: float | None = None,
-                  end_time: float | None = None, description: str | None = None) -> str:
+                  end_time: float | None = None, description: str | None = None, trace: Path | None = None,
+                  json_artifacts: dict[str, Any] | None = None) -> str:
         """Create a finished child run under ``parent_id`` with everything logged; returns its id.
 
         ``series``: metric -> [(step, value)]; ``summary``: metric -> value (non-numbers skipped).
         ``start_time``/``end_time``: epoch seconds of the run it mirrors (default: now), which the UI shows
         as Created and Duration; metrics are stamped with ``end_time``. ``description``: markdown
-        (:data:`NOTE`). ``status``: ``ok`` -> FINISHED, anything else -> FAILED.
+        (:data:`NOTE`). ``status``: ``ok`` -> FINISHED, anything else -> FAILED. ``trace``: the profiled
+        step's trace file, uploaded gzip-compressed under ``trace/`` (:meth:`log_trace`); ``json_artifacts``:
+        artifact file name -> JSON-ready object (e.g. ``profile_summary.json``).
         """
         from mlflow.entities import Metric
 
@@ -330,14 +389,116 @@ class Tracker:
                 self.client.log_artifact(rid, str(path), under)
             elif Path(path).is_dir():  # a folder: its files under ``under`` (default: the folder's name)
                 self.client.log_artifacts(rid, str(path), under or Path(path).name)
+        for name, obj in (json_artifacts or {}).items():
+            self.client.log_dict(rid, obj, name)
+        if trace is not None:
+            self.log_trace(rid, Path(trace))
         self.client.set_terminated(rid, status="FINISHED" if status == "ok" else "FAILED", end_time=_ms(end_time))
         return rid
 
+    def log_trace(self, run_id: str, trace: Path) -> str:
+        """Upload a profiler trace under ``trace/`` as ``<name>.json.gz`` (a ``.gz`` file as it is), unless
+        the compressed file exceeds :data:`TRACE_CAP_BYTES`; tags ``bench.trace`` with what was done
+        (``trace/<file> (<MB> MB)`` or why it was skipped). Returns the tag's value."""
+        import gzip
+        import shutil
+        import tempfile
+
+        cap_mb = TRACE_CAP_BYTES / 2**20
+        if not trace.is_file():
+            what = f"not uploaded: {trace.name} missing"
+        elif trace.suffix == ".gz":
+            size = trace.stat().st_size
+            if size > TRACE_CAP_BYTES:
+                what = f"not uploaded: {trace.name} is {size / 2**20:.1f} MB (cap {cap_mb:.0f} MB); in the run folder"
+            else:
+                self.client.log_artifact(run_id, str(trace), "trace")
+                what = f"trace/{trace.name} ({size / 2**20:.1f} MB)"
+        else:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / (trace.name + ".gz")
+                too_big = False
+                with open(trace, "rb") as src, gzip.open(out, "wb", compresslevel=6) as dst:
+                    while chunk := src.read(4 << 20):
+                        dst.write(chunk)
+                        if out.stat().st_size > TRACE_CAP_BYTES:
+                            too_big = True
+                            break
+                if too_big:
+                    what = (f"not uploaded: {trace.name} compresses to over {cap_mb:.0f} MB (cap); in the run folder "
+                            f"({trace.stat().st_size / 2**20:.1f} MB)")
+                else:
+                    self.client.log_artifact(run_id, str(out), "trace")
+                    what = f"trace/{out.name} ({out.stat().st_size / 2**20:.1f} MB, from {trace.stat().st_size / 2**20:.1f} MB)"
+                shutil.rmtree(tmp, ignore_errors=True)
+        self.client.set_tag(run_id, "bench.trace", what)
+        return what
+
+    def set_tag(self, run_id: str, key: str, value: Any) -> None:
+        """Set one tag of a run (non-strings as JSON, cut to 5000 characters)."""
+        self.client.set_tag(run_id, key, _tag(value))
+
+    def log_table(self, run_id: str, rows: list[dict[str, Any]], artifact_file: str) -> None:
+        """A table artifact (MLflow's ``log_table``: the UI shows it as a table) from ``rows`` (one dict per
+        row, same keys; ``None`` stays empty). An existing table of that name is replaced (``log_table``
+        alone would append the rows to it, e.g. when a finished sweep is run again)."""
+        import posixpath
+        import tempfile
+
+        import pandas as pd
+
+        data = pd.DataFrame(rows)
+        folder = posixpath.dirname(artifact_file) or None
+        if artifact_file not in [f.path for f in self.client.list_artifacts(run_id, folder)]:
+            self.client.log_table(run_id, data=data, artifact_file=artifact_file)
+            return
+        with tempfile.TemporaryDirectory() as tmp:  # the same file log_table writes, in place of the old one
+            path = Path(tmp) / posixpath.basename(artifact_file)
+            data.to_json(path, orient="split", index=False, date_format="iso")
+            self.client.log_artifact(run_id, str(path), folder)
+
+    def log_report(self, run_id: str, files: list[Path], under: str = "report") -> None:
+        """Upload a report's files under ``under/`` and, for its ``report.md``, a ``report.html`` beside it
+        with the images embedded (:func:`markdown_html`), which the MLflow UI renders."""
+        import tempfile
+
+        for f in files:
+            self.client.log_artifact(run_id, str(f), artifact_path=under)
+        md = next((Path(f) for f in files if Path(f).name == "report.md"), None)
+        if md is not None and md.is_file():
+            with tempfile.TemporaryDirectory() as tmp:
+                page = Path(tmp) / "report.html"
+                page.write_text(markdown_html(md.read_text(), md.parent, title=md.parent.parent.name))
+                self.client.log_artifact(run_id, str(page), artifact_path=under)
+
+    def monitor_system(self, run_id: str) -> Any:
+        """Start MLflow's system-metrics monitor (CPU, memory, disk, network, GPU where present; metrics
+        ``system/*``, one sample every :data:`SYSTEM_METRICS_INTERVAL_S` s) on the RUNNING run ``run_id``;
+        returns it (stop it with :func:`stop_monitor`), or ``None`` when it cannot start (no psutil, or the
+        tracker is down). The monitor stops by itself once the run is no longer RUNNING."""
+        if self.down:
+            return None
+        try:
+            from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
+
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)
+            mon = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
+                                       resume_logging=True, tracking_uri=self.uri)
+            mon.start()
+            return mon
+        except Exception:
+            return None
+
     def finish_parent(self, run_id: str, *, metrics: dict[str, Any], artifacts: list[Path], status: str,
-                      tags: dict[str, Any] | None = None, description: str | None = None) -> None:
+                      tags: dict[str, Any] | None = None, description: str | None = None,
+                      cells: list[dict[str, Any]] | None = None) -> None:
         """Log final metrics/artifacts/tags (and the markdown ``description``, :data:`NOTE`, below the
-        :data:`REPORT_POINTER` when the description had one) on the parent and mark it finished (or failed/killed)."""
+        :data:`REPORT_POINTER` when the description had one) on the parent and mark it finished (or failed/killed).
+        ``cells``: the per-cell results table, logged as ``cells.json`` (:meth:`log_table`)."""
         from mlflow.entities import Metric
+
+        if cells:
+            self.log_table(run_id, cells, "cells.json")
 
         now = int(time.time() * 1000)
         ms = [Metric(_key(k), f, now, 0) for k, v in metrics.items() if (f := _finite(v)) is not None]
@@ -363,6 +524,16 @@ class Tracker:
             self.client.log_batch(run_id, metrics=metrics[i:i + _MAX_BATCH], params=ps[i:i + 100] if i == 0 else [])
         for i in range(100, len(ps), 100):
             self.client.log_batch(run_id, params=ps[i:i + 100])
+
+
+def stop_monitor(monitor: Any) -> None:
+    """Stop a monitor of :meth:`Tracker.monitor_system` (flushing what it sampled); ``None`` is fine; never raises."""
+    if monitor is None:
+        return
+    try:
+        monitor.finish()
+    except Exception:
+        pass
 
 
 def _artifact_location(tracking_uri: str, experiment: str) -> str | None:

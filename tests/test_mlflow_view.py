@@ -95,20 +95,20 @@ def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_pa
         # Created and Duration of the run itself, not of the upload
         assert child.info.start_time == round(rec["started_at"] * 1000)
         assert child.info.end_time == round(rec["finished_at"] * 1000)
-        assert _client(uri).get_metric_history(child.info.run_id, "step_time_s")[0].timestamp == child.info.end_time
+        assert _client(uri).get_metric_history(child.info.run_id, "step_time_median_s")[0].timestamp == child.info.end_time
         # the run values of bench.model, = summary.csv's (one repeat: the cell value is the run value)
         samples = record_samples(rec)
         row = summary[tags["cell_id"]]
-        for metric, column in (("step_time_s", "step_time_s"), ("rollout_share", "rollout_share"),
+        for metric, column in (("step_time_median_s", "step_time_s"), ("rollout_share", "rollout_share"),
                                ("throughput", "throughput")):
-            key = metric.removesuffix("_s")
+            key = {"step_time_median_s": "step_time"}.get(metric, metric)
             assert m[metric] == pytest.approx(run_value(samples[key]), rel=1e-12)
             assert m[metric] == pytest.approx(float(row[column]), rel=1e-9), (metric, row)
         assert "free_ratio" not in m  # no profiler trace on the fake machine: nothing made up
         # ... and the description shows them
         text = tags[NOTE]
         assert f"**{rec['label']}**, repeat 0, cell `{rec['cell_id']}`: **ok**" in text
-        assert f"| {m['step_time_s']:.3f} s |" in text and f"| {m['throughput']:.1f} tokens/s |" in text
+        assert f"| {m['step_time_median_s']:.3f} s |" in text and f"| {m['throughput']:.1f} tokens/s |" in text
         assert "| Free ratio | n/a |" in text
 
     # the report's pointer heads the parent's description, and stays when the finished sweep is run again
