@@ -137,16 +137,17 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
 def cells_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The sweep parent's per-cell results table (MLflow artifact ``cells.json``) from :func:`cell_rows`'
     rows, the values of ``summary.csv``: ``cell`` (compact label, as in the child run names), ``label``,
-    ``cell id``, one column per factor (level, ``n/a``), ``runs ok``, ``step time s``, ``speedup``,
-    ``rollout share``, ``Free ratio``, ``tokens/s`` (``None`` where ``summary.csv`` is empty)."""
+    ``runs ok``, ``step time s``, ``speedup``, ``rollout share``, ``Free ratio``, ``tokens/s`` (``None``
+    where ``summary.csv`` is empty), ``cell id`` and one column per factor that applies to some cell (its
+    level, ``n/a``); the figures come first so that the UI's table shows them without scrolling."""
+    applicable = [k for k in FACTOR_KEYS if any(r.get(k) not in (None, "n/a") for r in rows)]
     out = []
     for r in rows:
         levels = {k: (None if r.get(k) in (None, "n/a") else int(r[k])) for k in FACTOR_KEYS if k in r}
-        out.append({"cell": compact_label(levels), "label": r["label"], "cell id": r["cell_id"],
-                    **{k: r[k] for k in FACTOR_KEYS if k in r}, "runs ok": f"{r['repeats_ok']}/{r['repeats']}",
+        out.append({"cell": compact_label(levels), "label": r["label"], "runs ok": f"{r['repeats_ok']}/{r['repeats']}",
                     "step time s": r.get("step_time_s"), "speedup": r.get("speedup"),
                     "rollout share": r.get("rollout_share"), "Free ratio": r.get("free_ratio"),
-                    "tokens/s": r.get("throughput")})
+                    "tokens/s": r.get("throughput"), "cell id": r["cell_id"], **{k: r[k] for k in applicable}})
     return out
 
 
@@ -588,9 +589,20 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
     trace, prof = profile_summary(rec, rdir, summary.get("free_ratio"))
     return tracker.log_child(parent_id, f"{compact_label(spec.levels)} r{rec['repeat']}", params=params, tags=tags,
                              series=series, summary=summary, artifacts=arts, status=rec["status"],
-                             start_time=rec.get("started_at"), end_time=rec.get("finished_at"),
+                             start_time=run_start(rec), end_time=rec.get("finished_at"),
                              description=child_description(spec, rec, summary), trace=trace,
                              json_artifacts={"profile_summary.json": prof} if prof else None)
+
+
+def run_start(rec: dict[str, Any]) -> float | None:
+    """Epoch seconds at which a recorded run itself started: ``finished_at - wall_s`` (the executor's clock
+    runs from the run's start, e.g. its fork, to its exit), so that MLflow's Duration is the run's wall time
+    and not the harness's launch work before it (starting the fork server, importing torch: seconds on the
+    first run); ``started_at`` when that is later or ``wall_s`` is missing."""
+    started, finished, wall = rec.get("started_at"), rec.get("finished_at"), rec.get("wall_s")
+    if finished is None or not isinstance(wall, (int, float)) or not math.isfinite(wall) or wall < 0:
+        return started
+    return max(started, finished - wall) if started is not None else finished - wall
 
 
 def step_phases(rec: dict[str, Any]) -> dict[str, list[int]]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -63,6 +64,7 @@ def _records(sweep: Path) -> dict[tuple[str, int], dict]:
 def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_path, monkeypatch):
     from bench.baseline import record_samples
     from bench.model import run_value
+    from bench.sweep import run_start
     from bench.sync import MLFLOW_MARK, sync_sweep
 
     fake = DriftExecutor(4, seed=3)  # no speed probe: summary.csv holds the raw values too
@@ -93,7 +95,7 @@ def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_pa
         _assert_system_tags(tags)
         assert tags["mlflow.parentRunId"] == parent.info.run_id and child.info.status == "FINISHED"
         # Created and Duration of the run itself, not of the upload
-        assert child.info.start_time == round(rec["started_at"] * 1000)
+        assert child.info.start_time == round(run_start(rec) * 1000)
         assert child.info.end_time == round(rec["finished_at"] * 1000)
         assert _client(uri).get_metric_history(child.info.run_id, "step_time_median_s")[0].timestamp == child.info.end_time
         # the run values of bench.model, = summary.csv's (one repeat: the cell value is the run value)
@@ -129,7 +131,7 @@ def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_pa
     assert meta["sweep_id"] in parents2[0].data.tags[NOTE]
     for child in children2:
         rec = recs[(child.data.tags["cell_id"], int(child.data.tags["repeat"]))]
-        assert (child.info.start_time, child.info.end_time) == (round(rec["started_at"] * 1000),
+        assert (child.info.start_time, child.info.end_time) == (round(run_start(rec) * 1000),
                                                                 round(rec["finished_at"] * 1000))
 
 
@@ -181,6 +183,8 @@ design: full
 
 @pytest.mark.slow
 def test_a_failed_child_says_why_on_its_own_page(tmp_path):
+    from bench.sweep import run_start
+
     (tmp_path / "crash.yaml").write_text(CRASH)
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
     assert main(["run", str(tmp_path / "crash.yaml"), "--results", str(tmp_path / "res"), "--tracking-uri", uri]) == 1
@@ -198,7 +202,7 @@ def test_a_failed_child_says_why_on_its_own_page(tmp_path):
         last = [ln for ln in rec["log_tail"].splitlines() if ln.strip()][-1]
         assert last in text
         assert "| step time, median | n/a |" in text
-        assert child.info.end_time - child.info.start_time == round(rec["finished_at"] * 1000) - round(rec["started_at"] * 1000)
+        assert child.info.end_time - child.info.start_time == round(rec["finished_at"] * 1000) - round(run_start(rec) * 1000)
         assert not math.isnan(child.info.end_time)
 
 
@@ -229,3 +233,124 @@ def test_an_interrupted_sweep_says_so_and_shows_running_again_when_resumed(tmp_p
     _, [parent], children = _runs(uri, "full")
     assert parent.info.status == "FINISHED" and len(children) == 4
     assert "Stopped" not in parent.data.tags[NOTE] and "| all-off (`" in parent.data.tags[NOTE]
+
+
+def _artifact_json(uri: str, run_id: str, path: str, dst: Path):
+    return json.loads(Path(_client(uri).download_artifacts(run_id, path, str(dst))).read_text())
+
+
+def test_names_cells_table_step_series_report_page_gate_run_and_system_metrics(tmp_path, monkeypatch):
+    """Run names (sweep: matrix, date, short sha; cells: compact label + repeat, full label as bench.label),
+    the parent's cells.json (= summary.csv), the step-time series split by step role, system metrics on the
+    parent, report.html with the plots embedded, and a compare run nested under the judged sweep's parent."""
+    from bench.gate import RUN_STATUS
+    from bench.optimizations import compact_label
+    from bench.tracking import sweep_run_name
+
+    monkeypatch.setattr("bench.tracking.SYSTEM_METRICS_INTERVAL_S", 0.2)
+
+    class Slow(DriftExecutor):  # a few tenths of a second per run, so that the monitor samples during the sweep
+        def execute(self, launch):
+            import time
+
+            time.sleep(0.4)
+            return super().execute(launch)
+
+    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: Slow(4, seed=4))
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    path = small_full(tmp_path, repeats=1)
+    common = ["--results", str(tmp_path / "res"), "--tracking-uri", uri]
+    assert main(["run", str(path), "--order-seed", "2", *common]) == 0
+    sweep = next((tmp_path / "res" / "full").glob("2*"))
+    meta = json.loads((sweep / "sweep.json").read_text())
+    recs = _records(sweep)
+    _, [parent], children = _runs(uri, "full")
+    pid = parent.info.run_id
+
+    # names
+    assert parent.info.run_name == sweep_run_name("full", meta["created_at"], meta["git_commit"])
+    assert parent.data.tags["bench.sweep_id"] == meta["sweep_id"]
+    names = set()
+    for child in children:
+        rec = recs[(child.data.tags["cell_id"], int(child.data.tags["repeat"]))]
+        assert child.info.run_name == f"{compact_label(rec['levels'])} r0"
+        assert child.data.tags["bench.label"] == rec["label"]
+        names.add(child.info.run_name)
+        # step time at the timed steps only; warm-up and profiled steps in their own series
+        # (the fake machine has no profiler: no profiled step; the real-server test sees one)
+        assert rec["summary"]["timed_steps"] == [2, 3, 4] and rec["summary"]["profiled_steps"] == []
+        phases = {"": [2, 3, 4], ".warmup": [1], ".profiled": []}
+        for suffix, steps in phases.items():
+            hist = sorted(_client(uri).get_metric_history(child.info.run_id, "step_time_s" + suffix), key=lambda h: h.step)
+            assert [h.step for h in hist] == steps
+            assert [h.value for h in hist] == [rec["steps"][str(s)]["timing_s/step"] for s in steps]
+        assert child.data.tags["bench.warmup_steps"] == "1" and child.data.tags["bench.profile_steps"] == "none"
+    assert names == {"all-off r0", "dbsz r0", "rms r0", "rms+dbsz r0"}
+
+    # the parent's per-cell table: the values of summary.csv
+    table = _artifact_json(uri, pid, "cells.json", tmp_path / "dl")
+    rows = [dict(zip(table["columns"], r)) for r in table["data"]]
+    summary = {r["cell_id"]: r for r in csv.DictReader((sweep / "summary.csv").open())}
+    assert sorted(r["cell id"] for r in rows) == sorted(summary)
+    for r in rows:
+        s = summary[r["cell id"]]
+        assert r["label"] == s["label"] and r["runs ok"] == f"{s['repeats_ok']}/{s['repeats']}"
+        assert r["cell"] == compact_label({k: None if s[k] == "n/a" else int(s[k]) for k in ("rmsnorm_fused", "dynamic_bsz")})
+        for col, key in (("step time s", "step_time_s"), ("speedup", "speedup"), ("rollout share", "rollout_share"),
+                         ("tokens/s", "throughput")):
+            assert r[col] == pytest.approx(float(s[key]), rel=1e-9), (col, r)
+        assert r["Free ratio"] is None and s["free_ratio"] == ""
+        assert r["dynamic_bsz"] == s["dynamic_bsz"] and "mc2" not in r  # factors that apply nowhere left out
+    assert {"path": "cells.json", "type": "table"} in json.loads(_client(uri).get_run(pid).data.tags["mlflow.loggedArtifacts"])
+
+    # MLflow's system metrics, sampled on the parent while the sweep ran
+    system = [k for k in _client(uri).get_run(pid).data.metrics if k.startswith("system/")]
+    assert "system/cpu_utilization_percentage" in system
+
+    # the report as a page the UI renders: report.html beside report.md, every plot embedded
+    assert main(["report", "full", *common]) == 0
+    listed = [f.path for f in _client(uri).list_artifacts(pid, "report")]
+    assert {"report/report.md", "report/report.html"} <= set(listed)
+    md = (sweep / "report" / "report.md").read_text()
+    pngs = sorted(set(re.findall(r"!\[[^\]]*\]\(([^)]+\.png)\)", md)))
+    assert pngs and all(f"report/{p}" in listed for p in pngs)
+    page = Path(_client(uri).download_artifacts(pid, "report/report.html", str(tmp_path / "dl2"))).read_text()
+    assert page.count('src="data:image/png;base64,') == len(re.findall(r"!\[[^\]]*\]\([^)]+\.png\)", md))
+    assert "<table>" in page and ".png)" not in page
+
+    # a second sweep compared with the first: the compare run is nested under the second's parent
+    assert main(["run", str(path), "--force", "--order-seed", "3", *common]) == 0
+    second = max((tmp_path / "res" / "full").glob("2*"))
+    assert second != sweep
+    rc = main(["compare", str(sweep), str(second), "--bootstrap", "200", *common])
+    data = json.loads((second / "compare" / "gate.json").read_text())
+    run = _client(uri).get_run(data["mlflow_run_id"])
+    meta2 = json.loads((second / "sweep.json").read_text())
+    assert run.data.tags["mlflow.parentRunId"] == meta2["parent_run_id"]
+    assert run.info.experiment_id == parent.info.experiment_id
+    assert run.data.tags["bench.verdict"] == data["verdict"] and rc == data["exit_code"]
+    assert run.info.status == RUN_STATUS[data["verdict"]]
+    assert run.info.run_name == f"gate {meta2['sweep_id']} vs {data['baseline']['name']}: {data['verdict']}"
+    gate_rows = _artifact_json(uri, run.info.run_id, "gate_cells.json", tmp_path / "dl3")
+    got = [dict(zip(gate_rows["columns"], r)) for r in gate_rows["data"]]
+    assert [(g["cell"], g["metric"], g["verdict"]) for g in got] == [(r["cell"], r["metric"], r["verdict"]) for r in data["rows"]]
+    assert not [k for k in run.data.metrics if "/" in k]  # no per-cell metric names any more
+    if data["verdict"] == "cannot judge":
+        assert run.info.status == "FINISHED"
+
+
+def test_compact_labels_of_the_full_plan_differ_in_the_part_the_runs_list_shows():
+    """MLflow 3.17's runs list shows about the first 13 characters of a run name: the compact labels of
+    matrix/full.yaml's plan differ within their first 12, while summary.md keeps the full labels."""
+    from bench.matrix import load_matrix
+    from bench.optimizations import REGISTRY, compact_label
+    from bench.plan import make_plan
+
+    plan = make_plan(load_matrix(ROOT / "matrix" / "full.yaml"))
+    compact = [compact_label(r.levels) for r in plan.runs]
+    assert len({c[:12] for c in compact}) == len(plan.runs) == 4
+    assert "all-off" in compact and [r.label for r in plan.runs if compact_label(r.levels) == "rms+dbsz"] == [
+        "rmsnorm_fused+dynamic_bsz"]
+    assert len({o.short for o in REGISTRY.values()}) == len(REGISTRY)  # one code per optimization
+    assert compact_label({"rmsnorm_fused": 1, "task_queue": 1, "dynamic_bsz": 1}) == "rms+tq=1+dbsz"
+    assert compact_label({"task_queue": 2, "mc2": None}) == "tq=2"

@@ -50,7 +50,7 @@ def test_smoke_sweep_against_a_real_mlflow_server_then_resume(tmp_path):
                                "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
                                "--artifacts-destination", str(tmp_path / "artifacts")],
                               cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+                              start_new_session=True, env={**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"})
     uri = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 120
@@ -86,7 +86,7 @@ def test_smoke_sweep_against_a_real_mlflow_server_then_resume(tmp_path):
         assert client.get_experiment_by_name("smoke").tags["mlflow.experimentKind"] == "custom_model_development"
         for child in children:
             rec = json.loads((sweep / child.data.tags["cell_id"] / "r0" / "record.json").read_text())
-            assert child.info.start_time == round(rec["started_at"] * 1000)
+            assert child.info.start_time == round((rec["finished_at"] - rec["wall_s"]) * 1000)  # the run's own clock
             assert child.info.end_time == round(rec["finished_at"] * 1000)
             assert child.info.end_time - child.info.start_time > 500  # a real run: not the upload's few ms
             assert f"**{rec['label']}**" in child.data.tags["mlflow.note.content"]
@@ -97,6 +97,46 @@ def test_smoke_sweep_against_a_real_mlflow_server_then_resume(tmp_path):
         assert rows[0]["speedup"] and abs(float(rows[0]["speedup"]) - 1.0) < 1e-9
         rec = json.loads(next(sweep.glob("*/r0/record.json")).read_text())
         assert rec["summary"]["timed_steps"] == [2] and rec["summary"]["profiled_steps"] == [3]
+
+        # names, step roles, trace and profiler summary, system metrics, durations: through the server
+        from bench.optimizations import compact_label
+        from bench.tracking import ML_VIEW, sweep_run_name
+
+        meta = json.loads((sweep / "sweep.json").read_text())
+        prun = client.get_run(parent)
+        assert prun.info.run_name == sweep_run_name("smoke", meta["created_at"], meta["git_commit"])
+        assert f"/#/experiments/{prun.info.experiment_id}/runs/{parent}?{ML_VIEW}" in p.stdout  # the printed link
+        assert any(k.startswith("system/") for k in prun.data.metrics)  # MLflow's system metrics during the sweep
+        cells = json.loads(open(client.download_artifacts(parent, "cells.json", str(tmp_path / "dl"))).read())
+        assert sorted(r[cells["columns"].index("cell id")] for r in cells["data"]) == sorted(r["cell_id"] for r in rows)
+        for child in children:
+            rid, tags = child.info.run_id, child.data.tags
+            rec = json.loads((sweep / tags["cell_id"] / "r0" / "record.json").read_text())
+            assert child.info.run_name == f"{compact_label(rec['levels'])} r0" and tags["bench.label"] == rec["label"]
+            for key, steps in (("step_time_s", [2]), ("step_time_s.warmup", [1]), ("step_time_s.profiled", [3])):
+                hist = client.get_metric_history(rid, key)
+                assert [(h.step, h.value) for h in hist] == [(s, rec["steps"][str(s)]["timing_s/step"]) for s in steps]
+            assert (tags["bench.warmup_steps"], tags["bench.profile_steps"]) == ("1", "3")
+            duration = (child.info.end_time - child.info.start_time) / 1000
+            assert abs(duration - rec["wall_s"]) <= 0.1 * rec["wall_s"], (duration, rec["wall_s"])
+            traces = [f.path for f in client.list_artifacts(rid, "trace")]
+            assert traces == ["trace/steps_3-3.json.gz"] and tags["bench.trace"].startswith("trace/steps_3-3.json.gz (")
+            import gzip
+
+            raw = gzip.open(client.download_artifacts(rid, traces[0], str(tmp_path / "dl" / rid))).read()
+            assert raw == (sweep / tags["cell_id"] / "r0" / "trace" / "steps_3-3.json").read_bytes()
+            prof = json.loads(open(client.download_artifacts(rid, "profile_summary.json", str(tmp_path / "dl" / rid))).read())
+            assert prof["free_ratio"] == pytest.approx(m_free := child.data.metrics["free_ratio"]) and 0 <= m_free < 1
+            assert prof["steps"]["3"]["basis"] == ["cpu"] and prof["steps"]["3"]["free_ratio"] == rec["free_ratio"]["3"]
+
+        # a comparison of the sweep with itself: a gate run nested under the sweep's parent, its verdict as status
+        pc = bench(["compare", "smoke", "smoke", "--results", "res", "--tracking-uri", uri, "--bootstrap", "200"], tmp_path)
+        gate = json.loads((sweep / "compare" / "gate.json").read_text())
+        grun = client.get_run(gate["mlflow_run_id"])
+        assert pc.returncode == gate["exit_code"] and grun.data.tags["mlflow.parentRunId"] == parent
+        assert grun.data.tags["bench.verdict"] == gate["verdict"]
+        assert grun.info.status == {"pass": "FINISHED", "regression": "FAILED", "cannot judge": "FINISHED"}[gate["verdict"]]
+        assert "gate_cells.json" in [f.path for f in client.list_artifacts(grun.info.run_id)]
 
         # same matrix again: resumes the sweep, runs nothing, logs nothing twice
         p2 = bench([str(SMOKE), "--results", "res", "--tracking-uri", uri], tmp_path)
