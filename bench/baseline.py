@@ -261,7 +261,7 @@ def check_judgeable(snap: dict[str, Any], what: str, alpha: float) -> None:
     A candidate run at the same settings has as many step-time samples per cell (``n``, all repeats
     pooled) as the baseline; the gate's default unpaired two-sided Mann-Whitney test on ``n`` + ``n``
     samples can reach ``p < alpha`` only when ``2 / C(2n, n) < alpha``
-    (:func:`bench.stats.min_attainable_p`; 5 samples per side at alpha 0.01). Otherwise every gate
+    (:func:`bench.analyze.estimators.min_attainable_p`; 5 samples per side at alpha 0.01). Otherwise every gate
     against this baseline would say "cannot judge".
 
     Raises:
@@ -270,7 +270,7 @@ def check_judgeable(snap: dict[str, Any], what: str, alpha: float) -> None:
     """
     import math
 
-    from bench.stats import min_attainable_p, min_samples_for
+    from bench.analyze.estimators import min_attainable_p, min_samples_for
 
     short = []
     for c in snap["cells"]:
@@ -396,7 +396,7 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
     snap = snapshot(sweep, results)
     check_complete(snap, f"{sweep}")
     if alpha is None:
-        from bench.stats import DEFAULT_ALPHA as alpha
+        from bench.analyze.estimators import DEFAULT_ALPHA as alpha
     check_judgeable(snap, f"{sweep}", alpha)
     snap.update(name=name, created_at=time.time(), note=note, machine=machine())
     for c in snap["cells"]:

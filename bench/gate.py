@@ -76,6 +76,9 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
+from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT
+from bench.analyze.power import mde_from_se
+from bench.analyze.stat_tests import TESTS, compare, describe_tests, verdict
 from bench.baseline import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, load_baseline, pairable, snapshot
 from bench.errors import BenchError
 from bench.expect import Expect, ExpectBlock
@@ -83,7 +86,6 @@ from bench.matrix import format_validation_error
 from bench.optimizations import REGISTRY, applicability
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 from bench.speed import normalizable, normalized_pair
-from bench.stats import DEFAULT_ALPHA, N_BOOT, TESTS, compare, describe_tests, mde_from_se, verdict
 
 DEFAULT_THRESHOLD = 0.05
 #: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...

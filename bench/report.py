@@ -11,7 +11,7 @@ under ``report/``, effect metrics, tag ``bench.report``):
   were independent samples; the time block (repeat ``k`` of a blocked sweep) is a fixed factor;
 * per cell: speedup vs the all-off cell (:func:`bench.model.speedup` of the cells' geometric-mean run
   values, the same number as ``summary.md``) with a t interval and p value from the log run values and
-  the pooled residual SD of the cell-means model (:func:`bench.stats.run_contrast`) -> ``speedup.png``;
+  the pooled residual SD of the cell-means model (:func:`bench.analyze.effects.run_contrast`) -> ``speedup.png``;
 * main effects and two-factor interactions: OLS (statsmodels) of the log run values, factors coded +-1
   (effect = 2 x coefficient; factors with more than two levels dummy-coded vs their first level), the
   block as a factor, residual degrees of freedom stated, Holm-adjusted p values deciding "significant";
@@ -42,6 +42,9 @@ from typing import Any
 
 import numpy as np
 
+from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
+from bench.analyze.estimators import N_BOOT
+from bench.analyze.power import mde_from_se, noise_components
 from bench.baseline import snapshot
 from bench.errors import BenchError
 from bench.gate import DEFAULT_ALPHA as GATE_ALPHA
@@ -51,7 +54,6 @@ from bench.model import METRICS, CellResult, Snapshot, cell_stats, cell_value, r
 from bench.optimizations import FACTOR_KEYS, REGISTRY, applicability, article_factors
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 from bench.speed import normalize_snapshot
-from bench.stats import N_BOOT, cell_means_residual, fit_effects, mde_from_se, noise_components, run_contrast
 
 #: the article's end-to-end claim (summary) and the stacked phases of the plot
 ARTICLE_E2E = 0.30
@@ -78,7 +80,7 @@ def replication(m: Snapshot) -> dict[str, Any]:
     """The unit of replication of the report's tests and its residual variance.
 
     ``sd``/``df``: residual SD of the log run value and its degrees of freedom in the cell-means model
-    (with the time block when the sweep ran blocked; :func:`bench.stats.cell_means_residual`);
+    (with the time block when the sweep ran blocked; :func:`bench.analyze.effects.cell_means_residual`);
     ``runs_per_cell``: the most ok runs of a cell; ``note`` when no run-to-run variance can be estimated.
     """
     logs = _log_runs(m)
@@ -99,7 +101,7 @@ def replication(m: Snapshot) -> dict[str, Any]:
 
 def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]], str | None]:
     """Per cell: values of :mod:`bench.model` (step time, speedup vs the all-off cell, rollout share, Free
-    ratio, throughput), the speedup's interval and p value from the runs (:func:`bench.stats.run_contrast`
+    ratio, throughput), the speedup's interval and p value from the runs (:func:`bench.analyze.effects.run_contrast`
     with the pooled residual SD of :func:`replication`), phases and long tail. Returns (rows, reference label).
 
     Phases: each phase's mean share of the timed steps (``other`` = the rest of the step) times the cell's
@@ -156,7 +158,7 @@ def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> di
 
     One observation per finished run: the log of its value (:func:`bench.model.run_value`: median timed
     step, speed-normalized when the snapshot is); the time block (= repeat) is a fixed factor when the
-    sweep ran blocked (:func:`bench.stats.fit_effects`).
+    sweep ran blocked (:func:`bench.analyze.effects.fit_effects`).
     """
     m = Snapshot.model_validate(snap)
     ok = _ok_cells(m)
@@ -240,7 +242,7 @@ def mde_section(snap: dict[str, Any], alpha: float, eff: dict[str, Any]) -> dict
 
     The noise of a run's value is the residual SD of the cell-means model of the log run values
     (:func:`replication`); without replicated runs it is estimated from the steps
-    (:func:`bench.stats.noise_components`: ``sqrt(sd_run^2 + sd_step^2 / steps)``, run-to-run part unknown).
+    (:func:`bench.analyze.power.noise_components`: ``sqrt(sd_run^2 + sd_step^2 / steps)``, run-to-run part unknown).
     """
     m = Snapshot.model_validate(snap)
     ok = _ok_cells(m)
@@ -541,7 +543,7 @@ def render(data: dict[str, Any]) -> str:
 
 def claims_on_runs(snap: dict[str, Any], results: list[dict[str, Any]], alpha: float) -> list[dict[str, Any]]:
     """Judge the matrix ``expect`` claims on the runs: the cells each claim names (found by
-    :func:`bench.gate.check_expectations`) are compared by :func:`bench.stats.run_contrast` of their run
+    :func:`bench.gate.check_expectations`) are compared by :func:`bench.analyze.effects.run_contrast` of their run
     values (log scale for step time and throughput, linear for ratios), as the cell table does; the
     step-level comparison of the gate is dropped. A claim needing significance is not judged (``error``)
     with one run per cell."""

@@ -17,7 +17,7 @@ KNOWN_CYCLES = {
     frozenset({"bench.sync", "bench.sweep"}),
 }
 #: modules that must not import from bench.engines or a command module (bench.cli*)
-LOWER_LAYERS = ("bench.measure", "bench.stats", "bench.report", "bench.gate", "bench.model", "bench.speed",
+LOWER_LAYERS = ("bench.measure", "bench.analyze", "bench.report", "bench.gate", "bench.model", "bench.speed",
                 "bench.expect", "bench.metadata")
 
 
