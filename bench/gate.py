@@ -78,8 +78,9 @@ from pydantic import ValidationError
 
 from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT
 from bench.analyze.power import mde_from_se
+from bench.analyze.snapshot import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, pairable, snapshot
 from bench.analyze.stat_tests import TESTS, compare, describe_tests, verdict
-from bench.baseline import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, load_baseline, pairable, snapshot
+from bench.baseline import load_baseline
 from bench.errors import BenchError
 from bench.expect import Expect, ExpectBlock
 from bench.matrix import format_validation_error
@@ -497,7 +498,7 @@ def load_reference(ref: str, results: Path, *, prefer: Literal["baseline", "swee
         BenchError: neither a baseline nor a sweep (listing the known baselines); an unreadable baseline; a
             reference sweep with failed, unfinished or sample-less cells.
     """
-    from bench.baseline import check_complete
+    from bench.analyze.snapshot import check_complete
 
     def as_baseline() -> dict[str, Any]:
         return load_baseline(ref, results)

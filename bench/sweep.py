@@ -394,7 +394,7 @@ class Sweep:
                 "free space and rerun the same command to resume") from None
 
     def _finish(self, tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead) -> SweepOutcome:
-        from bench.baseline import snapshot
+        from bench.analyze.snapshot import snapshot
         from bench.speed import normalize_snapshot
 
         snap = snapshot(sweep_dir)

@@ -495,7 +495,7 @@ class Tuner:
         """
         import numpy as np
 
-        from bench.baseline import record_samples
+        from bench.analyze.snapshot import record_samples
         from bench.speed import normalized_median, probe_spec
 
         trial.set_user_attr("raw_value", raw)
@@ -546,7 +546,7 @@ class Tuner:
         atomic_write_json(rdir / "spec.json", spec.model_dump(mode="json"))
         atomic_write_json(rdir / "trial.json", {"study": s.study_name, "number": trial.number, "limits": limits,
                                                 "storage": redact(s.storage_url)})
-        from bench.baseline import record_samples
+        from bench.analyze.snapshot import record_samples
         from bench.model import run_value
 
         value = run_value(record_samples(rec)[s.block.objective]) if rec["status"] == "ok" else None

@@ -155,7 +155,7 @@ def replay(settings, grid: dict, seeds: int, budget: int, target: float) -> dict
 
 def norm_value(rec: dict, key: str, ref: float | None) -> float | None:
     """A run's median step time, speed-normalized to probe time ``ref`` (as the tuner does), or raw without a probe."""
-    from bench.baseline import record_samples
+    from bench.analyze.snapshot import record_samples
     from bench.speed import normalized_median
 
     if rec.get("status") != "ok":

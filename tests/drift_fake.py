@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bench.baseline import levels_key
+from bench.analyze.snapshot import levels_key
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.executors import ExecResult, ResolvedLaunch
 from bench.plan import RunOrder
@@ -82,7 +82,7 @@ class DriftExecutor:
 
 def drift_snapshot(cells: list[dict[str, Any]], order: RunOrder, *, steps: int = 8, seed: int = 0,
                    **model: Any) -> dict[str, Any]:
-    """The snapshot (:func:`bench.baseline.snapshot` shape) of a sweep of ``cells`` (cell id -> levels in
+    """The snapshot (:func:`bench.analyze.snapshot.snapshot` shape) of a sweep of ``cells`` (cell id -> levels in
     ``cells[i]['levels']``, ``cells[i]['cell_id']``) run in ``order`` on the drifting machine."""
     rng = np.random.default_rng(seed)
     by_id = {c["cell_id"]: c for c in cells}

@@ -66,7 +66,7 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
     from test_tune import load, make, tune
     from test_tune_fake import FakeExecutor
 
-    from bench.baseline import record_samples
+    from bench.analyze.snapshot import record_samples
     from bench.model import run_value
     from bench.results import read_json
     from bench.speed import normalize

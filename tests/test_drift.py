@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from drift_fake import drift_snapshot
 
+from bench.analyze.tables import analyze
 from bench.matrix import load_matrix
 from bench.plan import make_plan, run_order
-from bench.analyze.tables import analyze
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = 200

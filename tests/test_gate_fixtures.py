@@ -156,7 +156,7 @@ EMBEDDED_CELLS = [{}, {"dynamic_bsz": 1}, {"rmsnorm_fused": 1}, {"rmsnorm_fused"
 
 
 def test_make_sweep_writes_a_readable_sweep(tmp_path):
-    from bench.baseline import snapshot
+    from bench.analyze.snapshot import snapshot
     from bench.results import find_sweep, load_records
 
     sweep = make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=2, steps=6)
