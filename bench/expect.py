@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from bench.model import METRICS
-from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
 
 
 class Expect(BaseModel):

@@ -83,9 +83,9 @@ from bench.analyze.stat_tests import TESTS, compare, describe_tests, verdict
 from bench.baseline import load_baseline
 from bench.errors import BenchError
 from bench.expect import Expect, ExpectBlock
-from bench.matrix import format_validation_error
-from bench.optimizations import REGISTRY, applicability
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
+from bench.spec.loading import format_validation_error
+from bench.spec.optimizations import REGISTRY, applicability
 from bench.speed import normalizable, normalized_pair
 
 DEFAULT_THRESHOLD = 0.05

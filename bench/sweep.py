@@ -31,12 +31,9 @@ import yaml
 
 from bench.errors import DiskFullError, doing
 from bench.executors import Executor, LocalExecutor, kill_strays, resolve_launch
-from bench.matrix import Matrix
 from bench.measure._common import iqr
 from bench.metadata import host_load  # noqa: F401  (re-exported; gathered in bench.metadata)
 from bench.model import SUMMARY_PEAK_MEM, SUMMARY_STEP_TIME, Snapshot, cell_stats
-from bench.optimizations import FACTOR_KEYS, REGISTRY
-from bench.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.record import build_record, is_finished, write_record
 from bench.results import (
     SWEEP,
@@ -50,6 +47,9 @@ from bench.results import (
     read_json,
     run_dir,
 )
+from bench.spec.matrix import Matrix
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.sync import QUEUE, queue_upload, sync_matrix
 from bench.tracking import Tracker, check_tracking_uri, git_commit, versions
 

@@ -56,12 +56,12 @@ from typing import Any, Callable
 
 from bench.errors import BenchError
 from bench.executors import Executor
-from bench.matrix import ExplicitDesign, Matrix, load_matrix
-from bench.optimizations import FACTOR_KEYS, REGISTRY
-from bench.plan import RunSpec, detect_platform, make_plan
 from bench.results import ResultsDir, atomic_write_json, check_writable, read_json
-from bench.tune_report import CONSTRAINT, verl_overrides, write_outputs
-from bench.tune_space import (
+from bench.spec.loading import load_matrix
+from bench.spec.matrix import ExplicitDesign, Matrix
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.plan import RunSpec, detect_platform, make_plan
+from bench.spec.tune_space import (
     OBJECTIVES,
     PARAMS,
     STUDY_NAME,
@@ -74,6 +74,7 @@ from bench.tune_space import (
     seq_len,
     tune_fingerprint,
 )
+from bench.tune_report import CONSTRAINT, verl_overrides, write_outputs
 
 MLFLOW_MARK = "mlflow.json"
 PARENT_ATTR = "mlflow_parent_run_id"

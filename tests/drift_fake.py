@@ -25,7 +25,7 @@ import yaml
 from bench.analyze.snapshot import levels_key
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.executors import ExecResult, ResolvedLaunch
-from bench.plan import RunOrder
+from bench.spec.plan import RunOrder
 from bench.speed import PROBE_METRIC
 
 #: timing model defaults: 2 s steps, +15 % drift over the sweep (log scale), 1 % run-to-run, 2 % step-to-step

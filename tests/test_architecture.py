@@ -105,6 +105,6 @@ def test_graph_sees_imports():
     """The walker is not blind: known edges are found (a lazy one inside a function included)."""
     g = import_graph()
     assert g.has_edge("bench.cli_run", "bench.engines")
-    assert g.has_edge("bench.plan", "bench.engines.base")
-    assert g.has_edge("bench.matrix", "bench.engines")  # lazy: the registry of engine names
+    assert g.has_edge("bench.spec.plan", "bench.engines.base")
+    assert g.has_edge("bench.spec.matrix", "bench.engines")  # lazy: the registry of engine names
     assert not g.has_edge("bench.engines", "bench.engines.base")  # TYPE_CHECKING only

@@ -39,10 +39,10 @@ def test_registrations_are_undone():
     """Registering the toys adds them to each registry; unregister_all removes every one."""
     import extension_toys as toys
 
-    from bench import optimizations
     from bench.analyze import stat_tests as stats
     from bench.engines import engine_names
     from bench.measure import READERS
+    from bench.spec import optimizations
 
     before = (engine_names(), [r.name for r in READERS], optimizations.FACTOR_KEYS, list(stats.TESTS))
     toys.register_all()

@@ -18,9 +18,9 @@ import numpy as np
 
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.measure import summarize
-from bench.optimizations import FACTOR_KEYS, REGISTRY
 from bench.record import _timed_stats
 from bench.results import SWEEP, ResultsDir, atomic_write_json, run_dir
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
 from bench.speed import PROBE_METRIC
 
 EMBEDDED_NA = ("task_queue", "forward_prefetch", "mc2", "mrope_cache", "graph_mode")

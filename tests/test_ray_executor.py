@@ -178,8 +178,8 @@ def test_embedded_sweep_through_ray_lands_in_mlflow(ray_head, tmp_path):
     """A small sweep with the embedded engine as the job entrypoint: records, run.log and MLflow as locally."""
     from mlflow import MlflowClient
 
-    from bench.matrix import load_matrix
-    from bench.plan import make_plan
+    from bench.spec.loading import load_matrix
+    from bench.spec.plan import make_plan
     from bench.sweep import Sweep
 
     matrix = load_matrix(ROOT / "matrix" / "smoke.yaml")

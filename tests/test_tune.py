@@ -19,10 +19,11 @@ from test_tune_fake import SEQ, FakeExecutor, step_time
 
 from bench.cli import main as cli_main
 from bench.errors import BenchError
-from bench.matrix import Base, load_matrix
+from bench.spec.loading import load_matrix
+from bench.spec.matrix import Base
+from bench.spec.tune_space import IntDim, TuneBlock, resolve_space
 from bench.tune import Tuner, resolve_settings
 from bench.tune_report import CONSTRAINT, verl_overrides
-from bench.tune_space import IntDim, TuneBlock, resolve_space
 
 ROOT = Path(__file__).resolve().parent.parent
 S = optuna.trial.TrialState

@@ -16,10 +16,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from bench.matrix import load_matrix
+from bench.spec.loading import load_matrix
+from bench.spec.tune_space import IntDim
 from bench.tune import Tuner, resolve_settings
 from bench.tune_report import CONSTRAINT
-from bench.tune_space import IntDim
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow

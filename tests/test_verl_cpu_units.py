@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from bench.errors import BenchError
-from bench.matrix import load_matrix
 from bench.measure import step_from_path
 from bench.measure.verl_evidence import factor_evidence, flagged
 from bench.measure.verl_failure import classify, culprit_override, last_exception_line
-from bench.plan import make_plan
+from bench.spec.loading import load_matrix
+from bench.spec.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "patches"))

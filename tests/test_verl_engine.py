@@ -8,9 +8,10 @@ import pytest
 from bench.engines.base import get_engine
 from bench.engines.verl import VerlEngine, check_path, fill_run_dir, forward_prefetch_note, overrides_of
 from bench.errors import BenchError
-from bench.matrix import ExplicitDesign, Matrix, load_matrix
-from bench.optimizations import Mechanism
-from bench.plan import make_plan
+from bench.spec.loading import load_matrix
+from bench.spec.matrix import ExplicitDesign, Matrix
+from bench.spec.optimizations import Mechanism
+from bench.spec.plan import make_plan
 
 A2 = "matrix/qwen3vl8b_a2.yaml"
 ENV = {"QWEN3VL_MODEL_PATH": "/models/Qwen3-VL-8B-Instruct", "QWEN3VL_TRAIN_FILES": "/data/geo3k/train.parquet",

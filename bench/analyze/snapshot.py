@@ -17,8 +17,8 @@ from typing import Any
 from bench.errors import BenchError
 from bench.measure import PHASES
 from bench.model import METRICS, SUMMARY_STEP_TIME, Snapshot
-from bench.optimizations import FACTOR_KEYS
 from bench.results import SWEEP, load_records, read_json
+from bench.spec.optimizations import FACTOR_KEYS
 from bench.speed import PROBE_METRIC, probe_spec
 
 #: format of a snapshot and of a baseline file (a saved snapshot)

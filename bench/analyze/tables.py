@@ -18,7 +18,7 @@ from bench.errors import BenchError
 from bench.gate import DEFAULT_ALPHA as GATE_ALPHA
 from bench.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.model import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
-from bench.optimizations import FACTOR_KEYS, REGISTRY, applicability, article_factors
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, applicability, article_factors
 
 #: the article's end-to-end claim (summary)
 ARTICLE_E2E = 0.30

@@ -12,8 +12,9 @@ from bench.engines import register
 from bench.engines.base import Launch
 from bench.engines.common import default_profile_steps, device_available  # noqa: F401  (re-exported)
 from bench.errors import BenchError
-from bench.matrix import Base, Matrix, expand_env
-from bench.optimizations import Mechanism
+from bench.spec.loading import expand_env
+from bench.spec.matrix import Base, Matrix
+from bench.spec.optimizations import Mechanism
 
 #: Matrix ``base`` keys copied into the embedded run config under the same name.
 _SHARED_KEYS = (

@@ -10,8 +10,8 @@ the overrides in this order:
 2. the profiler (:func:`profiler_overrides`): ``global_profiler`` (tool ``npu`` on Ascend, ``torch`` on
    CUDA; steps; ``save_path={run_dir}/profile``) and the actor and ref role profilers on all ranks (on
    NPU with ``contents=[npu,cpu]``, ``level1``, online ``analysis``);
-3. the factor mechanisms of :mod:`bench.optimizations` (``{placeholders}`` filled from
-   :meth:`bench.matrix.Base.context`, e.g. ``2*(P+R)`` / ``4*(P+R)`` token limits);
+3. the factor mechanisms of :mod:`bench.spec.optimizations` (``{placeholders}`` filled from
+   :meth:`bench.spec.matrix.Base.context`, e.g. ``2*(P+R)`` / ``4*(P+R)`` token limits);
 4. ``base.overrides``, last, so a matrix can override anything.
 
 The environment is ``base.env`` + the mechanisms' variables (those win: they are the ablation) +
@@ -42,9 +42,10 @@ from bench.engines import register
 from bench.engines.base import Launch
 from bench.engines.common import default_profile_steps
 from bench.errors import BenchError
-from bench.matrix import Base, Matrix, expand_env
 from bench.metadata import cann_version, installed_version  # noqa: F401  (cann_version re-exported)
-from bench.optimizations import Mechanism, resolve
+from bench.spec.loading import expand_env
+from bench.spec.matrix import Base, Matrix
+from bench.spec.optimizations import Mechanism, resolve
 
 ENTRY_MODULE = "verl.trainer.main_ppo"
 #: Metrics JSONL written by verl's file logger (``trainer.logger`` includes ``file``).

@@ -27,9 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.engines.verl import VerlEngine, _key_of
-from bench.matrix import Base, Matrix
-from bench.optimizations import resolve
-from bench.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
+from bench.spec.matrix import Base, Matrix
+from bench.spec.optimizations import resolve
+from bench.spec.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
 
 #: Key patterns of overrides that only make sense on an accelerator, with the reason they are left out.
 ACCELERATOR_ONLY: tuple[tuple[str, str], ...] = (
@@ -84,7 +84,7 @@ def accelerator_only(override: str) -> str | None:
 def not_exercised(plan: Plan) -> dict[str, str]:
     """Factors the plan varies whose mechanism has no effect on the CPU target, with the reason (their
     environment variables and patches still go into the smoke launches)."""
-    from bench.optimizations import applicability
+    from bench.spec.optimizations import applicability
 
     out = {}
     for key in plan.varied:

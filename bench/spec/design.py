@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.errors import BenchError
-from bench.matrix import ExplicitDesign, FractionalDesign, Matrix, OneAtATimeDesign
-from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.matrix import ExplicitDesign, FractionalDesign, Matrix, OneAtATimeDesign
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
 
 Cell = dict[str, int]
 
@@ -140,7 +140,7 @@ def explicit(matrix: Matrix, design: ExplicitDesign) -> DesignResult:
 
 
 def expand(matrix: Matrix) -> DesignResult:
-    """Cells of the matrix's design (before conflicts, exclusions and merging; see :mod:`bench.plan`)."""
+    """Cells of the matrix's design (before conflicts, exclusions and merging; see :mod:`bench.spec.plan`)."""
     d = matrix.design
     if isinstance(d, OneAtATimeDesign):
         return one_at_a_time(matrix, d)
