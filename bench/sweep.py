@@ -528,7 +528,7 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
             **{f"evidence.{k}": v for k, v in evidence.items() if k in REGISTRY},
             **{f"not_applicable.{k}": v for k, v in spec.not_applicable.items()}}
     if rec.get("patch_reports"):
-        from bench.engines.verl import patch_evidence
+        from bench.engines.verl.notes import patch_evidence
 
         tags.update({f"evidence.patch.{k}": v for k, v in patch_evidence(rdir).items()})
     if rec["status"] != "ok":

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from bench import verl_config as vc
-from bench.engines.verl import fill_run_dir, overrides_of
+from bench.engines.verl import config as vc
+from bench.engines.verl.overrides import fill_run_dir, overrides_of
 from bench.spec.loading import load_matrix
 from bench.spec.plan import make_plan
 

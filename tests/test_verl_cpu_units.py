@@ -142,7 +142,7 @@ def test_cpu_rmsnorm_arithmetic():
 
 
 def test_builtin_assets_and_unknown_names(tmp_path, monkeypatch):
-    from bench.engines.verl import builtin_data_path, builtin_model_path
+    from bench.engines.verl.overrides import builtin_data_path, builtin_model_path
     from bench.engines.verl_cpu import assets
 
     assert builtin_model_path(None, "cpu") == f"{{bench_cache}}/models/qwen3-tiny-{assets.cache_key()}"

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from bench.engines.base import get_engine
-from bench.engines.verl import VerlEngine, check_path, fill_run_dir, forward_prefetch_note, overrides_of
+from bench.engines.verl.launch import VerlEngine, check_path
+from bench.engines.verl.notes import forward_prefetch_note
+from bench.engines.verl.overrides import fill_run_dir, overrides_of
 from bench.errors import BenchError
 from bench.spec.loading import load_matrix
 from bench.spec.matrix import ExplicitDesign, Matrix
@@ -240,7 +242,7 @@ def test_paths_are_quoted_for_hydra(monkeypatch):
     run = _cells(load_matrix(A2), ALL_OFF).runs[0]
     assert "actor_rollout_ref.model.path='/models/my model,v2'" in run.launch.argv
     assert "data.train_files=[/d/a.parquet,/d/b.parquet]" in run.launch.argv  # a Hydra list passes as written
-    from bench.verl_config import fast_compose
+    from bench.engines.verl.config import fast_compose
 
     cfg = fast_compose(overrides_of([a.replace("{run_dir}", "/r") for a in run.launch.argv]))
     assert cfg.actor_rollout_ref.model.path == "/models/my model,v2"
@@ -259,7 +261,7 @@ def test_check_path(tmp_path):
 def test_preflight_on_this_cpu_machine(tmp_path, monkeypatch):
     """Clear errors, in order: a missing path, an override the installed verl refuses, a configuration
     verl's own validate_config rejects, no NPU (one real probe: import verl, validate, count devices)."""
-    import bench.engines.verl as verl_engine
+    import bench.engines.verl.launch as verl_engine
 
     model, data = tmp_path / "model", tmp_path / "train.parquet"
     model.mkdir()
@@ -283,7 +285,9 @@ def test_preflight_on_this_cpu_machine(tmp_path, monkeypatch):
     odd_launches = [r.launch for r in make_plan(odd, strict=True).runs]
     lists = [fill_run_dir(overrides_of(launch.argv)) for launch in good_launches[:1] + odd_launches]
     probe = verl_engine.probe_machine("npu", lists)
-    assert probe["verl"] == __import__("bench.verl_config").verl_config.installed_verl_version()
+    from bench.engines.verl.config import installed_verl_version
+
+    assert probe["verl"] == installed_verl_version()
     assert probe["invalid"]["index"] == 1 and "divisible" in probe["invalid"]["error"]
     assert probe["devices"] == 0 and "torch_npu does not import" in probe["detail"]
 

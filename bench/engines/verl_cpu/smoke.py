@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.engines.verl import VerlEngine, _key_of
+from bench.engines.verl.launch import VerlEngine
+from bench.engines.verl.overrides import key_of
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import resolve
 from bench.spec.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
@@ -74,7 +75,7 @@ def accelerator_only(override: str) -> str | None:
 
     if override.lstrip("+") in {s.value.lstrip("+") for s in target.OVERRIDES}:
         return None
-    key = _key_of(override)
+    key = key_of(override)
     for pattern, why in _ACCEL:
         if pattern.match(key):
             return why
@@ -157,7 +158,7 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     ``evidence`` holds only the factors whose evidence is missing or contradicted, among those the CPU
     target can exercise (:func:`not_exercised` lists the others). ``smoke.json`` in the folder holds the list.
     """
-    from bench.engines.verl import patch_evidence
+    from bench.engines.verl.notes import patch_evidence
     from bench.executors import LocalExecutor
     from bench.results import atomic_write_json
     from bench.sweep import execute_spec
