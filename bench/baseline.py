@@ -85,7 +85,9 @@ def load_baseline(ref: str, results: Path) -> dict[str, Any]:
         raise BenchError(f"{path}: not a baseline file (expected \"format\": \"{FORMAT}\")")
     ver = data.get("format_version")
     if not isinstance(ver, int) or ver > FORMAT_VERSION:
-        raise BenchError(f"{path}: baseline format_version {ver!r} is not supported (this harness reads <= {FORMAT_VERSION})")
+        raise BenchError(
+            f"{path}: baseline format_version {ver!r} is not supported (this harness reads <= {FORMAT_VERSION})"
+        )
     for key in ("engine", "platform", "cells"):
         if key not in data:
             raise BenchError(f"{path}: baseline file lacks {key!r}")
@@ -190,7 +192,8 @@ def tag_parent(tracking_uri: str | None, snap: dict[str, Any], tags: dict[str, s
         for k, v in tags.items():
             tr.client.set_tag(rid, k, v)
     except Exception as exc:  # a missing run or an unreachable store must not lose the saved file
-        return f"MLflow tagging of parent run {rid} at {tracking_uri} failed: {str(exc).splitlines()[0] if str(exc) else exc!r}"
+        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
+        return f"MLflow tagging of parent run {rid} at {tracking_uri} failed: {first}"
     return None
 
 

@@ -354,9 +354,12 @@ def main() -> int:
         spread = ", ".join(f"{k} {v:.0%}" for k, v in rc["same_point_spread"].items())
         gb = rc["runs"].get("grid_best") or []
         if gb and any(gb):
-            print(f"the grid's best point re-measured: median {statistics.median([x for x in gb if x]):.3f} s vs its grid "
-                  f"run {best:.3f} s ({statistics.median([x for x in gb if x]) / best - 1:+.1%}: the grid's minimum is "
-                  "partly a lucky draw)")
+            print(
+                f"the grid's best point re-measured: median {statistics.median([x for x in gb if x]):.3f} s "
+                "vs its grid "
+                f"run {best:.3f} s ({statistics.median([x for x in gb if x]) / best - 1:+.1%}: the grid's minimum is "
+                "partly a lucky draw)"
+            )
         print(f"recheck ({args.recheck} interleaved real runs per point): medians "
               + ", ".join(f"{k} {v:.3f} s" for k, v in rc["median"].items())
               + f"; search's pick vs grid's pick {sv:+.1%} ({'within' if sv <= args.tolerance else 'outside'} "

@@ -92,9 +92,27 @@ def drift_snapshot(cells: list[dict[str, Any]], order: RunOrder, *, steps: int =
         reps[cid].append({"repeat": k, "status": "ok", "samples": {"step_time": times}, "steps": list(range(steps)),
                           "summary": {}})
     repeats = 1 + max(k for _, k in order.runs)
-    return {"format": "grpo-bench-baseline", "format_version": 1, "engine": "embedded", "platform": "cpu",
-            "source": {"matrix": "drift", "sweep_id": f"drift-{seed}", "sweep": "drift"}, "repeats": repeats,
-            "order": {"kind": order.kind, "seed": order.seed}, "design": {"type": "full"},
-            "cells": [{"key": levels_key(c["levels"]), "cell_id": c["cell_id"], "label": c["label"], "levels": c["levels"],
-                       "all_off": c["all_off"], "status": "ok", "failures": [], "missing_repeats": [],
-                       "repeats": sorted(reps[c["cell_id"]], key=lambda r: r["repeat"])} for c in cells]}
+    return {
+        "format": "grpo-bench-baseline",
+        "format_version": 1,
+        "engine": "embedded",
+        "platform": "cpu",
+        "source": {"matrix": "drift", "sweep_id": f"drift-{seed}", "sweep": "drift"},
+        "repeats": repeats,
+        "order": {"kind": order.kind, "seed": order.seed},
+        "design": {"type": "full"},
+        "cells": [
+            {
+                "key": levels_key(c["levels"]),
+                "cell_id": c["cell_id"],
+                "label": c["label"],
+                "levels": c["levels"],
+                "all_off": c["all_off"],
+                "status": "ok",
+                "failures": [],
+                "missing_repeats": [],
+                "repeats": sorted(reps[c["cell_id"]], key=lambda r: r["repeat"]),
+            }
+            for c in cells
+        ],
+    }

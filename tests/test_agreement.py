@@ -83,7 +83,9 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
         assert t.user_attrs["raw_value"] == run_value(smp["step_time"])
     bj = json.loads((s.study_dir / "best.json").read_text())["best"]
     assert bj["value"] == best["value"] == st.best_value
-    assert bj["objective_name"] == "step_time_s_speed_normalized" and bj["normalized"] and bj["reference_probe_s"] == ref
+    assert (
+        bj["objective_name"] == "step_time_s_speed_normalized" and bj["normalized"] and bj["reference_probe_s"] == ref
+    )
     assert bj["raw_value"] == st.best_trial.user_attrs["raw_value"]
     import io
 

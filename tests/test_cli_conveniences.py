@@ -47,8 +47,19 @@ def _row(label: str, **kw) -> dict:
     from bench.spec.optimizations import FACTOR_KEYS
 
     row = {k: "n/a" for k in FACTOR_KEYS}
-    row.update(label=label, step_time_s=1.2345, step_time_raw_s=1.3, step_time_iqr_s=0.01, speedup=1.0, rollout_share=0.4,
-               free_ratio=None, status="ok", reason="", rmsnorm_fused="1", dynamic_bsz="0")
+    row.update(
+        label=label,
+        step_time_s=1.2345,
+        step_time_raw_s=1.3,
+        step_time_iqr_s=0.01,
+        speedup=1.0,
+        rollout_share=0.4,
+        free_ratio=None,
+        status="ok",
+        reason="",
+        rmsnorm_fused="1",
+        dynamic_bsz="0",
+    )
     row.update(kw)
     return row
 

@@ -57,7 +57,9 @@ def significant(data) -> list[str]:
 def test_blocked_order_finds_no_effect_where_there_is_none(cells):
     found = [significant(d) for d in sweeps(cells, "blocked")]
     false_alarms = sum(bool(f) for f in found)
-    assert false_alarms <= 0.05 * SWEEPS, f"{false_alarms}/{SWEEPS} sweeps reported an effect: {[f for f in found if f]}"
+    assert false_alarms <= 0.05 * SWEEPS, (
+        f"{false_alarms}/{SWEEPS} sweeps reported an effect: {[f for f in found if f]}"
+    )
     d = next(sweeps(cells, "blocked"))
     fit = d["effects"]["fit"]
     # the unit of replication and the degrees of freedom: 12 runs - (1 + 2 blocks + 2 mains + 1 interaction)

@@ -1,4 +1,5 @@
-"""bench.analyze (estimators, stat_tests, effects, power): the two-sample comparison, the verdict rule, OLS effects, noise and MDE."""
+"""bench.analyze (estimators, stat_tests, effects, power): the two-sample comparison, the verdict rule,
+OLS effects, noise and MDE."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ ray.exceptions.RayTaskError(RuntimeError): \x1b[36mray::WorkerDict.actor_rollout
     padded_sharded_param = padded_sharded_param.pin_memory()
 RuntimeError: Cannot access accelerator device when none is available.
 Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
-"""
+"""  # noqa: E501  (verbatim log lines)
 TQ_LOG = """\
   File "verl/trainer/main_ppo.py", line 137, in run
     import transfer_queue as tq
@@ -71,11 +71,23 @@ def _report(tmp: Path, role: str, pid: int, patches: dict) -> None:
 
 
 def test_factor_evidence_verdicts(tmp_path):
-    ev = {"mode": None, "status": "applied", "actions": [], "counters": {
-        "dynamic_bsz": {"calls": 3, "sequences": 24, "micro_batches": 5}, "forward_prefetch": {"calls": 2, "modules": 2},
-        "vllm_config": {"enforce_eager": False, "compilation_mode": "VLLM_COMPILE"}}}
-    rms = {"mode": "on", "status": "applied", "actions": ["transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm.forward"
-                                                          " -> torch.nn.functional.rms_norm (fused, on)"]}
+    ev = {
+        "mode": None,
+        "status": "applied",
+        "actions": [],
+        "counters": {
+            "dynamic_bsz": {"calls": 3, "sequences": 24, "micro_batches": 5},
+            "forward_prefetch": {"calls": 2, "modules": 2},
+            "vllm_config": {"enforce_eager": False, "compilation_mode": "VLLM_COMPILE"},
+        },
+    }
+    rms = {
+        "mode": "on",
+        "status": "applied",
+        "actions": [
+            "transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm.forward -> torch.nn.functional.rms_norm (fused, on)"
+        ],
+    }
     _report(tmp_path, "ray-worker", 1, {"verl_evidence": ev, "cpu_rmsnorm": rms})
     got = factor_evidence(tmp_path, {"dynamic_bsz": 1, "forward_prefetch": 1, "graph_mode": 1, "rmsnorm_fused": 1,
                                      "mc2": None})

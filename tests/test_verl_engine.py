@@ -107,7 +107,12 @@ def test_article_all_on_cell_exact(a2_env):
         "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE": "1",
         "VERL_FILE_LOGGER_PATH": "{run_dir}/metrics.jsonl",
     }
-    assert run.launch.patches == ["qwen3vl_npu_fused:on", "vllm_ascend_mrope_cache", "verl_file_logger", "verl_evidence"]
+    assert run.launch.patches == [
+        "qwen3vl_npu_fused:on",
+        "vllm_ascend_mrope_cache",
+        "verl_file_logger",
+        "verl_evidence",
+    ]
     assert run.launch.notes == []
     assert run.launch.config["overrides"] == run.launch.argv[3:]
 
@@ -159,7 +164,9 @@ def test_mc2_not_applicable_at_tp1(a2_env):
     assert len(tp1.runs) == 1 and len(tp1.runs[0].cells) == 2  # merged: mc2 does nothing at TP 1
     run = tp1.runs[0]
     assert run.levels["mc2"] is None
-    assert "tensor_model_parallel_size >= 2" in run.not_applicable["mc2"] and "rollout_tp=1" in run.not_applicable["mc2"]
+    assert (
+        "tensor_model_parallel_size >= 2" in run.not_applicable["mc2"] and "rollout_tp=1" in run.not_applicable["mc2"]
+    )
     assert "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE" not in run.launch.env
     assert "actor_rollout_ref.rollout.tensor_model_parallel_size=1" in run.launch.argv
     tp2 = _cells(m, {**ALL_OFF, "mc2": 1}, rollout_tp=2)

@@ -111,7 +111,9 @@ def _columns(levels_of_obs: list[dict[str, Any]], factors: list[str], interactio
             coding[f] = f"+-1 ({lo} -> -1, {hi} -> +1); effect = 2 x coefficient"
             two_level.append(f)
         else:
-            coding[f] = f"dummy vs level {vals[0]} ({', '.join(map(str, vals[1:]))}); effect = coefficient; no interactions"
+            coding[f] = (
+                f"dummy vs level {vals[0]} ({', '.join(map(str, vals[1:]))}); effect = coefficient; no interactions"
+            )
             for v in vals[1:]:
                 names.append(f"{f}={v}")
                 fl.append([f])

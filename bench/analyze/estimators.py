@@ -41,7 +41,9 @@ def mannwhitney_p(base: np.ndarray, cand: np.ndarray) -> float:
         return 1.0
     both = np.concatenate([base, cand])
     exact = len(np.unique(both)) == len(both) and len(both) <= 400
-    return float(sps.mannwhitneyu(cand, base, alternative="two-sided", method="exact" if exact else "asymptotic").pvalue)
+    return float(
+        sps.mannwhitneyu(cand, base, alternative="two-sided", method="exact" if exact else "asymptotic").pvalue
+    )
 
 
 def min_attainable_p(n: int, m: int) -> float:

@@ -140,7 +140,9 @@ class MannWhitneyTest(StatTest):
     def se(self, bg, cg, scale, med_b):
         b, c = np.concatenate(bg), np.concatenate(cg)
         if scale == "log" and len(b) > 1 and len(c) > 1:
-            return 1.05 * math.sqrt(float(np.var(np.log(b), ddof=1)) / len(b) + float(np.var(np.log(c), ddof=1)) / len(c))
+            return 1.05 * math.sqrt(
+                float(np.var(np.log(b), ddof=1)) / len(b) + float(np.var(np.log(c), ddof=1)) / len(c)
+            )
         return None
 
 
@@ -292,7 +294,8 @@ def describe_tests(pairing: bool, test: str | None = None) -> str:
 
 def verdict(change: float | None, p_value: float, *, threshold: float, alpha: float,
             higher_is_better: bool = False) -> str:
-    """``regression`` / ``improvement`` when ``|change| > threshold`` in that direction AND ``p < alpha``; else ``unchanged``."""
+    """``regression`` / ``improvement`` when ``|change| > threshold`` in that direction AND ``p < alpha``;
+    else ``unchanged``."""
     if change is None or not p_value < alpha:
         return "unchanged"
     worse = change > threshold if not higher_is_better else change < -threshold

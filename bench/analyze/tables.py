@@ -99,8 +99,10 @@ def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]]
                                "speedup": st[c.cell_id]["speedup"], "speedup_ci": [None, None], "p_value": None,
                                "reason": ""}
         if c.status != "ok":
-            row["reason"] = "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures) or \
-                f"unfinished (repeats {c.missing_repeats})"
+            row["reason"] = (
+                "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures)
+                or f"unfinished (repeats {c.missing_repeats})"
+            )
         elif ref is not None and c.cell_id in logs:
             if c is ref:
                 row.update(speedup_ci=[1.0, 1.0])
@@ -110,7 +112,9 @@ def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]]
                 if con.ci_low is not None:
                     row["speedup_ci"] = [math.exp(-con.ci_high), math.exp(-con.ci_low)]
                 row["p_value"] = con.p_value
-                row["test"] = f"t on log run values, {con.df} df" if con.p_value is not None else "none (one run per cell)"
+                row["test"] = (
+                    f"t on log run values, {con.df} df" if con.p_value is not None else "none (one run per cell)"
+                )
         rows.append(row)
     return rows, (ref.label if ref else None)
 
@@ -166,8 +170,16 @@ def article_rows(snap: dict[str, Any], rows: list[dict[str, Any]], eff: dict[str
         return r["speedup"] - 1, [None if ci[0] is None else ci[0] - 1, None if ci[1] is None else ci[1] - 1]
 
     # end to end: all-on vs all-off
-    e2e = {"claim": "end to end (all optimizations)", "section": "summary", "article": ARTICLE_E2E,
-           "ours_cell": None, "ours_cell_ci": [None, None], "ours_effect": None, "ours_effect_ci": [None, None], "note": ""}
+    e2e = {
+        "claim": "end to end (all optimizations)",
+        "section": "summary",
+        "article": ARTICLE_E2E,
+        "ours_cell": None,
+        "ours_cell_ci": [None, None],
+        "ours_effect": None,
+        "ours_effect_ci": [None, None],
+        "note": "",
+    }
     if ref is not None:
         highs = {k: max(c["levels"][k] for c in ok_cells) if v is not None else None for k, v in ref["levels"].items()}
         e2e["ours_cell"], e2e["ours_cell_ci"] = cell_gain(highs)
@@ -181,8 +193,10 @@ def article_rows(snap: dict[str, Any], rows: list[dict[str, Any]], eff: dict[str
                "ours_cell": None, "ours_cell_ci": [None, None], "ours_effect": None, "ours_effect_ci": [None, None],
                "note": ""}
         if ref is None or ref["levels"].get(key, 0) is None:
-            row["note"] = "not applicable: " + (applicability(key, snap["engine"], snap["platform"], snap.get("base") or {})
-                                                 or "not applicable in this sweep")
+            row["note"] = "not applicable: " + (
+                applicability(key, snap["engine"], snap["platform"], snap.get("base") or {})
+                or "not applicable in this sweep"
+            )
         elif key not in eff.get("varied", []):
             row["note"] = "not varied in this sweep"
         else:
@@ -194,7 +208,9 @@ def article_rows(snap: dict[str, Any], rows: list[dict[str, Any]], eff: dict[str
                 row["ours_effect"] = math.expm1(-t["effect"])
                 if t["ci_low"] is not None:
                     row["ours_effect_ci"] = [math.expm1(-t["ci_high"]), math.expm1(-t["ci_low"])]
-            row["note"] = f"cell: {key}={on_level} alone vs all-off; effect: OLS main effect averaged over the other factors"
+            row["note"] = (
+                f"cell: {key}={on_level} alone vs all-off; effect: OLS main effect averaged over the other factors"
+            )
         out.append(row)
     return out
 

@@ -97,7 +97,15 @@ class EmbeddedEngine:
         env = {k: expand_env(v, file="base", key=f"env.{k}", strict=strict) for k, v in base.env.items()}
         notes = [f"base.env.{k}: {v} has an unset variable; left as written (a real run stops on it)"
                  for k, v in env.items() if "${" in v]
-        argv = ["{python}", "-m", "bench.engines.embedded", "--out", "{run_dir}", "--config", "{run_dir}/run_config.yaml"]
+        argv = [
+            "{python}",
+            "-m",
+            "bench.engines.embedded",
+            "--out",
+            "{run_dir}",
+            "--config",
+            "{run_dir}/run_config.yaml",
+        ]
         return Launch(argv=argv, env={**env, **mechanism.env}, patches=list(mechanism.patches), config=config,
                       notes=notes)
 

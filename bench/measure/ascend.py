@@ -330,7 +330,9 @@ class AscendReader(Reader):
             out.warnings.append(f"Ascend profiler output missing for rank(s) {af.missing_ranks}")
         for step, across in af.steps.items():
             for rank, ratio in across.per_rank.items():
-                out.free.append((step, {"kind": "ascend", "source": f"rank {rank}", "free_ratio": ratio, "basis": "device"}))
+                out.free.append(
+                    (step, {"kind": "ascend", "source": f"rank {rank}", "free_ratio": ratio, "basis": "device"})
+                )
             if step is not None:
                 out.missing_ranks[step] = list(across.missing_ranks)
         return out

@@ -100,7 +100,10 @@ def dynamic_bsz(level: int, reports: list[dict], cfg: dict | None) -> tuple[str,
             return "contradicted", detail + f"; but {other['calls']} passes used the other mode"
         return "confirmed", detail
     if other.get("calls"):
-        return "contradicted", f"every pass ({other['calls']}) used {'fixed-size' if level else 'token-budget'} micro-batches"
+        return (
+            "contradicted",
+            f"every pass ({other['calls']}) used {'fixed-size' if level else 'token-budget'} micro-batches",
+        )
     return "missing", "no pass of verl's prepare_micro_batches was counted (verl_evidence patch not reached)"
 
 

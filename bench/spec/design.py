@@ -113,7 +113,8 @@ def fractional(matrix: Matrix, design: FractionalDesign) -> DesignResult:
         raise BenchError(f"{matrix.source}: design: pyDOE3 cannot build it: {exc}") from None
     if x.shape[1] != len(varied):
         raise BenchError(
-            f"{matrix.source}: design.generators: {x.shape[1]} columns for {len(varied)} varied factors ({', '.join(varied)})"
+            f"{matrix.source}: design.generators: {x.shape[1]} columns for {len(varied)} varied factors "
+            f"({', '.join(varied)})"
         )
     x = x.astype(int)
     fixed = {k: v[0] for k, v in levels.items()}

@@ -148,7 +148,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path)
         try:
             parsed = load_yaml(value) if value.strip() else ""
         except yaml.YAMLError as exc:
-            raise BenchError(f"{file}: override {ov!r}: value is not YAML: {getattr(exc, 'problem', None) or exc}") from None
+            raise BenchError(
+                f"{file}: override {ov!r}: value is not YAML: {getattr(exc, 'problem', None) or exc}"
+            ) from None
         node = raw
         for i, part in enumerate(parts[:-1]):
             if node.get(part) is None:  # absent or empty (``base:`` with nothing below) in the file

@@ -7,8 +7,8 @@ engines (:mod:`bench.engines`); ``expect`` (claims checked by the gate) is typed
 :mod:`bench.expect` and validated here; ``tune`` (Optuna search) by :mod:`bench.spec.tune_space`.
 
 Reading the file (strict YAML, ``${VAR}`` expansion, overrides, one-line errors) is
-:mod:`bench.spec.loading`. Every error is a :class:`~bench.errors.BenchError` naming the file, the key (and line where known) and
-the allowed values.
+:mod:`bench.spec.loading`. Every error is a :class:`~bench.errors.BenchError` naming the file, the key
+(and line where known) and the allowed values.
 """
 
 from __future__ import annotations

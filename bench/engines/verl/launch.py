@@ -3,13 +3,13 @@
 The argv (a list, never a shell string) is ``["{python}", "-m", "verl.trainer.main_ppo", *overrides]``,
 the overrides in this order:
 
-1. the run settings of the matrix ``base`` block (:func:`~bench.engines.verl.overrides.base_overrides`): GRPO, data files, lengths,
-   batch sizes, ``n``, rollout TP and memory, devices, ``trainer.total_training_steps``,
+1. the run settings of the matrix ``base`` block (:func:`~bench.engines.verl.overrides.base_overrides`):
+   GRPO, data files, lengths, batch sizes, ``n``, rollout TP and memory, devices, ``trainer.total_training_steps``,
    ``trainer.logger=[console,file]`` (the file logger writes ``$VERL_FILE_LOGGER_PATH``, set to
    ``{run_dir}/metrics.jsonl``);
-2. the profiler (:func:`~bench.engines.verl.overrides.profiler_overrides`): ``global_profiler`` (tool ``npu`` on Ascend, ``torch`` on
-   CUDA; steps; ``save_path={run_dir}/profile``) and the actor and ref role profilers on all ranks (on
-   NPU with ``contents=[npu,cpu]``, ``level1``, online ``analysis``);
+2. the profiler (:func:`~bench.engines.verl.overrides.profiler_overrides`): ``global_profiler`` (tool
+   ``npu`` on Ascend, ``torch`` on CUDA; steps; ``save_path={run_dir}/profile``) and the actor and ref
+   role profilers on all ranks (on NPU with ``contents=[npu,cpu]``, ``level1``, online ``analysis``);
 3. the factor mechanisms of :mod:`bench.spec.optimizations` (``{placeholders}`` filled from
    :meth:`bench.spec.matrix.Base.context`, e.g. ``2*(P+R)`` / ``4*(P+R)`` token limits);
 4. ``base.overrides``, last, so a matrix can override anything.

@@ -75,7 +75,9 @@ def builtin_model_path(spec: str | None, platform: str) -> str | None:
     if spec is None or not spec.startswith("builtin:"):
         return None
     if spec != assets.BUILTIN_MODEL:
-        raise BenchError(f"base.model: unknown builtin model {spec!r} for engine verl (allowed: {assets.BUILTIN_MODEL})")
+        raise BenchError(
+            f"base.model: unknown builtin model {spec!r} for engine verl (allowed: {assets.BUILTIN_MODEL})"
+        )
     if platform != "cpu":
         raise BenchError(f"base.model: {spec} is the tiny CPU model; on {platform} give a checkpoint path")
     return "{bench_cache}/" + assets.model_dir(Path("")).as_posix()

@@ -72,7 +72,9 @@ def _probe(platform: str, path: str) -> dict[str, Any]:
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     cfg = fast_compose(overrides)
-                    use_ref = bool(cfg.algorithm.get("use_kl_in_reward", False) or cfg.actor_rollout_ref.actor.use_kl_loss)
+                    use_ref = bool(
+                        cfg.algorithm.get("use_kl_in_reward", False) or cfg.actor_rollout_ref.actor.use_kl_loss
+                    )
                     validate_config(config=cfg, use_reference_policy=use_ref, use_critic=need_critic(cfg))
             except Exception as exc:
                 msg = " ".join(str(exc).split())[:400]

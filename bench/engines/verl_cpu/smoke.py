@@ -37,17 +37,26 @@ ACCELERATOR_ONLY: tuple[tuple[str, str], ...] = (
     (r"actor_rollout_ref\.model\.use_remove_padding", "remove-padding needs flash-attn's varlen kernels (CUDA/NPU)"),
     (r"actor_rollout_ref\.model\.use_liger", "Liger kernels are Triton GPU kernels"),
     (r"actor_rollout_ref\.model\.use_fused_kernels", "verl's fused kernels are Triton GPU kernels"),
-    (r"actor_rollout_ref\.(actor|ref)\.(fsdp_config\.)?strategy", "FSDP1 refuses a CPU device; the CPU target uses fsdp2"),
+    (
+        r"actor_rollout_ref\.(actor|ref)\.(fsdp_config\.)?strategy",
+        "FSDP1 refuses a CPU device; the CPU target uses fsdp2",
+    ),
     (r"actor_rollout_ref\.rollout\.name", "the CPU target's rollout is vLLM's CPU build"),
     (r"actor_rollout_ref\.rollout\.(enable_sleep_mode|free_cache_engine)", "vLLM has no sleep mode on CPU"),
-    (r"actor_rollout_ref\.rollout\.(tensor_model_parallel_size|data_parallel_size|expert_parallel_size)",
-     "one CPU rank: no model parallelism"),
+    (
+        r"actor_rollout_ref\.rollout\.(tensor_model_parallel_size|data_parallel_size|expert_parallel_size)",
+        "one CPU rank: no model parallelism",
+    ),
     (r".*\.attn_implementation", "flash attention needs CUDA; the CPU target uses sdpa"),
-    (r"(actor_rollout_ref\.rollout\.)?dtype|.*\.fsdp_config\.(model_)?dtype|.*mixed_precision.*",
-     "the CPU target computes in fp32"),
+    (
+        r"(actor_rollout_ref\.rollout\.)?dtype|.*\.fsdp_config\.(model_)?dtype|.*mixed_precision.*",
+        "the CPU target computes in fp32",
+    ),
     (r"trainer\.(device|n_gpus_per_node|nnodes)", "the smoke run places one rank on the CPU"),
-    (r"global_profiler\..*|actor_rollout_ref\.(actor|ref|rollout)\.profiler\..*",
-     "the accelerator's profiler settings (the smoke run does not profile)"),
+    (
+        r"global_profiler\..*|actor_rollout_ref\.(actor|ref|rollout)\.profiler\..*",
+        "the accelerator's profiler settings (the smoke run does not profile)",
+    ),
     (r"ray_kwargs\..*|transfer_queue\..*", "the CPU target sizes Ray and TransferQueue for a 2-core machine"),
 )
 _ACCEL = [(re.compile(rf"^{pattern}$"), why) for pattern, why in ACCELERATOR_ONLY]
