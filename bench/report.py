@@ -70,37 +70,18 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
     meta = read_json(Path(sweep) / "sweep.json") or {}
     resolution = (meta.get("plan") or {}).get("resolution") or (snap.get("design") or {}).get("resolution")
     data = {
-        "format": "grpo-bench-report",
-        "format_version": 2,
-        "created_at": time.time(),
-        "alpha": alpha,
-        "sweep": {
-            "matrix": snap["source"]["matrix"],
-            "sweep_id": snap["source"]["sweep_id"],
-            "sweep": snap["source"]["sweep"],
-            "engine": snap["engine"],
-            "platform": snap["platform"],
-            "design": stats["effects"]["design"],
-            "repeats": snap["repeats"],
-            "versions": snap["versions"],
-            "git_commit": snap.get("git_commit"),
-            "resolution": resolution,
-            "parent_run_id": snap["source"].get("parent_run_id"),
-            "order": snap.get("order"),
-        },
-        "speed_normalized_to_s": probe_ref,
-        **stats,
+        "format": "grpo-bench-report", "format_version": 2, "created_at": time.time(), "alpha": alpha,
+        "sweep": {"matrix": snap["source"]["matrix"], "sweep_id": snap["source"]["sweep_id"],
+                  "sweep": snap["source"]["sweep"], "engine": snap["engine"], "platform": snap["platform"],
+                  "design": stats["effects"]["design"], "repeats": snap["repeats"], "versions": snap["versions"],
+                  "git_commit": snap.get("git_commit"), "resolution": resolution,
+                  "parent_run_id": snap["source"].get("parent_run_id"), "order": snap.get("order")},
+        "speed_normalized_to_s": probe_ref, **stats,
     }
     if snap.get("expect"):
         try:
-            found = check_expectations(
-                snap,
-                validate_expect(snap["expect"], snap["source"].get("matrix_file") or sweep),
-                alpha=alpha,
-                n_boot=0,
-                seed=seed,
-                normalize=False,
-            )
+            claims = validate_expect(snap["expect"], snap["source"].get("matrix_file") or sweep)
+            found = check_expectations(snap, claims, alpha=alpha, n_boot=0, seed=seed, normalize=False)
             data["expectations"] = claims_on_runs(snap, found, alpha)
         except BenchError as exc:
             data["expectations_error"] = str(exc)
@@ -127,22 +108,8 @@ def write(data: dict[str, Any], out: Path) -> list[Path]:
     w.writerow(["term", "kind", "effect_log", "se", "ci_low", "ci_high", "p_value", "p_holm", "step_time_change",
                 "aliases", "unit", "df_resid"])
     for t in fit.get("terms") or []:
-        w.writerow(
-            [
-                t["name"],
-                t["kind"],
-                t["effect"],
-                t["se"],
-                t["ci_low"],
-                t["ci_high"],
-                t["p_value"],
-                t["p_adjusted"],
-                t["change"],
-                " ".join(t["aliases"]),
-                fit.get("unit"),
-                fit.get("df_resid"),
-            ]
-        )
+        w.writerow([t["name"], t["kind"], t["effect"], t["se"], t["ci_low"], t["ci_high"], t["p_value"],
+                    t["p_adjusted"], t["change"], " ".join(t["aliases"]), fit.get("unit"), fit.get("df_resid")])
     atomic_write_text(out / "effects.csv", buf.getvalue())
     atomic_write_json(out / "report.json", data)
     atomic_write_text(out / "report.md", render(data))
