@@ -12,11 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.engines import engine_class, engines_with, get_engine
-from bench.matrix import load_matrix
 from bench.model import SUMMARY_STEP_TIME
-from bench.optimizations import FACTOR_KEYS
-from bench.plan import ORDERS, Plan, RunOrder, make_plan, new_order_seed, run_order
 from bench.results import check_writable
+from bench.spec.loading import load_matrix
+from bench.spec.optimizations import FACTOR_KEYS
+from bench.spec.plan import ORDERS, Plan, RunOrder, make_plan, new_order_seed, run_order
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

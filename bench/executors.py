@@ -331,6 +331,8 @@ def _note_leftovers(run_dir: Path, names: list[str]) -> None:
         return
     try:
         with open(Path(run_dir) / "run.log", "a") as fh:
-            fh.write(f"\n[bench] ended {len(names)} process(es) of this run that outlived it: {', '.join(names[:20])}\n")
+            fh.write(
+                f"\n[bench] ended {len(names)} process(es) of this run that outlived it: {', '.join(names[:20])}\n"
+            )
     except OSError:
         pass

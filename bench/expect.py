@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from bench.model import METRICS
-from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
 
 
 class Expect(BaseModel):
@@ -74,7 +74,11 @@ class Expect(BaseModel):
             bounds.append(f"at least {self.at_least:.0%}")
         if self.at_most is not None:
             bounds.append(f"at most {self.at_most:.0%}")
-        who = "all factors on" if self.factor == "all" else f"{self.factor}" + (f"={self.level}" if self.level is not None else "")
+        who = (
+            "all factors on"
+            if self.factor == "all"
+            else f"{self.factor}" + (f"={self.level}" if self.level is not None else "")
+        )
         return f"{who} {verb} {m.title} by {' and '.join(bounds)} vs {self.vs.replace('_', '-')}"
 
 

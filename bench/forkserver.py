@@ -169,7 +169,11 @@ class ForkServerExecutor:
     def execute(self, launch: ResolvedLaunch) -> ExecResult:
         """Run through the server when the argv is ``python -m module ...``; else with a local process."""
         argv = launch.argv
-        if len(argv) < 3 or argv[1] != "-m" or Path(argv[0]).name not in (Path(sys.executable).name, "python", "python3"):
+        if (
+            len(argv) < 3
+            or argv[1] != "-m"
+            or Path(argv[0]).name not in (Path(sys.executable).name, "python", "python3")
+        ):
             return self.fallback.execute(launch)
         env = {k: v for k, v in os.environ.items() if k not in ("BENCH_PATCHES", "BENCH_RUN_DIR")}
         env.update(launch.env)

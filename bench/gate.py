@@ -4,7 +4,7 @@ Cells of the candidate sweep are matched to the baseline's by their factor level
 a candidate with other base settings, e.g. an injected delay, has other cell ids but the same levels).
 For each matched cell and metric (``--metric``, default ``step_time``; also ``throughput``,
 ``rollout_share``, ``free_ratio``) the per-step samples of all repeats are compared
-(:func:`bench.stats.compare`):
+(:func:`bench.analyze.stat_tests.compare`):
 
 * **unpaired** (default, ``--pairing off``): relative change = ``exp(HL) - 1`` with HL the
   Hodges-Lehmann shift of the log samples, p = two-sided Mann-Whitney U on the pooled samples of
@@ -76,14 +76,17 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from bench.baseline import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, load_baseline, pairable, snapshot
+from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT
+from bench.analyze.power import mde_from_se
+from bench.analyze.snapshot import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, pairable, snapshot
+from bench.analyze.stat_tests import TESTS, compare, describe_tests, verdict
+from bench.baseline import load_baseline
 from bench.errors import BenchError
 from bench.expect import Expect, ExpectBlock
-from bench.matrix import format_validation_error
-from bench.optimizations import REGISTRY, applicability
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
+from bench.spec.loading import format_validation_error
+from bench.spec.optimizations import REGISTRY, applicability
 from bench.speed import normalizable, normalized_pair
-from bench.stats import DEFAULT_ALPHA, N_BOOT, TESTS, compare, describe_tests, mde_from_se, verdict
 
 DEFAULT_THRESHOLD = 0.05
 #: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
@@ -506,7 +509,7 @@ def load_reference(ref: str, results: Path, *, prefer: Literal["baseline", "swee
         BenchError: neither a baseline nor a sweep (listing the known baselines); an unreadable baseline; a
             reference sweep with failed, unfinished or sample-less cells.
     """
-    from bench.baseline import check_complete
+    from bench.analyze.snapshot import check_complete
 
     def as_baseline() -> dict[str, Any]:
         return load_baseline(ref, results)
@@ -656,7 +659,7 @@ def add_comparison_arguments(p: argparse.ArgumentParser) -> None:
                         "step when both sides ran the same steps on the same work (same seed; equal response/prompt "
                         "lengths per step; Wilcoxon signed-rank), which helps with 1-2 repeats")
     p.add_argument("--test", default=None, metavar="NAME",
-                   help="the two-sample test by name (bench.stats.TESTS; a paired one only where the steps pair "
+                   help="the two-sample test by name (bench.analyze.stat_tests.TESTS; a paired one only where the steps pair "
                         "up). Default: Mann-Whitney U, or Wilcoxon signed-rank where --pairing auto pairs the steps")
     p.add_argument("--normalize", choices=("auto", "off"), default="auto",
                    help="auto (default): divide step times (multiply throughput) by the machine-speed probe timed "

@@ -131,10 +131,10 @@ def _verl_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
 
 def _registry_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
     """Evidence of the factors whose registry entry names a check for this engine/platform
-    (:attr:`bench.optimizations.Optimization.evidence_checks`), into the record; ``evidence.json`` (the
+    (:attr:`bench.spec.optimizations.Optimization.evidence_checks`), into the record; ``evidence.json`` (the
     engine's own) is left as written. Missing or contradicted evidence becomes a warning."""
     from bench.measure.verl_evidence import factor_evidence, flagged
-    from bench.optimizations import REGISTRY, evidence_check
+    from bench.spec.optimizations import REGISTRY, evidence_check
 
     levels = {k: v for k, v in rec["levels"].items()
               if v is not None and k in REGISTRY and evidence_check(k, rec["engine"], rec["platform"]) is not None}

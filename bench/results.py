@@ -280,5 +280,7 @@ class _NamedLock(FileLock):
         try:
             self.acquire(timeout=0)
         except Timeout:
-            raise BenchError(f"{self.lock_file}: another harness is running this matrix (remove the lock if not)") from None
+            raise BenchError(
+                f"{self.lock_file}: another harness is running this matrix (remove the lock if not)"
+            ) from None
         return self

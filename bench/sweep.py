@@ -32,12 +32,9 @@ import yaml
 
 from bench.errors import DiskFullError, doing
 from bench.executors import Executor, LocalExecutor, kill_strays, resolve_launch
-from bench.matrix import Matrix
 from bench.measure._common import iqr
 from bench.metadata import host_load  # noqa: F401  (re-exported; gathered in bench.metadata)
 from bench.model import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, Snapshot, cell_stats, run_value
-from bench.optimizations import FACTOR_KEYS, REGISTRY, compact_label
-from bench.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.record import build_record, is_finished, write_record
 from bench.results import (
     SWEEP,
@@ -51,6 +48,9 @@ from bench.results import (
     read_json,
     run_dir,
 )
+from bench.spec.matrix import Matrix
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, compact_label
+from bench.spec.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.sync import QUEUE, queue_upload, sync_matrix
 from bench.tracking import (
     NOTE,
@@ -99,7 +99,7 @@ def _levels_str(levels: dict[str, int | None]) -> dict[str, str]:
 
 
 def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
-    """One summary row per run spec of a sweep snapshot (:func:`bench.baseline.snapshot`).
+    """One summary row per run spec of a sweep snapshot (:func:`bench.analyze.snapshot.snapshot`).
 
     When the snapshot was speed-normalized (:func:`bench.speed.normalize_snapshot`) every value is at
     the sweep's median machine speed; ``step_time_raw_s`` keeps the measured seconds. Values come from
@@ -204,7 +204,7 @@ class Sweep:
         executor: how runs are launched (default: local subprocess).
         force: start a new sweep even if a resumable one exists.
         on_event: callback ``(kind, data)`` for the console: start, launch, done, skip, warn.
-        order: run order of a new sweep, ``blocked`` (default) or ``sequential`` (:func:`bench.plan.run_order`);
+        order: run order of a new sweep, ``blocked`` (default) or ``sequential`` (:func:`bench.spec.plan.run_order`);
             a resumed sweep keeps the order it planned.
         order_seed: shuffle seed of a blocked order (default: a fresh random one, recorded in ``sweep.json``).
     """
@@ -434,7 +434,7 @@ class Sweep:
                 "free space and rerun the same command to resume") from None
 
     def _finish(self, tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead) -> SweepOutcome:
-        from bench.baseline import snapshot
+        from bench.analyze.snapshot import snapshot
         from bench.speed import normalize_snapshot
 
         snap = snapshot(sweep_dir)
@@ -575,7 +575,7 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
             **{f"evidence.{k}": v for k, v in evidence.items() if k in REGISTRY},
             **{f"not_applicable.{k}": v for k, v in spec.not_applicable.items()}}
     if rec.get("patch_reports"):
-        from bench.engines.verl import patch_evidence
+        from bench.engines.verl.notes import patch_evidence
 
         tags.update({f"evidence.patch.{k}": v for k, v in patch_evidence(rdir).items()})
     if rec["status"] != "ok":

@@ -80,8 +80,8 @@ def sync_sweep(sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]
     Raises:
         BenchError: the folder is not a sweep.
     """
-    from bench.matrix import Matrix
-    from bench.plan import RunSpec
+    from bench.spec.matrix import Matrix
+    from bench.spec.plan import RunSpec
     from bench.sweep import log_record, parent_description
     from bench.tracking import sweep_run_name
 

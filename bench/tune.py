@@ -2,8 +2,8 @@
 
 A trial = the fixed factor levels of the matrix's ``tune`` block (dynamic bsz on) + the sampled
 ``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``. The harness builds the trial's
-:class:`~bench.plan.RunSpec` exactly as a sweep does (a copy of the matrix whose ``base`` carries the
-limits and whose design is the one fixed cell, through :func:`bench.plan.make_plan`), runs it with
+:class:`~bench.spec.plan.RunSpec` exactly as a sweep does (a copy of the matrix whose ``base`` carries the
+limits and whose design is the one fixed cell, through :func:`bench.spec.plan.make_plan`), runs it with
 :func:`bench.sweep.execute_spec` into ``results/<matrix>/tune/<study>/trial-<n>/`` and takes the
 objective from the run record: the run's value (:func:`bench.model.run_value`, the median over its
 timed steps of the step time, minimized, or of the throughput, maximized; the same statistic a sweep
@@ -55,12 +55,12 @@ from typing import Any, Callable
 
 from bench.errors import BenchError
 from bench.executors import Executor
-from bench.matrix import ExplicitDesign, Matrix, load_matrix
-from bench.optimizations import FACTOR_KEYS, REGISTRY
-from bench.plan import RunSpec, detect_platform, make_plan
 from bench.results import ResultsDir, atomic_write_json, check_writable, read_json
-from bench.tune_report import CONSTRAINT, is_interrupted, verl_overrides, write_outputs
-from bench.tune_space import (
+from bench.spec.loading import load_matrix
+from bench.spec.matrix import ExplicitDesign, Matrix
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.plan import RunSpec, detect_platform, make_plan
+from bench.spec.tune_space import (
     OBJECTIVES,
     PARAMS,
     STUDY_NAME,
@@ -73,6 +73,7 @@ from bench.tune_space import (
     seq_len,
     tune_fingerprint,
 )
+from bench.tune_report import CONSTRAINT, is_interrupted, verl_overrides, write_outputs
 
 MLFLOW_MARK = "mlflow.json"
 PARENT_ATTR = "mlflow_parent_run_id"
@@ -157,7 +158,7 @@ def trial_matrix(matrix: Matrix, cell: dict[str, int], limits: dict[str, int]) -
 
 
 def trial_spec(matrix: Matrix, cell: dict[str, int], limits: dict[str, int], platform: str) -> RunSpec:
-    """The :class:`RunSpec` of one trial, built by :func:`bench.plan.make_plan` like a sweep's cell.
+    """The :class:`RunSpec` of one trial, built by :func:`bench.spec.plan.make_plan` like a sweep's cell.
 
     Raises:
         BenchError: the fixed cell is invalid or excluded, or the engine refuses the settings.
@@ -513,7 +514,7 @@ class Tuner:
         """
         import numpy as np
 
-        from bench.baseline import record_samples
+        from bench.analyze.snapshot import record_samples
         from bench.speed import normalized_median, probe_spec
 
         trial.set_user_attr("raw_value", raw)
@@ -568,7 +569,7 @@ class Tuner:
         atomic_write_json(rdir / "spec.json", spec.model_dump(mode="json"))
         atomic_write_json(rdir / "trial.json", {"study": s.study_name, "number": trial.number, "limits": limits,
                                                 "storage": redact(s.storage_url)})
-        from bench.baseline import record_samples
+        from bench.analyze.snapshot import record_samples
         from bench.model import run_value
 
         value = run_value(record_samples(rec)[s.block.objective]) if rec["status"] == "ok" else None

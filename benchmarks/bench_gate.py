@@ -48,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.baseline import snapshot  # noqa: E402
+from bench.analyze.snapshot import snapshot  # noqa: E402
 from bench.gate import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # noqa: E402
 from bench.results import read_json  # noqa: E402
 
@@ -137,7 +137,10 @@ def real(args: argparse.Namespace) -> None:
 def _snaps(log: dict, max_pressure: float | None = None) -> dict[str, list[dict]]:
     out: dict[str, list[dict]] = {k: [] for k in KINDS}
     for s in log["sweeps"]:
-        if max_pressure is not None and max((s.get("pressure_before") or 0.0), (s.get("pressure_after") or 0.0)) > max_pressure:
+        if (
+            max_pressure is not None
+            and max((s.get("pressure_before") or 0.0), (s.get("pressure_after") or 0.0)) > max_pressure
+        ):
             continue
         snap = snapshot(Path(s["sweep"]))
         snap["_pressure"] = max(x for x in (s.get("pressure_before"), s.get("pressure_after"), -1.0) if x is not None)
@@ -174,7 +177,9 @@ def _rates(snaps: dict[str, list[dict]], pairing: bool, normalize: bool = True) 
     out = {}
     for kind, label in (("identical", "identical (false alarm)"), ("delay5", "5 % slower (detection)"),
                         ("delay10", "10 % slower (detection)")):
-        pairs = itertools.permutations(ident, 2) if kind == "identical" else ((a, b) for a in ident for b in snaps[kind])
+        pairs = (
+            itertools.permutations(ident, 2) if kind == "identical" else ((a, b) for a in ident for b in snaps[kind])
+        )
         res = [_gate(a, b, pairing, normalize) for a, b in pairs]
         counts = {o: sum(_outcome(r) == o for r in res) for o in ("regression", "pass", "cannot judge")}
         out[label] = (counts, [r["rows"][0].get("change") for r in res])
@@ -227,10 +232,17 @@ def _print_rates(title: str, rates: dict) -> None:
         k = counts["regression"]
         lo, hi = wilson(k, n)
         ch = [c for c in changes if c is not None]
-        spread = f"; change median {np.median(ch):+.1%}, 5-95% [{np.percentile(ch, 5):+.1%}, {np.percentile(ch, 95):+.1%}]" if ch else ""
-        print(f"  {label:26} exit 1 (regression) {k:4d}/{n:<4d} = {k / n if n else math.nan:6.1%} (95% CI {lo:.1%}-{hi:.1%}); "
-              f"exit 0 {counts['pass'] / n if n else math.nan:6.1%}; exit 3 (cannot judge) "
-              f"{counts['cannot judge'] / n if n else math.nan:6.1%}{spread}")
+        spread = (
+            f"; change median {np.median(ch):+.1%}, 5-95% [{np.percentile(ch, 5):+.1%}, {np.percentile(ch, 95):+.1%}]"
+            if ch
+            else ""
+        )
+        print(
+            f"  {label:26} exit 1 (regression) {k:4d}/{n:<4d} = {k / n if n else math.nan:6.1%} "
+            f"(95% CI {lo:.1%}-{hi:.1%}); "
+            f"exit 0 {counts['pass'] / n if n else math.nan:6.1%}; exit 3 (cannot judge) "
+            f"{counts['cannot judge'] / n if n else math.nan:6.1%}{spread}"
+        )
 
 
 def evaluate_real(log: dict, max_pressure: float | None = None) -> None:
@@ -238,7 +250,9 @@ def evaluate_real(log: dict, max_pressure: float | None = None) -> None:
     if max_pressure is not None:
         print(f"only sweeps with CPU pressure (some avg60) <= {max_pressure} % before and after")
     delays = {k: [s["delay_s"] for s in log["sweeps"] if s["kind"] == k] for k in ("delay5", "delay10")}
-    meds = [np.median([t for r in s["cells"][0]["repeats"] for t in r["samples"]["step_time"]]) for s in snaps["identical"]]
+    meds = [
+        np.median([t for r in s["cells"][0]["repeats"] for t in r["samples"]["step_time"]]) for s in snaps["identical"]
+    ]
     if meds:
         for k, d in delays.items():
             if d:
@@ -255,8 +269,11 @@ def evaluate_real(log: dict, max_pressure: float | None = None) -> None:
         print(f"noise of log step time{' / speed probe' if normalized else ''} over identical sweeps: " +
               ", ".join(f"{k} {v:.4f}" if isinstance(v, float) else f"{k} {v}" for k, v in nz.items()))
     for pairing, normalize in ((False, True), (True, True), (False, False)):
-        _print_rates(f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}, "
-                     f"normalize {'auto' if normalize else 'off'}):", _rates(snaps, pairing, normalize))
+        _print_rates(
+            f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}, "
+            f"normalize {'auto' if normalize else 'off'}):",
+            _rates(snaps, pairing, normalize),
+        )
 
 
 # -- synthetic ------------------------------------------------------------------------------------
@@ -298,7 +315,9 @@ def synthetic(args: argparse.Namespace) -> None:
 
             def sweep(frac: float) -> dict:
                 off = rng.normal(0, sd_sweep)
-                runs = [np.exp(work + off + rng.normal(0, sd_run) + rng.normal(0, sd_step, steps)) for _ in range(repeats)]
+                runs = [
+                    np.exp(work + off + rng.normal(0, sd_run) + rng.normal(0, sd_step, steps)) for _ in range(repeats)
+                ]
                 med = float(np.exp(np.median(work)))
                 return _snap([t + frac * med for t in runs], wfp)
 
@@ -307,8 +326,10 @@ def synthetic(args: argparse.Namespace) -> None:
                 res = _gate(base, sweep(frac), pairing)
                 counts[lab][_outcome(res)] += 1
                 changes[lab].append(res["rows"][0].get("change"))
-        _print_rates(f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}):",
-                     {lab: (counts[lab], changes[lab]) for lab in labels.values()})
+        _print_rates(
+            f"gate (threshold {DEFAULT_THRESHOLD:.0%}, alpha {DEFAULT_ALPHA}, pairing {'auto' if pairing else 'off'}):",
+            {lab: (counts[lab], changes[lab]) for lab in labels.values()},
+        )
         if args.paired_only:
             break
 
@@ -331,7 +352,9 @@ def main() -> None:
     s.add_argument("--sd-sweep", type=float, default=0.02, help="sweep-to-sweep SD of log step time (default 0.02)")
     s.add_argument("--sd-run", type=float, default=0.01, help="run-to-run SD within a sweep (default 0.01)")
     s.add_argument("--repeats", type=int, default=2)
-    s.add_argument("--max-pressure", type=float, default=None, help="with --from: only sweeps at or below this CPU pressure")
+    s.add_argument(
+        "--max-pressure", type=float, default=None, help="with --from: only sweeps at or below this CPU pressure"
+    )
     s.add_argument("--paired-only", action="store_true", help="skip the unpaired evaluation")
     s.add_argument("--sd-work", type=float, default=0.10, help="SD of the per-step workload (default 0.10)")
     s.add_argument("--timed-steps", type=int, default=20)

@@ -37,7 +37,8 @@ EXPECTED_FREE = 0.2
 def _step_events(step: int, t0: float, pid: int) -> list[str]:
     out = [
         f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{step}", "pid": {pid}, "tid": {pid}, '
-        f'"ts": {t0:.3f}, "dur": {STEP_US:.3f}, "args": {{"External id": {step}, "Record function id": 0, "Ev Idx": {step}}}}}'
+        f'"ts": {t0:.3f}, "dur": {STEP_US:.3f}, '
+        f'"args": {{"External id": {step}, "Record function id": 0, "Ev Idx": {step}}}}}'
     ]
     n = int(STEP_US / PERIOD_US)
     for i in range(n):

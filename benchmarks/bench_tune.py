@@ -44,11 +44,11 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.matrix import load_matrix  # noqa: E402
 from bench.results import atomic_write_json, read_json  # noqa: E402
+from bench.spec.loading import load_matrix  # noqa: E402
+from bench.spec.tune_space import PARAMS, rule_of_thumb  # noqa: E402
 from bench.tune import PROBE_REF, ConsoleView, Tuner, make_sampler, resolve_settings  # noqa: E402
 from bench.tune_report import CONSTRAINT, is_infeasible  # noqa: E402
-from bench.tune_space import PARAMS, rule_of_thumb  # noqa: E402
 
 SOURCE = ROOT / "matrix" / "tune_dynamic_bsz.yaml"
 LOAD: list[float] = []  # 1-minute load average at each trial start and end
@@ -155,7 +155,7 @@ def replay(settings, grid: dict, seeds: int, budget: int, target: float) -> dict
 
 def norm_value(rec: dict, key: str, ref: float | None) -> float | None:
     """A run's median step time, speed-normalized to probe time ``ref`` (as the tuner does), or raw without a probe."""
-    from bench.baseline import record_samples
+    from bench.analyze.snapshot import record_samples
     from bench.speed import normalized_median
 
     if rec.get("status") != "ok":
@@ -354,9 +354,12 @@ def main() -> int:
         spread = ", ".join(f"{k} {v:.0%}" for k, v in rc["same_point_spread"].items())
         gb = rc["runs"].get("grid_best") or []
         if gb and any(gb):
-            print(f"the grid's best point re-measured: median {statistics.median([x for x in gb if x]):.3f} s vs its grid "
-                  f"run {best:.3f} s ({statistics.median([x for x in gb if x]) / best - 1:+.1%}: the grid's minimum is "
-                  "partly a lucky draw)")
+            print(
+                f"the grid's best point re-measured: median {statistics.median([x for x in gb if x]):.3f} s "
+                "vs its grid "
+                f"run {best:.3f} s ({statistics.median([x for x in gb if x]) / best - 1:+.1%}: the grid's minimum is "
+                "partly a lucky draw)"
+            )
         print(f"recheck ({args.recheck} interleaved real runs per point): medians "
               + ", ".join(f"{k} {v:.3f} s" for k, v in rc["median"].items())
               + f"; search's pick vs grid's pick {sv:+.1%} ({'within' if sv <= args.tolerance else 'outside'} "

@@ -36,13 +36,31 @@ def start_head(auth: dict[str, str], ray_bin: Path | None = None, cpus: int = 2,
         env.pop(k, None)
     if "RAY_AUTH_TOKEN" not in auth:
         env.pop("RAY_AUTH_TOKEN", None)
-    cmd = [str(ray_bin), "start", "--head", "--block", f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--port={free_port()}",
-           f"--dashboard-port={dport}", "--dashboard-host=127.0.0.1", "--include-dashboard=true",
-           f"--ray-client-server-port={free_port()}", f"--temp-dir={temp}",
-           # own agent ports: a second head (e.g. the token-auth one beside the module's head) must not find
-           # the first head's dashboard agent on Ray's default ports ("No available agent to submit job")
-           *(f"--{opt}={free_port()}" for opt in ("dashboard-agent-listen-port", "dashboard-agent-grpc-port",
-                                                   "metrics-export-port", "runtime-env-agent-port"))]
+    cmd = [
+        str(ray_bin),
+        "start",
+        "--head",
+        "--block",
+        f"--num-cpus={cpus}",
+        f"--num-gpus={gpus}",
+        f"--port={free_port()}",
+        f"--dashboard-port={dport}",
+        "--dashboard-host=127.0.0.1",
+        "--include-dashboard=true",
+        f"--ray-client-server-port={free_port()}",
+        f"--temp-dir={temp}",
+        # own agent ports: a second head (e.g. the token-auth one beside the module's head) must not find
+        # the first head's dashboard agent on Ray's default ports ("No available agent to submit job")
+        *(
+            f"--{opt}={free_port()}"
+            for opt in (
+                "dashboard-agent-listen-port",
+                "dashboard-agent-grpc-port",
+                "metrics-export-port",
+                "runtime-env-agent-port",
+            )
+        ),
+    ]
     log = open(Path(temp) / "ray-start.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     address = f"http://127.0.0.1:{dport}"
@@ -57,7 +75,9 @@ def start_head(auth: dict[str, str], ray_bin: Path | None = None, cpus: int = 2,
                 break
             except Exception:
                 if proc.poll() is not None or time.time() > deadline:
-                    raise RuntimeError(f"ray head did not come up: {(Path(temp) / 'ray-start.log').read_text()[-2000:]}")
+                    raise RuntimeError(
+                        f"ray head did not come up: {(Path(temp) / 'ray-start.log').read_text()[-2000:]}"
+                    )
                 time.sleep(0.5)
         yield address
     finally:

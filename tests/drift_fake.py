@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bench.baseline import levels_key
+from bench.analyze.snapshot import levels_key
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.executors import ExecResult, ResolvedLaunch
-from bench.plan import RunOrder
+from bench.spec.plan import RunOrder
 from bench.speed import PROBE_METRIC
 
 #: timing model defaults: 2 s steps, +15 % drift over the sweep (log scale), 1 % run-to-run, 2 % step-to-step
@@ -82,7 +82,7 @@ class DriftExecutor:
 
 def drift_snapshot(cells: list[dict[str, Any]], order: RunOrder, *, steps: int = 8, seed: int = 0,
                    **model: Any) -> dict[str, Any]:
-    """The snapshot (:func:`bench.baseline.snapshot` shape) of a sweep of ``cells`` (cell id -> levels in
+    """The snapshot (:func:`bench.analyze.snapshot.snapshot` shape) of a sweep of ``cells`` (cell id -> levels in
     ``cells[i]['levels']``, ``cells[i]['cell_id']``) run in ``order`` on the drifting machine."""
     rng = np.random.default_rng(seed)
     by_id = {c["cell_id"]: c for c in cells}
@@ -92,9 +92,27 @@ def drift_snapshot(cells: list[dict[str, Any]], order: RunOrder, *, steps: int =
         reps[cid].append({"repeat": k, "status": "ok", "samples": {"step_time": times}, "steps": list(range(steps)),
                           "summary": {}})
     repeats = 1 + max(k for _, k in order.runs)
-    return {"format": "grpo-bench-baseline", "format_version": 1, "engine": "embedded", "platform": "cpu",
-            "source": {"matrix": "drift", "sweep_id": f"drift-{seed}", "sweep": "drift"}, "repeats": repeats,
-            "order": {"kind": order.kind, "seed": order.seed}, "design": {"type": "full"},
-            "cells": [{"key": levels_key(c["levels"]), "cell_id": c["cell_id"], "label": c["label"], "levels": c["levels"],
-                       "all_off": c["all_off"], "status": "ok", "failures": [], "missing_repeats": [],
-                       "repeats": sorted(reps[c["cell_id"]], key=lambda r: r["repeat"])} for c in cells]}
+    return {
+        "format": "grpo-bench-baseline",
+        "format_version": 1,
+        "engine": "embedded",
+        "platform": "cpu",
+        "source": {"matrix": "drift", "sweep_id": f"drift-{seed}", "sweep": "drift"},
+        "repeats": repeats,
+        "order": {"kind": order.kind, "seed": order.seed},
+        "design": {"type": "full"},
+        "cells": [
+            {
+                "key": levels_key(c["levels"]),
+                "cell_id": c["cell_id"],
+                "label": c["label"],
+                "levels": c["levels"],
+                "all_off": c["all_off"],
+                "status": "ok",
+                "failures": [],
+                "missing_repeats": [],
+                "repeats": sorted(reps[c["cell_id"]], key=lambda r: r["repeat"]),
+            }
+            for c in cells
+        ],
+    }

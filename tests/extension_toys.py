@@ -18,11 +18,11 @@ from pathlib import Path
 import numpy as np
 from scipy import stats as sps
 
+from bench.analyze.stat_tests import StatTest, register_test, unregister_test
 from bench.engines import register, unregister
 from bench.engines.base import Launch
 from bench.measure.formats import Measurements, Reader, ReadOptions, register_reader, unregister_reader
-from bench.optimizations import Mechanism, Optimization, register_optimization, unregister_optimization
-from bench.stats import StatTest, register_test, unregister_test
+from bench.spec.optimizations import Mechanism, Optimization, register_optimization, unregister_optimization
 
 #: the child process of a toy run: steps of a fixed busy loop, slower with TOY_OPT=0
 TOY_RUN = r"""

@@ -66,7 +66,7 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
     from test_tune import load, make, tune
     from test_tune_fake import FakeExecutor
 
-    from bench.baseline import record_samples
+    from bench.analyze.snapshot import record_samples
     from bench.model import run_value
     from bench.results import read_json
     from bench.speed import normalize
@@ -83,7 +83,11 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
         assert t.user_attrs["raw_value"] == run_value(smp["step_time"])
     bj = json.loads((s.study_dir / "best.json").read_text())["best"]
     assert bj["value"] == best["value"] == st.best_value
-    assert bj["objective_name"] == "step_time_s (s, median, speed-normalized)" and bj["normalized"] and bj["reference_probe_s"] == ref
+    assert (
+        bj["objective_name"] == "step_time_s (s, median, speed-normalized)"
+        and bj["normalized"]
+        and bj["reference_probe_s"] == ref
+    )
     assert bj["raw_value"] == st.best_trial.user_attrs["raw_value"]
     import io
 

@@ -89,12 +89,18 @@ MATRICES: dict[str, tuple[str | bytes, str]] = {
     "warmup_ge_steps": (_base(warmup_steps=3), "warmup_steps (3) must be below steps"),
     "profile_step_out_of_range": (_base(profile_steps="[9]"), "profile_steps [9] outside"),
     "negative_batch": (_base(train_batch_size=-1), "base.train_batch_size"),
-    "mini_not_dividing_train": (_base(train_batch_size=6, ppo_mini_batch_size=4), "ppo_mini_batch_size (4) must divide"),
+    "mini_not_dividing_train": (
+        _base(train_batch_size=6, ppo_mini_batch_size=4),
+        "ppo_mini_batch_size (4) must divide",
+    ),
     "micro_not_dividing_mini": (_base(micro_batch_size_per_gpu=3), "micro_batch_size_per_gpu (3) must divide"),
     "world_not_dividing": (_base(n_gpus_per_node=3), "must be a multiple of n_gpus_per_node"),
     "prompt_too_short_for_embedded": (_base(max_prompt_length=4), "max_prompt_length"),
     "ppo_token_len_below_seq": (_base(ppo_max_token_len=20), "ppo_max_token_len (20) must be at least"),
-    "log_prob_token_len_below_seq": (_base(log_prob_max_token_len=100), "log_prob_max_token_len (100) must be at least"),
+    "log_prob_token_len_below_seq": (
+        _base(log_prob_max_token_len=100),
+        "log_prob_max_token_len (100) must be at least",
+    ),
     "temperature_nan": (_base(temperature=".nan"), "base.temperature"),
     "temperature_zero": (_base(temperature=0), "base.temperature"),
     "timeout_negative": (_base(timeout_s=-5), "base.timeout_s"),
@@ -110,10 +116,14 @@ MATRICES: dict[str, tuple[str | bytes, str]] = {
     "env_not_a_string": (_base(env="{FOO: [1, 2]}"), "base.env.FOO"),
     "exclude_unknown_factor": (GOOD + "exclude:\n  - when: {turbo: on}\n", "unknown factor 'turbo'"),
     "explicit_bad_level": ("name: t\ndesign:\n  type: explicit\n  cells:\n    - {dynamic_bsz: 7}\n", "unknown level 7"),
-    "fractional_both": ("name: t\ndesign:\n  type: fractional\n  resolution: 3\n  generators: a b ab\n",
-                        "exactly one of resolution or generators"),
-    "no_runnable_cell": ("name: t\nplatform: cpu\nfactors:\n  dynamic_bsz: [on]\nexclude:\n  - when: {dynamic_bsz: on}\n",
-                         "no runnable cell"),
+    "fractional_both": (
+        "name: t\ndesign:\n  type: fractional\n  resolution: 3\n  generators: a b ab\n",
+        "exactly one of resolution or generators",
+    ),
+    "no_runnable_cell": (
+        "name: t\nplatform: cpu\nfactors:\n  dynamic_bsz: [on]\nexclude:\n  - when: {dynamic_bsz: on}\n",
+        "no runnable cell",
+    ),
     "factor_levels_repeat": ("name: t\nfactors:\n  dynamic_bsz: [on, on]\n", "levels must be distinct"),
     "bad_expect": (GOOD + "expect:\n  - bogus: 1\n", "expect"),
 }
@@ -296,11 +306,18 @@ BASELINES = {
     "not_json": ("{{{", "not a baseline file"),
     "json_list": ([1, 2], "not a baseline file"),
     "no_source": ({**_valid_header(), "cells": []}, "source"),
-    "cell_without_key": ({**_valid_header(), "source": {"sweep": "x"}, "cells": [{"label": "a", "levels": {}, "repeats": []}]},
-                         "cells.0.key"),
-    "repeat_without_samples": ({**_valid_header(), "source": {"sweep": "x"},
-                                "cells": [{"key": "k", "label": "a", "levels": {}, "repeats": [{"repeat": 0}]}]},
-                               "samples"),
+    "cell_without_key": (
+        {**_valid_header(), "source": {"sweep": "x"}, "cells": [{"label": "a", "levels": {}, "repeats": []}]},
+        "cells.0.key",
+    ),
+    "repeat_without_samples": (
+        {
+            **_valid_header(),
+            "source": {"sweep": "x"},
+            "cells": [{"key": "k", "label": "a", "levels": {}, "repeats": [{"repeat": 0}]}],
+        },
+        "samples",
+    ),
     "future_version": ({**_valid_header(), "format_version": 999, "cells": []}, "not supported"),
 }
 

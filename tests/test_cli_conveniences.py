@@ -44,11 +44,22 @@ def test_version_without_git_and_through_the_entry_point(monkeypatch, capsys, tm
 # -- console in a non-terminal -------------------------------------------------------------------------
 
 def _row(label: str, **kw) -> dict:
-    from bench.optimizations import FACTOR_KEYS
+    from bench.spec.optimizations import FACTOR_KEYS
 
     row = {k: "n/a" for k in FACTOR_KEYS}
-    row.update(label=label, step_time_s=1.2345, step_time_raw_s=1.3, step_time_iqr_s=0.01, speedup=1.0, rollout_share=0.4,
-               free_ratio=None, status="ok", reason="", rmsnorm_fused="1", dynamic_bsz="0")
+    row.update(
+        label=label,
+        step_time_s=1.2345,
+        step_time_raw_s=1.3,
+        step_time_iqr_s=0.01,
+        speedup=1.0,
+        rollout_share=0.4,
+        free_ratio=None,
+        status="ok",
+        reason="",
+        rmsnorm_fused="1",
+        dynamic_bsz="0",
+    )
     row.update(kw)
     return row
 
@@ -108,7 +119,7 @@ SMOKE = ROOT / "matrix" / "smoke.yaml"
 
 
 def test_overrides_set_base_values_validated_like_the_file():
-    from bench.matrix import load_matrix
+    from bench.spec.loading import load_matrix
 
     plain = load_matrix(SMOKE)
     m = load_matrix(SMOKE, ["base.steps=5", "base.embedded.update_delay_s=0.25", "base.max_response_length=32"])
@@ -179,8 +190,8 @@ def test_cells_matching_nothing_is_one_line_exit_2(tmp_path, capsys, pattern, ex
 
 def test_a_subset_is_its_own_sweep():
     from bench.cli_run import select_cells
-    from bench.matrix import load_matrix
-    from bench.plan import make_plan
+    from bench.spec.loading import load_matrix
+    from bench.spec.plan import make_plan
 
     m = load_matrix(SMOKE)
     full = m.fingerprint()

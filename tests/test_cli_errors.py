@@ -22,12 +22,23 @@ factors:
 
 CASES = {
     "malformed_yaml": ("name: t\nfactors:\n  dynamic_bsz: [off, on\n", "re:m.yaml:3: malformed YAML"),
-    "unknown_factor": ("name: t\nfactors:\n  turbo: [0, 1]\n", "m.yaml:2: factors: unknown factor 'turbo' (allowed: rmsnorm_fused,"),
-    "unknown_level": ("name: t\nfactors:\n  task_queue: [0, 3]\n", "factors: task_queue: unknown level 3 (allowed: 0, 1, 2"),
-    "unknown_design": ("name: t\ndesign: latin\n", "design: unknown design 'latin' (allowed: full, one_at_a_time, fractional, explicit)"),
+    "unknown_factor": (
+        "name: t\nfactors:\n  turbo: [0, 1]\n",
+        "m.yaml:2: factors: unknown factor 'turbo' (allowed: rmsnorm_fused,",
+    ),
+    "unknown_level": (
+        "name: t\nfactors:\n  task_queue: [0, 3]\n",
+        "factors: task_queue: unknown level 3 (allowed: 0, 1, 2",
+    ),
+    "unknown_design": (
+        "name: t\ndesign: latin\n",
+        "design: unknown design 'latin' (allowed: full, one_at_a_time, fractional, explicit)",
+    ),
     "unknown_key": ("name: t\nbase:\n  stepz: 3\n", "base.stepz: unknown key"),
-    "no_runnable_cell": ("name: t\nplatform: cpu\nfactors:\n  dynamic_bsz: [on]\nexclude:\n  - when: {dynamic_bsz: on}\n",
-                         "no runnable cell"),
+    "no_runnable_cell": (
+        "name: t\nplatform: cpu\nfactors:\n  dynamic_bsz: [on]\nexclude:\n  - when: {dynamic_bsz: on}\n",
+        "no runnable cell",
+    ),
     "bad_engine": ("name: t\nengine: megatron\n", "engine: allowed: 'embedded' or 'verl', got 'megatron'"),
 }
 

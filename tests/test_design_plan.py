@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.design import expand
-from bench.matrix import Matrix
-from bench.optimizations import CONFLICTS, FACTOR_KEYS, REGISTRY, applicability
-from bench.plan import make_plan
+from bench.spec.design import expand
+from bench.spec.matrix import Matrix
+from bench.spec.optimizations import CONFLICTS, FACTOR_KEYS, REGISTRY, applicability
+from bench.spec.plan import make_plan
 
 BINARY = {k: [0, 1] for k in FACTOR_KEYS}
 

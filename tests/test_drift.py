@@ -4,7 +4,7 @@ effect in at least 95 % of 200 seeded sweeps; with ``--order sequential`` it doe
 blocked order can fail); a real 10 % effect under the same drift is recovered within its interval.
 
 The sweeps use the real plan of ``matrix/full.yaml`` (4 runs on the embedded engine, 3 repeats), the real
-run order (:func:`bench.plan.run_order`) and the real report statistics (:func:`bench.report.analyze`);
+run order (:func:`bench.spec.plan.run_order`) and the real report statistics (:func:`bench.analyze.tables.analyze`);
 only the runs come from the timing model of :mod:`drift_fake` (deterministic: every sweep is seeded).
 """
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 from drift_fake import drift_snapshot
 
-from bench.matrix import load_matrix
-from bench.plan import make_plan, run_order
-from bench.report import analyze
+from bench.analyze.tables import analyze
+from bench.spec.loading import load_matrix
+from bench.spec.plan import make_plan, run_order
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEPS = 200
@@ -57,7 +57,9 @@ def significant(data) -> list[str]:
 def test_blocked_order_finds_no_effect_where_there_is_none(cells):
     found = [significant(d) for d in sweeps(cells, "blocked")]
     false_alarms = sum(bool(f) for f in found)
-    assert false_alarms <= 0.05 * SWEEPS, f"{false_alarms}/{SWEEPS} sweeps reported an effect: {[f for f in found if f]}"
+    assert false_alarms <= 0.05 * SWEEPS, (
+        f"{false_alarms}/{SWEEPS} sweeps reported an effect: {[f for f in found if f]}"
+    )
     d = next(sweeps(cells, "blocked"))
     fit = d["effects"]["fit"]
     # the unit of replication and the degrees of freedom: 12 runs - (1 + 2 blocks + 2 mains + 1 interaction)

@@ -26,7 +26,8 @@ factors:
   toy_opt: [0, 1]
 repeats: 2
 """
-PLUGIN = "import sys, extension_toys; extension_toys.register_all(); from bench.cli import main; sys.exit(main(sys.argv[1:]))"
+PLUGIN = ("import sys, extension_toys; extension_toys.register_all(); from bench.cli import main; "
+          "sys.exit(main(sys.argv[1:]))")
 
 
 def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
@@ -39,9 +40,10 @@ def test_registrations_are_undone():
     """Registering the toys adds them to each registry; unregister_all removes every one."""
     import extension_toys as toys
 
-    from bench import optimizations, stats
+    from bench.analyze import stat_tests as stats
     from bench.engines import engine_names
     from bench.measure import READERS
+    from bench.spec import optimizations
 
     before = (engine_names(), [r.name for r in READERS], optimizations.FACTOR_KEYS, list(stats.TESTS))
     toys.register_all()
@@ -61,7 +63,9 @@ def test_unknown_engine_is_one_line_naming_the_allowed_ones(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "m.yaml", "--dry-run"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].endswith("m.yaml:2: engine: allowed: 'embedded' or 'verl', got 'sglang'")
+    assert (
+        proc.stderr.strip().splitlines()[-1].endswith("m.yaml:2: engine: allowed: 'embedded' or 'verl', got 'sglang'")
+    )
     assert len(proc.stderr.strip().splitlines()) == 1
 
 

@@ -301,7 +301,9 @@ def test_mlflow_server_killed_mid_sweep_costs_seconds_and_sync_fills_it_in(box):
     recs = records(tmp / "res")
     assert len(recs) == 2 and all(r["status"] == "ok" for r in recs.values())
     # extra wall time: the time after the kill not spent running the remaining runs
-    in_runs = sum(r["finished_at"] - max(r["started_at"], killed_at) for r in recs.values() if r["finished_at"] > killed_at)
+    in_runs = sum(
+        r["finished_at"] - max(r["started_at"], killed_at) for r in recs.values() if r["finished_at"] > killed_at
+    )
     extra = (ended_at - killed_at) - in_runs
     assert extra < 30, f"MLflow outage cost {extra:.1f} s"
     sweep = (tmp / "res" / "fast" / "latest").resolve()

@@ -123,7 +123,8 @@ def test_steps_of_the_same_work_are_paired(tmp_path, uri):
     assert gate(tmp_path, uri, "--pairing", "auto") == 1
     row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]
     assert row["test"].startswith("wilcoxon") and 0.08 < row["change"] < 0.12 and row["ci_low"] > 0.05
-    # unpaired (the default), the workload spread makes the comparison too noisy to judge: exit 3 (cannot judge), not a pass
+    # unpaired (the default), the workload spread makes the comparison too noisy to judge:
+    # exit 3 (cannot judge), not a pass
     assert gate(tmp_path, uri) == 3
     row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]
     assert row["test"] == "mann-whitney u" and row["verdict"] == "noisy" and row["judged_verdict"] == "unchanged"
@@ -178,7 +179,10 @@ def test_no_matching_cells_and_unknown_inputs(results, uri, capsys):
     capsys.readouterr()
     assert gate(results, uri, candidate="odd") == 2
     assert "no matching cells" in capsys.readouterr().err
-    assert main(["gate", "--baseline", "nope", "--candidate", "cand", "--results", str(results), "--tracking-uri", uri]) == 2
+    assert (
+        main(["gate", "--baseline", "nope", "--candidate", "cand", "--results", str(results), "--tracking-uri", uri])
+        == 2
+    )
     assert "unknown baseline" in capsys.readouterr().err
     assert gate(results, uri, candidate="nosuch") == 2
     assert gate(results, uri, "--metric", "speed") == 2
@@ -212,7 +216,9 @@ def test_expect_claims_met_not_met_and_na(tmp_path, uri):
               {"factor": "all", "at_least": 0.05},
               {"factor": "dynamic_bsz", "vs": "all_on", "metric": "throughput", "at_least": 0.1, "at_most": 0.3}]
     sweep = make_sweep(tmp_path, "claims", EMBEDDED_CELLS, repeats=2, times=times, expect=expect, seed=3)
-    rc = main(["gate", "--candidate", "claims", "--results", str(tmp_path), "--tracking-uri", uri, "--bootstrap", "200"])
+    rc = main(
+        ["gate", "--candidate", "claims", "--results", str(tmp_path), "--tracking-uri", uri, "--bootstrap", "200"]
+    )
     assert rc == 1  # rmsnorm_fused does not give 10 %
     exp = json.loads((sweep / "gate" / "gate.json").read_text())["expectations"]
     assert [e["result"] for e in exp] == ["met", "not met", "n/a", "met", "met"]

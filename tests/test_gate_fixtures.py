@@ -18,9 +18,9 @@ import numpy as np
 
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.measure import summarize
-from bench.optimizations import FACTOR_KEYS, REGISTRY
 from bench.record import _timed_stats
 from bench.results import SWEEP, ResultsDir, atomic_write_json, run_dir
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
 from bench.speed import PROBE_METRIC
 
 EMBEDDED_NA = ("task_queue", "forward_prefetch", "mc2", "mrope_cache", "graph_mode")
@@ -89,7 +89,9 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
     pending = pending or set()
     no_samples = no_samples or set()
     rd = ResultsDir(root, name)
-    fp = hashlib.sha256(json.dumps([name, cells, seed, base_extra], sort_keys=True, default=str).encode()).hexdigest()[:10]
+    fp = hashlib.sha256(json.dumps([name, cells, seed, base_extra], sort_keys=True, default=str).encode()).hexdigest()[
+        :10
+    ]
     sweep_id = sweep_id or time.strftime("%Y%m%d-%H%M%S") + f"-{fp}-{seed}"
     sweep = rd.base / sweep_id
     sweep.mkdir(parents=True)
@@ -100,8 +102,16 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
         lv = full_levels(c, engine)
         cid = hashlib.sha256(json.dumps([lv, base, engine], sort_keys=True).encode()).hexdigest()[:12]
         all_off = all(v is None or v == REGISTRY[k].off for k, v in lv.items())
-        runs.append({"cell_id": cid, "label": label_of(lv), "levels": lv, "cells": [{k: (v or 0) for k, v in lv.items()}],
-                     "not_applicable": {}, "all_off": all_off})
+        runs.append(
+            {
+                "cell_id": cid,
+                "label": label_of(lv),
+                "levels": lv,
+                "cells": [{k: (v or 0) for k, v in lv.items()}],
+                "not_applicable": {},
+                "all_off": all_off,
+            }
+        )
         for k in range(repeats):
             if (i, k) in pending:
                 continue
@@ -113,7 +123,9 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
                 st = times(lv, k, s, rng, off) * (slow or 1.0)
                 gen = 0.55 * st
                 resp_max = 64.0
-                resp_mean = 20.0 + (s * 7) % 11 if same_work else 30.0 + 10 * (lv.get("dynamic_bsz") or 0) + rng.normal(0, 1)
+                resp_mean = (
+                    20.0 + (s * 7) % 11 if same_work else 30.0 + 10 * (lv.get("dynamic_bsz") or 0) + rng.normal(0, 1)
+                )
                 metrics[s] = {"timing_s/step": st, "timing_s/gen": gen, "timing_s/reward": 0.02 * st,
                               "timing_s/old_log_prob": 0.1 * st, "timing_s/ref": 0.1 * st, "timing_s/adv": 0.01 * st,
                               "timing_s/update_actor": 0.2 * st, "perf/throughput": 1000.0 / st,
@@ -128,12 +140,23 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
             if (i, k) not in no_samples:
                 _timed_stats(summ, metrics)
             status = "failed" if (i, k) in failed else "ok"
-            rec = {"schema_version": 1, "cell_id": cid, "repeat": k, "engine": engine, "platform": platform,
-                   "levels": lv, "cells": runs[-1]["cells"], "status": status,
-                   "failure_kind": failed.get((i, k)), "reason": f"synthetic {failed[(i, k)]}" if status == "failed" else "",
-                   "steps": {str(s): m for s, m in metrics.items()} if status == "ok" else {},
-                   "free_ratio": {str(s): v for s, v in free.items()} if status == "ok" else {},
-                   "summary": summ if status == "ok" else {}, "label": label_of(lv), "all_off": all_off}
+            rec = {
+                "schema_version": 1,
+                "cell_id": cid,
+                "repeat": k,
+                "engine": engine,
+                "platform": platform,
+                "levels": lv,
+                "cells": runs[-1]["cells"],
+                "status": status,
+                "failure_kind": failed.get((i, k)),
+                "reason": f"synthetic {failed[(i, k)]}" if status == "failed" else "",
+                "steps": {str(s): m for s, m in metrics.items()} if status == "ok" else {},
+                "free_ratio": {str(s): v for s, v in free.items()} if status == "ok" else {},
+                "summary": summ if status == "ok" else {},
+                "label": label_of(lv),
+                "all_off": all_off,
+            }
             if slow is not None:
                 rec["evidence"] = {"speed_probe": {"enabled": True, "spec": probe_kernel(), "metric": PROBE_METRIC}}
             if psi is not None:
@@ -156,7 +179,7 @@ EMBEDDED_CELLS = [{}, {"dynamic_bsz": 1}, {"rmsnorm_fused": 1}, {"rmsnorm_fused"
 
 
 def test_make_sweep_writes_a_readable_sweep(tmp_path):
-    from bench.baseline import snapshot
+    from bench.analyze.snapshot import snapshot
     from bench.results import find_sweep, load_records
 
     sweep = make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=2, steps=6)

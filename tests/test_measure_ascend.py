@@ -22,12 +22,8 @@ from pathlib import Path
 import pytest
 
 from bench.measure import MeasureError, analyse_raw, ensure_analysed, read_ascend_free
-from bench.measure.ascend import (
-    find_ascend_profiles,
-    rank_of,
-    read_step_trace_csv,
-    read_step_trace_db,
-)
+from bench.measure.ascend import find_ascend_profiles
+from bench.measure.ascend_step_trace import rank_of, read_step_trace_csv, read_step_trace_db
 
 FIX = Path(__file__).parent / "fixtures" / "measure" / "ascend"
 

@@ -33,7 +33,7 @@ import pytest
 
 from bench.measure import MeasureError, parse_trace_free
 from bench.measure._common import merge_segments, union_length_in
-from bench.measure.torch_trace import iter_trace_events, looks_like_chrome_trace
+from bench.measure.chrome_trace import iter_trace_events, looks_like_chrome_trace
 
 FIX = Path(__file__).parent / "fixtures" / "measure"
 T0 = 5091018480000.0

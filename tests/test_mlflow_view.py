@@ -207,8 +207,8 @@ def test_a_failed_child_says_why_on_its_own_page(tmp_path):
 
 
 def test_an_interrupted_sweep_says_so_and_shows_running_again_when_resumed(tmp_path):
-    from bench.matrix import load_matrix
-    from bench.plan import make_plan
+    from bench.spec.loading import load_matrix
+    from bench.spec.plan import make_plan
     from bench.sweep import Sweep
 
     path = small_full(tmp_path, repeats=1)
@@ -244,7 +244,7 @@ def test_names_cells_table_step_series_report_page_gate_run_and_system_metrics(t
     the parent's cells.json (= summary.csv), the step-time series split by step role, system metrics on the
     parent, report.html with the plots embedded, and a compare run nested under the judged sweep's parent."""
     from bench.gate import RUN_STATUS
-    from bench.optimizations import compact_label
+    from bench.spec.optimizations import compact_label
     from bench.tracking import sweep_run_name
 
     monkeypatch.setattr("bench.tracking.SYSTEM_METRICS_INTERVAL_S", 0.2)
@@ -342,9 +342,9 @@ def test_names_cells_table_step_series_report_page_gate_run_and_system_metrics(t
 def test_compact_labels_of_the_full_plan_differ_in_the_part_the_runs_list_shows():
     """MLflow 3.17's runs list shows about the first 13 characters of a run name: the compact labels of
     matrix/full.yaml's plan differ within their first 12, while summary.md keeps the full labels."""
-    from bench.matrix import load_matrix
-    from bench.optimizations import REGISTRY, compact_label
-    from bench.plan import make_plan
+    from bench.spec.loading import load_matrix
+    from bench.spec.optimizations import REGISTRY, compact_label
+    from bench.spec.plan import make_plan
 
     plan = make_plan(load_matrix(ROOT / "matrix" / "full.yaml"))
     compact = [compact_label(r.levels) for r in plan.runs]

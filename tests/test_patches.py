@@ -284,7 +284,8 @@ class AscendMRotaryEmbedding(torch.nn.Module):
         cos, sin = self.cos_sin_cache[positions].chunk(2, dim=-1)
         if positions.ndim == 2:
             if self.mrope_interleaved:
-                cos, sin = apply_interleaved_rope(cos, self.mrope_section), apply_interleaved_rope(sin, self.mrope_section)
+                cos = apply_interleaved_rope(cos, self.mrope_section)
+                sin = apply_interleaved_rope(sin, self.mrope_section)
             else:
                 cos = torch.cat([m[i] for i, m in enumerate(cos.split(self.mrope_section, dim=-1))], dim=-1)
                 sin = torch.cat([m[i] for i, m in enumerate(sin.split(self.mrope_section, dim=-1))], dim=-1)
@@ -413,7 +414,7 @@ def test_file_logger_keeps_numpy_steps_and_flushes(bench_patches, tmp_path, monk
 
 
 def test_patch_evidence_summary(tmp_path):
-    from bench.engines.verl import patch_evidence
+    from bench.engines.verl.notes import patch_evidence
 
     code = "print('x')"
     (tmp_path / "a").mkdir()

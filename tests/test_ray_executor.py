@@ -178,8 +178,8 @@ def test_embedded_sweep_through_ray_lands_in_mlflow(ray_head, tmp_path):
     """A small sweep with the embedded engine as the job entrypoint: records, run.log and MLflow as locally."""
     from mlflow import MlflowClient
 
-    from bench.matrix import load_matrix
-    from bench.plan import make_plan
+    from bench.spec.loading import load_matrix
+    from bench.spec.plan import make_plan
     from bench.sweep import Sweep
 
     matrix = load_matrix(ROOT / "matrix" / "smoke.yaml")
@@ -217,7 +217,9 @@ def test_token_auth_cluster(ray_head_token, tmp_path, monkeypatch):
     token_file.write_text(TOKEN + "\n")
     monkeypatch.setenv("RAY_AUTH_TOKEN_PATH", str(token_file))
     ex = RayJobExecutor(ray_head_token, poll_s=0.1, stop_grace_s=20)
-    launch = _launch(tmp_path / "ok", argv=["{python}", "-c", "import os; print('job ran', 'RAY_AUTH_TOKEN' in os.environ)"])
+    launch = _launch(
+        tmp_path / "ok", argv=["{python}", "-c", "import os; print('job ran', 'RAY_AUTH_TOKEN' in os.environ)"]
+    )
     res = ex.execute(launch)
     assert res.returncode == 0, (res.reason, (launch.run_dir / "run.log").read_text())
     assert "job ran" in (launch.run_dir / "run.log").read_text()

@@ -82,7 +82,7 @@ def test_kill_strays_ends_processes_working_in_the_folder_only(tmp_path):
 def test_yaml_duplicate_and_non_string_keys_are_refused():
     import yaml
 
-    from bench.matrix import load_yaml
+    from bench.spec.loading import load_yaml
 
     assert load_yaml("a: 1\nb: {c: 2}\n") == {"a": 1, "b": {"c": 2}}
     with pytest.raises(yaml.YAMLError, match="duplicate key 'c'"):
@@ -132,8 +132,8 @@ class _FakeExecutor:
 
 
 def _sweep(tmp_path, uri, steps):
-    from bench.matrix import Matrix
-    from bench.plan import make_plan
+    from bench.spec.matrix import Matrix
+    from bench.spec.plan import make_plan
     from bench.sweep import Sweep
 
     m = Matrix.model_validate({"name": "q", "engine": "embedded", "platform": "cpu",

@@ -9,8 +9,8 @@ import pytest
 from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
 
 from bench.cli import main
-from bench.design import fractional
-from bench.matrix import FractionalDesign, Matrix
+from bench.spec.design import fractional
+from bench.spec.matrix import FractionalDesign, Matrix
 
 FILES = ("report.md", "report.json", "effects.csv", "speedup.png", "effects.png", "phases.png", "long_tail.png",
          "article.png")

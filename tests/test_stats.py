@@ -1,4 +1,5 @@
-"""bench.stats: the two-sample comparison, the verdict rule, OLS effects, noise and MDE."""
+"""bench.analyze (estimators, stat_tests, effects, power): the two-sample comparison, the verdict rule,
+OLS effects, noise and MDE."""
 
 from __future__ import annotations
 
@@ -8,16 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from bench.stats import (
-    compare,
-    fit_effects,
-    hl_shift,
-    mde_from_se,
-    min_attainable_p,
-    min_samples_for,
-    noise_components,
-    verdict,
-)
+from bench.analyze.effects import fit_effects
+from bench.analyze.estimators import hl_shift, min_attainable_p, min_samples_for
+from bench.analyze.power import mde_from_se, noise_components
+from bench.analyze.stat_tests import compare, verdict
 
 
 def test_hodges_lehmann_and_exact_p_limits():

@@ -99,7 +99,7 @@ def test_smoke_sweep_against_a_real_mlflow_server_then_resume(tmp_path):
         assert rec["summary"]["timed_steps"] == [2] and rec["summary"]["profiled_steps"] == [3]
 
         # names, step roles, trace and profiler summary, system metrics, durations: through the server
-        from bench.optimizations import compact_label
+        from bench.spec.optimizations import compact_label
         from bench.tracking import ML_VIEW, sweep_run_name
 
         meta = json.loads((sweep / "sweep.json").read_text())

@@ -19,10 +19,11 @@ from test_tune_fake import SEQ, FakeExecutor, step_time
 
 from bench.cli import main as cli_main
 from bench.errors import BenchError
-from bench.matrix import Base, load_matrix
+from bench.spec.loading import load_matrix
+from bench.spec.matrix import Base
+from bench.spec.tune_space import IntDim, TuneBlock, resolve_space
 from bench.tune import Tuner, resolve_settings
 from bench.tune_report import CONSTRAINT, is_interrupted, verl_overrides
-from bench.tune_space import IntDim, TuneBlock, resolve_space
 
 ROOT = Path(__file__).resolve().parent.parent
 S = optuna.trial.TrialState
@@ -151,19 +152,36 @@ def test_storage_that_cannot_be_opened_is_one_line_exit_2(tmp_path, capsys, url,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml"]
 
 
-@pytest.mark.parametrize("text, expected", [
-    ("name: t\nplatform: cpu\n", "tune: missing"),
-    ("name: t\nplatform: cpu\ntune:\n  space:\n    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n",
-     "give n_trials and/or timeout_s"),
-    ("name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  fixed: {dynamic_bsz: off}\n  space:\n"
-     "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n", "dynamic_bsz: must be on"),
-    ("name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  fixed: {turbo: on}\n  space:\n"
-     "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n", "unknown factor 'turbo'"),
-    ("name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  sampler: grid\n  space:\n"
-     "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq, log: true}\n", "grid needs step (not log) dimensions"),
-    ("name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  objective: latency\n  space:\n"
-     "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n", "tune.objective: allowed: 'step_time' or 'throughput'"),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("name: t\nplatform: cpu\n", "tune: missing"),
+        (
+            "name: t\nplatform: cpu\ntune:\n  space:\n    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n",
+            "give n_trials and/or timeout_s",
+        ),
+        (
+            "name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  fixed: {dynamic_bsz: off}\n  space:\n"
+            "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n",
+            "dynamic_bsz: must be on",
+        ),
+        (
+            "name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  fixed: {turbo: on}\n  space:\n"
+            "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n",
+            "unknown factor 'turbo'",
+        ),
+        (
+            "name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  sampler: grid\n  space:\n"
+            "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq, log: true}\n",
+            "grid needs step (not log) dimensions",
+        ),
+        (
+            "name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  objective: latency\n  space:\n"
+            "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n",
+            "tune.objective: allowed: 'step_time' or 'throughput'",
+        ),
+    ],
+)
 def test_other_bad_tune_blocks(tmp_path, capsys, text, expected):
     (tmp_path / "m.yaml").write_text(text)
     rc = cli_main(["tune", str(tmp_path / "m.yaml"), "--results", str(tmp_path / "res")])
@@ -325,7 +343,10 @@ def test_mlflow_tree_marks_infeasible_and_failed_children(tmp_path, mlflow_uri):
     assert sorted(by_ppo) == [160, 320, 480, 640]
     inf = by_ppo[160]
     assert inf.data.tags["optuna.state"] == "PRUNED" and inf.data.tags["infeasible"] == "true"
-    assert inf.data.tags["failure_kind"] == "infeasible" and "longest sequence of 200 tokens" in inf.data.tags["failure_reason"]
+    assert (
+        inf.data.tags["failure_kind"] == "infeasible"
+        and "longest sequence of 200 tokens" in inf.data.tags["failure_reason"]
+    )
     assert inf.data.metrics["constraint"] == pytest.approx(1 + 40 / SEQ) and "objective" not in inf.data.metrics
     assert inf.info.status == "FAILED"
     crash = by_ppo[640]
@@ -339,7 +360,10 @@ def test_outputs_written_and_importance_needs_two_trials(tmp_path, mlflow_uri):
     path = make(tmp_path, "outs2", n=1)
     s, out = tune(tmp_path, path, mlflow_uri, FakeExecutor())
     d = s.study_dir
-    assert out.summary["importance"] is None and "needs >= 2 feasible complete trials, have 1" in out.summary["importance_note"]
+    assert (
+        out.summary["importance"] is None
+        and "needs >= 2 feasible complete trials, have 1" in out.summary["importance_note"]
+    )
     limits = {"ppo_max_token_len_per_gpu": 320, "log_prob_max_token_len_per_gpu": 640}  # rule of thumb = trial 0
     assert out.summary["best"]["limits"] == limits
     assert (d / "best_overrides.txt").read_text().splitlines() == verl_overrides(limits) == [
@@ -351,7 +375,10 @@ def test_outputs_written_and_importance_needs_two_trials(tmp_path, mlflow_uri):
         "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=640",
     ]
     frag = yaml.safe_load((d / "best_fragment.yaml").read_text())
-    assert frag == {"base": {"ppo_max_token_len": 320, "log_prob_max_token_len": 640}, "factors": {"dynamic_bsz": [True]}}  # YAML reads `on` as true
+    assert frag == {
+        "base": {"ppo_max_token_len": 320, "log_prob_max_token_len": 640},
+        "factors": {"dynamic_bsz": [True]},
+    }  # YAML reads `on` as true
     # the fragment pastes into a matrix
     merged = yaml.safe_load(path.read_text())
     merged["base"].update(frag["base"])

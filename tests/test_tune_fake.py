@@ -27,7 +27,8 @@ def step_time(ppo: int, lp: int) -> float:
 
 
 class FakeExecutor:
-    """Infeasible below ``infeasible_below`` tokens (either limit), OOM above ``oom_above`` (ppo), crash on ``crash_at``."""
+    """Infeasible below ``infeasible_below`` tokens (either limit), OOM above ``oom_above`` (ppo), crash on
+    ``crash_at``."""
 
     name = "fake"
 
@@ -51,13 +52,21 @@ class FakeExecutor:
         if min(ppo, lp) < self.infeasible_below:
             log.write_text(f"AssertionError: max_token_len must be greater than the sequence length. "
                            f"Got max_token_len={min(ppo, lp)} and max_seq_len={self.infeasible_below}\n")
-            (rd / "failure.json").write_text(json.dumps(
-                {"kind": "infeasible", "reason": f"ppo_max_token_len_per_gpu={min(ppo, lp)} is below the longest sequence of "
-                           f"{self.infeasible_below} tokens"}))
+            (rd / "failure.json").write_text(
+                json.dumps(
+                    {
+                        "kind": "infeasible",
+                        "reason": f"ppo_max_token_len_per_gpu={min(ppo, lp)} is below the longest sequence of "
+                        f"{self.infeasible_below} tokens",
+                    }
+                )
+            )
             return ExecResult(2, False, 0.01, "exit code 2")
         if ppo > self.oom_above:
             log.write_text("torch.OutOfMemoryError: out of memory\n")
-            (rd / "failure.json").write_text(json.dumps({"kind": "oom", "reason": "device out of memory in update_actor"}))
+            (rd / "failure.json").write_text(
+                json.dumps({"kind": "oom", "reason": "device out of memory in update_actor"})
+            )
             return ExecResult(1, False, 0.01, "exit code 1")
         if ppo in self.crash_at:
             log.write_text("Traceback (most recent call last):\nRuntimeError: boom in the fake engine\n")

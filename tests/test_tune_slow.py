@@ -16,10 +16,10 @@ from pathlib import Path
 import optuna
 import pytest
 
-from bench.matrix import load_matrix
+from bench.spec.loading import load_matrix
+from bench.spec.tune_space import IntDim
 from bench.tune import Tuner, resolve_settings
 from bench.tune_report import CONSTRAINT
-from bench.tune_space import IntDim
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -80,7 +80,13 @@ def test_cli_real_trial_then_resume_with_one_more(tmp_path):
         cfg = (run / "run_config.yaml").read_text()
         assert f"ppo_max_token_len_per_gpu: {t.params['ppo_max_token_len_per_gpu']}" in cfg
         assert "use_dynamic_bsz: true" in cfg and "rmsnorm_fused: true" in cfg
-    for name in ("best_overrides.txt", "best_fragment.yaml", "importance.json", "objective_vs_limits.png", "trials.csv"):
+    for name in (
+        "best_overrides.txt",
+        "best_fragment.yaml",
+        "importance.json",
+        "objective_vs_limits.png",
+        "trials.csv",
+    ):
         assert (sdir / name).is_file(), name
 
     from mlflow import MlflowClient

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 from omegaconf import OmegaConf
 
-from bench import verl_config as vc
-from bench.engines.verl import fill_run_dir, overrides_of
-from bench.matrix import load_matrix
-from bench.plan import make_plan
+from bench.engines.verl import config as vc
+from bench.engines.verl.overrides import fill_run_dir, overrides_of
+from bench.spec.loading import load_matrix
+from bench.spec.plan import make_plan
 
 VERSIONS = [None, "0.6.1"]  # None = the installed verl (0.9.x)
 ENV = {"QWEN3VL_MODEL_PATH": "/models/Qwen3-VL-8B-Instruct", "QWEN3VL_TRAIN_FILES": "/data/geo3k/train.parquet",

@@ -47,8 +47,9 @@ def test_real_verl_sweep_on_cpu(tmp_path):
     results = tmp_path / "results"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_PATCHES", "BENCH_RUN_DIR"))}
-    proc = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), str(_matrix(tmp_path)), "--results", str(results),
-                           "--tracking-uri", uri], capture_output=True, text=True, env=env, timeout=1800)
+    argv = [sys.executable, str(ROOT / "run_bench.py"), str(_matrix(tmp_path)), "--results", str(results),
+            "--tracking-uri", uri]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
 
@@ -99,8 +100,9 @@ def test_real_verl_sweep_on_cpu(tmp_path):
     assert [a.path for a in client.list_artifacts(children[0].info.run_id, "verl_config")] == [
         "verl_config/config.yaml", "verl_config/hydra.yaml", "verl_config/overrides.yaml"]
 
-    rep = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "report", "verl_cpu_ci", "--results", str(results),
-                          "--tracking-uri", uri], capture_output=True, text=True, env=env, timeout=600)
+    argv = [sys.executable, str(ROOT / "run_bench.py"), "report", "verl_cpu_ci", "--results", str(results),
+            "--tracking-uri", uri]
+    rep = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=600)
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
     report = (sweep / "report" / "report.md").read_text()
     assert "| dynamic_bsz |" in report and "| all-off |" in report

@@ -143,7 +143,8 @@ def test_vllm_linear_keeps_weight(tmp_path):
     with torch.no_grad():
         layer.weight.mul_(2.0)  # what a weight sync does: load new values into the weight
     out = layer.cpu_linear(x, layer.weight, layer.bias)
-    print(json.dumps({"kept": kept, "err_ref": float((layer.cpu_linear(x, layer.weight / 2.0, layer.bias) - ref).abs().max()),
+    err_ref = float((layer.cpu_linear(x, layer.weight / 2.0, layer.bias) - ref).abs().max())
+    print(json.dumps({"kept": kept, "err_ref": err_ref,
                       "synced": float((out - torch.nn.functional.linear(x, layer.weight, layer.bias)).abs().max())}))
     """
     got = _json(_run(code, tmp_path))

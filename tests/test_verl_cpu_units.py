@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from bench.errors import BenchError
-from bench.matrix import load_matrix
 from bench.measure import step_from_path
 from bench.measure.verl_evidence import factor_evidence, flagged
 from bench.measure.verl_failure import classify, culprit_override, last_exception_line
-from bench.plan import make_plan
+from bench.spec.loading import load_matrix
+from bench.spec.plan import make_plan
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "patches"))
@@ -26,7 +26,7 @@ ray.exceptions.RayTaskError(RuntimeError): \x1b[36mray::WorkerDict.actor_rollout
     padded_sharded_param = padded_sharded_param.pin_memory()
 RuntimeError: Cannot access accelerator device when none is available.
 Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.
-"""
+"""  # noqa: E501  (verbatim log lines)
 TQ_LOG = """\
   File "verl/trainer/main_ppo.py", line 137, in run
     import transfer_queue as tq
@@ -71,11 +71,23 @@ def _report(tmp: Path, role: str, pid: int, patches: dict) -> None:
 
 
 def test_factor_evidence_verdicts(tmp_path):
-    ev = {"mode": None, "status": "applied", "actions": [], "counters": {
-        "dynamic_bsz": {"calls": 3, "sequences": 24, "micro_batches": 5}, "forward_prefetch": {"calls": 2, "modules": 2},
-        "vllm_config": {"enforce_eager": False, "compilation_mode": "VLLM_COMPILE"}}}
-    rms = {"mode": "on", "status": "applied", "actions": ["transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm.forward"
-                                                          " -> torch.nn.functional.rms_norm (fused, on)"]}
+    ev = {
+        "mode": None,
+        "status": "applied",
+        "actions": [],
+        "counters": {
+            "dynamic_bsz": {"calls": 3, "sequences": 24, "micro_batches": 5},
+            "forward_prefetch": {"calls": 2, "modules": 2},
+            "vllm_config": {"enforce_eager": False, "compilation_mode": "VLLM_COMPILE"},
+        },
+    }
+    rms = {
+        "mode": "on",
+        "status": "applied",
+        "actions": [
+            "transformers.models.qwen3.modeling_qwen3.Qwen3RMSNorm.forward -> torch.nn.functional.rms_norm (fused, on)"
+        ],
+    }
     _report(tmp_path, "ray-worker", 1, {"verl_evidence": ev, "cpu_rmsnorm": rms})
     got = factor_evidence(tmp_path, {"dynamic_bsz": 1, "forward_prefetch": 1, "graph_mode": 1, "rmsnorm_fused": 1,
                                      "mc2": None})
@@ -142,7 +154,7 @@ def test_cpu_rmsnorm_arithmetic():
 
 
 def test_builtin_assets_and_unknown_names(tmp_path, monkeypatch):
-    from bench.engines.verl import builtin_data_path, builtin_model_path
+    from bench.engines.verl.overrides import builtin_data_path, builtin_model_path
     from bench.engines.verl_cpu import assets
 
     assert builtin_model_path(None, "cpu") == f"{{bench_cache}}/models/qwen3-tiny-{assets.cache_key()}"

@@ -6,11 +6,14 @@ from __future__ import annotations
 import pytest
 
 from bench.engines.base import get_engine
-from bench.engines.verl import VerlEngine, check_path, fill_run_dir, forward_prefetch_note, overrides_of
+from bench.engines.verl.launch import VerlEngine, check_path
+from bench.engines.verl.notes import forward_prefetch_note
+from bench.engines.verl.overrides import fill_run_dir, overrides_of
 from bench.errors import BenchError
-from bench.matrix import ExplicitDesign, Matrix, load_matrix
-from bench.optimizations import Mechanism
-from bench.plan import make_plan
+from bench.spec.loading import load_matrix
+from bench.spec.matrix import ExplicitDesign, Matrix
+from bench.spec.optimizations import Mechanism
+from bench.spec.plan import make_plan
 
 A2 = "matrix/qwen3vl8b_a2.yaml"
 ENV = {"QWEN3VL_MODEL_PATH": "/models/Qwen3-VL-8B-Instruct", "QWEN3VL_TRAIN_FILES": "/data/geo3k/train.parquet",
@@ -104,7 +107,12 @@ def test_article_all_on_cell_exact(a2_env):
         "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE": "1",
         "VERL_FILE_LOGGER_PATH": "{run_dir}/metrics.jsonl",
     }
-    assert run.launch.patches == ["qwen3vl_npu_fused:on", "vllm_ascend_mrope_cache", "verl_file_logger", "verl_evidence"]
+    assert run.launch.patches == [
+        "qwen3vl_npu_fused:on",
+        "vllm_ascend_mrope_cache",
+        "verl_file_logger",
+        "verl_evidence",
+    ]
     assert run.launch.notes == []
     assert run.launch.config["overrides"] == run.launch.argv[3:]
 
@@ -156,7 +164,9 @@ def test_mc2_not_applicable_at_tp1(a2_env):
     assert len(tp1.runs) == 1 and len(tp1.runs[0].cells) == 2  # merged: mc2 does nothing at TP 1
     run = tp1.runs[0]
     assert run.levels["mc2"] is None
-    assert "tensor_model_parallel_size >= 2" in run.not_applicable["mc2"] and "rollout_tp=1" in run.not_applicable["mc2"]
+    assert (
+        "tensor_model_parallel_size >= 2" in run.not_applicable["mc2"] and "rollout_tp=1" in run.not_applicable["mc2"]
+    )
     assert "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE" not in run.launch.env
     assert "actor_rollout_ref.rollout.tensor_model_parallel_size=1" in run.launch.argv
     tp2 = _cells(m, {**ALL_OFF, "mc2": 1}, rollout_tp=2)
@@ -239,7 +249,7 @@ def test_paths_are_quoted_for_hydra(monkeypatch):
     run = _cells(load_matrix(A2), ALL_OFF).runs[0]
     assert "actor_rollout_ref.model.path='/models/my model,v2'" in run.launch.argv
     assert "data.train_files=[/d/a.parquet,/d/b.parquet]" in run.launch.argv  # a Hydra list passes as written
-    from bench.verl_config import fast_compose
+    from bench.engines.verl.config import fast_compose
 
     cfg = fast_compose(overrides_of([a.replace("{run_dir}", "/r") for a in run.launch.argv]))
     assert cfg.actor_rollout_ref.model.path == "/models/my model,v2"
@@ -258,7 +268,7 @@ def test_check_path(tmp_path):
 def test_preflight_on_this_cpu_machine(tmp_path, monkeypatch):
     """Clear errors, in order: a missing path, an override the installed verl refuses, a configuration
     verl's own validate_config rejects, no NPU (one real probe: import verl, validate, count devices)."""
-    import bench.engines.verl as verl_engine
+    import bench.engines.verl.launch as verl_engine
 
     model, data = tmp_path / "model", tmp_path / "train.parquet"
     model.mkdir()
@@ -282,7 +292,9 @@ def test_preflight_on_this_cpu_machine(tmp_path, monkeypatch):
     odd_launches = [r.launch for r in make_plan(odd, strict=True).runs]
     lists = [fill_run_dir(overrides_of(launch.argv)) for launch in good_launches[:1] + odd_launches]
     probe = verl_engine.probe_machine("npu", lists)
-    assert probe["verl"] == __import__("bench.verl_config").verl_config.installed_verl_version()
+    from bench.engines.verl.config import installed_verl_version
+
+    assert probe["verl"] == installed_verl_version()
     assert probe["invalid"]["index"] == 1 and "divisible" in probe["invalid"]["error"]
     assert probe["devices"] == 0 and "torch_npu does not import" in probe["detail"]
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from bench.engines.base import Engine
 
 #: modules of the built-in engines, imported on the first lookup (each registers its engine class)
-ENGINE_MODULES: list[str] = ["bench.engines.embedded_launch", "bench.engines.verl"]
+ENGINE_MODULES: list[str] = ["bench.engines.embedded_launch", "bench.engines.verl.launch"]
 
 _ENGINES: dict[str, type] = {}
 _loaded: list[str] = []

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.matrix import Base, Matrix
-from bench.optimizations import Mechanism
+from bench.spec.matrix import Base, Matrix
+from bench.spec.optimizations import Mechanism
 
 
 class Launch(BaseModel):

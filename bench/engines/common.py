@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from bench.matrix import Base
+from bench.spec.matrix import Base
 
 
 def default_profile_steps(base: Base) -> list[int]:

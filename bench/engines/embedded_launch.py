@@ -12,8 +12,9 @@ from bench.engines import register
 from bench.engines.base import Launch
 from bench.engines.common import default_profile_steps, device_available  # noqa: F401  (re-exported)
 from bench.errors import BenchError
-from bench.matrix import Base, Matrix, expand_env
-from bench.optimizations import Mechanism
+from bench.spec.loading import expand_env
+from bench.spec.matrix import Base, Matrix
+from bench.spec.optimizations import Mechanism
 
 #: Matrix ``base`` keys copied into the embedded run config under the same name.
 _SHARED_KEYS = (
@@ -96,7 +97,15 @@ class EmbeddedEngine:
         env = {k: expand_env(v, file="base", key=f"env.{k}", strict=strict) for k, v in base.env.items()}
         notes = [f"base.env.{k}: {v} has an unset variable; left as written (a real run stops on it)"
                  for k, v in env.items() if "${" in v]
-        argv = ["{python}", "-m", "bench.engines.embedded", "--out", "{run_dir}", "--config", "{run_dir}/run_config.yaml"]
+        argv = [
+            "{python}",
+            "-m",
+            "bench.engines.embedded",
+            "--out",
+            "{run_dir}",
+            "--config",
+            "{run_dir}/run_config.yaml",
+        ]
         return Launch(argv=argv, env={**env, **mechanism.env}, patches=list(mechanism.patches), config=config,
                       notes=notes)
 

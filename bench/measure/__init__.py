@@ -28,9 +28,8 @@ from bench.measure.ascend import (
     ensure_analysed,
     find_ascend_profiles,
     read_ascend_free,
-    read_step_trace_csv,
-    read_step_trace_db,
 )
+from bench.measure.ascend_step_trace import read_step_trace_csv, read_step_trace_db
 from bench.measure.formats import READERS, Measurements, Reader, ReadOptions, register_reader, unregister_reader
 from bench.measure.jsonl import (
     JsonlReader,

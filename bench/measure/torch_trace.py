@@ -1,11 +1,6 @@
 """Free ratio per ``ProfilerStep#N`` window of a PyTorch (Kineto) chrome trace, streamed with ijson.
 
-Input: the file written by ``torch.profiler.profile(...).export_chrome_trace(path)`` —
-``{"schemaVersion": 1, ..., "traceEvents": [...], "traceName": ...}`` — plain (``.json``) or gzip
-(``.json.gz``, detected by its magic bytes, not by the name). A bare JSON array of events (the
-layout of Ascend's ``trace_view.json``) is read too. Times are microseconds: ``ts`` (start) and
-``dur`` (duration) of complete events (``"ph": "X"``); numbers or numeric strings (Ascend writes
-strings) are both accepted. Only ``ph == "X"`` events with a duration are used.
+The file format and how it is streamed: :mod:`bench.measure.chrome_trace`.
 
 Windows: the events named ``ProfilerStep#N`` of category ``user_annotation`` (torch >= 1.13) or
 ``cpu_op`` (older torch). torch only emits them when the profiler has a ``schedule=``; their
@@ -24,32 +19,21 @@ Busy time, per window ``[ts, ts + dur]`` (HolisticTraceAnalysis's idle-time defi
 
 Then ``free = window - busy`` and ``free_ratio = free / window``. The aggregate over a trace is
 time weighted: ``sum(free) / sum(window)``; the median of the per-step ratios is given too.
-
-Memory: events are streamed (``ijson.items``, C backend when available), never loaded whole. Only
-the start/end of the basis intervals are kept (16 bytes each, ``array('d')``), and every ``block``
-of them is merged into disjoint segments, so memory grows with the number of disjoint busy
-segments (16 bytes each; about 1.5% of the file for a dense kernel trace), not with the file
-size; ``cpu_op`` intervals are dropped as soon as a device event shows that the basis is the
-device. ``benchmarks/bench_trace_parse.py`` measures it. Timestamps are float64; absolute
-epoch-based microsecond timestamps (~1.7e15) keep about 0.25 us resolution, far below any step
-window.
 """
 
 from __future__ import annotations
 
-import gzip
 import math
 import os
 import re
-from array import array
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import ijson
 import numpy as np
 
-from bench.measure._common import MeasureError, merge_segments, rel_path, union_length_in, walk_files
+from bench.measure._common import MeasureError, rel_path, walk_files
+from bench.measure.chrome_trace import Intervals, event_number, hashable, iter_trace_events, looks_like_chrome_trace
 from bench.measure.formats import Measurements, Reader, ReadOptions
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -139,122 +123,6 @@ class TraceFree:
         }
 
 
-class _Intervals:
-    """Interval store with bounded working memory.
-
-    Intervals are appended to ``starts``/``ends`` (``array('d')``, 16 bytes each). Every
-    ``block`` intervals the pending ones are merged into a *block* of sorted, disjoint segments
-    (numpy), so memory holds only the disjoint busy segments plus one pending block; blocks are
-    never merged with each other (that would need transient memory proportional to the whole
-    trace). A window's busy time gathers the few segments of each block that meet the window and
-    merges only those. The pending arrays are cleared in place, so bound ``append`` methods stay
-    valid.
-    """
-
-    __slots__ = ("starts", "ends", "blocks", "block", "count")
-
-    def __init__(self, block: int) -> None:
-        self.starts = array("d")
-        self.ends = array("d")
-        self.blocks: list[tuple[np.ndarray, np.ndarray]] = []
-        self.block = max(1, block)
-        self.count = 0  # intervals moved into blocks
-
-    def add(self, start: float, end: float) -> None:
-        self.starts.append(start)
-        self.ends.append(end)
-        if len(self.starts) >= self.block:
-            self.flush()
-
-    def flush(self) -> None:
-        k = len(self.starts)
-        if not k:
-            return
-        self.count += k
-        seg = merge_segments(
-            np.frombuffer(self.starts, dtype=float).copy(), np.frombuffer(self.ends, dtype=float).copy()
-        )
-        del self.starts[:]
-        del self.ends[:]
-        self.blocks.append(seg)
-
-    @property
-    def total(self) -> int:
-        return self.count + len(self.starts)
-
-    def extent(self) -> tuple[float, float]:
-        """``(first start, last end)`` over all intervals (``(inf, -inf)`` if none)."""
-        self.flush()
-        if not self.blocks:
-            return math.inf, -math.inf
-        # block segments are sorted and disjoint: the first start and the last end are the extremes
-        return (min(float(b[0][0]) for b in self.blocks), max(float(b[1][-1]) for b in self.blocks))
-
-    def busy_in(self, lo: float, hi: float) -> float:
-        """Length of ``[lo, hi]`` covered by the union of all intervals."""
-        self.flush()
-        if hi <= lo or not self.blocks:
-            return 0.0
-        if len(self.blocks) == 1:
-            return union_length_in(self.blocks[0][0], self.blocks[0][1], lo, hi)
-        parts_s, parts_e = [], []
-        for seg_s, seg_e in self.blocks:
-            i0 = int(np.searchsorted(seg_e, lo, side="right"))
-            i1 = int(np.searchsorted(seg_s, hi, side="left"))
-            if i1 > i0:
-                parts_s.append(np.maximum(seg_s[i0:i1], lo))
-                parts_e.append(np.minimum(seg_e[i0:i1], hi))
-        if not parts_s:
-            return 0.0
-        s, e = merge_segments(np.concatenate(parts_s), np.concatenate(parts_e))
-        return float(np.sum(e - s))
-
-
-def _open_binary(path: Path):
-    fh = open(path, "rb")
-    magic = fh.read(2)
-    fh.seek(0)
-    if magic == b"\x1f\x8b":
-        fh.close()
-        return gzip.open(path, "rb")
-    return fh
-
-
-def _events_prefix(fh) -> str:
-    """``"traceEvents.item"`` for a ``{...}`` trace, ``"item"`` for a bare array (Ascend)."""
-    head = fh.read(4096)
-    fh.seek(0)
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if text[:1] == b"[":
-        return "item"
-    if text[:1] == b"{":
-        return "traceEvents.item"
-    raise ValueError("not a JSON object or array")
-
-
-def iter_trace_events(path: str | os.PathLike) -> Iterator[dict]:
-    """Stream the events of a chrome trace (``.json`` / ``.json.gz``, object or bare array)."""
-    p = Path(path)
-    with _open_binary(p) as fh:
-        prefix = _events_prefix(fh)
-        yield from ijson.items(fh, prefix, use_float=True)
-
-
-def _num(value: object) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return None
-    return None
-
-
-def _hashable(value: object) -> object:
-    return value if isinstance(value, (int, float, str)) or value is None else str(value)
-
-
 def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree:
     """Free ratio per ``ProfilerStep#N`` window of one chrome trace (see the module docstring).
 
@@ -267,8 +135,8 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree
     """
     p = Path(path)
     result = TraceFree(path=str(p), basis="none")
-    device = _Intervals(block)
-    cpu_by_thread: dict[tuple, _Intervals] = {}
+    device = Intervals(block)
+    cpu_by_thread: dict[tuple, Intervals] = {}
     windows: dict[tuple, list[tuple[int, float, float]]] = {}
 
     n = 0
@@ -288,7 +156,7 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree
                 ts = ev.get("ts")
                 dur = ev.get("dur")
                 if type(ts) is not float or type(dur) is not float:
-                    ts, dur = _num(ts), _num(dur)
+                    ts, dur = event_number(ts), event_number(dur)
                     if ts is None or dur is None:
                         continue
                 if dur < 0:
@@ -304,7 +172,7 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree
                 ts = ev.get("ts")
                 dur = ev.get("dur")
                 if type(ts) is not float or type(dur) is not float:
-                    ts, dur = _num(ts), _num(dur)
+                    ts, dur = event_number(ts), event_number(dur)
                     if ts is None or dur is None:
                         continue
                 if dur < 0:
@@ -314,7 +182,7 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree
                 if type(name) is str and name.startswith("ProfilerStep#"):
                     m = _STEP_RE.match(name)
                     if m:
-                        thread = (_hashable(thread[0]), _hashable(thread[1]))
+                        thread = (hashable(thread[0]), hashable(thread[1]))
                         windows.setdefault(thread, []).append((int(m.group(1)), ts, dur))
                         continue
                 if cat == "cpu_op":
@@ -324,10 +192,10 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree
                     try:
                         store = cpu_by_thread.get(thread)
                     except TypeError:  # a pid/tid that is a list or an object
-                        thread = (_hashable(thread[0]), _hashable(thread[1]))
+                        thread = (hashable(thread[0]), hashable(thread[1]))
                         store = cpu_by_thread.get(thread)
                     if store is None:
-                        store = cpu_by_thread[thread] = _Intervals(block)
+                        store = cpu_by_thread[thread] = Intervals(block)
                     store.starts.append(ts)
                     store.ends.append(ts + dur)
                     if len(store.starts) >= store.block:
@@ -351,7 +219,7 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree
             result.warnings.append(f"ProfilerStep events on several threads {[main, *others]}; using {main}")
     result.main_thread = main
 
-    store: _Intervals | None
+    store: Intervals | None
     if device.total:
         basis = "device"
         store = device
@@ -397,21 +265,6 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree
             )
         )
     return result
-
-
-def looks_like_chrome_trace(path: str | os.PathLike, peek: int = 1 << 16) -> bool:
-    """Cheap check (first ``peek`` bytes, decompressed) that a file is a chrome trace."""
-    try:
-        with _open_binary(Path(path)) as fh:
-            head = fh.read(peek)
-    except (OSError, EOFError):
-        return False
-    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
-    if text[:1] == b"{":
-        return b'"traceEvents"' in head or b'"schemaVersion"' in head
-    if text[:1] == b"[":
-        return b'"ph"' in head
-    return False
 
 
 #: folders of a run folder that hold torch chrome traces (any depth below them)

@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.optimizations import REGISTRY, evidence_check
+from bench.spec.optimizations import REGISTRY, evidence_check
 
 #: Verdict words, in order of concern.
 VERDICTS = ("contradicted", "missing", "confirmed", "n/a")
@@ -100,7 +100,10 @@ def dynamic_bsz(level: int, reports: list[dict], cfg: dict | None) -> tuple[str,
             return "contradicted", detail + f"; but {other['calls']} passes used the other mode"
         return "confirmed", detail
     if other.get("calls"):
-        return "contradicted", f"every pass ({other['calls']}) used {'fixed-size' if level else 'token-budget'} micro-batches"
+        return (
+            "contradicted",
+            f"every pass ({other['calls']}) used {'fixed-size' if level else 'token-budget'} micro-batches",
+        )
     return "missing", "no pass of verl's prepare_micro_batches was counted (verl_evidence patch not reached)"
 
 
@@ -163,7 +166,7 @@ def factor_evidence(run_dir: str | Path, levels: dict[str, int | None], engine: 
     """Per factor of ``levels``: ``{"verdict": confirmed|missing|contradicted|n/a, "detail": str}``.
 
     The check of each factor is the one its registry entry names for ``engine``/``platform``
-    (:attr:`bench.optimizations.Optimization.evidence_checks`; the functions above for verl).
+    (:attr:`bench.spec.optimizations.Optimization.evidence_checks`; the functions above for verl).
     Factors without a check (``task_queue``, ``mc2``, ``mrope_cache``: environment variables and
     vLLM-Ascend patches, NPU only) are judged from the patch reports' requested list where they are
     patches, else reported ``n/a`` when not applicable and ``missing`` otherwise.

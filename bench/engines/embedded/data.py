@@ -339,7 +339,8 @@ def encode_prompt(processor: Any, item: PromptItem) -> EncodedPrompt:
     if item.images:
         if not hasattr(processor, "image_processor"):
             raise BenchError(
-                f"data row {item.index} has images but the model's processor ({type(processor).__name__}) has no image processor"
+                f"data row {item.index} has images but the model's processor ({type(processor).__name__}) "
+                "has no image processor"
             )
         text = processor.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         enc = processor(text=[text], images=decode_images(item), return_tensors="pt")

@@ -293,8 +293,12 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
         },
         "kl_loss": {"enabled": cfg.use_kl_loss, "ref_pass": ref is not None, "type": cfg.kl_loss_type},
         "update_delay_s": {"enabled": cfg.update_delay_s > 0, "seconds": cfg.update_delay_s, "phase": "update_actor"},
-        "speed_probe": {"enabled": probe is not None, "spec": probe_spec() if probe is not None else None,
-                        "metric": PROBE_METRIC, "placement": "before and after each unprofiled step; logged value = mean"},
+        "speed_probe": {
+            "enabled": probe is not None,
+            "spec": probe_spec() if probe is not None else None,
+            "metric": PROBE_METRIC,
+            "placement": "before and after each unprofiled step; logged value = mean",
+        },
         "task_queue": {
             "TASK_QUEUE_ENABLE": os.environ.get("TASK_QUEUE_ENABLE"),
             "read_by": "torch_npu" if cfg.device == "npu" else None,

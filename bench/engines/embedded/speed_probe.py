@@ -39,7 +39,8 @@ METRIC = PROBE_METRIC  # the metric name is the analysis side's (bench.speed), t
 def spec() -> str:
     """Identity of the probe kernel, e.g. ``matmul256x20+stream2000000x30-float32-t1``."""
     p = PROBE
-    return f"matmul{p['n']}x{p['matmul_iters']}+stream{p['stream_floats']}x{p['stream_passes']}-{p['dtype']}-t{p['threads']}"
+    return (f"matmul{p['n']}x{p['matmul_iters']}+stream{p['stream_floats']}x{p['stream_passes']}"
+            f"-{p['dtype']}-t{p['threads']}")
 
 
 class SpeedProbe:

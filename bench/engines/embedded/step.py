@@ -95,7 +95,8 @@ def _sync(device: str) -> None:
 
 
 def partitions(tr: Trainer, seq_lens: list[int], pass_name: str) -> list[list[int]]:
-    """Micro-batch index lists for one pass (``old_log_prob``/``ref``: log-prob settings; ``update_actor``: update settings).
+    """Micro-batch index lists for one pass (``old_log_prob``/``ref``: log-prob settings; ``update_actor``:
+    update settings).
 
     Raises:
         batching.InfeasibleError: dynamic bsz with a token budget below the longest sequence.

@@ -26,27 +26,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.engines.verl import VerlEngine, _key_of
-from bench.matrix import Base, Matrix
-from bench.optimizations import resolve
-from bench.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
+from bench.engines.verl.launch import VerlEngine
+from bench.engines.verl.overrides import key_of
+from bench.spec.matrix import Base, Matrix
+from bench.spec.optimizations import resolve
+from bench.spec.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
 
 #: Key patterns of overrides that only make sense on an accelerator, with the reason they are left out.
 ACCELERATOR_ONLY: tuple[tuple[str, str], ...] = (
     (r"actor_rollout_ref\.model\.use_remove_padding", "remove-padding needs flash-attn's varlen kernels (CUDA/NPU)"),
     (r"actor_rollout_ref\.model\.use_liger", "Liger kernels are Triton GPU kernels"),
     (r"actor_rollout_ref\.model\.use_fused_kernels", "verl's fused kernels are Triton GPU kernels"),
-    (r"actor_rollout_ref\.(actor|ref)\.(fsdp_config\.)?strategy", "FSDP1 refuses a CPU device; the CPU target uses fsdp2"),
+    (
+        r"actor_rollout_ref\.(actor|ref)\.(fsdp_config\.)?strategy",
+        "FSDP1 refuses a CPU device; the CPU target uses fsdp2",
+    ),
     (r"actor_rollout_ref\.rollout\.name", "the CPU target's rollout is vLLM's CPU build"),
     (r"actor_rollout_ref\.rollout\.(enable_sleep_mode|free_cache_engine)", "vLLM has no sleep mode on CPU"),
-    (r"actor_rollout_ref\.rollout\.(tensor_model_parallel_size|data_parallel_size|expert_parallel_size)",
-     "one CPU rank: no model parallelism"),
+    (
+        r"actor_rollout_ref\.rollout\.(tensor_model_parallel_size|data_parallel_size|expert_parallel_size)",
+        "one CPU rank: no model parallelism",
+    ),
     (r".*\.attn_implementation", "flash attention needs CUDA; the CPU target uses sdpa"),
-    (r"(actor_rollout_ref\.rollout\.)?dtype|.*\.fsdp_config\.(model_)?dtype|.*mixed_precision.*",
-     "the CPU target computes in fp32"),
+    (
+        r"(actor_rollout_ref\.rollout\.)?dtype|.*\.fsdp_config\.(model_)?dtype|.*mixed_precision.*",
+        "the CPU target computes in fp32",
+    ),
     (r"trainer\.(device|n_gpus_per_node|nnodes)", "the smoke run places one rank on the CPU"),
-    (r"global_profiler\..*|actor_rollout_ref\.(actor|ref|rollout)\.profiler\..*",
-     "the accelerator's profiler settings (the smoke run does not profile)"),
+    (
+        r"global_profiler\..*|actor_rollout_ref\.(actor|ref|rollout)\.profiler\..*",
+        "the accelerator's profiler settings (the smoke run does not profile)",
+    ),
     (r"ray_kwargs\..*|transfer_queue\..*", "the CPU target sizes Ray and TransferQueue for a 2-core machine"),
 )
 _ACCEL = [(re.compile(rf"^{pattern}$"), why) for pattern, why in ACCELERATOR_ONLY]
@@ -74,7 +84,7 @@ def accelerator_only(override: str) -> str | None:
 
     if override.lstrip("+") in {s.value.lstrip("+") for s in target.OVERRIDES}:
         return None
-    key = _key_of(override)
+    key = key_of(override)
     for pattern, why in _ACCEL:
         if pattern.match(key):
             return why
@@ -84,7 +94,7 @@ def accelerator_only(override: str) -> str | None:
 def not_exercised(plan: Plan) -> dict[str, str]:
     """Factors the plan varies whose mechanism has no effect on the CPU target, with the reason (their
     environment variables and patches still go into the smoke launches)."""
-    from bench.optimizations import applicability
+    from bench.spec.optimizations import applicability
 
     out = {}
     for key in plan.varied:
@@ -157,7 +167,7 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     ``evidence`` holds only the factors whose evidence is missing or contradicted, among those the CPU
     target can exercise (:func:`not_exercised` lists the others). ``smoke.json`` in the folder holds the list.
     """
-    from bench.engines.verl import patch_evidence
+    from bench.engines.verl.notes import patch_evidence
     from bench.executors import LocalExecutor
     from bench.results import atomic_write_json
     from bench.sweep import execute_spec

@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bench.errors import BenchError
-from bench.matrix import ExplicitDesign, FractionalDesign, Matrix, OneAtATimeDesign
-from bench.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.matrix import ExplicitDesign, FractionalDesign, Matrix, OneAtATimeDesign
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
 
 Cell = dict[str, int]
 
@@ -113,7 +113,8 @@ def fractional(matrix: Matrix, design: FractionalDesign) -> DesignResult:
         raise BenchError(f"{matrix.source}: design: pyDOE3 cannot build it: {exc}") from None
     if x.shape[1] != len(varied):
         raise BenchError(
-            f"{matrix.source}: design.generators: {x.shape[1]} columns for {len(varied)} varied factors ({', '.join(varied)})"
+            f"{matrix.source}: design.generators: {x.shape[1]} columns for {len(varied)} varied factors "
+            f"({', '.join(varied)})"
         )
     x = x.astype(int)
     fixed = {k: v[0] for k, v in levels.items()}
@@ -140,7 +141,7 @@ def explicit(matrix: Matrix, design: ExplicitDesign) -> DesignResult:
 
 
 def expand(matrix: Matrix) -> DesignResult:
-    """Cells of the matrix's design (before conflicts, exclusions and merging; see :mod:`bench.plan`)."""
+    """Cells of the matrix's design (before conflicts, exclusions and merging; see :mod:`bench.spec.plan`)."""
     d = matrix.design
     if isinstance(d, OneAtATimeDesign):
         return one_at_a_time(matrix, d)

@@ -19,11 +19,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bench.design import Cell, DesignResult, expand
 from bench.engines.base import Launch, get_engine
 from bench.errors import BenchError
-from bench.matrix import Matrix
-from bench.optimizations import FACTOR_KEYS, REGISTRY, Mechanism, applicability, conflicts_of, resolve
+from bench.spec.design import Cell, DesignResult, expand
+from bench.spec.matrix import Matrix
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, Mechanism, applicability, conflicts_of, resolve
 
 
 class RunSpec(BaseModel):

@@ -37,7 +37,7 @@ from typing import Any, Iterable
 from bench.errors import BenchError
 
 #: Repository root; the download cache lives in ``<repo>/.cache/verl`` (git-ignored).
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_CACHE = REPO_ROOT / ".cache" / "verl"
 #: Files of a verl wheel unpacked into the cache besides ``verl/trainer/config/**``.
 EVIDENCE_FILES = (

@@ -215,7 +215,9 @@ REGISTRY: dict[str, Optimization] = {
                     for lv in (0, 1)
                 },
             },
-            not_applicable={"embedded:*": "the embedded engine trains in one process without FSDP: nothing to prefetch"},
+            not_applicable={
+                "embedded:*": "the embedded engine trains in one process without FSDP: nothing to prefetch"
+            },
             evidence="fsdp_config.forward_prefetch in the resolved verl config; FSDP2 ignores it in some verl versions",
             evidence_checks={"verl:*": "bench.measure.verl_evidence:forward_prefetch"},
         ),
@@ -257,7 +259,8 @@ REGISTRY: dict[str, Optimization] = {
                 "verl:npu": {0: M(), 1: M(patches=("vllm_ascend_mrope_cache",))},
             },
             not_applicable={
-                "verl:cuda": "the patch targets vLLM-Ascend's MRotaryEmbedding (npu_rotary_mul); CUDA vLLM is not patched",
+                "verl:cuda": "the patch targets vLLM-Ascend's MRotaryEmbedding (npu_rotary_mul); "
+                "CUDA vLLM is not patched",
                 "verl:cpu": "the verl CPU target serves a text Qwen3 (no MRoPE): vLLM's CPU build pins torch "
                 "2.13.0+cpu and no torchvision that loads beside it is reachable, and transformers' Qwen3-VL "
                 "processor needs torchvision",

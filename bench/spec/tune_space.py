@@ -41,8 +41,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bench.errors import BenchError
-from bench.matrix import Base, Matrix, format_validation_error, parse_cell
 from bench.model import SUMMARY_STEP_TIME, SUMMARY_THROUGHPUT
+from bench.spec.loading import format_validation_error
+from bench.spec.matrix import Base, Matrix, parse_cell
 
 #: searchable parameter (verl's name) -> the matrix ``base`` field that carries it into a run
 PARAMS: dict[str, str] = {

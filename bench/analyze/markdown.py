@@ -1,0 +1,218 @@
+"""``report.md``: the report's data (:func:`bench.analyze.tables.analyze` and :func:`bench.report.build`)
+rendered as markdown (:func:`render`)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from bench.gate import DEFAULT_ALPHA as GATE_ALPHA
+from bench.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
+
+
+def _f(v: Any, fmt: str = ".3f") -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    return format(v, fmt)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def render(data: dict[str, Any]) -> str:
+    """``report.md`` from the report's data."""
+    s = data["sweep"]
+    lvl = 1 - data["alpha"]
+    L = [
+        f"# Ablation report: `{s['matrix']}` sweep `{s['sweep_id']}`",
+        "",
+        f"- engine / platform: {s['engine']} / {s['platform']}; design: {s['design']}; cells: {len(data['cells'])}; "
+        f"repeats: {s['repeats']}",
+        f"- versions: {', '.join(f'{k} {v}' for k, v in (s.get('versions') or {}).items()) or '-'}",
+        f"- git commit: {s.get('git_commit') or '-'}",
+        f"- reference for speedups: `{data['reference'] or 'none (no finished all-off cell)'}`; intervals at {lvl:.0%}",
+        "- machine speed: "
+        + (
+            f"step times and throughput speed-normalized to the sweep's median speed-probe time "
+            f"({data['speed_normalized_to_s']:.4f} s): each step time x median probe / its step's probe"
+            if data.get("speed_normalized_to_s")
+            else "raw step times (no speed probe in every run, or --normalize off)"
+        ),
+        "",
+    ]
+    if data["failed"]:
+        L += ["**Cells not finished** (left out of every statistic):", ""]
+        L += [f"- `{r['cell']}` ({r['status']}): {r['reason']}" for r in data["failed"]] + [""]
+    varied = data["effects"]["varied"]
+    rep = data["replication"]
+    L += [
+        "## Cells",
+        "",
+        f"Unit of replication: the run ({rep['runs']} runs, at most {rep['runs_per_cell']} per cell; run order "
+        f"{rep['order']}{', seed ' + str(rep['order_seed']) if rep.get('order_seed') is not None else ''}). "
+        "Step time = "
+        "per run the median timed step, geometric mean over the cell's runs; speedup = all-off / cell; interval and "
+        f"p: t on the log run values with the pooled residual SD of the cell-means model"
+        f"{' with the time block' if rep['blocked'] else ''} ({_f(rep['sd'], '.4f')}, {rep['df']} df)."
+        + (f" **{rep['note']}**" if rep.get("note") else ""),
+        "",
+        "| cell | " + " | ".join(varied) + f" | runs | steps | step time s | speedup [{lvl:.0%} CI] | p | "
+        "rollout share | Free ratio | tokens/s |",
+        "|---" * (len(varied) + 9) + "|",
+    ]
+    for r in data["cells"]:
+        ci = r["speedup_ci"]
+        sp = f"{_f(r['speedup'])} [{_f(ci[0])}, {_f(ci[1])}]" if r["speedup"] is not None else "-"
+        L.append(
+            f"| {r['cell']} | "
+            + " | ".join(str(r["levels"].get(k)) for k in varied)
+            + f" | {r['runs_ok']}/{r['runs']} | {r['n_steps']} | {_f(r['step_time_s'])} | {sp} | "
+            f"{_f(r['p_value'], '.2g')} | {_f(r['rollout_share'])} | {_f(r['free_ratio'])} | "
+            f"{_f(r['throughput'], '.1f')} |"
+        )
+    L += ["", "![speedup](speedup.png)", "", "## Effects (OLS on per-run log step time)", ""]
+    eff = data["effects"]
+    fit = eff.get("fit")
+    if fit:
+        blocks = (
+            f", the {fit['n_blocks']} time blocks as a fixed factor" if fit.get("n_blocks") else ", no block factor"
+        )
+        L += [
+            f"**Unit of replication: the {fit['unit']}** ({fit['n_obs']} {fit['unit']}s in {fit['n_cells']} cells"
+            f"{blocks}); one observation per {fit['unit']} = log of its median timed step. Residual SD "
+            f"{_f(fit['residual_sd'], '.4f')} with **{fit['df_resid']:.0f} residual degrees of freedom**; "
+            f"intervals and p values are t-based on them; a term is significant when its Holm-adjusted p "
+            f"(over the terms of this table) is below {data['alpha']}. Coding: "
+            + "; ".join(f"{k}: {v}" for k, v in fit["coding"].items())
+            + "."
+            + (f" **{fit['note']}.**" if fit.get("note") else ""),
+            "",
+            f"| term | effect (log) | step time change [{lvl:.0%} CI] | speedup | p | p (Holm) | significant "
+            "| aliased with |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for t in fit["terms"]:
+            ci = f" [{_pct(t['change_ci_low'])}, {_pct(t['change_ci_high'])}]" if t["change_ci_low"] is not None else ""
+            sig = ("yes" if t["significant"] else "no") if t["p_value"] is not None else "not judged"
+            L.append(
+                f"| {t['name']} | {t['effect']:+.4f} | {_pct(t['change'])}{ci} | {math.exp(-t['effect']):.3f}x | "
+                f"{_f(t['p_value'], '.2g')} | {_f(t['p_adjusted'], '.2g')} | {sig} | {', '.join(t['aliases']) or '-'} |"
+            )
+        if fit["not_estimable"]:
+            L += ["", "Terms left out of the model:", ""]
+            L += [f"- `{k}`: {v}" for k, v in fit["not_estimable"].items()]
+        L += ["", "![effects](effects.png)"]
+    else:
+        L.append(eff.get("note") or "no effects")
+    if eff.get("design") == "fractional" or eff.get("aliases"):
+        L += [
+            "",
+            f"**Fractional design**, resolution {s.get('resolution') or '?'}: each main effect or interaction "
+            "below is estimated together with the terms on the same line (pyDOE3 alias structure); a resolution IV "
+            "design keeps main effects clear of two-factor interactions but confounds interactions with each other.",
+            "",
+        ]
+        L += [f"- {a}" for a in eff.get("aliases") or []]
+    L += [
+        "",
+        "## Phases, rollout share, Free ratio",
+        "",
+        "| cell | gen s | old_log_prob s | ref s | update_actor s | reward s | adv s | other s | rollout share "
+        "| Free ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in data["cells"]:
+        if r["status"] != "ok":
+            continue
+        ph = r["phases"]
+        L.append(f"| {r['cell']} | " + " | ".join(_f(ph.get(p)) for p in ("gen", "old_log_prob", "ref", "update_actor",
+                                                                           "reward", "adv", "other")) +
+                 f" | {_f(r['rollout_share'])} | {_f(r['free_ratio'])} |")
+    L += [
+        "",
+        "![phases](phases.png)",
+        "",
+        "## Rollout long tail (article 2.6)",
+        "",
+        "Decode slots wasted waiting for the longest sample of a batch: "
+        "`1 - response_length/mean / response_length/max`.",
+        "",
+        "| cell | response length min | mean | max | long-tail waste |",
+        "|---|---|---|---|---|",
+    ]
+    for r in data["cells"]:
+        if r["status"] == "ok":
+            L.append(
+                f"| {r['cell']} | {_f(r['response_length_min'], '.1f')} | {_f(r['response_length_mean'], '.1f')} | "
+                f"{_f(r['response_length_max'], '.1f')} | "
+                f"{_f(r['long_tail_waste'] * 100 if r['long_tail_waste'] is not None else None, '.1f')}% |"
+            )
+    L += [
+        "",
+        "![long tail](long_tail.png)",
+        "",
+        "## The article's gains beside ours",
+        "",
+        "Gain = speedup - 1 (step time all-off / cell - 1). The article measured Qwen3-VL-8B on Ascend Atlas 800T A2 "
+        "with verl 0.6.1; factors that do not apply on this engine/platform say why.",
+        "",
+        f"| optimization | article | ours: cell vs all-off [{lvl:.0%} CI] | ours: main effect [{lvl:.0%} CI] | note |",
+        "|---|---|---|---|---|",
+    ]
+    for a in data["article"]:
+        c, e = a["ours_cell_ci"], a["ours_effect_ci"]
+        cell = f"{_pct(a['ours_cell'])} [{_pct(c[0])}, {_pct(c[1])}]" if a["ours_cell"] is not None else "-"
+        ef = f"{_pct(a['ours_effect'])} [{_pct(e[0])}, {_pct(e[1])}]" if a["ours_effect"] is not None else "-"
+        L.append(f"| {a['claim']} ({a['section']}) | {_pct(a['article'])} | {cell} | {ef} | {a['note']} |")
+    L += ["", "![article](article.png)", "", "## Minimal detectable effect", ""]
+    m = data["mde"]
+    n = m["noise"]
+    if m.get("note"):
+        L.append(m["note"])
+    else:
+        L += [
+            f"Noise of log step time: {_f(n['sd_step'], '.4f')} within a run (step to step), "
+            f"{_f(n['sd_run'], '.4f')} between runs of one cell; {n['steps_per_run']:.1f} timed steps per run, "
+            f"{n['runs_per_cell']:.1f} runs per cell. SD of one run's value used below: {_f(m.get('run_sd'), '.4f')} "
+            f"(from {m.get('run_sd_source')}).",
+            "",
+            f"Smallest true change found with 80 % power (two-sided, alpha {data['alpha']}):",
+            "",
+            f"- between two cells of this sweep: {_pct(m.get('two_cells'))}",
+            f"- a main effect ({m.get('runs')} runs): {_pct(m.get('main_effect'))}",
+            f"- by the gate against a baseline with the same counts "
+            f"(threshold {GATE_THRESHOLD:.0%}, alpha {GATE_ALPHA}): "
+            f"{_pct(m.get('gate'))}",
+            "",
+        ]
+    if data.get("expectations"):
+        L += [
+            "## Claims of the matrix `expect` block",
+            "",
+            "Judged on the runs (t on the log run values of the two cells, pooled residual SD, as the cell table).",
+            "",
+            "| claim | improvement | CI | p | result |",
+            "|---|---|---|---|---|",
+        ]
+        for e in data["expectations"]:
+            ci = e.get("improvement_ci") or [None, None]
+            L.append(f"| {e['claim']} | {_pct(e.get('improvement'))} | [{_pct(ci[0])}, {_pct(ci[1])}] | "
+                     f"{_f(e.get('p_value'), '.2g')} | {e['result']}{': ' + e['reason'] if e.get('reason') else ''} |")
+        L.append("")
+    L += [
+        "## Method",
+        "",
+        "The run is the unit of replication: the timed steps of one run (warm-up and profiled steps excluded) share "
+        "its start-up, placement and machine state, so each run is summarized by its median timed step before any "
+        "test (no p value here treats steps as independent samples). Runs execute in time blocks (block k = repeat k "
+        "of every cell, shuffled with the recorded seed); the block is a fixed factor of the models. "
+        "Speedup: all-off cell's value / the cell's (geometric means over runs of the run medians), interval and p "
+        "from a t test on the log run values with the pooled residual SD of the cell-means model (Montgomery, Design "
+        "and Analysis of Experiments, ch. 4). Effects: statsmodels OLS of the log run values on +-1 coded factors, "
+        "their two-factor interactions and the block (effect = 2 x coefficient = change of log step time from the low "
+        "to the high level; step time change = exp(effect) - 1; speedup = exp(-effect)); p values Holm-adjusted over "
+        "the terms. With one run per cell no run-to-run variance exists to test against: estimates only.",
+        "",
+    ]
+    return "\n".join(L)

@@ -1,0 +1,95 @@
+"""What the verl engine tells about a run beyond its argv: why a factor would have no effect with the
+installed verl / vllm-ascend (:func:`forward_prefetch_note`, :func:`mc2_note`), and what the patches did
+in a finished run (:func:`patch_evidence`, from ``patches/sitecustomize.py``'s per-process reports).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from bench.metadata import installed_version
+
+#: First vllm-ascend release with ``VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE`` (tags v0.10.0rc1 on; absent in v0.9.x).
+MC2_MIN_VLLM_ASCEND = "0.10.0"
+
+
+def _fsdp_strategy(overrides: list[str]) -> str:
+    strategy = "fsdp"  # verl's default for actor and ref (0.6.x - 0.9.x)
+    for o in overrides:
+        key, _, value = o.partition("=")
+        if re.fullmatch(r"\+*actor_rollout_ref\.(actor|ref)\.(fsdp_config\.)?strategy", key):
+            strategy = value.strip().strip("'\"")
+    return strategy
+
+
+def forward_prefetch_note(overrides: list[str], verl_version: str | None = None) -> str | None:
+    """Why ``forward_prefetch`` would do nothing with this verl and these overrides, or ``None``."""
+    from bench.engines.verl.config import (
+        VerlConfigError,
+        fsdp2_honours_forward_prefetch,
+        installed_verl_version,
+        read_release_file,
+    )
+
+    if _fsdp_strategy(overrides) != "fsdp2":
+        return None
+    try:
+        source = read_release_file("utils/fsdp_utils.py", verl_version)
+        label = verl_version or installed_verl_version()
+    except VerlConfigError:
+        return ("forward_prefetch: strategy fsdp2, and verl is not installed here to check whether its FSDP2 "
+                "wrapper honours fsdp_config.forward_prefetch (verl releases before PR 6317 ignore it)")
+    honoured = fsdp2_honours_forward_prefetch(source)
+    if honoured is False:
+        return (f"forward_prefetch: verl {label} with strategy fsdp2 ignores fsdp_config.forward_prefetch "
+                "(apply_fsdp2 never reads it; honoured from verl PR 6317 on, or with strategy fsdp): "
+                "this factor has no effect in these runs")
+    if honoured is None:
+        return f"forward_prefetch: cannot tell whether verl {label}'s FSDP2 wrapper honours forward_prefetch"
+    return None
+
+
+def mc2_note() -> str | None:
+    """Why ``VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE`` would be ignored by the installed vllm-ascend, or ``None``."""
+    from bench.engines.verl.config import version_at_least
+
+    v = installed_version("vllm_ascend", "vllm-ascend")
+    if v is not None and not version_at_least(v, MC2_MIN_VLLM_ASCEND):
+        return (f"mc2: vllm-ascend {v} has no VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE (added in v0.10.0rc1; "
+                f"the article used 0.11.0): this factor has no effect here")
+    return None
+def patch_evidence(run_dir: str | Path) -> dict[str, str]:
+    """One line per patch summarising the per-process reports in ``run_dir/patches/*.json``
+    (written by ``patches/sitecustomize.py``), small enough for an MLflow tag, e.g.
+    ``{"qwen3vl_npu_fused:on": "applied in 8 (ray-worker 8); armed in 3; refused in 0"}``; a refusal or
+    error adds its first reason."""
+    out: dict[str, str] = {}
+    stats: dict[str, dict[str, Any]] = {}
+    for path in sorted(Path(run_dir, "patches").glob("*.json")):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        for name, rec in (report.get("patches") or {}).items():
+            key = f"{name}:{rec.get('mode')}" if rec.get("mode") else name
+            st = stats.setdefault(key, {"applied": {}, "armed": 0, "refused": 0, "error": 0, "reason": ""})
+            status = rec.get("status", "?")
+            if status == "applied":
+                role = report.get("role", "?")
+                st["applied"][role] = st["applied"].get(role, 0) + 1
+            elif status in ("armed", "refused", "error"):
+                st[status] += 1
+            if status in ("refused", "error") and not st["reason"]:
+                st["reason"] = str(rec.get("reason", ""))[:300]
+    for key, st in sorted(stats.items()):
+        n_applied = sum(st["applied"].values())
+        roles = ", ".join(f"{r} {n}" for r, n in sorted(st["applied"].items()))
+        line = f"applied in {n_applied}" + (f" ({roles})" if roles else "") + f"; armed in {st['armed']}"
+        line += f"; refused in {st['refused']}" + (f"; error in {st['error']}" if st["error"] else "")
+        if st["reason"]:
+            line += f": {st['reason']}"
+        out[key] = line
+    return out

@@ -1,0 +1,167 @@
+"""Reading a chrome trace file as a stream of events (:func:`iter_trace_events`), a cheap check that a
+file is one (:func:`looks_like_chrome_trace`), and the bounded-memory interval store the Free ratio of
+:mod:`bench.measure.torch_trace` is computed with (:class:`Intervals`).
+
+Input: the file written by ``torch.profiler.profile(...).export_chrome_trace(path)`` —
+``{"schemaVersion": 1, ..., "traceEvents": [...], "traceName": ...}`` — plain (``.json``) or gzip
+(``.json.gz``, detected by its magic bytes, not by the name). A bare JSON array of events (the
+layout of Ascend's ``trace_view.json``) is read too. Times are microseconds: ``ts`` (start) and
+``dur`` (duration) of complete events (``"ph": "X"``); numbers or numeric strings (Ascend writes
+strings) are both accepted. Only ``ph == "X"`` events with a duration are used.
+
+Memory: events are streamed (``ijson.items``, C backend when available), never loaded whole. Only
+the start/end of the basis intervals are kept (16 bytes each, ``array('d')``), and every ``block``
+of them is merged into disjoint segments, so memory grows with the number of disjoint busy
+segments (16 bytes each; about 1.5% of the file for a dense kernel trace), not with the file
+size; ``cpu_op`` intervals are dropped as soon as a device event shows that the basis is the
+device. ``benchmarks/bench_trace_parse.py`` measures it. Timestamps are float64; absolute
+epoch-based microsecond timestamps (~1.7e15) keep about 0.25 us resolution, far below any step
+window.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+import os
+from array import array
+from collections.abc import Iterator
+from pathlib import Path
+
+import ijson
+import numpy as np
+
+from bench.measure._common import merge_segments, union_length_in
+
+
+class Intervals:
+    """Interval store with bounded working memory.
+
+    Intervals are appended to ``starts``/``ends`` (``array('d')``, 16 bytes each). Every
+    ``block`` intervals the pending ones are merged into a *block* of sorted, disjoint segments
+    (numpy), so memory holds only the disjoint busy segments plus one pending block; blocks are
+    never merged with each other (that would need transient memory proportional to the whole
+    trace). A window's busy time gathers the few segments of each block that meet the window and
+    merges only those. The pending arrays are cleared in place, so bound ``append`` methods stay
+    valid.
+    """
+
+    __slots__ = ("starts", "ends", "blocks", "block", "count")
+
+    def __init__(self, block: int) -> None:
+        self.starts = array("d")
+        self.ends = array("d")
+        self.blocks: list[tuple[np.ndarray, np.ndarray]] = []
+        self.block = max(1, block)
+        self.count = 0  # intervals moved into blocks
+
+    def add(self, start: float, end: float) -> None:
+        self.starts.append(start)
+        self.ends.append(end)
+        if len(self.starts) >= self.block:
+            self.flush()
+
+    def flush(self) -> None:
+        k = len(self.starts)
+        if not k:
+            return
+        self.count += k
+        seg = merge_segments(
+            np.frombuffer(self.starts, dtype=float).copy(), np.frombuffer(self.ends, dtype=float).copy()
+        )
+        del self.starts[:]
+        del self.ends[:]
+        self.blocks.append(seg)
+
+    @property
+    def total(self) -> int:
+        return self.count + len(self.starts)
+
+    def extent(self) -> tuple[float, float]:
+        """``(first start, last end)`` over all intervals (``(inf, -inf)`` if none)."""
+        self.flush()
+        if not self.blocks:
+            return math.inf, -math.inf
+        # block segments are sorted and disjoint: the first start and the last end are the extremes
+        return (min(float(b[0][0]) for b in self.blocks), max(float(b[1][-1]) for b in self.blocks))
+
+    def busy_in(self, lo: float, hi: float) -> float:
+        """Length of ``[lo, hi]`` covered by the union of all intervals."""
+        self.flush()
+        if hi <= lo or not self.blocks:
+            return 0.0
+        if len(self.blocks) == 1:
+            return union_length_in(self.blocks[0][0], self.blocks[0][1], lo, hi)
+        parts_s, parts_e = [], []
+        for seg_s, seg_e in self.blocks:
+            i0 = int(np.searchsorted(seg_e, lo, side="right"))
+            i1 = int(np.searchsorted(seg_s, hi, side="left"))
+            if i1 > i0:
+                parts_s.append(np.maximum(seg_s[i0:i1], lo))
+                parts_e.append(np.minimum(seg_e[i0:i1], hi))
+        if not parts_s:
+            return 0.0
+        s, e = merge_segments(np.concatenate(parts_s), np.concatenate(parts_e))
+        return float(np.sum(e - s))
+
+
+def open_binary(path: Path):
+    """The file opened for binary reading, gunzipped when it starts with the gzip magic bytes."""
+    fh = open(path, "rb")
+    magic = fh.read(2)
+    fh.seek(0)
+    if magic == b"\x1f\x8b":
+        fh.close()
+        return gzip.open(path, "rb")
+    return fh
+
+
+def _events_prefix(fh) -> str:
+    """``"traceEvents.item"`` for a ``{...}`` trace, ``"item"`` for a bare array (Ascend)."""
+    head = fh.read(4096)
+    fh.seek(0)
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text[:1] == b"[":
+        return "item"
+    if text[:1] == b"{":
+        return "traceEvents.item"
+    raise ValueError("not a JSON object or array")
+
+
+def iter_trace_events(path: str | os.PathLike) -> Iterator[dict]:
+    """Stream the events of a chrome trace (``.json`` / ``.json.gz``, object or bare array)."""
+    p = Path(path)
+    with open_binary(p) as fh:
+        prefix = _events_prefix(fh)
+        yield from ijson.items(fh, prefix, use_float=True)
+
+
+def event_number(value: object) -> float | None:
+    """A trace field as float: numbers and numeric strings (Ascend writes strings); else ``None``."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return None
+    return None
+
+
+def hashable(value: object) -> object:
+    """A ``pid``/``tid`` value usable as a dict key (``str`` of anything not a number or string)."""
+    return value if isinstance(value, (int, float, str)) or value is None else str(value)
+
+def looks_like_chrome_trace(path: str | os.PathLike, peek: int = 1 << 16) -> bool:
+    """Cheap check (first ``peek`` bytes, decompressed) that a file is a chrome trace."""
+    try:
+        with open_binary(Path(path)) as fh:
+            head = fh.read(peek)
+    except (OSError, EOFError):
+        return False
+    text = head.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if text[:1] == b"{":
+        return b'"traceEvents"' in head or b'"schemaVersion"' in head
+    if text[:1] == b"[":
+        return b'"ph"' in head
+    return False
