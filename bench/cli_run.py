@@ -86,7 +86,11 @@ def _levels(levels: dict[str, int | None]) -> str:
 def print_order(plan: Plan, order: RunOrder, console: Console) -> None:
     """The execution order of the runs (``--dry-run``): kind, seed, and per block the cells in turn."""
     labels = {r.cell_id: r.label for r in plan.runs}
-    seed = f", seed {order.seed} (pass --order-seed {order.seed} to run exactly this order)" if order.seed is not None else ""
+    seed = (
+        f", seed {order.seed} (pass --order-seed {order.seed} to run exactly this order)"
+        if order.seed is not None
+        else ""
+    )
     console.print(f"\n[bold]run order[/]: {order.kind}{seed}; {len(order.runs)} runs", markup=True)
     for i, (cid, k) in enumerate(order.runs, 1):
         block = f"block {k} " if order.blocked() else ""
@@ -111,7 +115,9 @@ def print_plan(plan: Plan, console: Console) -> None:
         if len(run.cells) > 1:
             spread = {k: sorted({c[k] for c in run.cells}) for k in run.cells[0]}
             varying = " ".join(f"{k} in {v}" for k, v in spread.items() if len(v) > 1)
-            console.print(f"  merged {len(run.cells)} design cells that differ only in not-applicable factors: {varying}")
+            console.print(
+                f"  merged {len(run.cells)} design cells that differ only in not-applicable factors: {varying}"
+            )
         launch = run.launch
         console.print(f"  argv: {json.dumps(launch.argv)}", soft_wrap=True, markup=False)
         console.print(f"  env: {json.dumps(launch.env, sort_keys=True)}", soft_wrap=True, markup=False)

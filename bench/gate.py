@@ -42,7 +42,8 @@ is **noisy** (a "cannot judge", exit 3) instead. The three conditions divide the
   regression of the machine. The spread is read from the steps and, with two or more repeats per
   side, from the bootstrap interval (which resamples repeats), so run-to-run shifts count too: gate
   matrices should have ``repeats: 2`` or more (8 on a shared 2-core VM, where whole runs shift by
-  3-4 % even after speed normalization: ``benchmarks/bench_gate.py``). The CPU pressure recorded around each run (PSI) is
+  3-4 % even after speed normalization: ``benchmarks/bench_gate.py``). The CPU pressure recorded around each run
+  (PSI) is
   printed as well.
 
 Exit code (:data:`EXIT_CODES`): **1** when a cell regressed, a candidate cell failed where the
@@ -156,7 +157,13 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
     off = {k: (None if v is None else all_levels[k][0]) for k, v in any_cell.items()}
     on = {k: (None if v is None else all_levels[k][-1]) for k, v in any_cell.items()}
     for i, e in enumerate(expects):
-        res: dict[str, Any] = {"index": i, "claim": e.describe(), **e.model_dump(), "result": CANNOT_JUDGE, "reason": ""}
+        res: dict[str, Any] = {
+            "index": i,
+            "claim": e.describe(),
+            **e.model_dump(),
+            "result": CANNOT_JUDGE,
+            "reason": "",
+        }
         out.append(res)
         if e.factor != "all" and any_cell.get(e.factor, 0) is None:
             res["result"] = "n/a"
@@ -167,7 +174,11 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
             ref_lv, cell_lv = off, on
         elif e.vs == "all_off":
             seen = all_levels.get(e.factor, [])
-            level = e.level if e.level is not None else (seen[-1] if len(seen) > 1 else REGISTRY[e.factor].default_levels[-1])
+            level = (
+                e.level
+                if e.level is not None
+                else (seen[-1] if len(seen) > 1 else REGISTRY[e.factor].default_levels[-1])
+            )
             ref_lv, cell_lv = off, {**off, e.factor: level}
         else:
             ref_lv, cell_lv = {**on, e.factor: all_levels.get(e.factor, [REGISTRY[e.factor].off])[0]}, on
@@ -175,7 +186,11 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
             res["reason"] = f"{e.factor} takes one level in this sweep: nothing to compare"
             continue
         ref, cell = _find_cell(snap, ref_lv), _find_cell(snap, cell_lv)
-        missing = [f"{name} cell ({levels_key(lv)})" for name, lv, c in (("reference", ref_lv, ref), ("compared", cell_lv, cell)) if c is None]
+        missing = [
+            f"{name} cell ({levels_key(lv)})"
+            for name, lv, c in (("reference", ref_lv, ref), ("compared", cell_lv, cell))
+            if c is None
+        ]
         if missing:
             res["reason"] = f"the sweep has no {' and no '.join(missing)}: add it to the design"
             continue
@@ -248,13 +263,17 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     """
     if (base["engine"], base["platform"]) != (cand["engine"], cand["platform"]):
         raise BenchError(
-            f"baseline {base.get('name') or base['source'].get('sweep')} is {base['engine']}/{base['platform']} but the "
+            f"baseline {base.get('name') or base['source'].get('sweep')} is {base['engine']}/{base['platform']} "
+            "but the "
             f"candidate {cand['source'].get('sweep')} is {cand['engine']}/{cand['platform']}: "
-            "step times of different engines or platforms are not comparable (save a baseline on this one)")
+            "step times of different engines or platforms are not comparable (save a baseline on this one)"
+        )
     max_mde = 2 * threshold if max_mde is None else max_mde
     bad_base = [c for c in base["cells"] if c.get("status", "ok") != "ok"]
     if bad_base:
-        raise BenchError("baseline has unusable cells: " + "; ".join(f"{c['label']} is {c.get('status')}" for c in bad_base))
+        raise BenchError(
+            "baseline has unusable cells: " + "; ".join(f"{c['label']} is {c.get('status')}" for c in bad_base)
+        )
     bmap = {c["key"]: c for c in base["cells"]}
     cmap = {c["key"]: c for c in cand["cells"]}
     matched = [k for k in bmap if k in cmap]
@@ -288,7 +307,9 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     pc_max = max((v for v in pc if v is not None), default=None)
     if pb_max is not None or pc_max is not None:
         fmt = lambda v: "-" if v is None else f"{v:.0f} %"  # noqa: E731
-        line = f"CPU pressure during the runs (PSI some avg60, highest): baseline {fmt(pb_max)}, candidate {fmt(pc_max)}"
+        line = (
+            f"CPU pressure during the runs (PSI some avg60, highest): baseline {fmt(pb_max)}, candidate {fmt(pc_max)}"
+        )
         if max(v for v in (pb_max, pc_max) if v is not None) > CONTENDED_PSI:
             line = ("**contended machine**: " + line + f" (above {CONTENDED_PSI:.0f} %): other jobs competed for the "
                     "CPUs, which shifts step times by tens of percent; rerun both on an idle machine before trusting "
@@ -310,7 +331,9 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                     f"r{f['repeat']} {f['kind']}: {clip(f['reason'])}" for f in cc["failures"])
                 continue
             if cc["status"] == "pending":
-                row["reason"] = f"candidate cell unfinished: repeats {cc['missing_repeats']} never ran (missing samples)"
+                row["reason"] = (
+                    f"candidate cell unfinished: repeats {cc['missing_repeats']} never ran (missing samples)"
+                )
                 continue
             bg, cg = _groups(bc, metric), _groups(cc, metric)
             nb, nc = sum(map(len, bg)), sum(map(len, cg))
@@ -331,8 +354,10 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
             cmp = compare(bg, cg, alpha=alpha, n_boot=n_boot, seed=seed, scale=m.scale, paired=paired, test=test)
             row.update(cmp.to_dict())
             if cmp.min_p >= alpha:
-                row["reason"] = (f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {alpha} "
-                                 f"with the {cmp.test} test (smallest possible p {cmp.min_p:.3g}); add steps or repeats")
+                row["reason"] = (
+                    f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {alpha} "
+                    f"with the {cmp.test} test (smallest possible p {cmp.min_p:.3g}); add steps or repeats"
+                )
                 continue
             if cmp.change is None:
                 row["reason"] = "; ".join(cmp.notes) or "relative change undefined"
@@ -345,9 +370,12 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                 row["mde"] = mde_from_se(se, alpha=alpha, threshold=threshold)
                 if row["mde"] > max_mde:
                     row["judged_verdict"], row["verdict"] = row["verdict"], "noisy"
-                    notes_.insert(0, f"too noisy to judge: at this spread (steps and repeats) a change under {row['mde']:.0%} "
-                                     f"would often go unseen (limit {max_mde:.0%}); the spread of a busy machine comes with "
-                                     "sweep-to-sweep shifts of tens of percent: rerun on an idle machine, or add steps")
+                    notes_.insert(
+                        0,
+                        f"too noisy to judge: at this spread (steps and repeats) a change under {row['mde']:.0%} "
+                        f"would often go unseen (limit {max_mde:.0%}); the spread of a busy machine comes with "
+                        "sweep-to-sweep shifts of tens of percent: rerun on an idle machine, or add steps",
+                    )
             if notes_:
                 row["reason"] = "; ".join(notes_)
     counts = {v: sum(r["verdict"] == v for r in rows)
@@ -400,19 +428,29 @@ def render_markdown(result: dict[str, Any]) -> str:
     """The gate's markdown: verdict line, settings, one table row per cell and metric, notes, claims."""
     s = result["settings"]
     head = {"pass": "PASS", "regression": "REGRESSION", CANNOT_JUDGE: "CANNOT JUDGE"}[result["verdict"]]
-    lines = [f"## Gate {head}: `{result['candidate']['sweep']}` vs baseline `{result['baseline'].get('name') or '-'}`", ""]
+    lines = [
+        f"## Gate {head}: `{result['candidate']['sweep']}` vs baseline `{result['baseline'].get('name') or '-'}`",
+        "",
+    ]
     if result.get("rows"):
         c = result["counts"]
-        lines.append(f"{len(result['rows'])} comparisons: {c['regression']} regression, {c['failed']} failed, "
-                     f"{c['improvement']} improvement, {c['unchanged']} unchanged, {c['noisy']} too noisy, {c[CANNOT_JUDGE]} cannot judge otherwise. "
-                     f"Threshold {s['threshold']:.0%}, alpha {s['alpha']}, engine {result['candidate']['engine']}/"
-                     f"{result['candidate']['platform']}.")
+        lines.append(
+            f"{len(result['rows'])} comparisons: {c['regression']} regression, {c['failed']} failed, "
+            f"{c['improvement']} improvement, {c['unchanged']} unchanged, {c['noisy']} too noisy, "
+            f"{c[CANNOT_JUDGE]} cannot judge otherwise. "
+            f"Threshold {s['threshold']:.0%}, alpha {s['alpha']}, engine {result['candidate']['engine']}/"
+            f"{result['candidate']['platform']}."
+        )
         lines += ["", f"| cell | metric | baseline median | candidate median | change | {1 - s['alpha']:.0%} CI | p | "
                   "n base/cand | test | machine speed | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in result["rows"]:
             ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]" if r.get("ci_low") is not None else "-"
             p = f"{r['p_value']:.2g}" if r.get("p_value") is not None else "-"
-            verdict_txt = f"**{r['verdict']}**" if r["verdict"] in ("regression", "failed", CANNOT_JUDGE, "noisy") else r["verdict"]
+            verdict_txt = (
+                f"**{r['verdict']}**"
+                if r["verdict"] in ("regression", "failed", CANNOT_JUDGE, "noisy")
+                else r["verdict"]
+            )
             if r.get("reason"):
                 verdict_txt += f": {_cell_text(r['reason'])}"
             lines.append(f"| {r['cell']} | {r['metric']} | {_val(r.get('base_median'), r['metric'])} | "
@@ -433,16 +471,21 @@ def render_markdown(result: dict[str, Any]) -> str:
                          f"{': ' + _cell_text(e['reason']) if e.get('reason') else ''} |")
     if result.get("notes"):
         lines += ["", "Notes:", *[f"- {n}" for n in result["notes"]]]
-    lines += ["", "Statistics: relative change = exp(Hodges-Lehmann shift of log per-step samples) - 1. Paired "
-              "(steps that did the same work on both sides: same repeat and step, equal response/prompt lengths): "
-              "one-sample Hodges-Lehmann of the per-step log ratios and a two-sided Wilcoxon signed-rank test; "
-              "otherwise the two-sample shift and a two-sided Mann-Whitney U test on the samples of all repeats. "
-              f"CI: bootstrap over repeats (and steps within them when fewer than 4) ({s['n_boot']} resamples). A regression needs change > "
-              f"{s['threshold']:.0%} and p < {s['alpha']}. Machine speed: where both sides timed the same reference "
-              "kernel around each step (speed probe), step times are divided by it (throughput multiplied) before "
-              "the comparison, so a machine that ran slower for a while is not read as a regression; "
-              "'probe time' is the candidate's median probe vs the baseline's (+ = machine slower), "
-              "'raw change' the change before this correction.", ""]
+    lines += [
+        "",
+        "Statistics: relative change = exp(Hodges-Lehmann shift of log per-step samples) - 1. Paired "
+        "(steps that did the same work on both sides: same repeat and step, equal response/prompt lengths): "
+        "one-sample Hodges-Lehmann of the per-step log ratios and a two-sided Wilcoxon signed-rank test; "
+        "otherwise the two-sample shift and a two-sided Mann-Whitney U test on the samples of all repeats. "
+        f"CI: bootstrap over repeats (and steps within them when fewer than 4) ({s['n_boot']} resamples). "
+        "A regression needs change > "
+        f"{s['threshold']:.0%} and p < {s['alpha']}. Machine speed: where both sides timed the same reference "
+        "kernel around each step (speed probe), step times are divided by it (throughput multiplied) before "
+        "the comparison, so a machine that ran slower for a while is not read as a regression; "
+        "'probe time' is the candidate's median probe vs the baseline's (+ = machine slower), "
+        "'raw change' the change before this correction.",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -471,11 +514,22 @@ def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) ->
         cand = result["candidate"]
         tr = Tracker(tracking_uri, cand.get("matrix") or "default")
         bname = result["baseline"].get("name") or "none"
-        parent = cand.get("parent_run_id") if cand.get("parent_run_id") and tr.parent_alive(cand["parent_run_id"]) else None
-        tags = {"bench.kind": "gate", "bench.verdict": result["verdict"], "bench.baseline": bname,
-                "bench.candidate_sweep": cand.get("sweep_id") or "", "engine": cand["engine"], "platform": cand["platform"],
-                "bench.candidate_parent_run": cand.get("parent_run_id") or "",
-                "bench.regressions": ", ".join(sorted({r["cell"] for r in result.get("rows", []) if r["verdict"] in ("regression", "failed")})) or "none"}
+        parent = (
+            cand.get("parent_run_id") if cand.get("parent_run_id") and tr.parent_alive(cand["parent_run_id"]) else None
+        )
+        tags = {
+            "bench.kind": "gate",
+            "bench.verdict": result["verdict"],
+            "bench.baseline": bname,
+            "bench.candidate_sweep": cand.get("sweep_id") or "",
+            "engine": cand["engine"],
+            "platform": cand["platform"],
+            "bench.candidate_parent_run": cand.get("parent_run_id") or "",
+            "bench.regressions": ", ".join(
+                sorted({r["cell"] for r in result.get("rows", []) if r["verdict"] in ("regression", "failed")})
+            )
+            or "none",
+        }
         if parent:
             tags["mlflow.parentRunId"] = parent
         md = next((Path(f) for f in files if Path(f).suffix == ".md" and Path(f).is_file()), None)
@@ -565,9 +619,19 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     cand = snapshot(sweep, results)
     expects = validate_expect(cand.get("expect"), cand["source"].get("matrix_file") or sweep) if check_expect else []
     if baseline_ref is None and not expects:
-        raise BenchError("gate: nothing to check: give --baseline NAME_OR_FILE (and/or an `expect` block in the matrix)")
-    base = load_reference(baseline_ref, results, prefer=prefer,  # compare names its reference SWEEP_A
-                          what="--baseline" if prefer == "baseline" else "SWEEP_A") if baseline_ref is not None else None
+        raise BenchError(
+            "gate: nothing to check: give --baseline NAME_OR_FILE (and/or an `expect` block in the matrix)"
+        )
+    base = (
+        load_reference(
+            baseline_ref,
+            results,
+            prefer=prefer,  # compare names its reference SWEEP_A
+            what="--baseline" if prefer == "baseline" else "SWEEP_A",
+        )
+        if baseline_ref is not None
+        else None
+    )
     result: dict[str, Any] = {
         "format": "grpo-bench-gate", "format_version": 1, "created_at": time.time(),
         "settings": {"threshold": threshold, "alpha": alpha, "metrics": ",".join(metrics), "n_boot": n_boot,
@@ -643,12 +707,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_comparison_arguments(p: argparse.ArgumentParser) -> None:
     """The options of the comparison itself, shared by ``gate`` and ``compare``."""
-    p.add_argument("--metric", action="append", default=None, metavar="NAME",
-                   help=f"metric(s) to compare, repeatable or comma-separated ({', '.join(METRICS)}; default step_time)")
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=f"metric(s) to compare, repeatable or comma-separated ({', '.join(METRICS)}; default step_time)",
+    )
     p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                    help="smallest relative change that counts (default 0.05 = 5 %%)")
-    p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
-                   help="significance level of the test (Wilcoxon signed-rank paired, else Mann-Whitney U); CIs at 1-alpha (default 0.01)")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help="significance level of the test (Wilcoxon signed-rank paired, else Mann-Whitney U); "
+        "CIs at 1-alpha (default 0.01)",
+    )
     p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--max-mde", type=float, default=None, metavar="FRACTION",
@@ -658,9 +732,13 @@ def add_comparison_arguments(p: argparse.ArgumentParser) -> None:
                    help="off (default): unpaired (Mann-Whitney U on the samples of all repeats); auto: compare step by "
                         "step when both sides ran the same steps on the same work (same seed; equal response/prompt "
                         "lengths per step; Wilcoxon signed-rank), which helps with 1-2 repeats")
-    p.add_argument("--test", default=None, metavar="NAME",
-                   help="the two-sample test by name (bench.analyze.stat_tests.TESTS; a paired one only where the steps pair "
-                        "up). Default: Mann-Whitney U, or Wilcoxon signed-rank where --pairing auto pairs the steps")
+    p.add_argument(
+        "--test",
+        default=None,
+        metavar="NAME",
+        help="the two-sample test by name (bench.analyze.stat_tests.TESTS; a paired one only where the steps pair "
+        "up). Default: Mann-Whitney U, or Wilcoxon signed-rank where --pairing auto pairs the steps",
+    )
     p.add_argument("--normalize", choices=("auto", "off"), default="auto",
                    help="auto (default): divide step times (multiply throughput) by the machine-speed probe timed "
                         "around each step when both sides have the same probe (embedded engine on CPU); "
@@ -717,11 +795,29 @@ def print_result(result: dict[str, Any], prog: str) -> int:
     if result["exit_code"] == EXIT_CANNOT_JUDGE:
         reasons = [f"{r['cell']}/{r['metric']}: {r['reason']}" for r in result["rows"]
                    if r["verdict"] in (CANNOT_JUDGE, "noisy")]
-        reasons += [f"{e['claim']}: {e['reason']}" for e in result.get("expectations", []) if e["result"] == CANNOT_JUDGE]
+        reasons += [
+            f"{e['claim']}: {e['reason']}" for e in result.get("expectations", []) if e["result"] == CANNOT_JUDGE
+        ]
         print(f"{prog}: cannot judge: " + " | ".join(reasons), file=sys.stderr)
     return int(result["exit_code"])
 
 
-__all__ = ["CANNOT_JUDGE", "EXIT_CODES", "EXIT_CANNOT_JUDGE", "clip", "load_reference", "print_result",
-           "add_comparison_arguments", "metric_list", "Expect", "validate_expect", "check_expectations", "compare_snapshots", "run_gate", "render_markdown",
-           "add_arguments", "main", "json"]
+__all__ = [
+    "CANNOT_JUDGE",
+    "EXIT_CODES",
+    "EXIT_CANNOT_JUDGE",
+    "clip",
+    "load_reference",
+    "print_result",
+    "add_comparison_arguments",
+    "metric_list",
+    "Expect",
+    "validate_expect",
+    "check_expectations",
+    "compare_snapshots",
+    "run_gate",
+    "render_markdown",
+    "add_arguments",
+    "main",
+    "json",
+]

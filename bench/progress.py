@@ -225,8 +225,12 @@ class LiveProgress:
     def _render(self, force: bool = False) -> None:
         line = self.text()
         if self._progress is not None:
-            self._progress.update(self._task, description=line.split(" | ")[0] + (f" | {self.extra}" if self.extra else ""),
-                                  eta=f"ETA {fmt_duration(self.eta())}", completed=self.done)
+            self._progress.update(
+                self._task,
+                description=line.split(" | ")[0] + (f" | {self.extra}" if self.extra else ""),
+                eta=f"ETA {fmt_duration(self.eta())}",
+                completed=self.done,
+            )
             return
         now = time.monotonic()
         changed = line.split(" | ")[0] != self._last_line.split(" | ")[0]

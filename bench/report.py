@@ -117,8 +117,9 @@ def write(data: dict[str, Any], out: Path) -> list[Path]:
 
 
 def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> str | None:
-    """Log the report files (artifact folder ``report``, with ``report.html`` rendered from ``report.md``), effect metrics, a tag and a pointer at the top of
-    the description on the sweep's parent run; returns a warning text instead of raising (``None``: logged)."""
+    """Log the report files (artifact folder ``report``, with ``report.html`` rendered from ``report.md``),
+    effect metrics, a tag and a pointer at the top of the description on the sweep's parent run; returns a
+    warning text instead of raising (``None``: logged)."""
     rid = data["sweep"].get("parent_run_id")
     if not rid:
         return "the sweep has no MLflow parent run recorded; report not logged to MLflow"

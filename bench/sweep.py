@@ -119,17 +119,26 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
     for c in model.cells:
         ok = c.ok_repeats()
         samples = [t for g in c.groups("step_time") for t in g]
-        row = {"cell_id": c.cell_id, "label": c.label, **_levels_str(c.levels),
-               "merged": c.merged_cells, "repeats_ok": len(ok), "repeats": len(c.repeats) + len(c.missing_repeats),
-               "step_time_s": st[c.cell_id]["value"],
-               "step_time_raw_s": raw[c.cell_id]["value"] if raw[c.cell_id]["value"] is not None else st[c.cell_id]["value"],
-               "step_time_iqr_s": iqr(samples) if samples else None, "speedup": st[c.cell_id]["speedup"],
-               **{m: others[m][c.cell_id]["value"] for m in others},
-               "peak_memory_gb": max((r.summary.get(SUMMARY_PEAK_MEM) or 0 for r in ok), default=None),
-               "status": c.status,
-               "reason": "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures)
-               or (f"unfinished (repeats {c.missing_repeats})" if c.status == "pending" else ""),
-               "all_off": c.all_off}
+        row = {
+            "cell_id": c.cell_id,
+            "label": c.label,
+            **_levels_str(c.levels),
+            "merged": c.merged_cells,
+            "repeats_ok": len(ok),
+            "repeats": len(c.repeats) + len(c.missing_repeats),
+            "step_time_s": st[c.cell_id]["value"],
+            "step_time_raw_s": raw[c.cell_id]["value"]
+            if raw[c.cell_id]["value"] is not None
+            else st[c.cell_id]["value"],
+            "step_time_iqr_s": iqr(samples) if samples else None,
+            "speedup": st[c.cell_id]["speedup"],
+            **{m: others[m][c.cell_id]["value"] for m in others},
+            "peak_memory_gb": max((r.summary.get(SUMMARY_PEAK_MEM) or 0 for r in ok), default=None),
+            "status": c.status,
+            "reason": "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures)
+            or (f"unfinished (repeats {c.missing_repeats})" if c.status == "pending" else ""),
+            "all_off": c.all_off,
+        }
         rows.append(row)
     return rows
 
@@ -173,13 +182,20 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
     atomic_write_text(csv_path, buf.getvalue())
     md = [f"# Sweep {header.get('sweep_id')} of `{header.get('matrix')}`", ""]
     md += [f"- {k}: {v}" for k, v in header.items() if k not in ("sweep_id", "matrix")]
-    md += ["", "| cell | " + " | ".join(REGISTRY[k].key for k in FACTOR_KEYS)
-           + " | step time s | raw step time s | IQR s | speedup vs all-off | rollout share | Free ratio | tokens/s | status |",
-           "|---" * (len(FACTOR_KEYS) + 9) + "|"]
+    md += [
+        "",
+        "| cell | "
+        + " | ".join(REGISTRY[k].key for k in FACTOR_KEYS)
+        + " | step time s | raw step time s | IQR s | speedup vs all-off"
+        + " | rollout share | Free ratio | tokens/s | status |",
+        "|---" * (len(FACTOR_KEYS) + 9) + "|",
+    ]
     for r in rows:
         md.append(
-            f"| {r['label']} (`{r['cell_id']}`) | " + " | ".join(r[k] for k in FACTOR_KEYS)
-            + f" | {_fmt(r['step_time_s'])} | {_fmt(r['step_time_raw_s'])} | {_fmt(r['step_time_iqr_s'])} | {_fmt(r['speedup'])}"
+            f"| {r['label']} (`{r['cell_id']}`) | "
+            + " | ".join(r[k] for k in FACTOR_KEYS)
+            + f" | {_fmt(r['step_time_s'])} | {_fmt(r['step_time_raw_s'])}"
+            + f" | {_fmt(r['step_time_iqr_s'])} | {_fmt(r['speedup'])}"
             f" | {_fmt(r['rollout_share'])} | {_fmt(r['free_ratio'])} | {_fmt(r['throughput'], 1)}"
             f" | {r['status']}{(': ' + r['reason'][:80]) if r['reason'] else ''} |"
         )
@@ -300,8 +316,13 @@ class Sweep:
             planned = planned_order(meta)
             if (planned.kind, planned.seed) != (self.order_kind, self.order_seed if self.order_seed is not None
                                                  else planned.seed):
-                self.on_event("warn", {"message": f"resuming sweep {meta['sweep_id']} in its planned order "
-                                                  f"({planned.kind}, seed {planned.seed}), not --order {self.order_kind}"})
+                self.on_event(
+                    "warn",
+                    {
+                        "message": f"resuming sweep {meta['sweep_id']} in its planned order "
+                        f"({planned.kind}, seed {planned.seed}), not --order {self.order_kind}"
+                    },
+                )
             self._ensure_parent(tracker, meta)
         else:
             sweep_id = new_sweep_id(fp)
@@ -390,7 +411,9 @@ class Sweep:
 
     def _out_of_space(self, sweep_dir: Path, rec: dict[str, Any]) -> bool:
         """A failed run on a (nearly) full disk: ENOSPC in its log or less free space than a run takes."""
-        if "No space left on device" in (rec.get("log_tail") or "") or "Disk quota exceeded" in (rec.get("log_tail") or ""):
+        if "No space left on device" in (rec.get("log_tail") or "") or "Disk quota exceeded" in (
+            rec.get("log_tail") or ""
+        ):
             return True
         free = free_bytes(sweep_dir)
         return free is not None and free < min(self._run_bytes(sweep_dir), 8 << 20)
@@ -446,18 +469,26 @@ class Sweep:
         first = meta["invocations"][0]  # the sweep's wall time and overhead: a resume never overwrites them
         all_ok = all(r["status"] == "ok" for r in rows)
         meta["status"] = "complete" if all_ok else "incomplete"
-        header = {"sweep_id": meta["sweep_id"], "matrix": meta["matrix_name"], "engine": meta["engine"],
-                  "platform": meta["platform"], "design": meta["matrix"]["design"]["type"],
-                  "cells run / design cells": f"{len(rows)} / {meta['plan']['design_cells']}",
-                  "dropped": len(meta["plan"]["dropped"]),
-                  "timed steps": "measured steps without the profiler (profiled steps give the Free ratio)",
-                  "step time": "per run the median timed step, geometric mean over the cell's ok repeats"
-                               + (f"; speed-normalized to the sweep's median speed-probe time {probe_ref:.4f} s"
-                                  if probe_ref else "; raw (no speed probe in every run)"),
-                  "run order": f"{meta.get('order', {}).get('kind', 'sequential')}"
-                               + (f", seed {meta['order']['seed']}" if (meta.get("order") or {}).get("seed") is not None else ""),
-                  "harness overhead": f"{first['overhead_share']:.1%} of {first['wall_s']:.1f} s wall "
-                                      f"(in GRPO steps {first['in_step_s']:.1f} s)"}
+        header = {
+            "sweep_id": meta["sweep_id"],
+            "matrix": meta["matrix_name"],
+            "engine": meta["engine"],
+            "platform": meta["platform"],
+            "design": meta["matrix"]["design"]["type"],
+            "cells run / design cells": f"{len(rows)} / {meta['plan']['design_cells']}",
+            "dropped": len(meta["plan"]["dropped"]),
+            "timed steps": "measured steps without the profiler (profiled steps give the Free ratio)",
+            "step time": "per run the median timed step, geometric mean over the cell's ok repeats"
+            + (
+                f"; speed-normalized to the sweep's median speed-probe time {probe_ref:.4f} s"
+                if probe_ref
+                else "; raw (no speed probe in every run)"
+            ),
+            "run order": f"{meta.get('order', {}).get('kind', 'sequential')}"
+            + (f", seed {meta['order']['seed']}" if (meta.get("order") or {}).get("seed") is not None else ""),
+            "harness overhead": f"{first['overhead_share']:.1%} of {first['wall_s']:.1f} s wall "
+            f"(in GRPO steps {first['in_step_s']:.1f} s)",
+        }
         resumes = meta["invocations"][1:]
         if resumes:
             header["resumed"] = "; ".join(
@@ -565,15 +596,25 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
     }
     evidence = rec.get("evidence") or {}
     phases = step_phases(rec)
-    tags = {"bench.kind": "cell", "cell_id": spec.cell_id, "repeat": rec["repeat"], "status": rec["status"],
-            "label": spec.label, "bench.label": spec.label,
-            "bench.warmup_steps": ",".join(map(str, phases["warmup"])) or "none",
-            "bench.profile_steps": ",".join(map(str, phases["profiled"])) or "none", "engine": spec.engine, "platform": spec.platform,
-            "merged_cells": len(spec.cells), "git_commit": git_commit(),
-            "timed_steps": summ.get("timed_steps"), "profiled_steps": summ.get("profiled_steps"),
-            **{f"version.{k}": v for k, v in versions().items()},
-            **{f"evidence.{k}": v for k, v in evidence.items() if k in REGISTRY},
-            **{f"not_applicable.{k}": v for k, v in spec.not_applicable.items()}}
+    tags = {
+        "bench.kind": "cell",
+        "cell_id": spec.cell_id,
+        "repeat": rec["repeat"],
+        "status": rec["status"],
+        "label": spec.label,
+        "bench.label": spec.label,
+        "bench.warmup_steps": ",".join(map(str, phases["warmup"])) or "none",
+        "bench.profile_steps": ",".join(map(str, phases["profiled"])) or "none",
+        "engine": spec.engine,
+        "platform": spec.platform,
+        "merged_cells": len(spec.cells),
+        "git_commit": git_commit(),
+        "timed_steps": summ.get("timed_steps"),
+        "profiled_steps": summ.get("profiled_steps"),
+        **{f"version.{k}": v for k, v in versions().items()},
+        **{f"evidence.{k}": v for k, v in evidence.items() if k in REGISTRY},
+        **{f"not_applicable.{k}": v for k, v in spec.not_applicable.items()},
+    }
     if rec.get("patch_reports"):
         from bench.engines.verl.notes import patch_evidence
 
@@ -668,9 +709,12 @@ def profile_summary(rec: dict[str, Any], rdir: Path, free_ratio: float | None) -
         "free_ratio": free_ratio,
         "free_ratio_is": "median over the profiled measured steps of the per-step Free ratio (bench.model.run_value)",
         "definition": "per profiler step window: free = window - union of busy intervals; Free ratio = free / window",
-        "basis_meaning": {"device": "union of device kernel/memcpy/memset intervals (all streams)",
-                          "cpu": "union of cpu_op intervals of the main thread (no device events)"},
-        "profiled_steps": summ.get("profiled_steps") or [], "profiled_measured_steps": summ.get("profiled_measured_steps"),
+        "basis_meaning": {
+            "device": "union of device kernel/memcpy/memset intervals (all streams)",
+            "cpu": "union of cpu_op intervals of the main thread (no device events)",
+        },
+        "profiled_steps": summ.get("profiled_steps") or [],
+        "profiled_measured_steps": summ.get("profiled_measured_steps"),
         "window": "one ProfilerStep#N window per profiled step",
         "steps": steps,
         "trace": str(trace.relative_to(rdir)) if trace else None,

@@ -72,7 +72,9 @@ def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     return tags, params
 
 
-def sync_sweep(sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, int]:
+def sync_sweep(
+    sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]], None] | None = None
+) -> dict[str, int]:
     """Upload everything of one sweep that MLflow lacks; returns counts ``{"children", "parents", "closed"}``.
 
     Stops at the first failing MLflow call (the tracker is marked down; the queue file stays).
@@ -176,7 +178,9 @@ def main(args: argparse.Namespace) -> int:
         sweeps = [find_sweep(args.sweep, args.results)]
     else:
         root = Path(args.results)
-        sweeps = sorted(p.parent for p in root.glob(f"*/*/{QUEUE}") if not p.parent.is_symlink()) if root.is_dir() else []
+        sweeps = (
+            sorted(p.parent for p in root.glob(f"*/*/{QUEUE}") if not p.parent.is_symlink()) if root.is_dir() else []
+        )
         if not sweeps:
             print(f"nothing to sync under {root}")
             return 0

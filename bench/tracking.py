@@ -276,7 +276,10 @@ class Tracker:
                 import mlflow
                 from mlflow import MlflowClient
 
-                for name in ("mlflow", "alembic"):  # "Creating initial MLflow database tables..." is not for the terminal
+                for name in (
+                    "mlflow",
+                    "alembic",
+                ):  # "Creating initial MLflow database tables..." is not for the terminal
                     logging.getLogger(name).setLevel(logging.WARNING)
                 self._mlflow = mlflow
                 if db is not None:  # two harnesses creating one fresh database: one migrates, the other waits
@@ -429,7 +432,8 @@ class Tracker:
                             f"({trace.stat().st_size / 2**20:.1f} MB)")
                 else:
                     self.client.log_artifact(run_id, str(out), "trace")
-                    what = f"trace/{out.name} ({out.stat().st_size / 2**20:.1f} MB, from {trace.stat().st_size / 2**20:.1f} MB)"
+                    mb_out, mb_in = out.stat().st_size / 2**20, trace.stat().st_size / 2**20
+                    what = f"trace/{out.name} ({mb_out:.1f} MB, from {mb_in:.1f} MB)"
                 shutil.rmtree(tmp, ignore_errors=True)
         self.client.set_tag(run_id, "bench.trace", what)
         return what

@@ -446,11 +446,16 @@ class Tuner:
         tags = {"bench.kind": "tune", "optuna.study": s.study_name, "optuna.storage": redact(s.storage_url),
                 "engine": s.matrix.engine, "platform": s.platform, "git_commit": git_commit(),
                 "matrix_file": s.matrix.source, **{f"version.{k}": v for k, v in versions().items()}}
-        params = {"objective": s.block.objective, "direction": s.direction, "sampler": s.block.sampler.type,
-                  "sampler.seed": s.block.sampler.seed, "seq_len_P_plus_R": s.seq,
-                  **{f"space.{k}": d.describe() for k, d in s.space.items()},
-                  **{f"fixed.{k}": v for k, v in s.cell.items()},
-                  **{f"base.{k}": v for k, v in s.matrix.base.model_dump(exclude={"env", "overrides", "embedded"}).items()}}
+        params = {
+            "objective": s.block.objective,
+            "direction": s.direction,
+            "sampler": s.block.sampler.type,
+            "sampler.seed": s.block.sampler.seed,
+            "seq_len_P_plus_R": s.seq,
+            **{f"space.{k}": d.describe() for k, d in s.space.items()},
+            **{f"fixed.{k}": v for k, v in s.cell.items()},
+            **{f"base.{k}": v for k, v in s.matrix.base.model_dump(exclude={"env", "overrides", "embedded"}).items()},
+        }
         self.parent_id = self.tracker.start_parent(f"tune-{s.study_name}", tags, params)
         study.set_user_attr(PARENT_ATTR, self.parent_id)
         study.set_user_attr(URI_ATTR, s.tracking_uri)
@@ -473,12 +478,19 @@ class Tuner:
                 metrics.append(Metric("objective", float(value), now, 0))
             params = [Param("trial", str(number)), Param("objective_name", self.s.block.objective),
                       *[Param(k, str(v)) for k, v in limits.items()]]
-            tags = [RunTag("mlflow.runName", f"trial-{number}"), RunTag("bench.kind", "trial"),
-                    RunTag("optuna.study", self.s.study_name), RunTag("optuna.trial_number", str(number)),
-                    RunTag("optuna.state", state), RunTag("infeasible", str(bool(constraint and constraint > 0)).lower())]
+            tags = [
+                RunTag("mlflow.runName", f"trial-{number}"),
+                RunTag("bench.kind", "trial"),
+                RunTag("optuna.study", self.s.study_name),
+                RunTag("optuna.trial_number", str(number)),
+                RunTag("optuna.state", state),
+                RunTag("infeasible", str(bool(constraint and constraint > 0)).lower()),
+            ]
             self.tracker.client.log_batch(rid, metrics=metrics, params=params, tags=tags)
             if value is not None:
-                self.tracker.client.log_batch(self.parent_id, metrics=[Metric("trial_value", float(value), now, number)])
+                self.tracker.client.log_batch(
+                    self.parent_id, metrics=[Metric("trial_value", float(value), now, number)]
+                )
         except Exception as exc:
             self.on_event("warn", {"message": f"MLflow logging of trial {number} failed: {exc}"})
             return None
@@ -693,7 +705,9 @@ class Tuner:
                     self.tracker.client.set_tag(self.parent_id, "best_trial", str(best["trial"]))
                     if best.get("note"):
                         self.tracker.client.set_tag(self.parent_id, "best_note", best["note"][:4000])
-                    self.tracker.client.set_tag(self.parent_id, "best_overrides", " ".join(verl_overrides(best["limits"])))
+                    self.tracker.client.set_tag(
+                        self.parent_id, "best_overrides", " ".join(verl_overrides(best["limits"]))
+                    )
                 for p in summary["files"].values():
                     if Path(p).is_file():
                         self.tracker.client.log_artifact(self.parent_id, p)
@@ -728,7 +742,11 @@ def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
         for k in sorted(set(a) | set(b), key=str):
             out += _diff(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
         return out
-    return [] if json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str) else [prefix or "(root)"]
+    return (
+        []
+        if json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+        else [prefix or "(root)"]
+    )
 
 
 # --------------------------------------------------------------------------------------------------
@@ -742,7 +760,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="finished trials the study should hold (a resumed study runs only the rest)")
     p.add_argument("--timeout", type=float, default=None, metavar="S",
                    help="wall-clock budget of this invocation, seconds (checked before each trial)")
-    p.add_argument("--study", default=None, metavar="NAME", help="study name (default: tune.study, else the matrix name)")
+    p.add_argument(
+        "--study", default=None, metavar="NAME", help="study name (default: tune.study, else the matrix name)"
+    )
     p.add_argument("--storage", default=None, metavar="URL",
                    help="Optuna storage: SQLAlchemy URL or journal:PATH (default: tune.storage, else "
                         "sqlite:///<results>/optuna.db)")
@@ -797,7 +817,9 @@ class ConsoleView:
                 self.p(f"  note: {n}")
             self.p(f"  trial folders: {d['study_dir']}/trial-<n>/")
             if d["todo"] != 0:
-                starting = getattr(self.executor, "proc", None) is not None and not getattr(self.executor, "ready", True)
+                starting = getattr(self.executor, "proc", None) is not None and not getattr(
+                    self.executor, "ready", True
+                )
                 if d["todo"] is None and d["timeout_s"]:
                     self.live.extra = f"stops after {d['timeout_s']:g} s"
                 self.live.start(FORKSERVER_STARTING if starting else "sampling the first trial", total=d["todo"])
@@ -836,8 +858,10 @@ def best_text(best: dict[str, Any], unit: str) -> str:
     reference probe time and the measured (raw) median."""
     txt = f"{best.get('objective_name') or 'objective'} = {best['value']:.4g} {unit}"
     if best.get("normalized"):
-        txt += (f" (median over the timed steps at the study's reference speed: probe {best['reference_probe_s']:.4f} s); "
-                f"measured median {best['raw_value']:.4g} {unit}")
+        txt += (
+            f" (median over the timed steps at the study's reference speed: probe {best['reference_probe_s']:.4f} s); "
+            f"measured median {best['raw_value']:.4g} {unit}"
+        )
     elif best.get("raw_value") is not None:
         txt += " (measured median over the timed steps)"
     return txt

@@ -89,8 +89,9 @@ def importance(study: Any) -> tuple[dict[str, float] | None, str]:
     if len({t.value for t in feasible}) < 2:
         return None, "every feasible trial has the same objective value"
     try:
-        imp = optuna.importance.get_param_importances(study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0),
-                                                      target=None)
+        imp = optuna.importance.get_param_importances(
+            study, evaluator=optuna.importance.FanovaImportanceEvaluator(seed=0), target=None
+        )
     except (RuntimeError, ValueError, ZeroDivisionError) as exc:
         return None, f"not computable: {exc}"
     imp = {k: float(v) for k, v in imp.items() if v is not None and math.isfinite(v)}
@@ -102,15 +103,20 @@ def trials_rows(study: Any, objective_key: str) -> list[dict[str, Any]]:
     measured median, before speed normalization), whether normalized, constraint, reason, run folder."""
     rows = []
     for t in study.get_trials(deepcopy=False):
-        row = {"number": t.number, "kind": trial_kind(t), "state": t.state.name,
-               **{k: t.params.get(k, t.user_attrs.get(k)) for k in PARAMS},
-               objective_key: t.value if t.values else None,
-               "raw_value": t.user_attrs.get("raw_value") if t.values else None,
-               "normalized": t.user_attrs.get("normalized"),
-               "constraint": t.constraints.get(CONSTRAINT) if t.constraints else None,
-               "failure_kind": t.user_attrs.get("failure_kind", ""),
-               "reason": t.user_attrs.get("reason") or ("the harness stopped during this trial" if is_interrupted(t) else ""),
-               "run_dir": t.user_attrs.get("run_dir", "")}
+        row = {
+            "number": t.number,
+            "kind": trial_kind(t),
+            "state": t.state.name,
+            **{k: t.params.get(k, t.user_attrs.get(k)) for k in PARAMS},
+            objective_key: t.value if t.values else None,
+            "raw_value": t.user_attrs.get("raw_value") if t.values else None,
+            "normalized": t.user_attrs.get("normalized"),
+            "constraint": t.constraints.get(CONSTRAINT) if t.constraints else None,
+            "failure_kind": t.user_attrs.get("failure_kind", ""),
+            "reason": t.user_attrs.get("reason")
+            or ("the harness stopped during this trial" if is_interrupted(t) else ""),
+            "run_dir": t.user_attrs.get("run_dir", ""),
+        }
         rows.append(row)
     return rows
 
@@ -185,10 +191,16 @@ def best_summary(study: Any, best: Any, rows: list[dict[str, Any]], objective_ke
     measured median, ``unit``), ``normalized`` and ``reference_probe_s`` (the study's reference probe time
     the value is expressed at), and a ``note`` when another feasible trial measured better on the clock
     (the normalized objective then ranks trials by the machine's speed as well: the note says by how much)."""
-    out = {"trial": best.number, "value": best.value, "objective_name": metric_name,
-           "raw_value": best.user_attrs.get("raw_value"), "normalized": bool(best.user_attrs.get("normalized")),
-           "reference_probe_s": study.user_attrs.get("speed_probe_ref_s") if best.user_attrs.get("normalized") else None,
-           "unit": unit, "note": ""}
+    out = {
+        "trial": best.number,
+        "value": best.value,
+        "objective_name": metric_name,
+        "raw_value": best.user_attrs.get("raw_value"),
+        "normalized": bool(best.user_attrs.get("normalized")),
+        "reference_probe_s": study.user_attrs.get("speed_probe_ref_s") if best.user_attrs.get("normalized") else None,
+        "unit": unit,
+        "note": "",
+    }
     feas = [r for r in rows if r["kind"] == "feasible" and r.get("raw_value") is not None]
     if feas and out["raw_value"] is not None:
         sign = 1 if study.direction.name.lower() == "minimize" else -1
@@ -196,11 +208,13 @@ def best_summary(study: Any, best: Any, rows: list[dict[str, Any]], objective_ke
         if raw_best["number"] != best.number and sign * raw_best["raw_value"] < sign * out["raw_value"]:
             ranked = sorted(feas, key=lambda r: sign * r["raw_value"])
             place = 1 + [r["number"] for r in ranked].index(best.number)
-            out["note"] = (f"trial {best.number} is best at the reference machine speed ({metric_name} {best.value:.4g} "
-                           f"{unit}) but measured {out['raw_value']:.4g} {unit}, place {place} of {len(ranked)} on the "
-                           f"clock; trial {raw_best['number']} measured best ({raw_best['raw_value']:.4g} {unit}) while the "
-                           "machine ran faster. The speed probe says the difference is the machine's, not the limits': "
-                           "rerun both to confirm before adopting either")
+            out["note"] = (
+                f"trial {best.number} is best at the reference machine speed ({metric_name} {best.value:.4g} "
+                f"{unit}) but measured {out['raw_value']:.4g} {unit}, place {place} of {len(ranked)} on the "
+                f"clock; trial {raw_best['number']} measured best ({raw_best['raw_value']:.4g} {unit}) while the "
+                "machine ran faster. The speed probe says the difference is the machine's, not the limits': "
+                "rerun both to confirm before adopting either"
+            )
     return out
 
 
@@ -217,9 +231,16 @@ def write_outputs(out_dir: Path, study: Any, *, space: dict[str, IntDim], object
     best = best_trial(study)
     imp, imp_note = importance(study)
     counts = {k: sum(r["kind"] == k for r in rows) for k in ("feasible", "infeasible", "failed", "interrupted")}
-    summary: dict[str, Any] = {"study": study.study_name, "objective": objective, "direction": study.direction.name.lower(),
-                               "counts": counts, "importance": imp, "importance_note": imp_note, "best": None,
-                               "files": {}}
+    summary: dict[str, Any] = {
+        "study": study.study_name,
+        "objective": objective,
+        "direction": study.direction.name.lower(),
+        "counts": counts,
+        "importance": imp,
+        "importance_note": imp_note,
+        "best": None,
+        "files": {},
+    }
     files: dict[str, Path] = {}
     if best is not None:
         limits = limits_of_trial(best)

@@ -95,9 +95,11 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
 
     buf = io.StringIO()
     print_result(out, s, ConsoleView(buf))
-    assert (f"best: trial {bj['trial']}, step_time_s (s, median, speed-normalized) = {bj['value']:.4g} s (median over the timed "
-            f"steps at the study's reference speed: probe {ref:.4f} s); measured median {bj['raw_value']:.4g} s") \
-        in buf.getvalue()
+    assert (
+        f"best: trial {bj['trial']}, step_time_s (s, median, speed-normalized) = {bj['value']:.4g} s "
+        "(median over the timed "
+        f"steps at the study's reference speed: probe {ref:.4f} s); measured median {bj['raw_value']:.4g} s"
+    ) in buf.getvalue()
     trials = {int(r["number"]): r for r in csv.DictReader(open(s.study_dir / "trials.csv"))}
     assert float(trials[bj["trial"]]["step_time_median_s"]) == pytest.approx(bj["value"], rel=1e-12)
     assert float(trials[bj["trial"]]["raw_value"]) == pytest.approx(bj["raw_value"], rel=1e-12)

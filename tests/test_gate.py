@@ -53,7 +53,9 @@ def test_identical_rerun_passes_and_writes_outputs(results, uri, monkeypatch, tm
     run = MlflowClient(tracking_uri=uri).get_run(data["mlflow_run_id"])
     assert run.data.tags["bench.kind"] == "gate" and run.data.tags["bench.verdict"] == "pass"
     assert run.data.params["threshold"] == "0.05"
-    assert run.data.tags["mlflow.note.content"] == (sweep / "gate" / "gate.md").read_text()  # the run page's description
+    assert (
+        run.data.tags["mlflow.note.content"] == (sweep / "gate" / "gate.md").read_text()
+    )  # the run page's description
 
 
 def test_ten_percent_slowdown_is_a_regression(results, uri, capsys, tmp_path):

@@ -97,7 +97,9 @@ def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_pa
         # Created and Duration of the run itself, not of the upload
         assert child.info.start_time == round(run_start(rec) * 1000)
         assert child.info.end_time == round(rec["finished_at"] * 1000)
-        assert _client(uri).get_metric_history(child.info.run_id, "step_time_median_s")[0].timestamp == child.info.end_time
+        assert (
+            _client(uri).get_metric_history(child.info.run_id, "step_time_median_s")[0].timestamp == child.info.end_time
+        )
         # the run values of bench.model, = summary.csv's (one repeat: the cell value is the run value)
         samples = record_samples(rec)
         row = summary[tags["cell_id"]]
@@ -202,7 +204,9 @@ def test_a_failed_child_says_why_on_its_own_page(tmp_path):
         last = [ln for ln in rec["log_tail"].splitlines() if ln.strip()][-1]
         assert last in text
         assert "| step time, median | n/a |" in text
-        assert child.info.end_time - child.info.start_time == round(rec["finished_at"] * 1000) - round(run_start(rec) * 1000)
+        assert child.info.end_time - child.info.start_time == round(rec["finished_at"] * 1000) - round(
+            run_start(rec) * 1000
+        )
         assert not math.isnan(child.info.end_time)
 
 
@@ -281,7 +285,9 @@ def test_names_cells_table_step_series_report_page_gate_run_and_system_metrics(t
         assert rec["summary"]["timed_steps"] == [2, 3, 4] and rec["summary"]["profiled_steps"] == []
         phases = {"": [2, 3, 4], ".warmup": [1], ".profiled": []}
         for suffix, steps in phases.items():
-            hist = sorted(_client(uri).get_metric_history(child.info.run_id, "step_time_s" + suffix), key=lambda h: h.step)
+            hist = sorted(
+                _client(uri).get_metric_history(child.info.run_id, "step_time_s" + suffix), key=lambda h: h.step
+            )
             assert [h.step for h in hist] == steps
             assert [h.value for h in hist] == [rec["steps"][str(s)]["timing_s/step"] for s in steps]
         assert child.data.tags["bench.warmup_steps"] == "1" and child.data.tags["bench.profile_steps"] == "none"
@@ -295,13 +301,17 @@ def test_names_cells_table_step_series_report_page_gate_run_and_system_metrics(t
     for r in rows:
         s = summary[r["cell id"]]
         assert r["label"] == s["label"] and r["runs ok"] == f"{s['repeats_ok']}/{s['repeats']}"
-        assert r["cell"] == compact_label({k: None if s[k] == "n/a" else int(s[k]) for k in ("rmsnorm_fused", "dynamic_bsz")})
+        assert r["cell"] == compact_label(
+            {k: None if s[k] == "n/a" else int(s[k]) for k in ("rmsnorm_fused", "dynamic_bsz")}
+        )
         for col, key in (("step time s", "step_time_s"), ("speedup", "speedup"), ("rollout share", "rollout_share"),
                          ("tokens/s", "throughput")):
             assert r[col] == pytest.approx(float(s[key]), rel=1e-9), (col, r)
         assert r["Free ratio"] is None and s["free_ratio"] == ""
         assert r["dynamic_bsz"] == s["dynamic_bsz"] and "mc2" not in r  # factors that apply nowhere left out
-    assert {"path": "cells.json", "type": "table"} in json.loads(_client(uri).get_run(pid).data.tags["mlflow.loggedArtifacts"])
+    assert {"path": "cells.json", "type": "table"} in json.loads(
+        _client(uri).get_run(pid).data.tags["mlflow.loggedArtifacts"]
+    )
 
     # MLflow's system metrics, sampled on the parent while the sweep ran
     system = [k for k in _client(uri).get_run(pid).data.metrics if k.startswith("system/")]
@@ -333,7 +343,9 @@ def test_names_cells_table_step_series_report_page_gate_run_and_system_metrics(t
     assert run.info.run_name == f"gate {meta2['sweep_id']} vs {data['baseline']['name']}: {data['verdict']}"
     gate_rows = _artifact_json(uri, run.info.run_id, "gate_cells.json", tmp_path / "dl3")
     got = [dict(zip(gate_rows["columns"], r)) for r in gate_rows["data"]]
-    assert [(g["cell"], g["metric"], g["verdict"]) for g in got] == [(r["cell"], r["metric"], r["verdict"]) for r in data["rows"]]
+    assert [(g["cell"], g["metric"], g["verdict"]) for g in got] == [
+        (r["cell"], r["metric"], r["verdict"]) for r in data["rows"]
+    ]
     assert not [k for k in run.data.metrics if "/" in k]  # no per-cell metric names any more
     if data["verdict"] == "cannot judge":
         assert run.info.status == "FINISHED"

@@ -125,17 +125,24 @@ def test_smoke_sweep_against_a_real_mlflow_server_then_resume(tmp_path):
 
             raw = gzip.open(client.download_artifacts(rid, traces[0], str(tmp_path / "dl" / rid))).read()
             assert raw == (sweep / tags["cell_id"] / "r0" / "trace" / "steps_3-3.json").read_bytes()
-            prof = json.loads(open(client.download_artifacts(rid, "profile_summary.json", str(tmp_path / "dl" / rid))).read())
+            prof = json.loads(
+                open(client.download_artifacts(rid, "profile_summary.json", str(tmp_path / "dl" / rid))).read()
+            )
             assert prof["free_ratio"] == pytest.approx(m_free := child.data.metrics["free_ratio"]) and 0 <= m_free < 1
             assert prof["steps"]["3"]["basis"] == ["cpu"] and prof["steps"]["3"]["free_ratio"] == rec["free_ratio"]["3"]
 
         # a comparison of the sweep with itself: a gate run nested under the sweep's parent, its verdict as status
-        pc = bench(["compare", "smoke", "smoke", "--results", "res", "--tracking-uri", uri, "--bootstrap", "200"], tmp_path)
+        pc = bench(
+            ["compare", "smoke", "smoke", "--results", "res", "--tracking-uri", uri, "--bootstrap", "200"], tmp_path
+        )
         gate = json.loads((sweep / "compare" / "gate.json").read_text())
         grun = client.get_run(gate["mlflow_run_id"])
         assert pc.returncode == gate["exit_code"] and grun.data.tags["mlflow.parentRunId"] == parent
         assert grun.data.tags["bench.verdict"] == gate["verdict"]
-        assert grun.info.status == {"pass": "FINISHED", "regression": "FAILED", "cannot judge": "FINISHED"}[gate["verdict"]]
+        assert (
+            grun.info.status
+            == {"pass": "FINISHED", "regression": "FAILED", "cannot judge": "FINISHED"}[gate["verdict"]]
+        )
         assert "gate_cells.json" in [f.path for f in client.list_artifacts(grun.info.run_id)]
 
         # same matrix again: resumes the sweep, runs nothing, logs nothing twice

@@ -525,7 +525,9 @@ def test_study_names_its_objective_with_unit_and_keeps_raw_and_normalized_values
     assert a["objective.direction"] == "minimize" and a["objective.speed_normalized"] is True
     # settings as one key each, no JSON blob
     assert "bench_settings" not in a
-    assert a["setting.engine"] == "embedded" and a["setting.platform"] == "cpu" and a["setting.objective"] == "step_time"
+    assert (
+        a["setting.engine"] == "embedded" and a["setting.platform"] == "cpu" and a["setting.objective"] == "step_time"
+    )
     assert a["setting.cell.dynamic_bsz"] == 1 and a["setting.cell.rmsnorm_fused"] == 1
     assert a["setting.space.ppo_max_token_len_per_gpu.low"] == SEQ and a["setting.base.steps"] == 3
     assert not [k for k, v in a.items() if isinstance(v, dict) and v], "a study attribute holds a JSON object"
@@ -535,7 +537,9 @@ def test_study_names_its_objective_with_unit_and_keeps_raw_and_normalized_values
     for i, t in enumerate(done):
         true = step_time(t.user_attrs["ppo_max_token_len_per_gpu"], t.user_attrs["log_prob_max_token_len_per_gpu"])
         assert t.user_attrs["step_time_s_normalized"] == t.value == pytest.approx(true, rel=1e-6)
-        assert t.user_attrs["step_time_s_raw"] == t.user_attrs["raw_value"] == pytest.approx(true * slow[i % 2], rel=1e-6)
+        assert (
+            t.user_attrs["step_time_s_raw"] == t.user_attrs["raw_value"] == pytest.approx(true * slow[i % 2], rel=1e-6)
+        )
         assert t.user_attrs["reference_probe_s"] == ref == pytest.approx(0.03)
         assert t.user_attrs["speed_probe_median_s"] == pytest.approx(0.03 * slow[i % 2])
     # normalize: false: the name says raw, and there is no normalized value

@@ -240,7 +240,9 @@ def screenshot(driver: Any, path: Path) -> None:
     from selenium.webdriver.common.by import By
 
     try:
-        for btn in driver.find_elements(By.CSS_SELECTOR, "button[data-component-id='mlflow.assistant.chat_panel.close']"):
+        for btn in driver.find_elements(
+            By.CSS_SELECTOR, "button[data-component-id='mlflow.assistant.chat_panel.close']"
+        ):
             if btn.is_displayed():
                 btn.click()
                 time.sleep(0.5)
@@ -254,7 +256,8 @@ def screenshot(driver: Any, path: Path) -> None:
 #: The list clips a long name with an ellipsis (the name's element or a box up to the cell); the visible
 #: part is the longest prefix that fits beside the ellipsis in the element's font (canvas measureText).
 ROWS_JS = """
-const ctx = (window.__browserCheckCanvas = window.__browserCheckCanvas || document.createElement("canvas")).getContext("2d");
+window.__browserCheckCanvas = window.__browserCheckCanvas || document.createElement("canvas");
+const ctx = window.__browserCheckCanvas.getContext("2d");
 const out = {};
 for (const row of document.querySelectorAll("[role=row][row-id]")) {
   const cell = row.querySelector(arguments[0]);
@@ -263,7 +266,8 @@ for (const row of document.querySelectorAll("[role=row][row-id]")) {
   const text = name.innerText, left = name.getBoundingClientRect().left;
   let right = Infinity;
   for (let e = name; e && e !== cell.parentElement; e = e.parentElement)
-    if (getComputedStyle(e).overflowX !== "visible") right = Math.min(right, e.getBoundingClientRect().left + e.clientWidth);
+    if (getComputedStyle(e).overflowX !== "visible")
+        right = Math.min(right, e.getBoundingClientRect().left + e.clientWidth);
   const st = getComputedStyle(name);
   ctx.font = `${st.fontStyle} ${st.fontWeight} ${st.fontSize} ${st.fontFamily}`;
   let visible = text;
@@ -354,7 +358,9 @@ def check_experiment(ck: Checks, driver: Any, base: str, exp_id: str, parent: di
 def check_parent(ck: Checks, driver: Any, base: str, exp_id: str, parent: dict, out: Path, wait: float) -> None:
     """The sweep's parent run page: its name and the headline speedups."""
     driver.get(f"{base}/#/experiments/{exp_id}/runs/{parent['run_id']}?{ML_VIEW}")
-    text = wait_for(driver, lambda d: (t := body_text(d)) and parent["name"] in t and "Parameters" in t and t, wait) or ""
+    text = (
+        wait_for(driver, lambda d: (t := body_text(d)) and parent["name"] in t and "Parameters" in t and t, wait) or ""
+    )
     screenshot(driver, out / SHOTS["parent"])
     speedups = sorted(set(re.findall(r"^speedup\.\S+", text, flags=re.M)))
     need = max(1, len(parent["cells"]) - 1)  # one per cell; the reference cell's (= 1) may be left out
@@ -393,7 +399,9 @@ def check_table(ck: Checks, driver: Any, base: str, exp_id: str, parent: dict, o
     text = wait_for(driver, lambda d: (t := body_text(d)) and all(i in t for i in ids) and t, wait) or body_text(driver)
     screenshot(driver, out / SHOTS["table"])
     found = [i for i in ids if i in text]
-    has_table = bool(driver.execute_script("return document.querySelectorAll('table, [role=table], [role=grid]').length"))
+    has_table = bool(
+        driver.execute_script("return document.querySelectorAll('table, [role=table], [role=grid]').length")
+    )
     ok = len(found) == len(ids) and has_table and "speedup" in text
     ck.record(ok, "parent cells table (cells.json)",
               f"cell ids shown {found} of {ids}; speedup column {'yes' if 'speedup' in text else 'no'}"
@@ -401,7 +409,8 @@ def check_table(ck: Checks, driver: Any, base: str, exp_id: str, parent: dict, o
 
 
 def check_study(ck: Checks, driver: Any, dash: str, study: dict, out: Path, wait: float) -> None:
-    """The Optuna study page shows the objective by its name (with ``step_time`` or ``step time``), not "Objective 0"."""
+    """The Optuna study page shows the objective by its name (with ``step_time`` or ``step time``),
+    not "Objective 0"."""
     driver.get(f"{dash}/dashboard/studies/{study['id']}")
     names = study["metric_names"] or []
     text = wait_for(driver, lambda d: (t := body_text(d)) and "History" in t and (not names or names[0] in t) and t,
@@ -454,10 +463,19 @@ def sweep_facts(results: Path, uri: str) -> tuple[str, dict, list[dict]]:
         summ = rec.get("summary") or {}
         timed = [int(s) for s in summ.get("timed_steps") or []]
         steps = rec.get("steps") or {}
-        children.append({"run_id": run.info.run_id, "name": run.info.run_name, "repeat": rec["repeat"],
-                         "label": rec["label"], "label_tag": run.data.tags.get("bench.label"),
-                         "cell_id": rec["cell_id"], "status": rec["status"], "timed_steps": timed,
-                         "step_times": [float(steps.get(str(s), {}).get("timing_s/step", float("nan"))) for s in timed]})
+        children.append(
+            {
+                "run_id": run.info.run_id,
+                "name": run.info.run_name,
+                "repeat": rec["repeat"],
+                "label": rec["label"],
+                "label_tag": run.data.tags.get("bench.label"),
+                "cell_id": rec["cell_id"],
+                "status": rec["status"],
+                "timed_steps": timed,
+                "step_times": [float(steps.get(str(s), {}).get("timing_s/step", float("nan"))) for s in timed],
+            }
+        )
     return exp.experiment_id, parent, children
 
 
@@ -515,7 +533,9 @@ def run(args: argparse.Namespace, procs: Procs, tmp: Path) -> Checks:
 
     t0 = time.monotonic()
     tune = None
-    if not args.reuse:  # the tune needs no server (its MLflow runs go to a store of its own): it runs while the server starts
+    if (
+        not args.reuse
+    ):  # the tune needs no server (its MLflow runs go to a store of its own): it runs while the server starts
         tune = procs.start("tune", [sys.executable, "run_bench.py", "tune", TUNE_MATRIX, "--n-trials", str(TUNE_TRIALS),
                                     "--storage", storage, "--results", str(results),
                                     "--tracking-uri", f"sqlite:///{tmp / 'tune-mlflow.db'}"],
@@ -582,7 +602,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="folder for the screenshots and checks.txt (default results/browser_check/, git-ignored)")
     p.add_argument("--chromium", default=CHROMIUM, help=f"Chromium binary (default {CHROMIUM})")
     p.add_argument("--chromedriver", default=CHROMEDRIVER, help=f"chromedriver binary (default {CHROMEDRIVER})")
-    p.add_argument("--wait", type=float, default=60.0, metavar="S", help="seconds a page may take to render (default 60)")
+    p.add_argument(
+        "--wait", type=float, default=60.0, metavar="S", help="seconds a page may take to render (default 60)"
+    )
     p.add_argument("--server-timeout", type=float, default=180.0, metavar="S",
                    help="seconds the servers may take to start (default 180)")
     p.add_argument("--run-timeout", type=float, default=600.0, metavar="S",
