@@ -3,7 +3,7 @@
 
 Exit codes: 0 success; 1 a sweep with failed cells, a gate regression, a full disk or an unexpected
 error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 3 the gate
-cannot judge (too noisy, too few samples: :data:`bench.gate.EXIT_CANNOT_JUDGE`); 130 interrupted
+cannot judge (too noisy, too few samples: :data:`bench.analyze.gate.EXIT_CANNOT_JUDGE`); 130 interrupted
 (Ctrl-C); 143 terminated (SIGTERM).
 
 Error boundary (every subcommand): a :class:`~bench.errors.BenchError` is printed as one line; any other
@@ -31,7 +31,7 @@ from bench.errors import BenchError, Terminated, current_step
 SUBCOMMANDS = {
     "run": ("bench.cli_run", "run the sweep of a matrix file (default subcommand)"),
     "tune": ("bench.tune", "Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"),
-    "gate": ("bench.gate", "compare a sweep against a baseline; exit 1 on a real slowdown"),
+    "gate": ("bench.commands.gate", "compare a sweep against a baseline; exit 1 on a real slowdown"),
     "report": ("bench.report", "effects, interactions, confidence intervals and plots of a sweep"),
     "compare": ("bench.compare", "compare two sweeps directly (no saved baseline): gate's verdicts and exit codes"),
     "baseline": ("bench.baseline", "store a sweep as a named baseline for the gate"),

@@ -206,7 +206,7 @@ class ConsoleView:
 
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
-    """The final rich table of cells: the rows of ``summary.md`` (:func:`bench.sweep.cell_rows`), factor
+    """The final rich table of cells: the rows of ``summary.md`` (:func:`bench.summary.cell_rows`), factor
     columns only for factors that apply and vary."""
     head, body = _summary_columns(rows)
     t = Table(title="cells")

@@ -8,7 +8,7 @@ cells are refused) but nothing is stored under ``baselines/``. The matrix ``expe
 matrix and a baseline is read as the matrix's latest sweep.
 
 Outputs ``gate.md`` and ``gate.json`` in ``--out`` (default ``<sweep B>/compare/``) and an MLflow gate run.
-Exit codes: 0 pass, 1 regression, 2 bad input, 3 cannot judge (:data:`bench.gate.EXIT_CODES`).
+Exit codes: 0 pass, 1 regression, 2 bad input, 3 cannot judge (:data:`bench.analyze.gate.EXIT_CODES`).
 """
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.gate import EXIT_CODES, add_comparison_arguments, metric_list, print_result, run_gate
+from bench.analyze.gate import EXIT_CODES
+from bench.commands.gate import add_comparison_arguments, metric_list, print_result
+from bench.gate import run_gate
 from bench.results import find_sweep
 
 

@@ -1,7 +1,7 @@
 """The matrix ``expect`` block: claims about a factor's effect that the gate checks within a sweep.
 
 Typed here (not in the gate) so that loading a matrix validates its claims before anything runs;
-:func:`bench.gate.check_expectations` judges them.
+:func:`bench.analyze.gate.check_expectations` judges them.
 """
 
 from __future__ import annotations

@@ -40,12 +40,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.analyze.estimators import N_BOOT
+from bench.analyze.gate import check_expectations, validate_expect
 from bench.analyze.markdown import render
 from bench.analyze.plots import plot_article, plot_effects, plot_long_tail, plot_phases, plot_speedup
 from bench.analyze.snapshot import snapshot
 from bench.analyze.tables import analyze, claims_on_runs
 from bench.errors import BenchError
-from bench.gate import check_expectations, validate_expect
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 from bench.speed import normalize_snapshot
 

@@ -84,8 +84,8 @@ def sync_sweep(
     """
     from bench.spec.matrix import Matrix
     from bench.spec.plan import RunSpec
-    from bench.sweep import log_record, parent_description
     from bench.tracking import sweep_run_name
+    from bench.tracking.records import log_record, parent_description
 
     on_event = on_event or (lambda kind, data: None)
     sweep_dir = Path(sweep_dir)

@@ -4,7 +4,7 @@ A trial = the fixed factor levels of the matrix's ``tune`` block (dynamic bsz on
 ``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``. The harness builds the trial's
 :class:`~bench.spec.plan.RunSpec` exactly as a sweep does (a copy of the matrix whose ``base`` carries the
 limits and whose design is the one fixed cell, through :func:`bench.spec.plan.make_plan`), runs it with
-:func:`bench.sweep.execute_spec` into ``results/<matrix>/tune/<study>/trial-<n>/`` and takes the
+:func:`bench.runner.execute_spec` into ``results/<matrix>/tune/<study>/trial-<n>/`` and takes the
 objective from the run record: the run's value (:func:`bench.model.run_value`, the median over its
 timed steps of the step time, minimized, or of the throughput, maximized; the same statistic a sweep
 reports per run), speed-normalized when the run timed the machine-speed probe
@@ -37,7 +37,7 @@ changed.
 
 MLflow (experiment = matrix name): a parent run per study (its id kept as the study user attribute
 ``mlflow_parent_run_id`` and reused on resume), a child per trial: the sweep's per-step metrics and
-summary (:func:`bench.sweep.log_record`) plus the trial number, both limits, the objective value, the
+summary (:func:`bench.tracking.records.log_record`) plus the trial number, both limits, the objective value, the
 Optuna state and the constraint. The parent gets the outputs (overrides, matrix fragment, importance,
 plot, trials table) as artifacts.
 """
@@ -465,7 +465,7 @@ class Tuner:
         """Log one trial as an MLflow child of the study's parent (once: a mark file in the trial folder)."""
         from mlflow.entities import Metric, Param, RunTag
 
-        from bench.sweep import log_record
+        from bench.tracking.records import log_record
 
         mark = read_json(rdir / MLFLOW_MARK)
         if self.tracker is None or (mark and mark.get("tracking_uri") == self.s.tracking_uri):
@@ -559,7 +559,7 @@ class Tuner:
     def objective(self, trial: Any) -> float:
         import optuna
 
-        from bench.sweep import execute_spec
+        from bench.runner import execute_spec
 
         s = self.s
         params = {name: trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log) for name, d in s.space.items()}

@@ -48,8 +48,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.analyze.gate import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # noqa: E402
 from bench.analyze.snapshot import snapshot  # noqa: E402
-from bench.gate import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # noqa: E402
 from bench.results import read_json  # noqa: E402
 
 KINDS = ("identical", "delay5", "delay10")

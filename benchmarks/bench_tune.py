@@ -168,7 +168,7 @@ def norm_value(rec: dict, key: str, ref: float | None) -> float | None:
 def recheck(settings, points: dict[str, tuple[int, int]], repeats: int, out_dir: Path,
             ref: float | None = None) -> dict[str, list]:
     """Interleaved re-runs (A, B, A, B ...) of a few points: the same drift and contention hit both."""
-    from bench.sweep import execute_spec
+    from bench.runner import execute_spec
     from bench.tune import trial_spec
 
     ex = executor(settings)

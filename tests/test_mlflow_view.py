@@ -62,10 +62,10 @@ def _records(sweep: Path) -> dict[tuple[str, int], dict]:
 
 
 def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_path, monkeypatch):
-    from bench.baseline import record_samples
+    from bench.analyze.snapshot import record_samples
     from bench.model import run_value
-    from bench.sweep import run_start
     from bench.sync import MLFLOW_MARK, sync_sweep
+    from bench.tracking.records import run_start
 
     fake = DriftExecutor(4, seed=3)  # no speed probe: summary.csv holds the raw values too
     monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake)
@@ -185,7 +185,7 @@ design: full
 
 @pytest.mark.slow
 def test_a_failed_child_says_why_on_its_own_page(tmp_path):
-    from bench.sweep import run_start
+    from bench.tracking.records import run_start
 
     (tmp_path / "crash.yaml").write_text(CRASH)
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
@@ -247,7 +247,7 @@ def test_names_cells_table_step_series_report_page_gate_run_and_system_metrics(t
     """Run names (sweep: matrix, date, short sha; cells: compact label + repeat, full label as bench.label),
     the parent's cells.json (= summary.csv), the step-time series split by step role, system metrics on the
     parent, report.html with the plots embedded, and a compare run nested under the judged sweep's parent."""
-    from bench.gate import RUN_STATUS
+    from bench.analyze.gate_markdown import RUN_STATUS
     from bench.spec.optimizations import compact_label
     from bench.tracking import sweep_run_name
 

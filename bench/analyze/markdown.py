@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.gate import DEFAULT_ALPHA as GATE_ALPHA
-from bench.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
+from bench.analyze.gate import DEFAULT_ALPHA as GATE_ALPHA
+from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:

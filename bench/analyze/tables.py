@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 
 from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
+from bench.analyze.gate import DEFAULT_ALPHA as GATE_ALPHA
+from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.analyze.power import mde_from_se, noise_components
 from bench.errors import BenchError
-from bench.gate import DEFAULT_ALPHA as GATE_ALPHA
-from bench.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.model import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, applicability, article_factors
 
@@ -249,8 +249,8 @@ def mde_section(snap: dict[str, Any], alpha: float, eff: dict[str, Any]) -> dict
 
 def claims_on_runs(snap: dict[str, Any], results: list[dict[str, Any]], alpha: float) -> list[dict[str, Any]]:
     """Judge the matrix ``expect`` claims on the runs: the cells each claim names (found by
-    :func:`bench.gate.check_expectations`) are compared by :func:`bench.analyze.effects.run_contrast` of their run
-    values (log scale for step time and throughput, linear for ratios), as the cell table does; the
+    :func:`bench.analyze.gate.check_expectations`) are compared by :func:`bench.analyze.effects.run_contrast` of
+    their run values (log scale for step time and throughput, linear for ratios), as the cell table does; the
     step-level comparison of the gate is dropped. A claim needing significance is not judged (``error``)
     with one run per cell."""
     m = Snapshot.model_validate(snap)

@@ -170,7 +170,7 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     from bench.engines.verl.notes import patch_evidence
     from bench.executors import LocalExecutor
     from bench.results import atomic_write_json
-    from bench.sweep import execute_spec
+    from bench.runner import execute_spec
 
     cells = smoke_cells(matrix, plan, steps)
     inert_factors = not_exercised(plan)

@@ -1,0 +1,396 @@
+"""``run_bench.py gate --baseline NAME_OR_FILE --candidate SWEEP``: did this change make training slower?
+
+Cells of the candidate sweep are matched to the baseline's by their factor levels (not by cell id:
+a candidate with other base settings, e.g. an injected delay, has other cell ids but the same levels).
+For each matched cell and metric (``--metric``, default ``step_time``; also ``throughput``,
+``rollout_share``, ``free_ratio``) the per-step samples of all repeats are compared
+(:func:`bench.analyze.stat_tests.compare`):
+
+* **unpaired** (default, ``--pairing off``): relative change = ``exp(HL) - 1`` with HL the
+  Hodges-Lehmann shift of the log samples, p = two-sided Mann-Whitney U on the pooled samples of
+  all repeats;
+* **paired** with ``--pairing auto`` when both sides ran the same repeats and timed steps and each
+  step did the same work (equal response and prompt lengths: same seed and settings): per step the
+  log ratio candidate/baseline; relative change = ``exp(one-sample Hodges-Lehmann of the log
+  ratios) - 1``, p = two-sided Wilcoxon signed-rank. The workload spread between steps cancels,
+  which helps with one or two repeats and a large step-to-step workload spread. With 8 repeats on a
+  shared VM, where whole runs shift, the unpaired comparison did better on the same 30 real sweeps
+  (false alarms 0/90 vs 3/90, a 10 % slowdown caught 97/100 vs 91/100: ``benchmarks/bench_gate.py``),
+  hence the default;
+* interval: bootstrap over repeats (and steps, with fewer than 4 repeats) at ``1 - alpha``;
+* **speed-normalized** (``--normalize auto``, default) when both sides timed the same reference
+  kernel around each step (the embedded engine's speed probe, :mod:`bench.speed`): each step time is
+  divided by its probe time first (throughput multiplied), so a shared VM that ran a few percent
+  slower for a minute is not read as a regression. The row keeps the raw change and the machine's
+  speed shift beside the verdict.
+
+Verdict per cell and metric: **regression** when the change is worse than ``--threshold`` (default
+5 %) AND ``p < --alpha`` (default 0.01); **improvement** likewise in the other direction; otherwise
+**unchanged** -- provided the comparison is precise enough to judge: when the samples' spread would
+hide a change of ``--max-mde`` (default twice the threshold) from the test at 80 % power, the verdict
+is **noisy** (a "cannot judge", exit 3) instead. The three conditions divide the work:
+
+* the threshold absorbs the shift between identical sweeps (a few percent from one invocation to
+  the next, common to every step of a sweep, so no per-step test can tell it from a real change).
+  A 10 % slowdown has to be caught, so the threshold sits halfway: false alarms and misses of 10 %
+  are then equally likely and both stay under 5 % while the sweep-to-sweep spread (SD of log step
+  time) stays under about 2 % (``benchmarks/bench_gate.py synthetic``);
+* the test rejects a large change measured on a handful of noisy steps;
+* the noise limit catches a busy machine: when other jobs compete for the CPUs, step times scatter
+  by tens of percent and whole runs shift by as much (measured: ``benchmarks/bench_gate.py real``),
+  which neither of the first two can absorb; the gate then refuses to judge rather than report a
+  regression of the machine. The spread is read from the steps and, with two or more repeats per
+  side, from the bootstrap interval (which resamples repeats), so run-to-run shifts count too: gate
+  matrices should have ``repeats: 2`` or more (8 on a shared 2-core VM, where whole runs shift by
+  3-4 % even after speed normalization: ``benchmarks/bench_gate.py``). The CPU pressure recorded around each run
+  (PSI) is
+  printed as well.
+
+Exit code (:data:`EXIT_CODES`): **1** when a cell regressed, a candidate cell failed where the
+baseline's ran (a failure is a regression) or a claim of the ``expect`` block is not met; else **3**
+("cannot judge") when a compared cell or claim could not be judged (missing samples, too few samples to
+ever reach ``p < alpha``, too noisy, a candidate failure of kind ``bad_input``, a cell a claim needs);
+else **0**. **2** is bad input only (one line on stderr, nothing judged: unknown baseline or sweep, no
+matching cells, another engine or platform, a failed baseline cell, bad flags). Every reason is written
+out in full.
+
+Outputs: ``gate.md`` (a markdown table for a CI job summary; appended to ``$GITHUB_STEP_SUMMARY``
+when set) and ``gate.json`` in ``--out`` (default ``<candidate sweep>/gate/``), and an MLflow run
+(``bench.kind=gate``, tag ``bench.verdict``) in the candidate's experiment; the candidate's parent run
+is tagged ``bench.gate.<baseline>=<verdict>``.
+
+The matrix ``expect`` block (claims such as "dynamic_bsz lowers step time by at least 10 % vs the
+all-off cell") is checked by the same comparison, within the candidate sweep
+(:class:`Expect`, :func:`check_expectations`); a claim not met exits 1. Without ``--baseline`` only
+the claims are checked.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT  # noqa: F401  (DEFAULT_ALPHA: the gate's default, re-exported)
+from bench.analyze.power import mde_from_se
+from bench.analyze.snapshot import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, pairable
+from bench.analyze.stat_tests import compare, verdict
+from bench.errors import BenchError
+from bench.expect import Expect, ExpectBlock
+from bench.spec.loading import format_validation_error
+from bench.spec.optimizations import REGISTRY, applicability
+from bench.speed import normalizable, normalized_pair
+
+DEFAULT_THRESHOLD = 0.05
+#: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
+CANNOT_JUDGE = "cannot judge"
+#: the gate's exit codes (also in ``gate --help`` and the README)
+EXIT_PASS, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
+EXIT_CODES = (f"exit codes: {EXIT_PASS} pass; {EXIT_REGRESSION} regression (a cell slower beyond the threshold, a "
+              f"candidate cell failed, or a claim of the matrix `expect` block not met); {EXIT_BAD_INPUT} bad input "
+              "(one line on stderr: unknown baseline or sweep, no matching cells, another engine or platform, a failed "
+              f"baseline cell, a bad flag); {EXIT_CANNOT_JUDGE} cannot judge (too noisy, too few samples to reach "
+              "p < alpha, missing samples, a candidate cell that failed on bad input: the reasons are printed)")
+#: candidate failure kinds that are input errors, not regressions of the candidate
+INPUT_FAILURES = ("bad_input",)
+#: base settings whose difference is expected between baseline and candidate (not reported)
+_IGNORED_BASE = {"timeout_s"}
+
+
+def clip(text: str, limit: int = 400) -> str:
+    """``text`` on one line, at most about ``limit`` characters, cut only at the end of a sentence or clause
+    (``. ``, ``; ``, `` | ``) and then marked ``[...]``; a text with no such break within the limit is kept whole."""
+    text = " ".join(str(text).split())
+    if len(text) <= limit:
+        return text
+    cut = max(text.rfind(sep, 0, limit) for sep in (". ", "; ", " | "))
+    return text if cut <= 0 else text[:cut + 1].rstrip() + " [...]"
+
+
+# -- expect block ---------------------------------------------------------------------------------
+
+def validate_expect(raw: Any, file: str | Path = "matrix", text: str = "") -> list[Expect]:
+    """Validate a matrix's ``expect`` list.
+
+    Raises:
+        BenchError: one line naming file, line (when found), ``expect.<i>.<key>`` and the problem.
+    """
+    try:
+        return ExpectBlock(expect=raw or []).expect
+    except ValidationError as exc:
+        raise BenchError(format_validation_error(file, exc, text)) from None
+
+
+def _find_cell(snap: dict[str, Any], levels: dict[str, Any]) -> dict[str, Any] | None:
+    key = levels_key(levels)
+    return next((c for c in snap["cells"] if c["key"] == key), None)
+
+
+def _groups(cell: dict[str, Any], metric: str) -> list[list[float]]:
+    return [r["samples"].get(metric, []) for r in cell["repeats"] if r.get("status") == "ok"]
+
+
+def _matrix_levels(snap: dict[str, Any]) -> dict[str, list[int]]:
+    """Levels of each factor present in the sweep's cells (applicable ones only)."""
+    out: dict[str, set] = {}
+    for c in snap["cells"]:
+        for k, v in c["levels"].items():
+            if v is not None:
+                out.setdefault(k, set()).add(v)
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: float, n_boot: int = N_BOOT,
+                       seed: int = 0, pairing: bool = False, normalize: bool = True,
+                       test: str | None = None) -> list[dict[str, Any]]:
+    """Check each claim within one sweep snapshot; one result dict per claim.
+
+    With ``normalize`` (default) step times and throughput are speed-normalized (:mod:`bench.speed`)
+    when both cells carry the same speed probe: cells of a sweep run minutes apart.
+
+    ``result``: ``met``, ``not met``, ``n/a`` (the factor does not apply on this engine/platform) or
+    ``cannot judge`` (a cell the claim needs is missing, failed or has no samples; ``reason`` says which).
+    """
+    out = []
+    all_levels = _matrix_levels(snap)
+    any_cell = snap["cells"][0]["levels"] if snap["cells"] else {}
+    # all-off / all-on: every applicable factor at its lowest / highest level in the sweep (a factor the
+    # matrix holds fixed keeps its one level)
+    off = {k: (None if v is None else all_levels[k][0]) for k, v in any_cell.items()}
+    on = {k: (None if v is None else all_levels[k][-1]) for k, v in any_cell.items()}
+    for i, e in enumerate(expects):
+        res: dict[str, Any] = {
+            "index": i,
+            "claim": e.describe(),
+            **e.model_dump(),
+            "result": CANNOT_JUDGE,
+            "reason": "",
+        }
+        out.append(res)
+        if e.factor != "all" and any_cell.get(e.factor, 0) is None:
+            res["result"] = "n/a"
+            res["reason"] = applicability(e.factor, snap["engine"], snap["platform"], snap.get("base") or {}) or \
+                "not applicable in this sweep"
+            continue
+        if e.factor == "all":
+            ref_lv, cell_lv = off, on
+        elif e.vs == "all_off":
+            seen = all_levels.get(e.factor, [])
+            level = (
+                e.level
+                if e.level is not None
+                else (seen[-1] if len(seen) > 1 else REGISTRY[e.factor].default_levels[-1])
+            )
+            ref_lv, cell_lv = off, {**off, e.factor: level}
+        else:
+            ref_lv, cell_lv = {**on, e.factor: all_levels.get(e.factor, [REGISTRY[e.factor].off])[0]}, on
+        if ref_lv == cell_lv:
+            res["reason"] = f"{e.factor} takes one level in this sweep: nothing to compare"
+            continue
+        ref, cell = _find_cell(snap, ref_lv), _find_cell(snap, cell_lv)
+        missing = [
+            f"{name} cell ({levels_key(lv)})"
+            for name, lv, c in (("reference", ref_lv, ref), ("compared", cell_lv, cell))
+            if c is None
+        ]
+        if missing:
+            res["reason"] = f"the sweep has no {' and no '.join(missing)}: add it to the design"
+            continue
+        res["reference"], res["cell"] = ref["label"], cell["label"]
+        bad = [c for c in (ref, cell) if c["status"] != "ok"]
+        if bad:
+            res["reason"] = "; ".join(f"{c['label']} is {c['status']}" for c in bad)
+            continue
+        m = METRICS[e.metric]
+        rg, cg = _groups(ref, e.metric), _groups(cell, e.metric)
+        if normalize and normalizable(ref, cell, e.metric) is None:
+            rg, cg, res["speed_change"] = normalized_pair(ref, cell, e.metric, rg, cg)
+            res["normalized"] = True
+        cmp = compare(rg, cg, alpha=alpha, n_boot=n_boot, seed=seed,
+                      scale=m.scale, paired=pairing and pairable(ref, cell, e.metric), test=test)
+        res["comparison"] = cmp.to_dict()
+        if cmp.change is None:
+            res["reason"] = f"no {e.metric} samples ({cmp.n_base} reference, {cmp.n_cand} compared)" + \
+                (f"; {'; '.join(cmp.notes)}" if cmp.notes else "")
+            continue
+        sign = 1.0 if m.higher_is_better else -1.0
+        imp = sign * cmp.change
+        lo, hi = sorted((sign * cmp.ci_low, sign * cmp.ci_high)) if cmp.ci_low is not None else (None, None)
+        res.update(improvement=imp, improvement_ci=[lo, hi], p_value=cmp.p_value)
+        ok = (e.at_least is None or imp >= e.at_least) and (e.at_most is None or imp <= e.at_most)
+        if ok and e.at_least is not None and e.at_least > 0 and not cmp.p_value < alpha:
+            ok = False
+            if cmp.min_p >= alpha:
+                res["result"] = CANNOT_JUDGE
+                res["reason"] = (f"{cmp.n_base}+{cmp.n_cand} samples cannot reach p < {alpha} "
+                                 f"(smallest possible p {cmp.min_p:.3g}): add steps or repeats")
+                continue
+            res["reason"] = f"not significant (p = {cmp.p_value:.3g} >= {alpha})"
+        res["result"] = "met" if ok else "not met"
+        if not ok and not res["reason"]:
+            res["reason"] = f"improvement {imp:+.1%} outside the claim"
+    return out
+
+
+# -- baseline vs candidate ------------------------------------------------------------------------
+
+def _diff_dicts(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[str]:
+    out = []
+    for k in sorted(set(a) | set(b)):
+        if k in _IGNORED_BASE:
+            continue
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            out += _diff_dicts(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            out.append(f"{prefix}{k}: {va!r} -> {vb!r}")
+    return out
+
+
+def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: list[str], threshold: float,
+                      alpha: float, n_boot: int = N_BOOT, seed: int = 0, pairing: bool = False,
+                      max_mde: float | None = None, normalize: bool = True, test: str | None = None) -> dict[str, Any]:
+    """Gate a candidate snapshot against a baseline snapshot.
+
+    With ``normalize`` (default) ``step_time`` and ``throughput`` samples are speed-normalized
+    (:mod:`bench.speed`) when both cells carry the same speed probe; each row then has
+    ``normalized: true``, ``speed_change`` (the machine's slowdown during the candidate vs the
+    baseline) and ``raw_change`` (the change before normalization). Otherwise ``normalize_reason``
+    says why the raw samples were compared.
+
+    Returns ``{"rows": [...], "notes": [...], "unmatched": {...}, "counts": {...}, "verdict", "exit_code"}``.
+
+    Raises:
+        BenchError: different engine or platform, a failed/unfinished baseline cell, or no matching cells.
+    """
+    if (base["engine"], base["platform"]) != (cand["engine"], cand["platform"]):
+        raise BenchError(
+            f"baseline {base.get('name') or base['source'].get('sweep')} is {base['engine']}/{base['platform']} "
+            "but the "
+            f"candidate {cand['source'].get('sweep')} is {cand['engine']}/{cand['platform']}: "
+            "step times of different engines or platforms are not comparable (save a baseline on this one)"
+        )
+    max_mde = 2 * threshold if max_mde is None else max_mde
+    bad_base = [c for c in base["cells"] if c.get("status", "ok") != "ok"]
+    if bad_base:
+        raise BenchError(
+            "baseline has unusable cells: " + "; ".join(f"{c['label']} is {c.get('status')}" for c in bad_base)
+        )
+    bmap = {c["key"]: c for c in base["cells"]}
+    cmap = {c["key"]: c for c in cand["cells"]}
+    matched = [k for k in bmap if k in cmap]
+    if not matched:
+        raise BenchError(
+            "no matching cells: the candidate's factor levels match none of the baseline's "
+            f"(baseline: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in base['cells'][:6])}; "
+            f"candidate: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in cand['cells'][:6])})")
+    notes: list[str] = []
+    only_b = [bmap[k]["label"] for k in bmap if k not in cmap]
+    only_c = [cmap[k]["label"] for k in cmap if k not in bmap]
+    if only_b:
+        notes.append(f"baseline cells not in the candidate (not compared): {', '.join(only_b)}")
+    if only_c:
+        notes.append(f"candidate cells not in the baseline (not compared): {', '.join(only_c)}")
+    diffs = _diff_dicts(base.get("base") or {}, cand.get("base") or {})
+    if diffs:
+        notes.append("base settings differ: " + "; ".join(diffs))
+    vdiff = _diff_dicts(base.get("versions") or {}, cand.get("versions") or {})
+    if vdiff:
+        notes.append("package versions differ: " + "; ".join(vdiff))
+    bm, cm = base.get("machine") or {}, cand.get("machine") or {}
+    if bm and cm:
+        mdiff = [d for d in _diff_dicts({k: bm.get(k) for k in ("cpu", "cpu_count", "hostname")},
+                                        {k: cm.get(k) for k in ("cpu", "cpu_count", "hostname")})]
+        if mdiff:
+            notes.append("machine differs: " + "; ".join(mdiff))
+    pb = [cpu_pressure(bmap[k]) for k in matched]
+    pc = [cpu_pressure(cmap[k]) for k in matched]
+    pb_max = max((v for v in pb if v is not None), default=None)
+    pc_max = max((v for v in pc if v is not None), default=None)
+    if pb_max is not None or pc_max is not None:
+        fmt = lambda v: "-" if v is None else f"{v:.0f} %"  # noqa: E731
+        line = (
+            f"CPU pressure during the runs (PSI some avg60, highest): baseline {fmt(pb_max)}, candidate {fmt(pc_max)}"
+        )
+        if max(v for v in (pb_max, pc_max) if v is not None) > CONTENDED_PSI:
+            line = ("**contended machine**: " + line + f" (above {CONTENDED_PSI:.0f} %): other jobs competed for the "
+                    "CPUs, which shifts step times by tens of percent; rerun both on an idle machine before trusting "
+                    "a verdict")
+        notes.insert(0, line)
+    rows = []
+    for key in matched:
+        bc, cc = bmap[key], cmap[key]
+        for metric in metrics:
+            m = METRICS[metric]
+            row: dict[str, Any] = {"cell": cc["label"], "levels": key, "metric": metric,
+                                   "baseline_cell_id": bc["cell_id"], "candidate_cell_id": cc["cell_id"],
+                                   "verdict": CANNOT_JUDGE, "reason": ""}
+            rows.append(row)
+            if cc["status"] == "failed":
+                kinds = {f["kind"] for f in cc["failures"]}
+                row["verdict"] = CANNOT_JUDGE if kinds <= set(INPUT_FAILURES) else "failed"
+                row["reason"] = "candidate failed: " + "; ".join(
+                    f"r{f['repeat']} {f['kind']}: {clip(f['reason'])}" for f in cc["failures"])
+                continue
+            if cc["status"] == "pending":
+                row["reason"] = (
+                    f"candidate cell unfinished: repeats {cc['missing_repeats']} never ran (missing samples)"
+                )
+                continue
+            bg, cg = _groups(bc, metric), _groups(cc, metric)
+            nb, nc = sum(map(len, bg)), sum(map(len, cg))
+            if not nb or not nc:
+                side = " and ".join(s for s, n in (("baseline", nb), ("candidate", nc)) if not n)
+                row["reason"] = f"missing samples: no {metric} samples in the {side} ({m.source})"
+                row.update(n_base=nb, n_cand=nc)
+                continue
+            paired = pairing and pairable(bc, cc, metric)
+            why = normalizable(bc, cc, metric) if normalize else "--normalize off"
+            if why is None:
+                raw = compare(bg, cg, alpha=alpha, n_boot=0, ci=False, scale=m.scale, paired=paired, test=test)
+                bg, cg, sp = normalized_pair(bc, cc, metric, bg, cg)
+                row.update(normalized=True, speed_change=sp, raw_change=raw.change,
+                           raw_base_median=raw.base_median, raw_cand_median=raw.cand_median)
+            else:
+                row.update(normalized=False, normalize_reason=why)
+            cmp = compare(bg, cg, alpha=alpha, n_boot=n_boot, seed=seed, scale=m.scale, paired=paired, test=test)
+            row.update(cmp.to_dict())
+            if cmp.min_p >= alpha:
+                row["reason"] = (
+                    f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {alpha} "
+                    f"with the {cmp.test} test (smallest possible p {cmp.min_p:.3g}); add steps or repeats"
+                )
+                continue
+            if cmp.change is None:
+                row["reason"] = "; ".join(cmp.notes) or "relative change undefined"
+                continue
+            row["verdict"] = verdict(cmp.change, cmp.p_value, threshold=threshold, alpha=alpha,
+                                     higher_is_better=m.higher_is_better)
+            notes_ = list(cmp.notes)
+            se = max((x for x in (cmp.se, cmp.se_boot) if x is not None), default=None)
+            if se is not None:
+                row["mde"] = mde_from_se(se, alpha=alpha, threshold=threshold)
+                if row["mde"] > max_mde:
+                    row["judged_verdict"], row["verdict"] = row["verdict"], "noisy"
+                    notes_.insert(
+                        0,
+                        f"too noisy to judge: at this spread (steps and repeats) a change under {row['mde']:.0%} "
+                        f"would often go unseen (limit {max_mde:.0%}); the spread of a busy machine comes with "
+                        "sweep-to-sweep shifts of tens of percent: rerun on an idle machine, or add steps",
+                    )
+            if notes_:
+                row["reason"] = "; ".join(notes_)
+    counts = {v: sum(r["verdict"] == v for r in rows)
+              for v in ("regression", "failed", "improvement", "unchanged", "noisy", CANNOT_JUDGE)}
+    if counts["regression"] or counts["failed"]:
+        v, code = "regression", EXIT_REGRESSION
+    elif counts[CANNOT_JUDGE] or counts["noisy"]:
+        v, code = CANNOT_JUDGE, EXIT_CANNOT_JUDGE
+    else:
+        v, code = "pass", EXIT_PASS
+    return {"rows": rows, "notes": notes, "unmatched": {"baseline": only_b, "candidate": only_c},
+            "counts": counts, "verdict": v, "exit_code": code}
+
+
+# -- output ----------------------------------------------------------------------------------------

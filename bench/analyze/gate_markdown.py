@@ -1,0 +1,133 @@
+"""The gate's outputs other than MLflow: the markdown table (``gate.md``, also the CI job summary:
+:func:`append_step_summary`) and the per-cell table of the gate run (:func:`gate_table`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from bench.analyze.gate import CANNOT_JUDGE
+from bench.analyze.snapshot import METRICS
+from bench.analyze.stat_tests import TESTS
+
+
+def _cell_text(text: str) -> str:
+    """A text in full, fit for a markdown table cell (``|`` escaped)."""
+    return str(text).replace("|", "\\|")
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def _val(v: float | None, metric: str) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3f}" + (f" {METRICS[metric].unit}" if METRICS[metric].unit == "s" else "")
+
+
+def _speed(row: dict[str, Any]) -> str:
+    """Table cell: the machine's speed shift and the raw change when the row was speed-normalized."""
+    if not row.get("normalized"):
+        return "not normalized"
+    return f"{_pct(row.get('speed_change'))} probe time; raw change {_pct(row.get('raw_change'))}"
+
+
+def render_markdown(result: dict[str, Any]) -> str:
+    """The gate's markdown: verdict line, settings, one table row per cell and metric, notes, claims."""
+    s = result["settings"]
+    head = {"pass": "PASS", "regression": "REGRESSION", CANNOT_JUDGE: "CANNOT JUDGE"}[result["verdict"]]
+    lines = [
+        f"## Gate {head}: `{result['candidate']['sweep']}` vs baseline `{result['baseline'].get('name') or '-'}`",
+        "",
+    ]
+    if result.get("rows"):
+        c = result["counts"]
+        lines.append(
+            f"{len(result['rows'])} comparisons: {c['regression']} regression, {c['failed']} failed, "
+            f"{c['improvement']} improvement, {c['unchanged']} unchanged, {c['noisy']} too noisy, "
+            f"{c[CANNOT_JUDGE]} cannot judge otherwise. "
+            f"Threshold {s['threshold']:.0%}, alpha {s['alpha']}, engine {result['candidate']['engine']}/"
+            f"{result['candidate']['platform']}."
+        )
+        lines += ["", f"| cell | metric | baseline median | candidate median | change | {1 - s['alpha']:.0%} CI | p | "
+                  "n base/cand | test | machine speed | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in result["rows"]:
+            ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]" if r.get("ci_low") is not None else "-"
+            p = f"{r['p_value']:.2g}" if r.get("p_value") is not None else "-"
+            verdict_txt = (
+                f"**{r['verdict']}**"
+                if r["verdict"] in ("regression", "failed", CANNOT_JUDGE, "noisy")
+                else r["verdict"]
+            )
+            if r.get("reason"):
+                verdict_txt += f": {_cell_text(r['reason'])}"
+            lines.append(f"| {r['cell']} | {r['metric']} | {_val(r.get('base_median'), r['metric'])} | "
+                         f"{_val(r.get('cand_median'), r['metric'])} | {_pct(r.get('change'))} | {ci} | {p} | "
+                         f"{r.get('n_base', '-')}/{r.get('n_cand', '-')} | "
+                         f"{_pairing_of(r.get('test'))} | "
+                         f"{_speed(r)} | {verdict_txt} |")
+    if result.get("expectations"):
+        lines += ["", "### Expectations (matrix `expect`)", "",
+                  "| claim | compared / reference | improvement | CI | p | result |", "|---|---|---|---|---|---|"]
+        for e in result["expectations"]:
+            ci = e.get("improvement_ci") or [None, None]
+            ci_txt = f"[{_pct(ci[0])}, {_pct(ci[1])}]" if ci[0] is not None else "-"
+            p = f"{e['p_value']:.2g}" if e.get("p_value") is not None else "-"
+            res = e["result"] if e["result"] in ("met", "n/a") else f"**{e['result']}**"
+            lines.append(f"| {e['claim']} | {e.get('cell', '-')} / {e.get('reference', '-')} | "
+                         f"{_pct(e.get('improvement'))} | {ci_txt} | {p} | {res}"
+                         f"{': ' + _cell_text(e['reason']) if e.get('reason') else ''} |")
+    if result.get("notes"):
+        lines += ["", "Notes:", *[f"- {n}" for n in result["notes"]]]
+    lines += [
+        "",
+        "Statistics: relative change = exp(Hodges-Lehmann shift of log per-step samples) - 1. Paired "
+        "(steps that did the same work on both sides: same repeat and step, equal response/prompt lengths): "
+        "one-sample Hodges-Lehmann of the per-step log ratios and a two-sided Wilcoxon signed-rank test; "
+        "otherwise the two-sample shift and a two-sided Mann-Whitney U test on the samples of all repeats. "
+        f"CI: bootstrap over repeats (and steps within them when fewer than 4) ({s['n_boot']} resamples). "
+        "A regression needs change > "
+        f"{s['threshold']:.0%} and p < {s['alpha']}. Machine speed: where both sides timed the same reference "
+        "kernel around each step (speed probe), step times are divided by it (throughput multiplied) before "
+        "the comparison, so a machine that ran slower for a while is not read as a regression; "
+        "'probe time' is the candidate's median probe vs the baseline's (+ = machine slower), "
+        "'raw change' the change before this correction.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+#: MLflow status of a gate run per verdict ("cannot judge" is not a failure: FINISHED, tag ``bench.verdict``)
+RUN_STATUS = {"pass": "FINISHED", "regression": "FAILED", CANNOT_JUDGE: "FINISHED"}
+
+
+def gate_table(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-cell gate results as table rows (MLflow artifact ``gate_cells.json``): cell (label), metric,
+    verdict, relative change, CI low/high, p value, baseline and candidate cell ids, reason (``None``
+    where not computed)."""
+    return [{"cell": r["cell"], "metric": r["metric"], "verdict": r["verdict"], "change": r.get("change"),
+             "CI low": r.get("ci_low"), "CI high": r.get("ci_high"), "p value": r.get("p_value"),
+             "baseline cell id": r.get("baseline_cell_id"), "candidate cell id": r.get("candidate_cell_id"),
+             "reason": r.get("reason") or ""} for r in result.get("rows", [])]
+
+
+def _pairing_of(test: str | None) -> str:
+    """``paired`` / ``unpaired`` for the markdown table, from the registered test of that name."""
+    if not test:
+        return "-"
+    known = TESTS.get(test)
+    return "paired" if (known.paired if known is not None else test.startswith("wilcoxon")) else "unpaired"
+
+
+def append_step_summary(text: str) -> OSError | None:
+    """Append ``text`` to the GitHub Actions job summary (the file ``$GITHUB_STEP_SUMMARY`` names) when that
+    variable is set; returns the error when the file cannot be written (never raises), else ``None``."""
+    summary = os.environ.get("GITHUB_STEP_SUMMARY")
+    if summary:
+        try:
+            with open(summary, "a") as fh:
+                fh.write(text)
+        except OSError as exc:
+            return exc
+    return None

@@ -1,0 +1,115 @@
+"""``run_bench.py gate``: argument parsing and printing (:func:`main`); what the gate does is
+:func:`bench.gate.run_gate`, its comparison :mod:`bench.analyze.gate`. ``compare`` shares the comparison's
+options (:func:`add_comparison_arguments`) and the printing (:func:`print_result`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT
+from bench.analyze.gate import CANNOT_JUDGE, DEFAULT_THRESHOLD, EXIT_CANNOT_JUDGE, EXIT_CODES
+from bench.analyze.gate_markdown import append_step_summary, render_markdown
+from bench.analyze.snapshot import METRICS
+from bench.errors import BenchError
+from bench.gate import run_gate
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``gate``; the exit codes (:data:`EXIT_CODES`) are the help's epilog."""
+    p.epilog = EXIT_CODES
+    p.add_argument("--baseline", default=None, metavar="NAME_OR_FILE_OR_SWEEP",
+                   help="baseline name (<results>/baselines/NAME.json), a baseline file, or a sweep to compare "
+                        "with directly (a sweep folder, a matrix name = its latest sweep, or <matrix>/<sweep id>; "
+                        "a name that is both is the baseline)")
+    p.add_argument("--candidate", required=True, metavar="SWEEP",
+                   help="the sweep to judge: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
+    p.add_argument("--no-expect", action="store_true", help="do not check the matrix `expect` block")
+    add_comparison_arguments(p)
+    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+                   help="folder for gate.md and gate.json (default: <candidate sweep>/gate/)")
+
+
+def add_comparison_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of the comparison itself, shared by ``gate`` and ``compare``."""
+    p.add_argument(
+        "--metric",
+        action="append",
+        default=None,
+        metavar="NAME",
+        help=f"metric(s) to compare, repeatable or comma-separated ({', '.join(METRICS)}; default step_time)",
+    )
+    p.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                   help="smallest relative change that counts (default 0.05 = 5 %%)")
+    p.add_argument(
+        "--alpha",
+        type=float,
+        default=DEFAULT_ALPHA,
+        help="significance level of the test (Wilcoxon signed-rank paired, else Mann-Whitney U); "
+        "CIs at 1-alpha (default 0.01)",
+    )
+    p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--max-mde", type=float, default=None, metavar="FRACTION",
+                   help="judge a cell only when its samples would reveal a change of this size with 80 %% power; "
+                        "noisier comparisons are 'noisy' (cannot judge, exit 3). Default: twice the threshold")
+    p.add_argument("--pairing", choices=("auto", "off"), default="off",
+                   help="off (default): unpaired (Mann-Whitney U on the samples of all repeats); auto: compare step by "
+                        "step when both sides ran the same steps on the same work (same seed; equal response/prompt "
+                        "lengths per step; Wilcoxon signed-rank), which helps with 1-2 repeats")
+    p.add_argument(
+        "--test",
+        default=None,
+        metavar="NAME",
+        help="the two-sample test by name (bench.analyze.stat_tests.TESTS; a paired one only where the steps pair "
+        "up). Default: Mann-Whitney U, or Wilcoxon signed-rank where --pairing auto pairs the steps",
+    )
+    p.add_argument("--normalize", choices=("auto", "off"), default="auto",
+                   help="auto (default): divide step times (multiply throughput) by the machine-speed probe timed "
+                        "around each step when both sides have the same probe (embedded engine on CPU); "
+                        "off: compare raw samples")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the gate; prints the markdown table and a summary line ``gate: <verdict> (exit N)``.
+
+    Returns 0 pass, 1 regression, 3 cannot judge (the reasons on stderr, each in full).
+
+    Raises:
+        BenchError: bad input (exit 2 through the error boundary of :func:`bench.cli.main`).
+    """
+    metrics = metric_list(args)
+    try:
+        result = run_gate(baseline_ref=args.baseline, candidate_ref=args.candidate, results=args.results,
+                          tracking_uri=args.tracking_uri, metrics=metrics, threshold=args.threshold,
+                          alpha=args.alpha, out=args.out, n_boot=args.bootstrap, seed=args.seed,
+                          check_expect=not args.no_expect, pairing=args.pairing == "auto", max_mde=args.max_mde,
+                          normalize=args.normalize == "auto", test=getattr(args, "test", None))
+    except BenchError as exc:
+        append_step_summary(f"## Gate ERROR\n\n{exc}\n\n")
+        raise
+    return print_result(result, "gate")
+
+
+def metric_list(args: argparse.Namespace) -> list[str]:
+    """The ``--metric`` values (repeatable, comma-separated; default ``step_time``)."""
+    return [m.strip() for arg in (args.metric or ["step_time"]) for m in arg.split(",") if m.strip()]
+
+
+def print_result(result: dict[str, Any], prog: str) -> int:
+    """Print the markdown, warnings, the summary line ``PROG: <verdict> (exit N); files: ...`` and, for
+    "cannot judge", every reason in full on stderr; returns the exit code."""
+    print(render_markdown(result))
+    for w in result.get("warnings", []):
+        print(f"warning: {w}", file=sys.stderr)
+    print(f"{prog}: {result['verdict']} (exit {result['exit_code']}); files: {', '.join(result['files'])}")
+    if result["exit_code"] == EXIT_CANNOT_JUDGE:
+        reasons = [f"{r['cell']}/{r['metric']}: {r['reason']}" for r in result["rows"]
+                   if r["verdict"] in (CANNOT_JUDGE, "noisy")]
+        reasons += [
+            f"{e['claim']}: {e['reason']}" for e in result.get("expectations", []) if e["result"] == CANNOT_JUDGE
+        ]
+        print(f"{prog}: cannot judge: " + " | ".join(reasons), file=sys.stderr)
+    return int(result["exit_code"])

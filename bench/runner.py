@@ -1,0 +1,45 @@
+"""Run one repeat of a run spec in its own folder and write its record (:func:`execute_spec`): what a sweep,
+a tune trial and the verl_cpu smoke do per run."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.executors import Executor, resolve_launch
+from bench.metadata import host_load
+from bench.record import build_record, write_record
+from bench.results import atomic_write_text
+from bench.spec.plan import RunSpec
+
+
+def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, warmup_steps: int) -> dict[str, Any]:
+    """Run one repeat of ``spec`` in the fresh folder ``rdir``, measure it and write its record.
+
+    An earlier unfinished attempt in ``rdir`` is removed first. Returns the record (status ``ok`` or
+    ``failed`` with ``failure_kind`` in bad_input | infeasible | oom | timeout | crash | error | no_metrics).
+    """
+    rdir = Path(rdir)
+    if rdir.exists():
+        shutil.rmtree(rdir)
+    rdir.mkdir(parents=True)
+    launch = spec.launch
+    launch_res = resolve_launch(launch.argv, launch.env, launch.patches, rdir, spec.timeout_s)
+    if launch.config:
+        cfg = json.loads(json.dumps(launch.config).replace("{run_dir}", str(rdir.resolve())))
+        atomic_write_text(rdir / launch.config_file, yaml.safe_dump(cfg, sort_keys=False))
+    started = time.time()
+    load0 = host_load()
+    res = executor.execute(launch_res)
+    rec = build_record(rdir, res, spec=spec.model_dump(mode="json"), repeat=repeat, warmup_steps=warmup_steps,
+                       started_at=started)
+    rec["host_load"] = {"before": load0, "after": host_load()}  # the gate reports contention from it
+    rec["label"] = spec.label
+    rec["all_off"] = spec.is_all_off()
+    write_record(rdir, rec)
+    return rec

@@ -1,0 +1,130 @@
+"""A sweep's summary: one row per cell from its snapshot (:func:`cell_rows`), the MLflow parent's cells table
+(:func:`cells_table`) and ``summary.csv`` / ``summary.md`` (:func:`write_summary`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any
+
+from bench.measure._common import iqr
+from bench.model import SUMMARY_PEAK_MEM, Snapshot, cell_stats
+from bench.results import atomic_write_text
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, compact_label
+from bench.spec.plan import Plan
+
+
+def _levels_str(levels: dict[str, int | None]) -> dict[str, str]:
+    return {k: ("n/a" if v is None else str(v)) for k, v in levels.items()}
+
+
+def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
+    """One summary row per run spec of a sweep snapshot (:func:`bench.analyze.snapshot.snapshot`).
+
+    When the snapshot was speed-normalized (:func:`bench.speed.normalize_snapshot`) every value is at
+    the sweep's median machine speed; ``step_time_raw_s`` keeps the measured seconds. Values come from
+    :mod:`bench.model` (the report and MLflow use the same functions): ``step_time_s`` = geometric mean
+    over the ok repeats of each run's median timed step (s); ``speedup`` = all-off cell's value / this
+    cell's (> 1 = faster); rollout share, Free ratio and throughput likewise per run, then over runs.
+
+    Columns: cell_id, label, one per factor, merged (design cells represented), repeats_ok, repeats,
+    step_time_s, step_time_raw_s, step_time_iqr_s (of the pooled timed steps), speedup, rollout_share,
+    free_ratio, throughput, peak_memory_gb, status, reason, all_off.
+    """
+    model = Snapshot.model_validate(snap)
+    st = cell_stats(model, "step_time")
+    raw = cell_stats(model, "step_time_raw")
+    others = {m: cell_stats(model, m) for m in ("rollout_share", "free_ratio", "throughput")}
+    rows = []
+    for c in model.cells:
+        ok = c.ok_repeats()
+        samples = [t for g in c.groups("step_time") for t in g]
+        row = {
+            "cell_id": c.cell_id,
+            "label": c.label,
+            **_levels_str(c.levels),
+            "merged": c.merged_cells,
+            "repeats_ok": len(ok),
+            "repeats": len(c.repeats) + len(c.missing_repeats),
+            "step_time_s": st[c.cell_id]["value"],
+            "step_time_raw_s": raw[c.cell_id]["value"]
+            if raw[c.cell_id]["value"] is not None
+            else st[c.cell_id]["value"],
+            "step_time_iqr_s": iqr(samples) if samples else None,
+            "speedup": st[c.cell_id]["speedup"],
+            **{m: others[m][c.cell_id]["value"] for m in others},
+            "peak_memory_gb": max((r.summary.get(SUMMARY_PEAK_MEM) or 0 for r in ok), default=None),
+            "status": c.status,
+            "reason": "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures)
+            or (f"unfinished (repeats {c.missing_repeats})" if c.status == "pending" else ""),
+            "all_off": c.all_off,
+        }
+        rows.append(row)
+    return rows
+
+
+def cells_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The sweep parent's per-cell results table (MLflow artifact ``cells.json``) from :func:`cell_rows`'
+    rows, the values of ``summary.csv``: ``cell`` (compact label, as in the child run names), ``label``,
+    ``runs ok``, ``step time s``, ``speedup``, ``rollout share``, ``Free ratio``, ``tokens/s`` (``None``
+    where ``summary.csv`` is empty), ``cell id`` and one column per factor that applies to some cell (its
+    level, ``n/a``); the figures come first so that the UI's table shows them without scrolling."""
+    applicable = [k for k in FACTOR_KEYS if any(r.get(k) not in (None, "n/a") for r in rows)]
+    out = []
+    for r in rows:
+        levels = {k: (None if r.get(k) in (None, "n/a") else int(r[k])) for k in FACTOR_KEYS if k in r}
+        out.append({"cell": compact_label(levels), "label": r["label"], "runs ok": f"{r['repeats_ok']}/{r['repeats']}",
+                    "step time s": r.get("step_time_s"), "speedup": r.get("speedup"),
+                    "rollout share": r.get("rollout_share"), "Free ratio": r.get("free_ratio"),
+                    "tokens/s": r.get("throughput"), "cell id": r["cell_id"], **{k: r[k] for k in applicable}})
+    return out
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str, Any]) -> tuple[Path, Path]:
+    """Write ``summary.csv`` and ``summary.md`` (atomically) into the sweep folder; returns both paths."""
+    cols = ["cell_id", "label", *FACTOR_KEYS, "merged", "repeats_ok", "repeats", "step_time_s", "step_time_raw_s",
+            "step_time_iqr_s", "speedup", "rollout_share", "free_ratio", "throughput", "peak_memory_gb",
+            "status", "reason"]
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in cols})
+    csv_path, md_path = sweep_dir / "summary.csv", sweep_dir / "summary.md"
+    atomic_write_text(csv_path, buf.getvalue())
+    md = [f"# Sweep {header.get('sweep_id')} of `{header.get('matrix')}`", ""]
+    md += [f"- {k}: {v}" for k, v in header.items() if k not in ("sweep_id", "matrix")]
+    md += [
+        "",
+        "| cell | "
+        + " | ".join(REGISTRY[k].key for k in FACTOR_KEYS)
+        + " | step time s | raw step time s | IQR s | speedup vs all-off"
+        + " | rollout share | Free ratio | tokens/s | status |",
+        "|---" * (len(FACTOR_KEYS) + 9) + "|",
+    ]
+    for r in rows:
+        md.append(
+            f"| {r['label']} (`{r['cell_id']}`) | "
+            + " | ".join(r[k] for k in FACTOR_KEYS)
+            + f" | {_fmt(r['step_time_s'])} | {_fmt(r['step_time_raw_s'])}"
+            + f" | {_fmt(r['step_time_iqr_s'])} | {_fmt(r['speedup'])}"
+            f" | {_fmt(r['rollout_share'])} | {_fmt(r['free_ratio'])} | {_fmt(r['throughput'], 1)}"
+            f" | {r['status']}{(': ' + r['reason'][:80]) if r['reason'] else ''} |"
+        )
+    atomic_write_text(md_path, "\n".join(md) + "\n")
+    return csv_path, md_path
+
+
+def plan_summary(plan: Plan) -> list[dict[str, Any]]:
+    """JSON-ready list of the plan's runs (cell id, label, levels, merged cells, not-applicable reasons)."""
+    return [{"cell_id": r.cell_id, "label": r.label, "levels": r.levels, "cells": r.cells,
+             "not_applicable": r.not_applicable, "all_off": r.is_all_off()} for r in plan.runs]

@@ -1,0 +1,92 @@
+"""The MLflow store behind a tracking URI: HTTP timeouts and retries, the start-up check of the URI, where a
+sqlite store keeps its artifacts."""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+from bench.errors import BenchError
+
+#: MLflow HTTP settings the harness uses unless the variable is already set: timeout per request (s),
+#: retries, backoff factor (s) and jitter (s). Worst case per failing call: about 10 + 2 x 10 + 3 s.
+HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
+                 "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5"}
+#: seconds the start-up reachability probe of an ``http(s)://`` tracking server may take
+PROBE_TIMEOUT_S = 5.0
+#: URI schemes a tracking URI may use
+SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
+
+
+def http_defaults() -> None:
+    """Set :data:`HTTP_DEFAULTS` in ``os.environ`` where the user has not set them (MLflow reads them per call)."""
+    for key, value in HTTP_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+
+
+def _sqlite_path(uri: str) -> Path | None:
+    if uri.startswith("sqlite:///"):
+        return Path(urllib.parse.unquote(uri[len("sqlite:///"):].split("?", 1)[0]))
+    return None
+
+
+def check_tracking_uri(uri: str) -> None:
+    """Check a tracking URI without writing anything: known scheme; a sqlite file that is a database (or
+    absent, in a writable folder); an ``http(s)`` server that answers within :data:`PROBE_TIMEOUT_S`.
+
+    Raises:
+        BenchError: naming ``--tracking-uri``, the URI and what is wrong.
+    """
+    scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+    if scheme.split("+", 1)[0] not in SCHEMES:
+        raise BenchError(f"--tracking-uri {uri}: unsupported scheme (allowed: sqlite:///PATH, http(s)://HOST:PORT, "
+                         "file:PATH or a database URL)")
+    db = _sqlite_path(uri)
+    if scheme == "sqlite" and db is None:
+        raise BenchError(f"--tracking-uri {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
+    if db is not None:
+        folder = db.parent
+        while not folder.exists() and folder.parent != folder:
+            folder = folder.parent
+        if db.exists():
+            if not db.is_file():
+                raise BenchError(f"--tracking-uri {uri}: {db} is not a file")
+            try:
+                with open(db, "rb") as fh:
+                    head = fh.read(16)
+            except OSError as exc:
+                raise BenchError(f"--tracking-uri {uri}: cannot read {db}: {exc.strerror}") from None
+            if head and head != b"SQLite format 3\x00":
+                raise BenchError(f"--tracking-uri {uri}: {db} is not a SQLite database")
+            if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK | os.X_OK):
+                raise BenchError(f"--tracking-uri {uri}: {db} is not writable")
+        elif not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise BenchError(f"--tracking-uri {uri}: folder {folder} is not writable")
+    if scheme in ("http", "https"):
+        parsed = urllib.parse.urlparse(uri)
+        if not parsed.hostname:
+            raise BenchError(f"--tracking-uri {uri}: no host")
+        try:
+            parsed.port  # noqa: B018 - raises on a bad port
+        except ValueError:
+            raise BenchError(f"--tracking-uri {uri}: bad port") from None
+        try:
+            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S) as resp:
+                resp.read(64)
+        except urllib.error.HTTPError:
+            pass  # it answered: a server without /health is still a server
+        except (OSError, ValueError) as exc:
+            why = getattr(exc, "reason", None) or exc
+            raise BenchError(f"--tracking-uri {uri}: tracking server unreachable ({why}); start it, or use "
+                             "a sqlite:/// store and `run_bench.py sync` later") from None
+
+
+def _artifact_location(tracking_uri: str, experiment: str) -> str | None:
+    """For a ``sqlite:///path/db`` store, artifacts go beside the database (``path/mlartifacts/<exp>``)
+    instead of MLflow's default under the current folder; ``None`` (server default) otherwise."""
+    if tracking_uri.startswith("sqlite:///"):
+        db = Path(tracking_uri[len("sqlite:///"):])
+        return (db.resolve().parent / "mlartifacts" / experiment).as_uri()
+    return None
