@@ -30,7 +30,7 @@ from bench.errors import BenchError, Terminated, current_step
 
 SUBCOMMANDS = {
     "run": ("bench.cli_run", "run the sweep of a matrix file (default subcommand)"),
-    "tune": ("bench.tune", "Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"),
+    "tune": ("bench.commands.tune", "Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"),
     "gate": ("bench.commands.gate", "compare a sweep against a baseline; exit 1 on a real slowdown"),
     "report": ("bench.report", "effects, interactions, confidence intervals and plots of a sweep"),
     "compare": ("bench.compare", "compare two sweeps directly (no saved baseline): gate's verdicts and exit codes"),

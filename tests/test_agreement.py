@@ -91,7 +91,7 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
     assert bj["raw_value"] == st.best_trial.user_attrs["raw_value"]
     import io
 
-    from bench.tune import ConsoleView, print_result
+    from bench.commands.tune import ConsoleView, print_result
 
     buf = io.StringIO()
     print_result(out, s, ConsoleView(buf))

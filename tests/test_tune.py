@@ -569,7 +569,7 @@ def test_stale_running_trial_is_failed_through_the_public_api_and_rerun(tmp_path
 def test_tune_console_shows_progress_eta_and_best_so_far(tmp_path, mlflow_uri):
     import io
 
-    from bench.tune import ConsoleView
+    from bench.commands.tune import ConsoleView
 
     buf = io.StringIO()
     view = ConsoleView(out=buf, steps=3, engine="embedded")

@@ -29,6 +29,11 @@ MLflow is a best-effort mirror of the results folder (the source of truth): HTTP
 and retry budget (:data:`HTTP_DEFAULTS`, seconds; each can be overridden by setting the MLflow variable),
 the first failure of an invocation marks the tracker *down* (later calls are skipped at once), and what
 was not uploaded is queued on disk and uploaded by ``run_bench.py sync`` (:mod:`bench.sync`).
+
+The package: :class:`Tracker` here; :mod:`bench.tracking.store` (the store behind a URI: HTTP settings, the
+URI check), :mod:`bench.tracking.naming` (run names, descriptions, system tags, links, the report page),
+:mod:`bench.tracking.records` (a run record as a child run; the sweep parent's description and metrics) and
+:mod:`bench.tracking.tune` (a tune study's parent and trial runs).
 """
 
 

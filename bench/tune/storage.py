@@ -1,0 +1,91 @@
+"""Where a study lives: the Optuna storage (:func:`open_storage`, a SQLAlchemy URL or ``journal:PATH``) and
+the settings a study was made with (its ``setting.*`` user attributes: :func:`flatten`, :func:`study_settings`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from bench.errors import BenchError
+
+FP_ATTR = "bench_fingerprint"
+SETTINGS_ATTR = "bench_settings"  # studies made before the settings were split into keys: one JSON value
+#: prefix of the study user attributes that hold the settings a study's values depend on, one key each
+SETTINGS_PREFIX = "setting."
+
+
+def default_storage(results: Path) -> str:
+    """``sqlite:///<results>/optuna.db``."""
+    return f"sqlite:///{Path(results).as_posix()}/optuna.db"
+
+
+def redact(url: str) -> str:
+    """The storage URL without a password (for logs and MLflow tags)."""
+    if url.startswith("journal:"):
+        return url
+    try:
+        from sqlalchemy.engine import make_url
+
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url.split("@")[-1] if "@" in url else url
+
+
+def open_storage(url: str, where: str = "--storage") -> Any:
+    """An Optuna storage: ``journal:PATH`` (journal file) or any SQLAlchemy URL (RDB).
+
+    Raises:
+        BenchError: the storage cannot be opened (bad URL, missing driver, unwritable/absent folder).
+    """
+    import optuna
+
+    try:
+        if url.startswith("journal:"):
+            from optuna.storages import JournalStorage
+            from optuna.storages.journal import JournalFileBackend
+
+            path = Path(url.removeprefix("journal:").removeprefix("//"))
+            if not path.parent.is_dir():
+                raise OSError(f"folder {path.parent} does not exist")
+            return JournalStorage(JournalFileBackend(str(path)))
+        if "://" not in url:
+            raise ValueError("not a URL (give e.g. sqlite:///results/optuna.db, postgresql://..., or journal:PATH)")
+        return optuna.storages.RDBStorage(url, skip_table_creation=False)
+    except BaseException as exc:  # sqlalchemy / driver import errors come in many classes
+        if isinstance(exc, KeyboardInterrupt):
+            raise
+        msg = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        raise BenchError(f"{where} {redact(url)}: cannot open Optuna storage: {msg}") from None
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{prefix + "a.b": 1}``: one key per leaf (lists stay values)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def study_settings(attrs: dict[str, Any]) -> dict[str, Any]:
+    """The flattened settings a study was made with (its ``setting.*`` user attributes, or the single
+    ``bench_settings`` value of an older study); keys without the prefix."""
+    flat = {k[len(SETTINGS_PREFIX):]: v for k, v in attrs.items() if k.startswith(SETTINGS_PREFIX)}
+    return flat or flatten(attrs.get(SETTINGS_ATTR) or {})
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> list[str]:
+    """Dotted keys where two JSON-like values differ."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = []
+        for k in sorted(set(a) | set(b), key=str):
+            out += _diff(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else str(k))
+        return out
+    return (
+        []
+        if json.dumps(a, sort_keys=True, default=str) == json.dumps(b, sort_keys=True, default=str)
+        else [prefix or "(root)"]
+    )
