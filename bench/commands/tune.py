@@ -59,9 +59,11 @@ class ConsoleView:
         self.best: tuple[float, int, str] | None = None
 
     def p(self, text: str = "") -> None:
+        """Print one plain line above the live progress line."""
         self.live.print(text, markup=False, highlight=False, soft_wrap=True)
 
     def stop(self) -> None:
+        """End the live progress line."""
         self.live.stop()
 
     def __call__(self, kind: str, d: dict[str, Any]) -> None:
@@ -129,6 +131,8 @@ def best_text(best: dict[str, Any], unit: str) -> str:
 
 
 def print_result(out: TuneOutcome, settings: TuneSettings, view: ConsoleView) -> None:
+    """Print the tune's result: trial counts, the best trial (value, limits, verl overrides, matrix fragment),
+    parameter importance, the output files and where MLflow and optuna-dashboard show the study."""
     s, summ = settings, out.summary
     c = summ.get("counts", {})
     view.p(f"\nstudy {s.study_name}: {c.get('feasible', 0)} feasible, {c.get('infeasible', 0)} infeasible, "

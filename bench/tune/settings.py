@@ -137,6 +137,8 @@ class TuneOutcome:
 
 
 def make_sampler(block: TuneBlock, space: dict[str, IntDim]) -> Any:
+    """The Optuna sampler of the tune block: ``grid`` (every point of ``space``), ``random`` or ``tpe`` (seeded;
+    TPE with the block's start-up trials and multivariate setting)."""
     import optuna
 
     s = block.sampler

@@ -170,6 +170,12 @@ class Tuner(TuneTracking):
         return value
 
     def objective(self, trial: Any) -> float:
+        """One trial: sample the limits, run the trial's spec, log it; returns the objective (s or tokens/s).
+
+        Raises:
+            optuna.TrialPruned: the run was infeasible (limit too small, out of memory); constraint set.
+            TrialFailed: the run failed otherwise (FAIL; after ``bad_input`` the study is stopped).
+        """
         import optuna
 
         from bench.runner import execute_spec
@@ -228,6 +234,12 @@ class Tuner(TuneTracking):
 
     # -- run -----------------------------------------------------------------------------------
     def run(self) -> TuneOutcome:
+        """Open (or resume) the study under the results lock, run the trials still to do, write the outputs.
+
+        Raises:
+            BenchError: bad input (another study's settings, a storage that cannot be opened, the engine
+                refusing the settings).
+        """
         import optuna
 
         s = self.s
@@ -276,6 +288,7 @@ class Tuner(TuneTracking):
         return TuneOutcome(s.study_name, s.study_dir, self.parent_id, ran, summary, s.notes)
 
     def header(self) -> str:
+        """Two lines naming the tune (matrix, engine, platform, study, objective, P+R, fixed levels)."""
         s = self.s
         return (f"tune of {s.matrix.name} ({s.matrix.engine}, {s.platform}), study {s.study_name}, "
                 f"objective {s.block.objective} ({s.direction})\nP+R = {s.seq} tokens; fixed levels: "
