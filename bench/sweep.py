@@ -584,7 +584,7 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
         series.setdefault("free_ratio/step", []).append((int(step), value))
     # the run's values as summary.md, the report and the gate see them (bench.model.run_value of the timed
     # steps; Free ratio: profiled steps), raw seconds (a sweep's speed normalization is the parent's)
-    from bench.baseline import record_samples
+    from bench.analyze.snapshot import record_samples
 
     samples = record_samples(rec)
     summary = {

@@ -62,7 +62,7 @@ def _records(sweep: Path) -> dict[tuple[str, int], dict]:
 
 
 def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_path, monkeypatch):
-    from bench.baseline import record_samples
+    from bench.analyze.snapshot import record_samples
     from bench.model import run_value
     from bench.sweep import run_start
     from bench.sync import MLFLOW_MARK, sync_sweep
