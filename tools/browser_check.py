@@ -508,7 +508,12 @@ def open_browser(procs: Procs, chromium: str, chromedriver: str, log: Path) -> A
     for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu",
                 "--window-size=1600,1000", "--no-first-run", "--disable-extensions"):
         opts.add_argument(arg)
-    service = Service(executable_path=chromedriver, log_output=str(log), popen_kw={"start_new_session": True})
+    # profile and Chromium's singleton/socket folders inside our temporary folder (removed with it), not in /tmp
+    scratch = log.parent / "chromium"
+    (scratch / "tmp").mkdir(parents=True, exist_ok=True)
+    opts.add_argument(f"--user-data-dir={scratch / 'profile'}")
+    service = Service(executable_path=chromedriver, log_output=str(log), popen_kw={"start_new_session": True},
+                      env={**os.environ, "TMPDIR": str(scratch / "tmp")})
     try:
         driver = webdriver.Chrome(service=service, options=opts)  # starts chromedriver, then the browser
     finally:
