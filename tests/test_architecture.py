@@ -160,6 +160,50 @@ def test_every_bench_import_resolves():
     assert bad == []
 
 
+def _top_level_names(tree: ast.Module) -> set[str] | None:
+    """Names a module defines at its top level (defs, classes, assignments, imports, also inside top-level
+    if/try blocks); ``None`` when it has a module ``__getattr__`` (anything may resolve)."""
+    names: set[str] = set()
+    todo = list(tree.body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            if node.name == "__getattr__":
+                return None
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                names.update(n.id for n in ast.walk(t) if isinstance(n, ast.Name))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.If, ast.Try, ast.With)):
+            todo += node.body + getattr(node, "orelse", []) + getattr(node, "finalbody", [])
+            for h in getattr(node, "handlers", []):
+                todo += h.body
+    return names
+
+
+def test_every_name_imported_from_bench_exists():
+    """``from bench.x import name``: ``name`` is defined in ``bench.x`` (or is its submodule), also for imports
+    inside functions, which run only when that code path does (a moved helper once made every MLflow upload
+    of a sweep fail with an ImportError that the tracker took for an outage)."""
+    mods = _modules()
+    defined = {m: _top_level_names(ast.parse(p.read_text())) for m, p in mods.items()}
+    bad = []
+    for folder in ("bench", "tests", "benchmarks", "tools"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            rel = path.relative_to(ROOT)
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not (isinstance(node, ast.ImportFrom) and not node.level and (node.module or "") in defined):
+                    continue
+                have = defined[node.module]
+                if have is None:
+                    continue
+                bad += [f"{rel}:{node.lineno}: {node.module} has no {a.name}" for a in node.names
+                        if a.name != "*" and a.name not in have and f"{node.module}.{a.name}" not in mods]
+    assert bad == []
+
+
 def test_no_module_over_the_size_limit():
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "bench").rglob("*.py")}
     over = {f: n for f, n in sizes.items() if n > MAX_LINES and f not in OVERSIZE_ALLOWED}
