@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
+from bench.analyze.gate import EXIT_CANNOT_JUDGE
 from bench.cli import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -59,7 +60,7 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
     well under 1 %) for the test to fail.
 
     On a busy machine (another job competing for the CPUs) step times scatter by tens of percent and the
-    gate's correct answer is "noisy" (exit 2: cannot judge): the test accepts it when the CPU pressure
+    gate's correct answer is "noisy" (exit 3: cannot judge): the test accepts it when the CPU pressure
     recorded around the runs says the machine was busy (:data:`BUSY_PSI`), and asserts only the
     direction there: the slowdown is never "unchanged"/"improvement", the rerun never "regression".
     The gate's verdict logic itself is covered by tests/test_gate.py and tests/test_speed.py on
@@ -100,7 +101,7 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
            f"machine, recorded PSI) = {seen}; CPU pressure now {cpu_pressure()}")
     assert row["verdict"] not in ("unchanged", "improvement"), "slowdown passed: " + why
     if row["verdict"] == "noisy":
-        assert rc == 2 and psi > BUSY_PSI, "noisy on a quiet machine: " + why
+        assert rc == EXIT_CANNOT_JUDGE and psi > BUSY_PSI, "noisy on a quiet machine: " + why
     else:
         assert rc == 1 and row["verdict"] == "regression" and row["change"] > 0.05 and row["normalized"], why
         assert "update_delay_s" in " ".join(verdict["notes"])
@@ -119,6 +120,6 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
            f"{seen}; CPU pressure now {cpu_pressure()}")
     assert row["verdict"] != "regression", "identical rerun flagged: " + why
     if row["verdict"] == "noisy":
-        assert rc == 2 and psi > BUSY_PSI, "noisy on a quiet machine: " + why
+        assert rc == EXIT_CANNOT_JUDGE and psi > BUSY_PSI, "noisy on a quiet machine: " + why
     else:
         assert rc == 0 and row["verdict"] in ("unchanged", "improvement"), why
