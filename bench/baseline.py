@@ -43,8 +43,8 @@ from bench.analyze.snapshot import (
     snapshot,
 )
 from bench.errors import BenchError
-from bench.metadata import machine  # noqa: F401  (re-exported; gathered in bench.metadata)
-from bench.model import METRICS, Metric  # noqa: F401  (re-exported)
+from bench.metadata import machine
+from bench.model import METRICS
 from bench.results import atomic_write_json, find_sweep, read_json
 
 BASELINES = "baselines"

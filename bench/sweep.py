@@ -26,7 +26,6 @@ from typing import Any, Callable
 
 from bench.errors import DiskFullError, doing
 from bench.executors import Executor, LocalExecutor, kill_strays
-from bench.metadata import host_load  # noqa: F401  (re-exported; gathered in bench.metadata)
 from bench.record import is_finished
 from bench.results import (
     SWEEP,
@@ -39,7 +38,7 @@ from bench.results import (
     read_json,
     run_dir,
 )
-from bench.runner import execute_spec  # noqa: F401  (re-exported: tune and the verl_cpu smoke run one spec)
+from bench.runner import execute_spec
 from bench.spec.matrix import Matrix
 from bench.spec.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.summary import cell_rows, cells_table, plan_summary, write_summary

@@ -414,7 +414,7 @@ def test_file_logger_keeps_numpy_steps_and_flushes(bench_patches, tmp_path, monk
 
 
 def test_patch_evidence_summary(tmp_path):
-    from bench.engines.verl.notes import patch_evidence
+    from bench.measure.patch_reports import patch_evidence
 
     code = "print('x')"
     (tmp_path / "a").mkdir()

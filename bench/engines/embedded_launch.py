@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.engines import register
 from bench.engines.base import Launch
-from bench.engines.common import default_profile_steps, device_available  # noqa: F401  (re-exported)
+from bench.engines.common import default_profile_steps, device_available
 from bench.errors import BenchError
 from bench.spec.loading import expand_env
 from bench.spec.matrix import Base, Matrix

@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchError, doing
-from bench.metadata import VERSIONED, git_commit, versions  # noqa: F401  (re-exported; gathered in bench.metadata)
+from bench.metadata import git_commit, versions  # noqa: F401  (re-exported; gathered in bench.metadata)
 from bench.tracking.naming import (  # noqa: F401  (re-exported: the public names of bench.tracking)
     EXPERIMENT_KIND,
     ML_VIEW,

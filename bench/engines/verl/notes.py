@@ -1,13 +1,12 @@
 """What the verl engine tells about a run beyond its argv: why a factor would have no effect with the
-installed verl / vllm-ascend (:func:`forward_prefetch_note`, :func:`mc2_note`), and what the patches did
-in a finished run (:func:`patch_evidence`, from ``patches/sitecustomize.py``'s per-process reports).
+installed verl / vllm-ascend (:func:`forward_prefetch_note`, :func:`mc2_note`). What the patches did in a
+finished run is read by :func:`bench.measure.patch_reports.patch_evidence`.
 """
 
 from __future__ import annotations
 
 import re
 
-from bench.measure.patch_reports import patch_evidence  # noqa: F401  (re-exported; read in bench.measure)
 from bench.metadata import installed_version
 
 #: First vllm-ascend release with ``VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE`` (tags v0.10.0rc1 on; absent in v0.9.x).

@@ -167,8 +167,8 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     ``evidence`` holds only the factors whose evidence is missing or contradicted, among those the CPU
     target can exercise (:func:`not_exercised` lists the others). ``smoke.json`` in the folder holds the list.
     """
-    from bench.engines.verl.notes import patch_evidence
     from bench.executors import LocalExecutor
+    from bench.measure.patch_reports import patch_evidence
     from bench.results import atomic_write_json
     from bench.runner import execute_spec
 
