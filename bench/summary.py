@@ -54,7 +54,7 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             "step_time_iqr_s": iqr(samples) if samples else None,
             "speedup": st[c.cell_id]["speedup"],
             **{m: others[m][c.cell_id]["value"] for m in others},
-            "peak_memory_gb": max((r.summary.get(SUMMARY_PEAK_MEM) or 0 for r in ok), default=None),
+            "peak_memory_gb": max((m for r in ok if (m := r.summary.get(SUMMARY_PEAK_MEM)) is not None), default=None),
             "status": c.status,
             "reason": "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures)
             or (f"unfinished (repeats {c.missing_repeats})" if c.status == "pending" else ""),

@@ -351,6 +351,8 @@ class Sweep:
                 if probe_ref
                 else "; raw (no speed probe in every run)"
             ),
+            "tokens/s": "per run the median perf/throughput, geometric mean over the cell's ok repeats"
+            + ("; speed-normalized like the step time" if probe_ref else "; raw"),
             "run order": f"{meta.get('order', {}).get('kind', 'sequential')}"
             + (f", seed {meta['order']['seed']}" if (meta.get("order") or {}).get("seed") is not None else ""),
             "harness overhead": f"{first['overhead_share']:.1%} of {first['wall_s']:.1f} s wall "

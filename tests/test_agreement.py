@@ -54,6 +54,8 @@ def test_console_summary_report_and_mlflow_agree_on_every_speedup(tmp_path, caps
         assert re.search(rf"^\S*\s*{re.escape(label)}\s.*{re.escape(txt)}", console, re.M), (label, txt)
         assert re.search(rf"^\| {re.escape(label)} \(`.*\| {re.escape(txt)} \|", md, re.M), (label, txt)
         assert re.search(rf"^\| {re.escape(label)} \|.*\| {re.escape(txt)} \[", report_md, re.M), (label, txt)
+    # the fake machine logs no memory: missing is shown as missing, never as 0
+    assert {r["peak_memory_gb"] for r in summary.values()} == {""}
     # the injected 20 % slowdown of dynamic_bsz is what every path shows (drift removed by the probe)
     assert rows["dynamic_bsz"]["speedup"] == pytest.approx(1 / 1.2, rel=0.03)
     assert report["effects"]["fit"]["unit"] == "run" and report["effects"]["fit"]["df_resid"] == 6

@@ -118,6 +118,16 @@ def test_summarize_inputs_and_edge_cases():
     assert (cpu["peak_memory_gb"], cpu["peak_memory_source"]) == (3.5, "perf/cpu_memory_used_gb")
     assert cpu["phase_median_s"]["other"] == 2.0
     assert cpu["rollout_share_median"] is None
+    # verl >= 0.7 logs the worker's memory under the role prefix (actor/perf/...): still read
+    verl09 = {2: {"timing_s/step": 1.0, "actor/perf/max_memory_allocated_gb": 0.0,
+                  "actor/perf/cpu_memory_used_gb": 7.25},
+              3: {"timing_s/step": 1.0, "actor/perf/max_memory_allocated_gb": 0.0,
+                  "actor/perf/cpu_memory_used_gb": 7.5}}
+    v = summarize(verl09, 0)
+    assert (v["peak_memory_gb"], v["peak_memory_source"]) == (7.5, "perf/cpu_memory_used_gb")
+    gpu = summarize({1: {"timing_s/step": 1.0, "actor/perf/max_memory_allocated_gb": 21.0,
+                         "critic/perf/max_memory_allocated_gb": 23.0}}, 0)
+    assert gpu["peak_memory_gb"] == 23.0
 
 
 def test_collect_verl06_jsonl_anywhere_and_cpu_trace(tmp_path):

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -192,6 +193,13 @@ def _as_step_dict(steps) -> dict[int, Mapping[str, float]]:
     return result
 
 
+def _with_prefixes(rows: Sequence[Mapping[str, Any]], key: str) -> list[Any]:
+    """Values of ``key`` and of ``<role>/key`` (e.g. ``actor/perf/max_memory_allocated_gb``) over the
+    given step rows, in row order (all roles of a row, unprefixed first)."""
+    suffix = "/" + key
+    return [v for r in rows for k, v in r.items() if k == key or k.endswith(suffix)]
+
+
 def summarize(
     steps,
     warmup_steps: int,
@@ -223,7 +231,9 @@ def summarize(
     * ``rollout_share_median``: median over steps of ``timing_s/gen / timing_s/step``.
     * ``throughput_median``: median of ``perf/throughput`` (tokens/s per device).
     * ``peak_memory_gb`` and ``peak_memory_source``: max of ``perf/max_memory_allocated_gb`` when
-      any value is > 0, else max of ``perf/cpu_memory_used_gb``.
+      any value is > 0, else max of ``perf/cpu_memory_used_gb``; each key also under a role prefix
+      (verl >= 0.7 logs the actor's as ``actor/perf/max_memory_allocated_gb``:
+      ``verl/workers/engine_workers.py`` + the trainer's ``actor/`` prefix; verl 0.6.1 unprefixed).
     * ``response_length_mean``, ``response_length_max``, ``response_length_min``,
       ``response_clip_ratio``: means over steps of ``response_length/{mean,max,min,clip_ratio}``.
     * ``long_tail_waste_median``: median over steps of ``1 - response_length/mean /
@@ -271,8 +281,8 @@ def summarize(
             waste.append(1.0 - mn / mx)
     phase_median["other"] = median(others)
 
-    dev_mem = finite(col("perf/max_memory_allocated_gb"))
-    cpu_mem = finite(col("perf/cpu_memory_used_gb"))
+    dev_mem = finite(_with_prefixes(rows, "perf/max_memory_allocated_gb"))
+    cpu_mem = finite(_with_prefixes(rows, "perf/cpu_memory_used_gb"))
     if dev_mem and max(dev_mem) > 0:
         peak, peak_src = max(dev_mem), "perf/max_memory_allocated_gb"
     elif cpu_mem:
