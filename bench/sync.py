@@ -16,6 +16,7 @@ the sweeps of its matrix at start (:func:`sync_matrix`), so the next invocation 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +30,46 @@ QUEUE = "mlflow_queue.json"
 MLFLOW_MARK = "mlflow.json"
 
 
+def read_queue(sweep_dir: Path, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The queue file of a sweep as a dict (``{}`` when there is none).
+
+    A queue file that cannot be used (not a regular file, not a JSON object, ``parent_finish`` not an object)
+    is never deleted: it is renamed to ``mlflow_queue.json.bad-<time>`` beside it, named in a warning through
+    ``on_event`` (or stderr), and the sweep stays pending (an empty queue is written in its place).
+    """
+    path = Path(sweep_dir) / QUEUE
+    if not path.exists() and not path.is_symlink():
+        return {}
+    from bench.inputs import read_bytes
+    from bench.results import atomic_write_text
+
+    try:
+        data = json.loads(read_bytes(path, 16 << 20, "queue file"))
+        problem = None if isinstance(data, dict) else "not a JSON object"
+        if problem is None and not isinstance(data.get("parent_finish") or {}, dict):
+            problem = "parent_finish is not an object"
+    except (BenchError, ValueError, RecursionError) as exc:
+        data, problem = None, (str(exc).split(": ", 1)[-1] if isinstance(exc, BenchError) else "not JSON")
+    if problem is None:
+        return data
+    aside = path.with_name(f"{QUEUE}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        path.rename(aside)
+        atomic_write_text(path, "{}\n")
+        kept = f"kept aside as {aside.name}"
+    except OSError as exc:
+        kept = f"left in place ({exc.strerror})"
+    msg = (f"{path}: unusable MLflow queue file ({problem}); {kept}; the pending runs are found from their "
+           "folders, but the parent's final metrics it may have held are not uploaded")
+    if on_event is not None:
+        on_event("warn", {"message": msg})
+    else:
+        import sys
+
+        print(f"warning: {msg}", file=sys.stderr)
+    return {}
+
+
 def queue_upload(sweep_dir: Path, tracking_uri: str, reason: str, parent_finish: dict[str, Any] | None = None) -> None:
     """Record in ``<sweep>/mlflow_queue.json`` that uploads are pending (best effort: a full disk is ignored).
 
@@ -39,7 +80,7 @@ def queue_upload(sweep_dir: Path, tracking_uri: str, reason: str, parent_finish:
         parent_finish: ``{"metrics", "tags", "status"}`` of the parent run to apply later, if any.
     """
     path = Path(sweep_dir) / QUEUE
-    data = read_json(path) or {}
+    data = read_queue(sweep_dir)
     data.update({"tracking_uri": tracking_uri, "reason": reason, "since": data.get("since") or time.time()})
     if parent_finish is not None:
         data["parent_finish"] = parent_finish
@@ -77,11 +118,14 @@ def sync_sweep(
 ) -> dict[str, int]:
     """Upload everything of one sweep that MLflow lacks; returns counts ``{"children", "parents", "closed"}``.
 
-    Stops at the first failing MLflow call (the tracker is marked down; the queue file stays).
+    Stops at the first failing MLflow call (the tracker is marked down; the queue file stays). A record that
+    cannot be used (:func:`bench.run_record.read_record`) is not uploaded: the rest is, then it is named.
 
     Raises:
         BenchError: the folder is not a sweep.
+        RecordError: a run record cannot be used (after every other upload; the queue file stays).
     """
+    from bench.run_record import RecordError, read_record
     from bench.spec.matrix import Matrix
     from bench.spec.plan import RunSpec
     from bench.tracking import sweep_run_name
@@ -95,6 +139,7 @@ def sync_sweep(
     counts = {"children": 0, "parents": 0, "closed": 0}
     if tracker.down:
         return counts
+    corrupt: list[str] = []
     try:
         with doing(f"syncing {sweep_dir} to MLflow"):
             parent = meta.get("parent_run_id")
@@ -115,14 +160,23 @@ def sync_sweep(
                 spec = RunSpec.model_validate(read_json(sweep_dir / entry["cell_id"] / "spec.json"))
                 for k in range(int(meta["plan"].get("repeats", 1))):
                     rdir = run_dir(sweep_dir, spec.cell_id, k)
-                    rec = read_json(rdir / "record.json")
-                    if rec is None or (rdir / MLFLOW_MARK).exists():
+                    if (rdir / MLFLOW_MARK).exists():
+                        continue
+                    try:
+                        rec = read_record(rdir / "record.json")
+                    except RecordError as exc:
+                        corrupt.append(str(exc))
+                        continue
+                    if rec is None:
                         continue
                     tracker.drop_children(parent, {"cell_id": spec.cell_id, "repeat": rec["repeat"]})
                     rid = log_record(tracker, parent, spec, rec, rdir, matrix)
                     atomic_write_json(rdir / MLFLOW_MARK, {"run_id": rid, "tracking_uri": tracker.uri})
                     counts["children"] += 1
-            queue = read_json(sweep_dir / QUEUE) or {}
+            if corrupt:  # the queue stays: these runs are still to upload once their records are fixed
+                raise RecordError(corrupt[0] + (f" (and {len(corrupt) - 1} more)" if len(corrupt) > 1 else "")
+                                  + "; the other runs are uploaded, the sweep stays pending")
+            queue = read_queue(sweep_dir, on_event)
             fin = queue.get("parent_finish")
             if fin:
                 md = sweep_dir / "summary.md"
@@ -152,7 +206,7 @@ def sync_matrix(base: Path, tracker, skip: Path | None = None,
     for sweep in sorted(Path(base).iterdir()):
         if sweep.is_symlink() or not pending(sweep) or (skip is not None and sweep.resolve() == Path(skip).resolve()):
             continue
-        queue = read_json(sweep / QUEUE) or {}
+        queue = read_queue(sweep, on_event)
         if queue.get("tracking_uri") not in (None, tracker.uri):
             continue  # queued for another store
         for k, v in sync_sweep(sweep, tracker, on_event).items():
@@ -201,4 +255,5 @@ def main(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
-__all__ = ["QUEUE", "MLFLOW_MARK", "queue_upload", "pending", "sync_sweep", "sync_matrix", "add_arguments", "main"]
+__all__ = ["QUEUE", "MLFLOW_MARK", "read_queue", "queue_upload", "pending", "sync_sweep", "sync_matrix",
+           "add_arguments", "main"]
