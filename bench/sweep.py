@@ -384,6 +384,8 @@ class Sweep:
                 tracker.finish_parent(meta["parent_run_id"], artifacts=[csv_path, md_path, sweep_dir / SWEEP],
                                       cells=cells_table(rows),
                                       description=parent_description(meta, md_path.read_text()), **finish)
+                if not tracker.parent_alive(meta["parent_run_id"]):  # accepted but not kept: an outage
+                    raise RuntimeError("the tracking store did not keep the parent run (writes lost)")
                 if not tracker.down:  # every child is logged and the parent closed: nothing left queued
                     (sweep_dir / QUEUE).unlink(missing_ok=True)
             except Exception as exc:

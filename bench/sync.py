@@ -185,6 +185,8 @@ def sync_sweep(
                                       status=fin.get("status", "FAILED"), tags=fin.get("tags") or {},
                                       description=parent_description(meta, md.read_text() if md.is_file() else None))
                 counts["closed"] += 1
+            if not tracker.parent_alive(parent):  # a store that accepted the writes but did not keep them
+                raise RuntimeError(f"the tracking store did not keep the parent run {parent} (writes lost)")
             (sweep_dir / QUEUE).unlink(missing_ok=True)
     except BenchError:
         raise
