@@ -65,11 +65,11 @@ class Dimension(BaseModel):
     """One searched limit. ``low``/``high``/``step`` in ``unit`` (tokens, or multiples of P+R)."""
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
-    low: float = Field(gt=0, le=MAX_BOUND)
-    high: float = Field(gt=0, le=MAX_BOUND)
+    low: float = Field(gt=0, le=MAX_BOUND, strict=True)
+    high: float = Field(gt=0, le=MAX_BOUND, strict=True)
     unit: Literal["tokens", "seq"] = "tokens"
     log: bool = False
-    step: float | None = Field(None, gt=0, le=MAX_BOUND)
+    step: float | None = Field(None, gt=0, le=MAX_BOUND, strict=True)
 
     @model_validator(mode="after")
     def _check(self) -> "Dimension":
@@ -103,7 +103,7 @@ class TuneBlock(BaseModel):
     space: dict[str, Dimension] = Field(min_length=1)
     objective: Literal["step_time", "throughput"] = "step_time"
     n_trials: int | None = Field(None, ge=1, le=100_000, strict=True)
-    timeout_s: float | None = Field(None, gt=0, le=30 * 86400)
+    timeout_s: float | None = Field(None, gt=0, le=30 * 86400, strict=True)
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     start_at_rule_of_thumb: bool = True
     normalize: bool = True

@@ -71,14 +71,14 @@ class RunConfig(BaseModel):
     log_prob_max_token_len_per_gpu: int | None = Field(None, ge=1, le=1 << 24, strict=True)
     max_prompt_length: int = Field(96, ge=8, le=1 << 20, strict=True)
     max_response_length: int = Field(64, ge=1, le=1 << 20, strict=True)
-    temperature: float = Field(1.0, gt=0, le=100)
+    temperature: float = Field(1.0, gt=0, le=100, strict=True)
     use_kl_loss: StrictBool = True
-    kl_loss_coef: float = Field(0.001, ge=0, le=100)
+    kl_loss_coef: float = Field(0.001, ge=0, le=100, strict=True)
     kl_loss_type: Literal[KL_TYPES] = "low_var_kl"  # type: ignore[valid-type]
-    clip_ratio: float = Field(0.2, gt=0, lt=1)
-    lr: float = Field(1e-5, gt=0, le=1)
+    clip_ratio: float = Field(0.2, gt=0, lt=1, strict=True)
+    lr: float = Field(1e-5, gt=0, le=1, strict=True)
     rmsnorm_fused: StrictBool = False
-    update_delay_s: float = Field(0.0, ge=0, le=3600)
+    update_delay_s: float = Field(0.0, ge=0, le=3600, strict=True)
     speed_probe: StrictBool | None = None
     seed: int = Field(0, ge=0, le=2**32 - 1, strict=True)
 
