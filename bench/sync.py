@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -64,8 +65,6 @@ def read_queue(sweep_dir: Path, on_event: Callable[[str, dict[str, Any]], None] 
     if on_event is not None:
         on_event("warn", {"message": msg})
     else:
-        import sys
-
         print(f"warning: {msg}", file=sys.stderr)
     return {}
 
@@ -113,29 +112,58 @@ def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     return tags, params
 
 
+def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check, before MLflow is touched, every file a sync reads: ``sweep.json``, each run record
+    (:func:`bench.run_record.read_record`) and each cell's ``spec.json``; returns (sweep meta, cell id -> RunSpec).
+
+    Raises:
+        BenchError: naming the first unusable file and what is wrong (:class:`~bench.run_record.RecordError`
+            for a record; the count of further ones).
+    """
+    from pydantic import ValidationError
+
+    from bench.results import check_sweep_meta
+    from bench.run_record import RecordError, corrupt_records
+    from bench.spec.plan import RunSpec
+
+    sweep_dir = Path(sweep_dir)
+    meta = check_sweep_meta(sweep_dir / SWEEP)
+    bad = corrupt_records(sweep_dir)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise RecordError(f"{bad[0]}{more}; nothing uploaded: fix the file or move its run folder away")
+    specs = {}
+    for entry in meta["plan"]["runs"]:
+        path = sweep_dir / entry["cell_id"] / "spec.json"
+        try:
+            specs[entry["cell_id"]] = RunSpec.model_validate(read_json(path))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            what = ".".join(str(p) for p in err["loc"]) or "the file"
+            raise BenchError(f"{path}: not a usable run spec ({'missing or not JSON' if what == 'the file' else what}"
+                             f": {err['type']})") from None
+    return meta, specs
+
+
 def sync_sweep(
     sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]], None] | None = None
 ) -> dict[str, int]:
     """Upload everything of one sweep that MLflow lacks; returns counts ``{"children", "parents", "closed"}``.
 
-    Stops at the first failing MLflow call (the tracker is marked down; the queue file stays). A record that
-    cannot be used (:func:`bench.run_record.read_record`) is not uploaded: the rest is, then it is named.
+    Stops at the first failing MLflow call (the tracker is marked down; the queue file stays). Every file it
+    reads is checked first (:func:`check_sweep_files`): an unusable one is named and nothing is uploaded.
 
     Raises:
-        BenchError: the folder is not a sweep.
-        RecordError: a run record cannot be used (after every other upload; the queue file stays).
+        BenchError: the folder is not a sweep, or a record or spec cannot be used (the queue file stays).
     """
     from bench.run_record import RecordError, read_record
     from bench.spec.matrix import Matrix
-    from bench.spec.plan import RunSpec
     from bench.tracking import sweep_run_name
     from bench.tracking.records import log_record, parent_description
 
     on_event = on_event or (lambda kind, data: None)
     sweep_dir = Path(sweep_dir)
-    meta = read_json(sweep_dir / SWEEP)
-    if not isinstance(meta, dict) or not isinstance((meta.get("plan") or {}).get("runs"), list):
-        raise BenchError(f"{sweep_dir / SWEEP}: not a sweep record")
+    meta, specs = check_sweep_files(sweep_dir)
     counts = {"children": 0, "parents": 0, "closed": 0}
     if tracker.down:
         return counts
@@ -157,7 +185,7 @@ def sync_sweep(
             except Exception:
                 matrix = Matrix.model_construct(**meta["matrix"])
             for entry in meta["plan"]["runs"]:
-                spec = RunSpec.model_validate(read_json(sweep_dir / entry["cell_id"] / "spec.json"))
+                spec = specs[entry["cell_id"]]
                 for k in range(int(meta["plan"].get("repeats", 1))):
                     rdir = run_dir(sweep_dir, spec.cell_id, k)
                     if (rdir / MLFLOW_MARK).exists():
@@ -211,7 +239,12 @@ def sync_matrix(base: Path, tracker, skip: Path | None = None,
         queue = read_queue(sweep, on_event)
         if queue.get("tracking_uri") not in (None, tracker.uri):
             continue  # queued for another store
-        for k, v in sync_sweep(sweep, tracker, on_event).items():
+        try:
+            got = sync_sweep(sweep, tracker, on_event)
+        except BenchError as exc:  # an older sweep's unusable file must not stop this invocation
+            on_event("warn", {"message": f"not synced: {exc}"})
+            continue
+        for k, v in got.items():
             total[k] += v
         if tracker.down:
             break
@@ -247,8 +280,10 @@ def main(args: argparse.Namespace) -> int:
         uri = args.tracking_uri if getattr(args, "tracking_uri_given", False) else (
             meta.get("tracking_uri") or args.tracking_uri)
         check_tracking_uri(uri)
+        check_sweep_files(sweep)  # before the store is opened: a bad file is refused with nothing written
         tracker = Tracker(uri, meta.get("matrix_name") or sweep.parent.name)
-        for k, v in sync_sweep(sweep, tracker, lambda kind, d: print(f"warning: {d['message']}")).items():
+        warn = lambda kind, d: print(f"warning: {d['message']}", file=sys.stderr)  # noqa: E731
+        for k, v in sync_sweep(sweep, tracker, warn).items():
             done[k] += v
         left += pending(sweep)
         print(f"{sweep}: {uri}: " + ("still pending" if pending(sweep) else "in sync"))

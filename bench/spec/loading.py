@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +63,6 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model that holds the last key of ``loc`` (for "did you mean" among its fields)."""
-    import typing
-
     for part in loc[:-1]:
         if not isinstance(part, str):
             continue
@@ -115,7 +114,14 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
         allowed = msg.replace("Input should be ", "")
         msg = f"allowed: {allowed}, got {bad!r}"
     elif kind == "extra_forbidden":
-        holder = _model_at(model, loc) if not prefix else None
+        raw_loc = err["loc"]
+        if raw_loc[:1] == ("design",) and len(raw_loc) > 2 and raw_loc[1] in DESIGN_TYPES:
+            from bench.spec import matrix as schema
+
+            holder = {typing.get_args(c.model_fields["type"].annotation)[0]: c
+                      for c in typing.get_args(schema.Design)}.get(raw_loc[1])
+        else:
+            holder = _model_at(model, loc) if not prefix else None
         fields = sorted(holder.model_fields) if holder is not None else []
         msg = "unknown key" + did_you_mean(loc[-1], fields) + (f" (allowed: {', '.join(fields)})" if fields else "")
     elif kind == "missing":

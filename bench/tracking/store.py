@@ -65,6 +65,9 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
     if scheme == "sqlite" and db is None:
         raise BenchError(f"--tracking-uri {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
     if db is not None:
+        from bench.paths import check_names
+
+        check_names("--tracking-uri", db)
         folder = db.parent
         while not folder.exists() and folder.parent != folder:
             folder = folder.parent
@@ -82,10 +85,6 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
                 raise BenchError(f"--tracking-uri {uri}: {db} is not writable")
         elif not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             raise BenchError(f"--tracking-uri {uri}: folder {folder} is not writable")
-    if db is not None:
-        from bench.paths import check_names
-
-        check_names("--tracking-uri", db)
     if scheme in ("http", "https"):
         parsed = urllib.parse.urlparse(uri)
         if not parsed.hostname:
