@@ -114,16 +114,42 @@ class YamlTooLarge(yaml.YAMLError):
 
 class StrictLoader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses duplicate and non-string keys, nesting deeper than
-    :data:`MAX_YAML_DEPTH` and (in :func:`load_yaml`) alias expansion beyond :data:`MAX_YAML_NODES`."""
+    :data:`MAX_YAML_DEPTH`, and, while composing, a document whose size with every alias expanded exceeds
+    :data:`MAX_YAML_NODES` (so an expanding file is refused as soon as it crosses the cap, not after)."""
 
     _depth = 0
+    _total = 0
+    max_nodes = MAX_YAML_NODES
 
-    def compose_node(self, parent, index):  # noqa: D102 - PyYAML's hook, depth-counted
+    def compose_node(self, parent, index):  # noqa: D102 - PyYAML's hook, counted
         self._depth += 1
         try:
             if self._depth > MAX_YAML_DEPTH:
                 raise YamlTooLarge(f"nested deeper than {MAX_YAML_DEPTH} levels", self.peek_event().start_mark)
-            return super().compose_node(parent, index)
+            event = self.peek_event()
+            open_anchors = self.__dict__.setdefault("_open", [])
+            if isinstance(event, yaml.AliasEvent):
+                if event.anchor in open_anchors:
+                    raise YamlTooLarge(f"alias *{event.anchor} refers to a node that contains it (recursive)",
+                                       event.start_mark)
+                node = self.anchors.get(event.anchor)
+                if node is not None:
+                    if not hasattr(self, "_memo"):
+                        self._memo: dict[int, int] = {}
+                    self._total += expanded_size(node, self.max_nodes, self._memo)
+            else:
+                self._total += 1
+            if self._total > self.max_nodes:
+                raise YamlTooLarge(f"expands to more than {self.max_nodes} nodes (aliases expanded)",
+                                   self.peek_event().start_mark)
+            anchor = getattr(event, "anchor", None)
+            if anchor is None:
+                return super().compose_node(parent, index)
+            open_anchors.append(anchor)
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                open_anchors.pop()
         finally:
             self._depth -= 1
 
@@ -146,7 +172,7 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def expanded_size(node: yaml.Node, limit: int = MAX_YAML_NODES) -> int:
+def expanded_size(node: yaml.Node, limit: int = MAX_YAML_NODES, memo: dict[int, int] | None = None) -> int:
     """Nodes of a composed YAML document with every alias expanded (shared nodes counted at each use).
 
     Memoized per node, so the count costs one visit per distinct node however large the expansion.
@@ -154,7 +180,7 @@ def expanded_size(node: yaml.Node, limit: int = MAX_YAML_NODES) -> int:
     Raises:
         YamlTooLarge: the count exceeds ``limit``.
     """
-    memo: dict[int, int] = {}
+    memo = {} if memo is None else memo
 
     def size(n: yaml.Node) -> int:
         if id(n) in memo:
@@ -189,6 +215,7 @@ def load_yaml(text: str, max_nodes: int = MAX_YAML_NODES) -> Any:
             ``problem_mark``.
     """
     loader = StrictLoader(text)
+    loader.max_nodes = max_nodes
     try:
         node = loader.get_single_node()
         if node is None:

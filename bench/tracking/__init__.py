@@ -146,7 +146,8 @@ class Tracker:
     def mark_down(self, exc: BaseException) -> str:
         """Record the first failure (later calls are skipped); returns the one-line reason."""
         if self.down is None:
-            self.down = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("(")]
+            self.down = f"{type(exc).__name__}: {lines[0]}"[:300] if lines else type(exc).__name__
         return self.down
 
     def _tags(self, tags: dict[str, Any], description: str | None) -> dict[str, str]:
