@@ -398,3 +398,17 @@ def test_bad_queue_file_is_kept_aside_and_named(sweep_box, capsys):
     assert "unusable MLflow queue file" in err and aside[0].name in err and "Traceback" not in out + err
     assert rc == 0 and "in sync" in out
     assert len(list(sweep.glob("*/r*/mlflow.json"))) == 4  # every run uploaded
+
+
+@pytest.mark.parametrize("case", ["truncated", "median_nan", "sample_infinite", "wrong_folder", "is_a_pipe"])
+def test_resume_does_not_count_an_unusable_record_as_finished(sweep_box, case):
+    """A resumed sweep runs such a repeat again and names it (``corrupt_records`` feeds its warning)."""
+    from bench.record import is_finished
+    from bench.run_record import corrupt_records
+
+    rec = _record(sweep_box)
+    assert is_finished(rec.parent)
+    RECORDS[case][0](rec)
+    assert not is_finished(rec.parent)
+    problems = corrupt_records(rec.parent.parent.parent)
+    assert len(problems) == 1 and str(rec) in problems[0] and RECORDS[case][1] in problems[0]
