@@ -113,7 +113,7 @@ MATRICES: dict[str, tuple[str | bytes, str | tuple[str, ...]]] = {
     "model_path_missing": (_base(model="/surely/not/a/model"), ("base.model", "does not exist")),
     "model_builtin_unknown": (_base(model="'builtin:qwen3vl-huge'"), ("base.model", "builtin:qwen3vl-tiny")),
     "data_builtin_unknown": (_base(data="'builtin:shape'"), ("base.data", "did you mean 'builtin:shapes'")),
-    "data_path_missing": (_base(data="/surely/not/data.parquet"), ("base.data", "does not exist")),
+    "model_not_a_checkpoint": (_base(model="/tmp"), ("base.model", "no config.json")),
     # exclusion rules on factors the matrix does not list
     "exclude_unlisted_factor": (GOOD + "exclude:\n  - when: {task_queue: on}\n", ("exclude[0].when.task_queue",
                                                                                  "does not list")),

@@ -196,6 +196,7 @@ FLAGS = {
     ("gate", "--candidate", "x"): ["threshold", "alpha", "bootstrap", "seed", "max_mde"],
     ("compare", "x", "y"): ["threshold", "alpha", "bootstrap", "seed", "max_mde"],
     ("report", "x"): ["alpha", "bootstrap", "seed"],
+    ("baseline", "save", "x", "--name", "b"): ["alpha"],
 }
 CASES = [(cmd, dest) for cmd, dests in FLAGS.items() for dest in dests]
 

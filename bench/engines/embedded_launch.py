@@ -39,9 +39,10 @@ _BASE_OWNED = {"device": "platform", "ppo_max_token_len_per_gpu": "base.ppo_max_
 
 
 def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
-    """``value`` of ``model``/``data`` with ``${VAR}`` expanded, checked to exist: a known ``builtin:`` name or
-    an existing path (a model folder with ``config.json``, a data file). An unset variable is left as
-    written when not ``strict`` (a dry run shows it), and then nothing is checked.
+    """``value`` of ``model``/``data`` with ``${VAR}`` expanded and checked: a ``builtin:`` name must be known;
+    a model path must be a folder with ``config.json`` (a data path is left to the run, which records a
+    missing file as its failure). An unset variable is left as written when not ``strict`` (a dry run
+    shows it), and then nothing is checked.
 
     Raises:
         BenchError: unset variable (``strict``), unknown builtin name, missing path (naming ``key``).
@@ -61,13 +62,13 @@ def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
             raise BenchError(f"{key}: unknown builtin {kind} {value!r}{did_you_mean(value, builtins)} "
                              f"(allowed: {', '.join(builtins)}, or a path)")
         return value
+    if kind == "data":  # read by the run itself: a missing file fails that run, recorded with its reason
+        return value
     path = Path(value).expanduser()
     if not path.exists():
         raise BenchError(f"{key}: {kind} path {value} does not exist (allowed: {', '.join(builtins)}, or a path)")
-    if kind == "model" and not (path / "config.json").is_file():
+    if not (path / "config.json").is_file():
         raise BenchError(f"{key}: {value} is not a Hugging Face checkpoint (no config.json)")
-    if kind == "data" and not path.is_file():
-        raise BenchError(f"{key}: {value} is not a file (a verl RL parquet)")
     return value
 
 
