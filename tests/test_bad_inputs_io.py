@@ -130,3 +130,44 @@ def test_store_that_loses_writes_leaves_runs_queued(tmp_path, what):
     assert "still pending" in p.stdout and "Traceback" not in p.stdout + p.stderr
     assert list(sweep.glob("*/r*/mlflow.json")) == []  # never marked as uploaded
     assert (sweep / "mlflow_queue.json").exists()
+
+
+ONE_RUN = """\
+name: lossy
+engine: embedded
+platform: cpu
+base:
+  steps: 2
+  warmup_steps: 1
+  profile_steps: []
+  train_batch_size: 4
+  n: 2
+  ppo_mini_batch_size: 4
+  micro_batch_size_per_gpu: 2
+  max_response_length: 16
+factors:
+  dynamic_bsz: [off]
+"""
+
+
+def test_run_to_a_store_that_loses_child_runs_queues_them_and_sync_uploads_later(tmp_path):
+    """A real embedded run whose store keeps the parent but loses every child: the child is not marked as
+    uploaded (no ``mlflow.json``), the sweep is queued; once the store keeps writes, ``sync`` uploads it."""
+    (tmp_path / "m.yaml").write_text(ONE_RUN)
+    db = tmp_path / "lossy.db"
+    uri = _lossy_store(db, "children")
+    p = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "m.yaml", "--results", "res", "--spawn",
+                        "--tracking-uri", uri], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "Traceback" not in p.stdout + p.stderr and "uploads queued" in p.stdout + p.stderr
+    sweep = (tmp_path / "res" / "lossy" / "latest").resolve()
+    assert list(sweep.glob("*/r0/record.json")) and not list(sweep.glob("*/r0/mlflow.json"))
+    assert (sweep / "mlflow_queue.json").exists()
+    con = sqlite3.connect(db)
+    con.execute("DROP TRIGGER lose")
+    con.commit()
+    con.close()
+    p = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "sync", "--results", "res", "--tracking-uri",
+                        uri], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0 and "in sync" in p.stdout, p.stdout + p.stderr
+    assert len(list(sweep.glob("*/r0/mlflow.json"))) == 1 and not (sweep / "mlflow_queue.json").exists()
