@@ -120,7 +120,7 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
         BenchError: naming the option, the value and what is wrong.
     """
     from bench.paths import check_folder, check_names
-    from bench.tracking.store import check_tracking_uri
+    from bench.tracking.store import check_tracking_uri, in_memory
 
     command = getattr(args, "command", None) or "run"
     check_names("--results", args.results)
@@ -131,6 +131,8 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
         check_folder("--out", args.out)
     if command in WRITES_MLFLOW and (command != "sync" or args.tracking_uri_given):
         check_tracking_uri(args.tracking_uri, probe=not dry)
+    elif in_memory(args.tracking_uri):  # gate/report/compare/baseline log to MLflow too: never to a lost store
+        check_tracking_uri(args.tracking_uri, probe=False)
 
 
 def order_argv(argv: list[str]) -> list[str]:

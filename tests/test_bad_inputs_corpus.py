@@ -412,3 +412,9 @@ def test_resume_does_not_count_an_unusable_record_as_finished(sweep_box, case):
     assert not is_finished(rec.parent)
     problems = corrupt_records(rec.parent.parent.parent)
     assert len(problems) == 1 and str(rec) in problems[0] and RECORDS[case][1] in problems[0]
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_in_memory_store_refused_by_every_subcommand(sweep_box, capsys, command):
+    check_refused(sweep_box, [*COMMANDS[command], "--results", "res", "--tracking-uri", "sqlite:///:memory:"], capsys,
+                  ("--tracking-uri", "in-memory"))
