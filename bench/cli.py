@@ -48,7 +48,13 @@ FLAG_RANGES: dict[str, tuple[float, float, bool]] = {
     "max_mde": (0.0, 10.0, False),
     "n_trials": (1, 100_000, True),
     "timeout": (0.0, 30 * 86400.0, False),
+    "order_seed": (0, 2**32 - 1, True),
+    "smoke_steps": (1, 10, True),
 }
+#: subcommands that write to the MLflow store (its URI is checked before anything else happens)
+WRITES_MLFLOW = ("run", "tune", "sync")
+#: options of every subcommand that take a value (to find the subcommand when options come first)
+_VALUED = ("--results", "--tracking-uri")
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -94,6 +100,8 @@ def check_flag_ranges(args: argparse.Namespace) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         flag = "--" + dest.replace("_", "-")
+        if isinstance(value, int) and abs(value) > 2**63:
+            raise BenchError(f"{flag} {value}: too large (allowed: see --help)")
         if not math.isfinite(value):
             raise BenchError(f"{flag} {value}: must be a finite number")
         if dest in FLAG_RANGES:
@@ -101,6 +109,45 @@ def check_flag_ranges(args: argparse.Namespace) -> None:
             if not ((low <= value) if inclusive else (low < value)) or value > high:
                 bracket = "[" if inclusive else "("
                 raise BenchError(f"{flag} {value}: allowed range {bracket}{low}, {high}]")
+
+
+def check_paths_and_uri(args: argparse.Namespace) -> None:
+    """Paths and the tracking URI, checked before any subcommand writes anything: ``--results`` and ``--out``
+    (:func:`bench.paths.check_folder`), and the tracking URI of a subcommand that writes to MLflow (reachability
+    probed only when the command will really use it: not for ``--dry-run``).
+
+    Raises:
+        BenchError: naming the option, the value and what is wrong.
+    """
+    from bench.paths import check_folder, check_names
+    from bench.tracking.store import check_tracking_uri, in_memory
+
+    command = getattr(args, "command", None) or "run"
+    check_names("--results", args.results)
+    dry = bool(getattr(args, "dry_run", False))
+    if command in ("run", "tune") or (command == "baseline" and getattr(args, "action", None) == "save"):
+        check_folder("--results", args.results)
+    if getattr(args, "out", None) is not None:
+        check_folder("--out", args.out)
+    if command in WRITES_MLFLOW and (command != "sync" or args.tracking_uri_given):
+        check_tracking_uri(args.tracking_uri, probe=not dry)
+    elif in_memory(args.tracking_uri):  # gate/report/compare/baseline log to MLflow too: never to a lost store
+        check_tracking_uri(args.tracking_uri, probe=False)
+
+
+def order_argv(argv: list[str]) -> list[str]:
+    """``argv`` with the subcommand first: ``run`` inserted before a matrix file, and a subcommand given after
+    the shared options (``--results DIR gate ...``) moved to the front, so an option placed before the
+    matrix or subcommand is never read as the subcommand."""
+    argv = list(argv)
+    if not argv or argv[0] in SUBCOMMANDS or argv[0] in ("-h", "--help", "--version"):
+        return argv
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        i += 1 if "=" in argv[i] or argv[i] not in _VALUED else 2
+    if i < len(argv) and argv[i] in SUBCOMMANDS:
+        return [argv[i], *argv[:i], *argv[i + 1:]]
+    return ["run", *argv]
 
 
 def default_results() -> Path:
@@ -167,9 +214,7 @@ def crash_log(results: Path | None, argv: list[str]) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit code (never raises, never prints a traceback)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
-        argv.insert(0, "run")
+    argv = order_argv(list(sys.argv[1:] if argv is None else argv))
     args = None
     previous = signal.getsignal(signal.SIGTERM)
     try:
@@ -191,6 +236,7 @@ def main(argv: list[str] | None = None) -> int:
         args.tracking_uri_given = args.tracking_uri is not None
         if args.tracking_uri is None:
             args.tracking_uri = default_tracking_uri(args.results)
+        check_paths_and_uri(args)
         return int(args._module.main(args) or 0)
     except BenchError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)

@@ -167,6 +167,12 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def is_finished(run_dir: Path) -> bool:
-    """True when the run folder holds a record with status ``ok``."""
-    rec = read_json(Path(run_dir) / RECORD)
-    return bool(is_record(rec) and rec.get("status") == "ok")
+    """True when the run folder holds a usable record (:func:`bench.run_record.read_record`) with status ``ok``;
+    an unusable one (truncated, wrong types, non-finite times) is not finished: the run is done again."""
+    from bench.run_record import RecordError, read_record
+
+    try:
+        rec = read_record(Path(run_dir) / RECORD)
+    except RecordError:
+        return False
+    return bool(rec is not None and is_record(rec) and rec.get("status") == "ok")

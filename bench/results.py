@@ -31,9 +31,12 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from bench.errors import BenchError
+from bench.inputs import read_bytes
+from bench.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
 
-RECORD = "record.json"
 SWEEP = "sweep.json"
+#: largest JSON file :func:`read_json` reads
+MAX_JSON_BYTES = 256 << 20
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -119,13 +122,12 @@ def atomic_write_json(path: Path, data: Any) -> None:
 
 
 def read_json(path: Path) -> Any | None:
-    """The JSON content of ``path``, or ``None`` when missing or unreadable (any bytes, any size above 256 MiB)."""
+    """The JSON content of ``path``, or ``None`` when missing or unusable: not a regular file (a pipe or a
+    device is never opened for a blocking read), above :data:`MAX_JSON_BYTES` (checked while reading), not
+    JSON. For run records use :func:`bench.run_record.read_record`, which names what is wrong."""
     try:
-        path = Path(path)
-        if path.stat().st_size > 256 << 20:
-            return None
-        return json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
+        return json.loads(read_bytes(path, MAX_JSON_BYTES, "JSON file"))
+    except (BenchError, ValueError, RecursionError):
         return None
 
 
@@ -248,21 +250,6 @@ def check_sweep_meta(path: Path) -> dict:
 def run_dir(sweep: Path, cell_id: str, repeat: int) -> Path:
     """The folder of one repeat of one cell."""
     return Path(sweep) / cell_id / f"r{repeat}"
-
-
-def load_records(sweep: Path) -> list[dict]:
-    """Every ``record.json`` of a sweep (finished or failed), ordered by cell id then repeat.
-
-    Records that are not a JSON object with ``cell_id`` (str), ``repeat`` (int) and ``status`` (str) are
-    left out (a hand-edited or foreign file is not a run record).
-    """
-    out = []
-    for path in sorted(Path(sweep).glob(f"*/r*/{RECORD}")):
-        rec = read_json(path)
-        if is_record(rec):
-            rec["_dir"] = str(path.parent)
-            out.append(rec)
-    return out
 
 
 def is_record(rec: Any) -> bool:

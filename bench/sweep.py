@@ -38,11 +38,12 @@ from bench.results import (
     read_json,
     run_dir,
 )
+from bench.run_record import corrupt_records
 from bench.runner import execute_spec
 from bench.spec.matrix import Matrix
 from bench.spec.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
 from bench.summary import cell_rows, cells_table, plan_summary, write_summary
-from bench.sync import QUEUE, queue_upload, sync_matrix
+from bench.sync import QUEUE, queue_upload, read_queue, sync_matrix
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
 from bench.tracking.records import log_record, parent_description, summary_metrics
 
@@ -131,6 +132,8 @@ class Sweep:
                     self.on_event("warn", {"message": f"ended {len(left)} process(es) of an earlier harness still "
                                                       f"running in {sweep_dir}: {left}"})
             sync_matrix(self.rd.base, tracker, skip=sweep_dir, on_event=self.on_event)
+            for problem in corrupt_records(sweep_dir):  # resumed: named, and the repeat runs again
+                self.on_event("warn", {"message": f"{problem}; this repeat runs again"})
         specs = {r.cell_id: r for r in self.plan.runs}
         order = planned_order(meta)
         todo = [(specs[c], k) for c, k in order.runs]
@@ -372,7 +375,7 @@ class Sweep:
         else:
             metrics.update({f"resume{n}_wall_s": wall, f"resume{n}_overhead_share": overhead,
                             f"resume{n}_in_step_s": in_step})
-        queued = (read_json(sweep_dir / QUEUE) or {}).get("parent_finish") or {}
+        queued = read_queue(sweep_dir, self.on_event).get("parent_finish") or {}
         metrics = {**(queued.get("metrics") or {}), **metrics}  # an earlier invocation's, never uploaded
         finish = {"metrics": metrics, "tags": {"bench.status": meta["status"]},
                   "status": "FINISHED" if all_ok else "FAILED"}
@@ -383,6 +386,8 @@ class Sweep:
                 tracker.finish_parent(meta["parent_run_id"], artifacts=[csv_path, md_path, sweep_dir / SWEEP],
                                       cells=cells_table(rows),
                                       description=parent_description(meta, md_path.read_text()), **finish)
+                if not tracker.parent_alive(meta["parent_run_id"]):  # accepted but not kept: an outage
+                    raise RuntimeError("the tracking store did not keep the parent run (writes lost)")
                 if not tracker.down:  # every child is logged and the parent closed: nothing left queued
                     (sweep_dir / QUEUE).unlink(missing_ok=True)
             except Exception as exc:

@@ -16,6 +16,8 @@ the sweeps of its matrix at start (:func:`sync_matrix`), so the next invocation 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -29,6 +31,44 @@ QUEUE = "mlflow_queue.json"
 MLFLOW_MARK = "mlflow.json"
 
 
+def read_queue(sweep_dir: Path, on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """The queue file of a sweep as a dict (``{}`` when there is none).
+
+    A queue file that cannot be used (not a regular file, not a JSON object, ``parent_finish`` not an object)
+    is never deleted: it is renamed to ``mlflow_queue.json.bad-<time>`` beside it, named in a warning through
+    ``on_event`` (or stderr), and the sweep stays pending (an empty queue is written in its place).
+    """
+    path = Path(sweep_dir) / QUEUE
+    if not path.exists() and not path.is_symlink():
+        return {}
+    from bench.inputs import read_bytes
+    from bench.results import atomic_write_text
+
+    try:
+        data = json.loads(read_bytes(path, 16 << 20, "queue file"))
+        problem = None if isinstance(data, dict) else "not a JSON object"
+        if problem is None and not isinstance(data.get("parent_finish") or {}, dict):
+            problem = "parent_finish is not an object"
+    except (BenchError, ValueError, RecursionError) as exc:
+        data, problem = None, (str(exc).split(": ", 1)[-1] if isinstance(exc, BenchError) else "not JSON")
+    if problem is None:
+        return data
+    aside = path.with_name(f"{QUEUE}.bad-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        path.rename(aside)
+        atomic_write_text(path, "{}\n")
+        kept = f"kept aside as {aside.name}"
+    except OSError as exc:
+        kept = f"left in place ({exc.strerror})"
+    msg = (f"{path}: unusable MLflow queue file ({problem}); {kept}; the pending runs are found from their "
+           "folders, but the parent's final metrics it may have held are not uploaded")
+    if on_event is not None:
+        on_event("warn", {"message": msg})
+    else:
+        print(f"warning: {msg}", file=sys.stderr)
+    return {}
+
+
 def queue_upload(sweep_dir: Path, tracking_uri: str, reason: str, parent_finish: dict[str, Any] | None = None) -> None:
     """Record in ``<sweep>/mlflow_queue.json`` that uploads are pending (best effort: a full disk is ignored).
 
@@ -39,7 +79,7 @@ def queue_upload(sweep_dir: Path, tracking_uri: str, reason: str, parent_finish:
         parent_finish: ``{"metrics", "tags", "status"}`` of the parent run to apply later, if any.
     """
     path = Path(sweep_dir) / QUEUE
-    data = read_json(path) or {}
+    data = read_queue(sweep_dir)
     data.update({"tracking_uri": tracking_uri, "reason": reason, "since": data.get("since") or time.time()})
     if parent_finish is not None:
         data["parent_finish"] = parent_finish
@@ -72,29 +112,62 @@ def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     return tags, params
 
 
+def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Check, before MLflow is touched, every file a sync reads: ``sweep.json``, each run record
+    (:func:`bench.run_record.read_record`) and each cell's ``spec.json``; returns (sweep meta, cell id -> RunSpec).
+
+    Raises:
+        BenchError: naming the first unusable file and what is wrong (:class:`~bench.run_record.RecordError`
+            for a record; the count of further ones).
+    """
+    from pydantic import ValidationError
+
+    from bench.results import check_sweep_meta
+    from bench.run_record import RecordError, corrupt_records
+    from bench.spec.plan import RunSpec
+
+    sweep_dir = Path(sweep_dir)
+    meta = check_sweep_meta(sweep_dir / SWEEP)
+    bad = corrupt_records(sweep_dir)
+    if bad:
+        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
+        raise RecordError(f"{bad[0]}{more}; nothing uploaded: fix the file or move its run folder away")
+    specs = {}
+    for entry in meta["plan"]["runs"]:
+        path = sweep_dir / entry["cell_id"] / "spec.json"
+        try:
+            specs[entry["cell_id"]] = RunSpec.model_validate(read_json(path))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            what = ".".join(str(p) for p in err["loc"]) or "the file"
+            raise BenchError(f"{path}: not a usable run spec ({'missing or not JSON' if what == 'the file' else what}"
+                             f": {err['type']})") from None
+    return meta, specs
+
+
 def sync_sweep(
     sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]], None] | None = None
 ) -> dict[str, int]:
     """Upload everything of one sweep that MLflow lacks; returns counts ``{"children", "parents", "closed"}``.
 
-    Stops at the first failing MLflow call (the tracker is marked down; the queue file stays).
+    Stops at the first failing MLflow call (the tracker is marked down; the queue file stays). Every file it
+    reads is checked first (:func:`check_sweep_files`): an unusable one is named and nothing is uploaded.
 
     Raises:
-        BenchError: the folder is not a sweep.
+        BenchError: the folder is not a sweep, or a record or spec cannot be used (the queue file stays).
     """
+    from bench.run_record import RecordError, read_record
     from bench.spec.matrix import Matrix
-    from bench.spec.plan import RunSpec
     from bench.tracking import sweep_run_name
     from bench.tracking.records import log_record, parent_description
 
     on_event = on_event or (lambda kind, data: None)
     sweep_dir = Path(sweep_dir)
-    meta = read_json(sweep_dir / SWEEP)
-    if not isinstance(meta, dict) or not isinstance((meta.get("plan") or {}).get("runs"), list):
-        raise BenchError(f"{sweep_dir / SWEEP}: not a sweep record")
+    meta, specs = check_sweep_files(sweep_dir)
     counts = {"children": 0, "parents": 0, "closed": 0}
     if tracker.down:
         return counts
+    corrupt: list[str] = []
     try:
         with doing(f"syncing {sweep_dir} to MLflow"):
             parent = meta.get("parent_run_id")
@@ -112,17 +185,26 @@ def sync_sweep(
             except Exception:
                 matrix = Matrix.model_construct(**meta["matrix"])
             for entry in meta["plan"]["runs"]:
-                spec = RunSpec.model_validate(read_json(sweep_dir / entry["cell_id"] / "spec.json"))
+                spec = specs[entry["cell_id"]]
                 for k in range(int(meta["plan"].get("repeats", 1))):
                     rdir = run_dir(sweep_dir, spec.cell_id, k)
-                    rec = read_json(rdir / "record.json")
-                    if rec is None or (rdir / MLFLOW_MARK).exists():
+                    if (rdir / MLFLOW_MARK).exists():
+                        continue
+                    try:
+                        rec = read_record(rdir / "record.json")
+                    except RecordError as exc:
+                        corrupt.append(str(exc))
+                        continue
+                    if rec is None:
                         continue
                     tracker.drop_children(parent, {"cell_id": spec.cell_id, "repeat": rec["repeat"]})
                     rid = log_record(tracker, parent, spec, rec, rdir, matrix)
                     atomic_write_json(rdir / MLFLOW_MARK, {"run_id": rid, "tracking_uri": tracker.uri})
                     counts["children"] += 1
-            queue = read_json(sweep_dir / QUEUE) or {}
+            if corrupt:  # the queue stays: these runs are still to upload once their records are fixed
+                raise RecordError(corrupt[0] + (f" (and {len(corrupt) - 1} more)" if len(corrupt) > 1 else "")
+                                  + "; the other runs are uploaded, the sweep stays pending")
+            queue = read_queue(sweep_dir, on_event)
             fin = queue.get("parent_finish")
             if fin:
                 md = sweep_dir / "summary.md"
@@ -131,6 +213,8 @@ def sync_sweep(
                                       status=fin.get("status", "FAILED"), tags=fin.get("tags") or {},
                                       description=parent_description(meta, md.read_text() if md.is_file() else None))
                 counts["closed"] += 1
+            if not tracker.parent_alive(parent):  # a store that accepted the writes but did not keep them
+                raise RuntimeError(f"the tracking store did not keep the parent run {parent} (writes lost)")
             (sweep_dir / QUEUE).unlink(missing_ok=True)
     except BenchError:
         raise
@@ -152,10 +236,15 @@ def sync_matrix(base: Path, tracker, skip: Path | None = None,
     for sweep in sorted(Path(base).iterdir()):
         if sweep.is_symlink() or not pending(sweep) or (skip is not None and sweep.resolve() == Path(skip).resolve()):
             continue
-        queue = read_json(sweep / QUEUE) or {}
+        queue = read_queue(sweep, on_event)
         if queue.get("tracking_uri") not in (None, tracker.uri):
             continue  # queued for another store
-        for k, v in sync_sweep(sweep, tracker, on_event).items():
+        try:
+            got = sync_sweep(sweep, tracker, on_event)
+        except BenchError as exc:  # an older sweep's unusable file must not stop this invocation
+            on_event("warn", {"message": f"not synced: {exc}"})
+            continue
+        for k, v in got.items():
             total[k] += v
         if tracker.down:
             break
@@ -191,8 +280,10 @@ def main(args: argparse.Namespace) -> int:
         uri = args.tracking_uri if getattr(args, "tracking_uri_given", False) else (
             meta.get("tracking_uri") or args.tracking_uri)
         check_tracking_uri(uri)
+        check_sweep_files(sweep)  # before the store is opened: a bad file is refused with nothing written
         tracker = Tracker(uri, meta.get("matrix_name") or sweep.parent.name)
-        for k, v in sync_sweep(sweep, tracker, lambda kind, d: print(f"warning: {d['message']}")).items():
+        warn = lambda kind, d: print(f"warning: {d['message']}", file=sys.stderr)  # noqa: E731
+        for k, v in sync_sweep(sweep, tracker, warn).items():
             done[k] += v
         left += pending(sweep)
         print(f"{sweep}: {uri}: " + ("still pending" if pending(sweep) else "in sync"))
@@ -201,4 +292,5 @@ def main(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
-__all__ = ["QUEUE", "MLFLOW_MARK", "queue_upload", "pending", "sync_sweep", "sync_matrix", "add_arguments", "main"]
+__all__ = ["QUEUE", "MLFLOW_MARK", "read_queue", "queue_upload", "pending", "sync_sweep", "sync_matrix",
+           "add_arguments", "main"]

@@ -136,8 +136,8 @@ def run_cli(tmp_path, *args, capsys):
 
 
 @pytest.mark.parametrize("override,expected", [
-    ("base.steps=abc", "smoke.yaml: override base.steps=abc: base.steps: Input should be a valid integer"),
-    ("base.steps=0", "override base.steps=0: base.steps: Input should be greater than or equal to 1"),
+    ("base.steps=abc", "smoke.yaml: override base.steps=abc: base.steps: expected an integer, got a string 'abc'"),
+    ("base.steps=0", "override base.steps=0: base.steps: must be greater than or equal to 1, got 0"),
     ("base.stepz=3", "override base.stepz=3: base.stepz: unknown key"),
     ("steps=3", "override 'steps=3': expected base.KEY=VALUE (e.g. base.steps=4)"),
     ("base.steps", "override 'base.steps': expected base.KEY=VALUE"),

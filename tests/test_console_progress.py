@@ -59,7 +59,7 @@ def test_run_piped_to_a_file_shows_progress_eta_and_an_unwrapped_table(tmp_path)
     env.pop("MLFLOW_TRACKING_URI", None)
     with open(tmp_path / "log.txt", "w") as log:
         p = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "prog.yaml", "base.steps=2",
-                            "base.profile_steps=[2]", "--results", "res", "--tracking-uri",
+                            "base.profile_steps=[1]", "--results", "res", "--tracking-uri",
                             f"sqlite:///{tmp_path}/mlflow.db"], cwd=tmp_path, env=env, stdout=log,
                            stderr=subprocess.PIPE, text=True, timeout=600)
     out = (tmp_path / "log.txt").read_text()

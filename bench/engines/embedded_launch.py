@@ -33,6 +33,45 @@ _SHARED_KEYS = (
 )
 
 
+#: run config keys the harness sets itself (from the named matrix setting); ``base.embedded`` may not set them
+_BASE_OWNED = {"device": "platform", "ppo_max_token_len_per_gpu": "base.ppo_max_token_len",
+               "log_prob_max_token_len_per_gpu": "base.log_prob_max_token_len", "profile_steps": "base.profile_steps"}
+
+
+def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
+    """``value`` of ``model``/``data`` with ``${VAR}`` expanded and checked: a ``builtin:`` name must be known;
+    a model path must be a folder with ``config.json`` (a data path is left to the run, which records a
+    missing file as its failure). An unset variable is left as written when not ``strict`` (a dry run
+    shows it), and then nothing is checked.
+
+    Raises:
+        BenchError: unset variable (``strict``), unknown builtin name, missing path (naming ``key``).
+    """
+    from pathlib import Path
+
+    from bench.engines.embedded.data import BUILTINS
+    from bench.engines.embedded.model import BUILTIN_MODEL
+    from bench.spec.matrix import did_you_mean
+
+    value = expand_env(value, file="base", key=key.removeprefix("base."), strict=strict)
+    if "${" in value:
+        return value
+    builtins = [BUILTIN_MODEL] if kind == "model" else list(BUILTINS)
+    if value.startswith("builtin:"):
+        if value not in builtins:
+            raise BenchError(f"{key}: unknown builtin {kind} {value!r}{did_you_mean(value, builtins)} "
+                             f"(allowed: {', '.join(builtins)}, or a path)")
+        return value
+    if kind == "data":  # read by the run itself: a missing file fails that run, recorded with its reason
+        return value
+    path = Path(value).expanduser()
+    if not path.exists():
+        raise BenchError(f"{key}: {kind} path {value} does not exist (allowed: {', '.join(builtins)}, or a path)")
+    if not (path / "config.json").is_file():
+        raise BenchError(f"{key}: {value} is not a Hugging Face checkpoint (no config.json)")
+    return value
+
+
 def _fill(value: Any, ctx: dict[str, Any]) -> Any:
     """Fill ``{placeholder}`` templates of the registry; an all-placeholder string becomes an int."""
     if isinstance(value, str) and "{" in value:
@@ -51,6 +90,49 @@ class EmbeddedEngine:
     forkserver_platforms = ("cpu",)
     supports_smoke = False
     has_speed_probe = True
+
+    @staticmethod
+    def check_options(base: Base) -> None:
+        """Validate ``base.embedded`` against the run config's own schema before anything runs: known keys
+        (with "did you mean"), ranges, enums, finite numbers, and no key that contradicts ``base``.
+
+        Raises:
+            ValueError: naming ``base.embedded.<key>``, the bad value and what is allowed.
+        """
+        from pydantic import ValidationError
+
+        from bench.engines.embedded.config import RunConfig
+        from bench.spec.matrix import did_you_mean
+
+        fields = sorted(RunConfig.model_fields)
+        for key, value in base.embedded.items():
+            if key not in RunConfig.model_fields:
+                raise ValueError(f"base.embedded: unknown key {key!r}{did_you_mean(key, fields)} "
+                                 f"(allowed: {', '.join(fields)})")
+            if key in _SHARED_KEYS and value != getattr(base, key):
+                raise ValueError(f"base.embedded.{key}: {value!r} contradicts base.{key} ({getattr(base, key)!r}); "
+                                 f"set base.{key} only")
+            if key in _BASE_OWNED:
+                raise ValueError(f"base.embedded.{key}: set by the harness from {_BASE_OWNED[key]}; not allowed here")
+        config = {k: getattr(base, k) for k in _SHARED_KEYS}
+        if base.profile_steps is not None:
+            config["profile_steps"] = list(base.profile_steps)
+        config.update(base.embedded)
+        try:
+            RunConfig.model_validate(config)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            key = ".".join(str(p) for p in err["loc"]) or "(root)"
+            where = f"base.embedded.{key}" if key in base.embedded else f"base.{key}"
+            raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}, got {err.get('input')!r}") \
+                from None
+        for key in ("model", "data"):
+            value = base.embedded.get(key)
+            if value is not None:
+                try:
+                    _check_source(key, str(value), f"base.embedded.{key}", strict=False)
+                except BenchError as exc:
+                    raise ValueError(str(exc)) from None
 
     def build(
         self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool
@@ -74,9 +156,11 @@ class EmbeddedEngine:
             log_prob_max_token_len_per_gpu=ctx["log_prob_max_token_len"],
         )
         if base.model:
-            config["model"] = base.model
+            config["model"] = _check_source("model", base.model, "base.model", strict)
         if base.data:
-            config["data"] = base.data
+            config["data"] = _check_source("data", base.data, "base.data", strict)
+        for ov in base.overrides:  # not passed to this engine, but an unset variable is still a mistake
+            expand_env(ov, file="base", key="overrides", strict=strict)
         unknown = sorted(set(base.embedded) - set(RunConfig.model_fields))
         if unknown:
             raise BenchError(

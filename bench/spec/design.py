@@ -44,6 +44,34 @@ class DesignResult:
     resolution: int | None = None
 
 
+def check_generators(generators: str, varied: list[str], source: str) -> None:
+    """Check the syntax of ``design.generators`` (pyDOE3's notation) for the varied factors: one word per
+    factor, each an optional sign and letters; single letters are the base factors (each once), and every
+    other word is built from base letters only.
+
+    Raises:
+        BenchError: naming ``design.generators``, the bad word and what is allowed.
+    """
+    import re
+
+    words = generators.split()
+    where = f"{source}: design.generators: {generators!r}"
+    if len(words) != len(varied):
+        raise BenchError(f"{where}: {len(words)} word(s) for {len(varied)} varied factors ({', '.join(varied)}); "
+                         "give one word per factor, e.g. 'a b c ab'")
+    bad = next((w for w in words if not re.fullmatch(r"[+-]?[A-Za-z]+", w)), None)
+    if bad is not None:
+        raise BenchError(f"{where}: word {bad!r}: allowed: letters with an optional sign (a, b, ab, -abc)")
+    base = [w.lower() for w in words if len(w) == 1]
+    if not base or len(set(base)) != len(base):
+        raise BenchError(f"{where}: the base factors (single letters) must be distinct and at least one")
+    for w in words:
+        letters = w.lstrip("+-").lower()
+        if len(letters) > 1 and (not set(letters) <= set(base) or len(set(letters)) != len(letters)):
+            raise BenchError(f"{where}: word {w!r} uses letters other than the base factors {' '.join(base)} "
+                             "(each at most once)")
+
+
 def _levels(matrix: Matrix) -> dict[str, list[int]]:
     """Levels of every registry factor: the matrix's, or the first level held fixed."""
     return {k: list(matrix.factors.get(k, [REGISTRY[k].off])) for k in FACTOR_KEYS}
@@ -104,13 +132,20 @@ def fractional(matrix: Matrix, design: FractionalDesign) -> DesignResult:
         )
     if len(varied) < 3:
         raise BenchError(f"{matrix.source}: design.type: a fractional design needs at least 3 varied factors")
+    if design.generators:
+        check_generators(design.generators, varied, matrix.source)
     try:
         if design.generators:
             x = pyDOE3.fracfact(design.generators)
         else:
             x = pyDOE3.fracfact_by_res(len(varied), design.resolution)
-    except Exception as exc:  # pyDOE3 raises ValueError/IndexError for impossible designs
-        raise BenchError(f"{matrix.source}: design: pyDOE3 cannot build it: {exc}") from None
+    except Exception:  # pyDOE3 raises ValueError/IndexError for impossible designs
+        if design.generators:
+            raise BenchError(f"{matrix.source}: design.generators: {design.generators!r} does not define a two-level "
+                             "fractional design (e.g. 'a b c ab ac' for 5 factors)") from None
+        raise BenchError(f"{matrix.source}: design.resolution: no two-level fractional design of resolution "
+                         f"{design.resolution} exists for {len(varied)} factors (give a lower resolution, or "
+                         "design: full)") from None
     if x.shape[1] != len(varied):
         raise BenchError(
             f"{matrix.source}: design.generators: {x.shape[1]} columns for {len(varied)} varied factors "

@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import os
 import re
+import typing
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from bench.errors import BenchError, doing
-from bench.spec.matrix import DESIGN_TYPES, Matrix
+from bench.inputs import StrictLoader, load_yaml, read_text, yaml_error_line
+from bench.spec.matrix import DESIGN_TYPES, Matrix, did_you_mean
+
+__all__ = ["StrictLoader", "load_yaml", "load_matrix", "apply_overrides", "expand_env", "format_validation_error"]
 
 #: matrix files above this size are refused (a matrix is a page of YAML)
 MAX_MATRIX_BYTES = 1 << 20
@@ -57,56 +61,86 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     return None
 
 
-def format_validation_error(file: str | Path, exc: ValidationError, text: str = "", prefix: str = "") -> str:
-    """One line naming file, line (when found), dotted key and pydantic's message for the first error."""
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that holds the last key of ``loc`` (for "did you mean" among its fields)."""
+    for part in loc[:-1]:
+        if not isinstance(part, str):
+            continue
+        field = model.model_fields.get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        cands = [a for a in (typing.get_args(ann) or (ann,)) if isinstance(a, type) and issubclass(a, BaseModel)]
+        for a in typing.get_args(ann):  # list[Model]
+            cands += [b for b in typing.get_args(a) if isinstance(b, type) and issubclass(b, BaseModel)]
+        if not cands:
+            return None
+        model = cands[0]
+    return model
+
+
+def _type_name(value: Any) -> str:
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list",
+            dict: "a mapping", type(None): "empty"}.get(type(value), type(value).__name__)
+
+
+#: pydantic error types -> what is allowed, in our words
+_EXPECTED = {"int_type": "an integer", "int_parsing": "an integer", "int_from_float": "an integer",
+             "float_type": "a number", "float_parsing": "a number", "bool_type": "true or false",
+             "bool_parsing": "true or false", "string_type": "a string", "list_type": "a list",
+             "dict_type": "a mapping", "model_type": "a mapping", "model_attributes_type": "a mapping"}
+
+
+def format_validation_error(file: str | Path, exc: ValidationError, text: str = "", prefix: str = "",
+                            model: type[BaseModel] = Matrix) -> str:
+    """One line naming file, line (when found), dotted key, the bad value and what is allowed, for the first
+    error of ``exc`` (pydantic's own wording is replaced where it names its internals)."""
     err = exc.errors()[0]
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in DESIGN_TYPES))
-    key = ".".join(str(p) for p in loc) or "(root)"
+    key = ".".join(str(p) for p in loc)
     if prefix:
-        key = f"{prefix}.{key}"
+        key = f"{prefix}.{key}" if key else prefix
     msg = err["msg"].removeprefix("Value error, ")
-    if err["type"] == "union_tag_invalid" or (err["type"] == "literal_error" and "type" in key):
-        bad = err.get("input")
-        bad = bad.get("type", bad) if isinstance(bad, dict) else bad
-        msg = f"unknown design {bad!r} (allowed: {', '.join(DESIGN_TYPES)})"
-    elif err["type"] == "literal_error":
-        msg = f"{msg.replace('Input should be', 'allowed:')}, got {err.get('input')!r}"
-    elif err["type"] == "extra_forbidden":
-        msg = "unknown key"
+    bad = err.get("input")
+    kind = err["type"]
+    in_design = bool(loc) and loc[0] == "design"
+    if kind in ("union_tag_invalid", "union_tag_not_found") or (kind == "literal_error" and in_design
+                                                                  and loc[-1] == "type"):
+        got = bad.get("type", bad) if isinstance(bad, dict) else bad
+        msg = (f"missing 'type' (allowed: {', '.join(DESIGN_TYPES)})" if kind == "union_tag_not_found" else
+               f"unknown design {got!r}{did_you_mean(got, DESIGN_TYPES)} (allowed: {', '.join(DESIGN_TYPES)})")
+        key = key.removesuffix(".type") if not prefix else key
+    elif kind == "literal_error":
+        allowed = msg.replace("Input should be ", "")
+        msg = f"allowed: {allowed}, got {bad!r}"
+    elif kind == "extra_forbidden":
+        raw_loc = err["loc"]
+        if raw_loc[:1] == ("design",) and len(raw_loc) > 2 and raw_loc[1] in DESIGN_TYPES:
+            from bench.spec import matrix as schema
+
+            holder = {typing.get_args(c.model_fields["type"].annotation)[0]: c
+                      for c in typing.get_args(schema.Design)}.get(raw_loc[1])
+        else:
+            holder = _model_at(model, loc) if not prefix else None
+        fields = sorted(holder.model_fields) if holder is not None else []
+        msg = "unknown key" + did_you_mean(loc[-1], fields) + (f" (allowed: {', '.join(fields)})" if fields else "")
+    elif kind == "missing":
+        msg = "required key missing"
+    elif kind in _EXPECTED:
+        msg = f"expected {_EXPECTED[kind]}, got {_type_name(bad)} {_short(bad)}"
+    elif kind.startswith(("greater_than", "less_than")) or kind in ("too_short", "too_long", "string_too_long",
+                                                                     "string_pattern_mismatch", "finite_number"):
+        msg = f"{msg.replace('Input should be', 'must be').replace('String should', 'must')}, got {_short(bad)}"
     line = _line_of(text, loc) if text else None
     where = f"{file}:{line}" if line else str(file)
+    if not key:  # a check of the whole model: its message names the key itself
+        return f"{where}: {msg}"
     return f"{where}: {key}: {msg}"
 
 
-class StrictLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that refuses duplicate keys and non-string keys in mappings (no tags execute)."""
-
-
-def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    loader.flatten_mapping(node)
-    out: dict = {}
-    for key_node, value_node in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if not isinstance(key, str):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"key {key!r} is not a string (quote it)", key_node.start_mark)
-        if key in out:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        out[key] = loader.construct_object(value_node, deep=deep)
-    return out
-
-
-StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def load_yaml(text: str) -> Any:
-    """Parse YAML with :class:`StrictLoader`.
-
-    Raises:
-        yaml.YAMLError: malformed YAML, a duplicate or non-string key (with its line in ``problem_mark``).
-    """
-    return yaml.load(text, Loader=StrictLoader)  # noqa: S506 - a SafeLoader subclass
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load_matrix(path: str | Path, overrides: list[str] | None = None) -> Matrix:
@@ -164,30 +198,18 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path)
 
 
 def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
-    try:
-        if path.is_dir():
-            raise BenchError(f"{path}: cannot read matrix: is a folder")
-        if path.exists() and path.stat().st_size > MAX_MATRIX_BYTES:
-            raise BenchError(f"{path}: cannot read matrix: larger than {MAX_MATRIX_BYTES // 1024} KiB")
-        text = path.read_text()
-    except OSError as exc:
-        raise BenchError(f"{path}: cannot read matrix: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise BenchError(f"{path}: cannot read matrix: not UTF-8 text") from None
-    if "\x00" in text:
-        raise BenchError(f"{path}: cannot read matrix: binary content (NUL bytes)")
+    text = read_text(path, MAX_MATRIX_BYTES, "matrix")
     try:
         raw = load_yaml(text)
     except RecursionError:
-        raise BenchError(f"{path}: malformed YAML: nested too deeply") from None
+        raise BenchError(f"{path}: YAML refused: nested too deeply") from None
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        if mark is not None and mark.line >= len(text.splitlines()):  # at end of stream: where it opened
-            mark = getattr(exc, "context_mark", None) or mark
-        where = f"{path}:{mark.line + 1}" if mark else str(path)
-        raise BenchError(f"{where}: malformed YAML: {getattr(exc, 'problem', None) or exc}") from None
+        raise BenchError(yaml_error_line(path, text, exc)) from None
     if not isinstance(raw, dict):
         raise BenchError(f"{path}: a matrix must be a mapping with at least 'name'")
+    unset = _unset_vars(raw)
+    if unset is not None:
+        raise BenchError(f"{path}: {unset[0]}: environment variable {unset[1]} is not set (export {unset[1]}=...)")
     given = apply_overrides(raw, overrides, path) if overrides else {}
     if isinstance(raw.get("design"), str):
         raw["design"] = {"type": raw["design"]}
@@ -203,3 +225,29 @@ def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
         raise BenchError(format_validation_error(path, exc, text)) from None
     matrix.source = str(path)
     return matrix
+
+
+#: keys whose ``${VAR}`` the engines expand only at launch (a dry run shows them unexpanded, a real run refuses)
+_LAUNCH_EXPANDED = ("base.model", "base.data", "base.val_data", "base.overrides", "base.env")
+
+
+def _unset_vars(raw: Any, key: str = "") -> tuple[str, str] | None:
+    """The first (dotted key, variable) whose ``${VAR}`` (without default) is unset, outside the keys the
+    engines expand at launch (:data:`_LAUNCH_EXPANDED`): those values would be used as written."""
+    if key.startswith(_LAUNCH_EXPANDED):
+        return None
+    if isinstance(raw, dict):
+        for k, v in raw.items():
+            hit = _unset_vars(v, f"{key}.{k}" if key else str(k))
+            if hit:
+                return hit
+    elif isinstance(raw, list):
+        for i, v in enumerate(raw):
+            hit = _unset_vars(v, f"{key}[{i}]")
+            if hit:
+                return hit
+    elif isinstance(raw, str):
+        for m in _ENV_REF.finditer(raw):
+            if m.group(1) not in os.environ and m.group(2) is None:
+                return key, m.group(1)
+    return None

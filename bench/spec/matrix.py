@@ -13,11 +13,12 @@ Reading the file (strict YAML, ``${VAR}`` expansion, overrides, one-line errors)
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from bench.expect import ExpectBlock
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
@@ -27,6 +28,20 @@ MAX_STEPS = 100_000
 MAX_BATCH = 1_000_000
 MAX_TOKENS = 1_048_576
 MAX_REPEATS = 1000
+#: longest matrix name (it becomes a folder name and part of MLflow run names)
+MAX_NAME = 100
+#: names the harness itself uses directly under the results folder (a matrix of that name would collide)
+RESERVED_NAMES = ("logs", "baselines", "mlartifacts", "mlflow.db", "optuna.db", "latest")
+#: suffix of the folder of ``run --smoke`` (``<matrix>-smoke``), which a matrix name must not end with
+SMOKE_SUFFIX = "-smoke"
+
+
+def did_you_mean(word: Any, allowed: Any) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``allowed`` to ``word`` (difflib ratio >= 0.6), else ``''``."""
+    if not isinstance(word, str):
+        return ""
+    hit = difflib.get_close_matches(word, [str(a) for a in allowed], n=1)
+    return f" (did you mean {hit[0]!r}?)" if hit else ""
 
 _LEVEL_WORDS = {"off": 0, "on": 1, False: 0, True: 1, "false": 0, "true": 1}
 
@@ -58,7 +73,8 @@ def parse_cell(raw: dict[str, Any], where: str = "") -> dict[str, int]:
     out: dict[str, int] = {}
     for key, value in raw.items():
         if key not in REGISTRY:
-            raise ValueError(f"{prefix}unknown factor {key!r} (allowed: {', '.join(FACTOR_KEYS)})")
+            raise ValueError(f"{prefix}unknown factor {key!r}{did_you_mean(key, FACTOR_KEYS)} "
+                             f"(allowed: {', '.join(FACTOR_KEYS)})")
         try:
             out[key] = _level(key, value)
         except ValueError as exc:
@@ -105,26 +121,26 @@ class Base(BaseModel):
     model: str | None = None
     data: str | None = None
     val_data: str | None = None
-    steps: int = Field(4, ge=1, le=MAX_STEPS)
-    warmup_steps: int = Field(1, ge=0, le=MAX_STEPS)
-    profile_steps: list[int] | None = None
-    train_batch_size: int = Field(8, ge=1, le=MAX_BATCH)
-    ppo_mini_batch_size: int = Field(8, ge=1, le=MAX_BATCH)
-    micro_batch_size_per_gpu: int = Field(4, ge=1, le=MAX_BATCH)
-    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1, le=MAX_BATCH)
-    max_prompt_length: int = Field(128, ge=1, le=MAX_TOKENS)
-    max_response_length: int = Field(64, ge=1, le=MAX_TOKENS)
-    ppo_max_token_len: int | None = Field(None, ge=1, le=16 * MAX_TOKENS)
-    log_prob_max_token_len: int | None = Field(None, ge=1, le=16 * MAX_TOKENS)
-    n: int = Field(4, ge=1, le=1024)
-    temperature: float = Field(1.0, gt=0, le=100, allow_inf_nan=False)
-    use_kl_loss: bool = True
-    seed: int = Field(0, ge=0, le=2**32 - 1)
-    timeout_s: float = Field(900, gt=0, le=30 * 86400, allow_inf_nan=False)
-    rollout_tp: int = Field(1, ge=1, le=1024)
-    n_gpus_per_node: int = Field(1, ge=1, le=1024)
-    nnodes: int = Field(1, ge=1, le=100_000)
-    gpu_memory_utilization: float = Field(0.6, gt=0, le=1, allow_inf_nan=False)
+    steps: int = Field(4, ge=1, le=MAX_STEPS, strict=True)
+    warmup_steps: int = Field(1, ge=0, le=MAX_STEPS, strict=True)
+    profile_steps: list[StrictInt] | None = None
+    train_batch_size: int = Field(8, ge=1, le=MAX_BATCH, strict=True)
+    ppo_mini_batch_size: int = Field(8, ge=1, le=MAX_BATCH, strict=True)
+    micro_batch_size_per_gpu: int = Field(4, ge=1, le=MAX_BATCH, strict=True)
+    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1, le=MAX_BATCH, strict=True)
+    max_prompt_length: int = Field(128, ge=1, le=MAX_TOKENS, strict=True)
+    max_response_length: int = Field(64, ge=1, le=MAX_TOKENS, strict=True)
+    ppo_max_token_len: int | None = Field(None, ge=1, le=16 * MAX_TOKENS, strict=True)
+    log_prob_max_token_len: int | None = Field(None, ge=1, le=16 * MAX_TOKENS, strict=True)
+    n: int = Field(4, ge=1, le=1024, strict=True)
+    temperature: float = Field(1.0, gt=0, le=100, allow_inf_nan=False, strict=True)
+    use_kl_loss: StrictBool = True
+    seed: int = Field(0, ge=0, le=2**32 - 1, strict=True)
+    timeout_s: float = Field(900, gt=0, le=30 * 86400, allow_inf_nan=False, strict=True)
+    rollout_tp: int = Field(1, ge=1, le=1024, strict=True)
+    n_gpus_per_node: int = Field(1, ge=1, le=1024, strict=True)
+    nnodes: int = Field(1, ge=1, le=100_000, strict=True)
+    gpu_memory_utilization: float = Field(0.6, gt=0, le=1, allow_inf_nan=False, strict=True)
     overrides: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
     embedded: dict[str, Any] = Field(default_factory=dict)
@@ -137,6 +153,14 @@ class Base(BaseModel):
             bad = [s for s in self.profile_steps if not 1 <= s <= self.steps]
             if bad:
                 raise ValueError(f"profile_steps {bad} outside 1..{self.steps}")
+            twice = sorted({s for s in self.profile_steps if self.profile_steps.count(s) > 1})
+            if twice:
+                raise ValueError(f"profile_steps {self.profile_steps}: step(s) {twice} listed twice")
+            measured = range(self.warmup_steps + 1, self.steps + 1)
+            if all(s in self.profile_steps for s in measured):
+                raise ValueError(f"profile_steps {self.profile_steps} leave no timed step: the measured steps "
+                                 f"{self.warmup_steps + 1}..{self.steps} are all profiled (profile fewer steps, or "
+                                 "raise steps)")
         check_batch_sizes(self)
         seq = self.max_prompt_length + self.max_response_length
         for key in ("ppo_max_token_len", "log_prob_max_token_len"):
@@ -217,13 +241,13 @@ class Matrix(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_NAME)
     engine: str = "embedded"
     platform: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     base: Base = Field(default_factory=Base)
     factors: dict[str, list[int]] = Field(default_factory=dict)
     design: Design = Field(default_factory=FullDesign, discriminator="type")
-    repeats: int = Field(1, ge=1, le=MAX_REPEATS)
+    repeats: int = Field(1, ge=1, le=MAX_REPEATS, strict=True)
     exclude: list[Exclude] = Field(default_factory=list)
     tune: dict[str, Any] | None = None
     #: claims checked by the gate (:class:`bench.expect.Expect`); validated at load, stored as written
@@ -245,7 +269,15 @@ class Matrix(BaseModel):
         if value not in names:
             allowed = " or ".join(repr(n) for n in names) if len(names) <= 2 else \
                 ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}"
-            raise ValueError(f"allowed: {allowed}, got {value!r}")
+            raise ValueError(f"allowed: {allowed}, got {value!r}{did_you_mean(value, names)}")
+        return value
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, value: str) -> str:
+        if value in RESERVED_NAMES or value.endswith(SMOKE_SUFFIX):
+            raise ValueError(f"{value!r} collides with the harness's own entries under the results folder "
+                             f"({', '.join(RESERVED_NAMES)}, <matrix>{SMOKE_SUFFIX}); choose another name")
         return value
 
     @field_validator("factors", mode="before")
@@ -259,11 +291,16 @@ class Matrix(BaseModel):
             raise ValueError("expected a mapping of factor -> levels")
         out: dict[str, list[int]] = {}
         for key, levels in raw.items():
-            if key not in REGISTRY:
-                raise ValueError(f"unknown factor {key!r} (allowed: {', '.join(FACTOR_KEYS)})")
+            if not isinstance(key, str) or key not in REGISTRY:
+                raise ValueError(f"unknown factor {key!r}{did_you_mean(key, FACTOR_KEYS)} "
+                                 f"(allowed: {', '.join(FACTOR_KEYS)})")
             if levels is None:
                 levels = list(REGISTRY[key].default_levels)
             elif isinstance(levels, dict):
+                extra = [k for k in levels if k != "levels"]
+                if extra:
+                    raise ValueError(f"{key}.{extra[0]}: unknown key{did_you_mean(extra[0], ['levels'])} "
+                                     "(allowed: levels)")
                 levels = levels.get("levels", list(REGISTRY[key].default_levels))
             if not isinstance(levels, list):
                 levels = [levels]
@@ -281,7 +318,18 @@ class Matrix(BaseModel):
         if isinstance(self.design, ExplicitDesign):
             self.design.cells = [parse_cell(c, f"design.cells[{i}]") for i, c in enumerate(self.design.cells)]
         for i, rule in enumerate(self.exclude):
-            rule.when = parse_cell(rule.when, f"exclude[{i}]")
+            rule.when = parse_cell(rule.when, f"exclude[{i}].when")
+            for key, level in rule.when.items():
+                if key not in self.factors:
+                    raise ValueError(f"exclude[{i}].when.{key}: the matrix does not list {key} under factors "
+                                     f"(factors: {', '.join(self.factors) or 'none'}); the rule would drop every "
+                                     "cell or none")
+                if level not in self.factors[key]:
+                    raise ValueError(f"exclude[{i}].when.{key}: level {level} is not among the matrix's levels "
+                                     f"{self.factors[key]}; the rule matches no cell")
+        engine = _engine_options(self)
+        if engine is not None:
+            engine(self.base)
         if self.expect:  # raises pydantic's ValidationError located at expect.<i>.<key>
             ExpectBlock(expect=self.expect)
         return self
@@ -293,3 +341,10 @@ class Matrix(BaseModel):
             data["selected_cells"] = sorted(self.selected_cells)
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def _engine_options(matrix: Matrix) -> Any:
+    """The engine's check of its own ``base`` sub-block (``check_options(base)``, raising ValueError), if it has one."""
+    from bench.engines import engine_class  # the registry of engines (loaded on first use)
+
+    return getattr(engine_class(matrix.engine), "check_options", None)

@@ -35,7 +35,6 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -58,15 +57,19 @@ OBJECTIVES: dict[str, tuple[str, str, str]] = {
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
+#: largest bound of a searched limit, tokens (or multiples of P+R)
+MAX_BOUND = 1 << 24
+
+
 class Dimension(BaseModel):
     """One searched limit. ``low``/``high``/``step`` in ``unit`` (tokens, or multiples of P+R)."""
 
-    model_config = ConfigDict(extra="forbid")
-    low: float = Field(gt=0)
-    high: float = Field(gt=0)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+    low: float = Field(gt=0, le=MAX_BOUND, strict=True)
+    high: float = Field(gt=0, le=MAX_BOUND, strict=True)
     unit: Literal["tokens", "seq"] = "tokens"
     log: bool = False
-    step: float | None = Field(None, gt=0)
+    step: float | None = Field(None, gt=0, le=MAX_BOUND, strict=True)
 
     @model_validator(mode="after")
     def _check(self) -> "Dimension":
@@ -87,20 +90,20 @@ class SamplerSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["tpe", "random", "grid"] = "tpe"
-    seed: int = 0
-    n_startup_trials: int = Field(4, ge=1)
-    multivariate: bool = True
+    seed: int = Field(0, ge=0, le=2**32 - 1, strict=True)
+    n_startup_trials: int = Field(4, ge=1, le=100_000, strict=True)
+    multivariate: bool = Field(True, strict=True)
 
 
 class TuneBlock(BaseModel):
     """The validated ``tune`` block (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
     fixed: dict[str, Any] = Field(default_factory=dict)
     space: dict[str, Dimension] = Field(min_length=1)
     objective: Literal["step_time", "throughput"] = "step_time"
-    n_trials: int | None = Field(None, ge=1)
-    timeout_s: float | None = Field(None, gt=0)
+    n_trials: int | None = Field(None, ge=1, le=100_000, strict=True)
+    timeout_s: float | None = Field(None, gt=0, le=30 * 86400, strict=True)
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     start_at_rule_of_thumb: bool = True
     normalize: bool = True
@@ -118,7 +121,10 @@ class TuneBlock(BaseModel):
         if isinstance(raw, dict):
             for name in raw:
                 if name not in PARAMS:
-                    raise ValueError(f"unknown parameter {name!r} (allowed: {', '.join(PARAMS)})")
+                    from bench.spec.matrix import did_you_mean
+
+                    raise ValueError(f"unknown parameter {name!r}{did_you_mean(name, PARAMS)} "
+                                     f"(allowed: {', '.join(PARAMS)})")
         return raw
 
     @field_validator("fixed", mode="before")
@@ -169,9 +175,12 @@ def parse_tune(matrix: Matrix, text: str | None = None) -> TuneBlock:
         raise BenchError(f"{src}: tune: missing (add a tune block with a search space; "
                          f"see matrix/tune_dynamic_bsz.yaml)")
     if text is None and matrix.source:
+        from bench.inputs import read_text
+        from bench.spec.loading import MAX_MATRIX_BYTES
+
         try:
-            text = Path(matrix.source).read_text()
-        except OSError:
+            text = read_text(matrix.source, MAX_MATRIX_BYTES, "matrix")
+        except BenchError:
             text = ""
     try:
         return TuneBlock(**matrix.tune)

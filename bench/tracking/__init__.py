@@ -146,7 +146,8 @@ class Tracker:
     def mark_down(self, exc: BaseException) -> str:
         """Record the first failure (later calls are skipped); returns the one-line reason."""
         if self.down is None:
-            self.down = (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("(")]
+            self.down = f"{type(exc).__name__}: {lines[0]}"[:300] if lines else type(exc).__name__
         return self.down
 
     def _tags(self, tags: dict[str, Any], description: str | None) -> dict[str, str]:
@@ -221,7 +222,23 @@ class Tracker:
         if trace is not None:
             self.log_trace(rid, Path(trace))
         self.client.set_terminated(rid, status="FINISHED" if status == "ok" else "FAILED", end_time=_ms(end_time))
+        self.confirm(rid, parent_id)
         return rid
+
+    def confirm(self, run_id: str, parent_id: str) -> None:
+        """Read a child run back: the store must hold it, under ``parent_id``, terminated. A store that
+        accepts writes but does not keep them (an in-memory database behind a server) is an outage: the
+        caller queues the upload instead of marking the run as uploaded.
+
+        Raises:
+            RuntimeError: the store does not return the run as written.
+        """
+        try:
+            run = self.client.get_run(run_id)
+        except Exception as exc:
+            raise RuntimeError(f"the tracking store did not keep run {run_id} (writes lost: {exc})"[:300]) from None
+        if run.data.tags.get("mlflow.parentRunId") != parent_id or run.info.status == "RUNNING":
+            raise RuntimeError(f"the tracking store did not keep run {run_id} as written (writes lost)")
 
     def log_trace(self, run_id: str, trace: Path) -> str:
         """Upload a profiler trace under ``trace/`` as ``<name>.json.gz`` (a ``.gz`` file as it is), unless

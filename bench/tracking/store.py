@@ -32,13 +32,31 @@ def _sqlite_path(uri: str) -> Path | None:
     return None
 
 
-def check_tracking_uri(uri: str) -> None:
-    """Check a tracking URI without writing anything: known scheme; a sqlite file that is a database (or
-    absent, in a writable folder); an ``http(s)`` server that answers within :data:`PROBE_TIMEOUT_S`.
+def in_memory(uri: str) -> bool:
+    """Whether a database URL names a store that keeps nothing after the process ends (an in-memory sqlite
+    database: ``sqlite://``, ``sqlite:///:memory:``, ``?mode=memory``, ``file::memory:``)."""
+    low = uri.strip().lower()
+    if not low.startswith("sqlite"):
+        return False
+    rest = low.split(":", 1)[1] if ":" in low else ""
+    path = rest.removeprefix("//").removeprefix("/").split("?", 1)[0]
+    return path in ("", ":memory:", "file::memory:") or "mode=memory" in low or ":memory:" in path
+
+
+def check_tracking_uri(uri: str, probe: bool = True) -> None:
+    """Check a tracking URI without writing anything: known scheme; a store that persists (no in-memory
+    database); a sqlite file that is a database (or absent, in a writable folder); with ``probe``, an
+    ``http(s)`` server that answers within :data:`PROBE_TIMEOUT_S`.
 
     Raises:
         BenchError: naming ``--tracking-uri``, the URI and what is wrong.
     """
+    if not isinstance(uri, str) or not uri.strip() or "\x00" in uri:
+        raise BenchError(f"--tracking-uri {uri!r}: empty or not a URI (allowed: sqlite:///PATH, http(s)://HOST:PORT, "
+                         "file:PATH or a database URL)")
+    if in_memory(uri):
+        raise BenchError(f"--tracking-uri {uri}: an in-memory database keeps nothing after this process (runs "
+                         "would be lost); use sqlite:///PATH or a tracking server")
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
     if scheme.split("+", 1)[0] not in SCHEMES:
         raise BenchError(f"--tracking-uri {uri}: unsupported scheme (allowed: sqlite:///PATH, http(s)://HOST:PORT, "
@@ -47,6 +65,9 @@ def check_tracking_uri(uri: str) -> None:
     if scheme == "sqlite" and db is None:
         raise BenchError(f"--tracking-uri {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
     if db is not None:
+        from bench.paths import check_names
+
+        check_names("--tracking-uri", db)
         folder = db.parent
         while not folder.exists() and folder.parent != folder:
             folder = folder.parent
@@ -72,6 +93,8 @@ def check_tracking_uri(uri: str) -> None:
             parsed.port  # noqa: B018 - raises on a bad port
         except ValueError:
             raise BenchError(f"--tracking-uri {uri}: bad port") from None
+        if not probe:
+            return
         try:
             with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S) as resp:
                 resp.read(64)

@@ -11,12 +11,16 @@ from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from bench.errors import BenchError
 
 DEFAULT_MODEL = "builtin:qwen3vl-tiny"
 DEFAULT_DATA = "builtin:shapes"
+#: KL estimators verl's ``core_algos.kl_penalty`` accepts (``kl_loss_type``)
+KL_TYPES = ("low_var_kl", "k3", "kl", "k1", "mse", "k2", "abs", "full")
+#: largest run config file read (a run config is a page of YAML)
+MAX_CONFIG_BYTES = 1 << 20
 
 
 class RunConfig(BaseModel):
@@ -49,37 +53,42 @@ class RunConfig(BaseModel):
         seed: seed for data order, sampling and init.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     model: str = DEFAULT_MODEL
     data: str = DEFAULT_DATA
     device: Literal["cpu", "cuda", "npu"] = "cpu"
-    steps: int = Field(3, ge=1)
-    warmup_steps: int = Field(1, ge=0)
-    profile_steps: list[int] = Field(default_factory=lambda: [2, 3])
-    train_batch_size: int = Field(8, ge=1)
-    n: int = Field(4, ge=1)
-    ppo_mini_batch_size: int = Field(8, ge=1)
-    micro_batch_size_per_gpu: int = Field(4, ge=1)
-    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1)
-    use_dynamic_bsz: bool = False
-    ppo_max_token_len_per_gpu: int | None = Field(None, ge=1)
-    log_prob_max_token_len_per_gpu: int | None = Field(None, ge=1)
-    max_prompt_length: int = Field(96, ge=8)
-    max_response_length: int = Field(64, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    use_kl_loss: bool = True
-    kl_loss_coef: float = 0.001
-    kl_loss_type: str = "low_var_kl"
-    clip_ratio: float = 0.2
-    lr: float = 1e-5
-    rmsnorm_fused: bool = False
-    update_delay_s: float = Field(0.0, ge=0)
-    speed_probe: bool | None = None
-    seed: int = 0
+    steps: int = Field(3, ge=1, le=100_000, strict=True)
+    warmup_steps: int = Field(1, ge=0, le=100_000, strict=True)
+    profile_steps: list[StrictInt] = Field(default_factory=lambda: [2, 3])
+    train_batch_size: int = Field(8, ge=1, le=1_000_000, strict=True)
+    n: int = Field(4, ge=1, le=1024, strict=True)
+    ppo_mini_batch_size: int = Field(8, ge=1, le=1_000_000, strict=True)
+    micro_batch_size_per_gpu: int = Field(4, ge=1, le=1_000_000, strict=True)
+    log_prob_micro_batch_size_per_gpu: int = Field(8, ge=1, le=1_000_000, strict=True)
+    use_dynamic_bsz: StrictBool = False
+    ppo_max_token_len_per_gpu: int | None = Field(None, ge=1, le=1 << 24, strict=True)
+    log_prob_max_token_len_per_gpu: int | None = Field(None, ge=1, le=1 << 24, strict=True)
+    max_prompt_length: int = Field(96, ge=8, le=1 << 20, strict=True)
+    max_response_length: int = Field(64, ge=1, le=1 << 20, strict=True)
+    temperature: float = Field(1.0, gt=0, le=100, strict=True)
+    use_kl_loss: StrictBool = True
+    kl_loss_coef: float = Field(0.001, ge=0, le=100, strict=True)
+    kl_loss_type: Literal[KL_TYPES] = "low_var_kl"  # type: ignore[valid-type]
+    clip_ratio: float = Field(0.2, gt=0, lt=1, strict=True)
+    lr: float = Field(1e-5, gt=0, le=1, strict=True)
+    rmsnorm_fused: StrictBool = False
+    update_delay_s: float = Field(0.0, ge=0, le=3600, strict=True)
+    speed_probe: StrictBool | None = None
+    seed: int = Field(0, ge=0, le=2**32 - 1, strict=True)
 
     @model_validator(mode="after")
     def _fill_token_limits(self) -> "RunConfig":
+        if self.warmup_steps >= self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must be below steps ({self.steps})")
+        bad = [s for s in self.profile_steps if not 1 <= s <= self.steps]
+        if bad or len(set(self.profile_steps)) != len(self.profile_steps):
+            raise ValueError(f"profile_steps {self.profile_steps}: each step once, within 1..{self.steps}")
         seq = self.max_prompt_length + self.max_response_length
         if self.ppo_max_token_len_per_gpu is None:
             self.ppo_max_token_len_per_gpu = 2 * seq  # article 3.2.1
@@ -98,15 +107,14 @@ def load_run_config(path: str | Path | None) -> RunConfig:
     """
     if path is None:
         return RunConfig()
+    from bench.inputs import load_yaml, read_text, yaml_error_line
+
     path = Path(path)
+    text = read_text(path, MAX_CONFIG_BYTES, "run config")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except OSError as exc:
-        raise BenchError(f"{path}: cannot read: {exc.strerror}") from None
+        raw = load_yaml(text) or {}
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        line = f":{mark.line + 1}" if mark else ""
-        raise BenchError(f"{path}{line}: malformed YAML: {getattr(exc, 'problem', exc)}") from None
+        raise BenchError(yaml_error_line(path, text, exc)) from None
     if not isinstance(raw, dict):
         raise BenchError(f"{path}: expected a mapping of run settings")
     try:

@@ -1,0 +1,68 @@
+"""The promise every bad-input case checks (issue 21): exit 2 (or the documented code), exactly one stderr
+line naming the file or key, no traceback, nothing created or changed under the working folder (results,
+MLflow and Optuna stores included), no process left running, and a wall-clock cap.
+
+Cases run in-process through :func:`bench.cli.main` (the error boundary of ``run_bench.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import psutil
+
+from bench.cli import main
+
+#: seconds one bad-input case may take (refusals happen before anything runs)
+CAP_S = 30.0
+#: fragments that only a library's own wording would contain (never shown to the user)
+LIBRARY_TEXT = ("Unable to extract tag", "Input should be a valid dictionary", "Generators are not valid",
+                "exceeded maximum size", "validation error for", "pydantic", "For further information visit",
+                "Traceback", "sqlalchemy", "yaml.constructor")
+
+
+def tree(folder: Path) -> dict[str, tuple[int, int]]:
+    """Every entry under ``folder``: relative path -> (size, mtime ns) (links not followed)."""
+    out = {}
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = Path(root) / name
+            try:
+                st = p.lstat()
+            except OSError:
+                continue
+            out[str(p.relative_to(folder))] = (st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _children() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def check_refused(box: Path, argv: list[str], capsys, expected: str | tuple[str, ...] = "", code: int = 2,
+                  cap_s: float = CAP_S) -> str:
+    """Run ``argv`` in ``box``; assert the promise (module docstring); returns the one stderr line.
+
+    ``expected``: fragment(s) the line must contain (the file or key it names, what is allowed).
+    """
+    before, kids = tree(box), _children()
+    start = time.monotonic()
+    rc = main(argv)
+    wall = time.monotonic() - start
+    out, err = capsys.readouterr()
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert rc == code, f"exit {rc}, stderr: {err}"
+    assert len(lines) == 1, err
+    for frag in LIBRARY_TEXT:
+        assert frag not in out + err, f"library text {frag!r} in: {err}"
+    for frag in (expected,) if isinstance(expected, str) else expected:
+        assert frag in lines[0], lines[0]
+    after = tree(box)
+    changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
+    assert not changed, f"files created or changed: {changed}"
+    left = _children() - kids
+    assert not left, f"processes left running: {left}"
+    assert wall < cap_s, f"took {wall:.1f} s"
+    return lines[0]
