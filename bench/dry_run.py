@@ -8,9 +8,10 @@ exactly the overrides, environment variables, patches and run-config keys whose 
 base. :func:`print_smoke_dry_run` does the same for the CPU smoke launches of ``run --smoke``.
 :func:`plan_json` / :func:`smoke_json` are everything, machine-readable (``--json``).
 
-Changes are written as Hydra writes overrides: ``KEY=VALUE`` (another value than the base's), ``+KEY=VALUE``
-(a key the base launch lacks), ``~KEY`` (a key of the base launch this run lacks). Hydra overrides are keyed by what precedes their first ``=`` (``+`` and
-``~`` prefixes included); patches by their name (the part before ``:``), valued by their level.
+Changes are written as Hydra writes overrides: ``KEY=VALUE`` (another value than the base's),
+``+KEY=VALUE`` (a key the base launch lacks), ``~KEY`` (a key of the base launch this run lacks). Hydra
+overrides are keyed by what precedes their first ``=``; patches by their name (the part before ``:``),
+valued by their level.
 """
 
 from __future__ import annotations
@@ -171,8 +172,8 @@ def print_dry_run(plan: Plan, console: Console) -> None:
     (:func:`bench.cli_run.print_order`), and other parts (a run plan) are separate calls after this one."""
     with_config = engine_class(plan.engine).shows_config
     runs = plan.runs
-    _print(console, f"{plan.matrix_name}: engine={plan.engine} platform={plan.platform} design cells={plan.design_cells} "
-                    f"runs={len(runs)} x {plan.repeats} repeat(s) dropped={len(plan.dropped)}")
+    _print(console, f"{plan.matrix_name}: engine={plan.engine} platform={plan.platform} "
+                    f"design cells={plan.design_cells} runs={len(runs)} x {plan.repeats} repeat(s) dropped={len(plan.dropped)}")
     if plan.resolution:
         _print(console, f"fractional design, resolution {plan.resolution}; aliases of main effects:")
         for line in plan.aliases[: len(plan.varied)]:
@@ -187,7 +188,8 @@ def print_dry_run(plan: Plan, console: Console) -> None:
 
     merged = Counter(_merged(r) for r in runs)
     common_merged = next(iter(merged)) if len(merged) == 1 else None
-    left = [f"not applicable {k}: {why}" for k, why in {k: w for r in runs for k, w in r.not_applicable.items()}.items()]
+    not_applicable = {k: w for r in runs for k, w in r.not_applicable.items()}
+    left = [f"not applicable {k}: {why}" for k, why in not_applicable.items()]
     if common_merged:
         left.append(f"merged: each run {common_merged}")
     else:

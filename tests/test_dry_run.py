@@ -80,7 +80,8 @@ def _check_parts(parts: list[list[str]], launches: list[dict], ids: list[str], w
         keys = _launch_keys(launch, with_config)
         differ = {k for k in every if keys.get(k) != base.get(k)}
         head = part[0].split(cell_id, 1)[1]  # the run's label may read like a key
-        text = "\n".join([head] + [ln for ln in part[1:] if not ln.strip().startswith(("note:", "left out", "merged:"))])
+        rest = [ln for ln in part[1:] if not ln.strip().startswith(("note:", "left out", "merged:"))]
+        text = "\n".join([head, *rest])
         named = {k for k in every if re.search(rf"(?<![\w.])[+~]?{re.escape(k)}(?![\w.])", text)}
         assert named == differ, f"{where}: {part[0]}: names {sorted(named)}, differs in {sorted(differ)}"
 
