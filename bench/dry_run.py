@@ -172,8 +172,8 @@ def print_dry_run(plan: Plan, console: Console) -> None:
     (:func:`bench.cli_run.print_order`), and other parts (a run plan) are separate calls after this one."""
     with_config = engine_class(plan.engine).shows_config
     runs = plan.runs
-    _print(console, f"{plan.matrix_name}: engine={plan.engine} platform={plan.platform} "
-                    f"design cells={plan.design_cells} runs={len(runs)} x {plan.repeats} repeat(s) dropped={len(plan.dropped)}")
+    _print(console, f"{plan.matrix_name}: engine={plan.engine} platform={plan.platform} design cells="
+                    f"{plan.design_cells} runs={len(runs)} x {plan.repeats} repeat(s) dropped={len(plan.dropped)}")
     if plan.resolution:
         _print(console, f"fractional design, resolution {plan.resolution}; aliases of main effects:")
         for line in plan.aliases[: len(plan.varied)]:
