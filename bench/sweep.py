@@ -41,7 +41,7 @@ from bench.results import (
 from bench.runner import execute_spec
 from bench.spec.matrix import Matrix
 from bench.spec.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
-from bench.summary import cell_rows, cells_table, plan_summary, write_summary
+from bench.summary import cell_rows, parent_cells, plan_summary, write_summary
 from bench.sync import QUEUE, queue_upload, sync_matrix
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
 from bench.tracking.records import log_record, parent_description, summary_metrics
@@ -379,7 +379,7 @@ class Sweep:
         else:
             try:
                 tracker.finish_parent(meta["parent_run_id"], artifacts=[csv_path, md_path, sweep_dir / SWEEP],
-                                      cells=cells_table(rows),
+                                      cells=parent_cells(snap),
                                       description=parent_description(meta, md_path.read_text()), **finish)
                 if not tracker.down:  # every child is logged and the parent closed: nothing left queued
                     (sweep_dir / QUEUE).unlink(missing_ok=True)

@@ -124,12 +124,13 @@ def sync_sweep(
                     counts["children"] += 1
             queue = read_json(sweep_dir / QUEUE) or {}
             fin = queue.get("parent_finish")
-            if fin:
+            if fin:  # close the parent as the sweep's own end would have: same metrics, tags, artifacts, table
                 md = sweep_dir / "summary.md"
                 tracker.finish_parent(parent, metrics=fin.get("metrics") or {},
                                       artifacts=[sweep_dir / "summary.csv", md, sweep_dir / SWEEP],
                                       status=fin.get("status", "FAILED"), tags=fin.get("tags") or {},
-                                      description=parent_description(meta, md.read_text() if md.is_file() else None))
+                                      description=parent_description(meta, md.read_text() if md.is_file() else None),
+                                      cells=_parent_cells(sweep_dir))
                 counts["closed"] += 1
             (sweep_dir / QUEUE).unlink(missing_ok=True)
     except BenchError:
@@ -141,6 +142,17 @@ def sync_sweep(
         on_event("warn", {"message": f"MLflow sync of {sweep_dir.name} stopped: {reason}; "
                                      f"run `run_bench.py sync {sweep_dir}` later"})
     return counts
+
+
+def _parent_cells(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The parent's ``cells.json`` from the sweep folder, computed as the sweep's end computes it."""
+    from bench.analyze.snapshot import snapshot
+    from bench.speed import normalize_snapshot
+    from bench.summary import parent_cells
+
+    snap = snapshot(sweep_dir)
+    normalize_snapshot(snap)
+    return parent_cells(snap)
 
 
 def sync_matrix(base: Path, tracker, skip: Path | None = None,
