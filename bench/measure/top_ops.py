@@ -60,16 +60,26 @@ def top_ops(path: str | os.PathLike, step: int | None = None, n: int = TOP_N) ->
         for ev in iter_trace_events(path):
             if type(ev) is not dict or ev.get("ph") != "X":
                 continue
-            cat, name = ev.get("cat"), ev.get("name")
-            ts, dur = event_number(ev.get("ts")), event_number(ev.get("dur"))
-            if ts is None or dur is None or dur < 0 or type(name) is not str:
+            cat = ev.get("cat")
+            if cat != "cpu_op" and cat not in DEVICE and cat != "user_annotation":
                 continue
-            if cat in DEVICE:
+            name, ts, dur = ev.get("name"), ev.get("ts"), ev.get("dur")
+            if type(ts) is not float or type(dur) is not float:  # ints or numeric strings: the slow path
+                ts, dur = event_number(ts), event_number(dur)
+                if ts is None or dur is None:
+                    continue
+            if dur < 0 or type(name) is not str:
+                continue
+            if cat == "cpu_op" and not name.startswith("ProfilerStep#"):
+                thread = (ev.get("pid"), ev.get("tid"))
+                try:
+                    cpu[thread].append((ts, dur, name))
+                except TypeError:  # a pid/tid that is a list or an object
+                    cpu[(hashable(thread[0]), hashable(thread[1]))].append((ts, dur, name))
+            elif cat in DEVICE:
                 device.append((ts, dur, name))
-            elif cat in ("cpu_op", "user_annotation") and (m := _STEP.match(name)):
+            elif m := _STEP.match(name):
                 windows.append((int(m.group(1)), ts, dur))
-            elif cat == "cpu_op":
-                cpu[(hashable(ev.get("pid")), hashable(ev.get("tid")))].append((ts, dur, name))
     except Exception:
         return {}
 
