@@ -55,18 +55,23 @@ def pending(sweep_dir: Path) -> bool:
 
 
 def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tags, params) of a sweep's parent run, from its ``sweep.json``."""
+    """(tags, params) of a sweep's parent run, from its ``sweep.json``: those the sweep gives it when it starts
+    (:meth:`bench.sweep.Sweep._start_parent`), for a parent that ``sync`` creates after an outage."""
     from bench.tracking import git_commit, versions
 
     m = meta.get("matrix") or {}
     plan = meta.get("plan") or {}
+    order = meta.get("order") or {"kind": "sequential"}  # a sweep from before run orders ran sequentially
+    seed = order.get("seed")
     tags = {"bench.kind": "sweep", "bench.sweep_id": meta.get("sweep_id"), "bench.fingerprint": meta.get("fingerprint"),
+            "bench.order": order.get("kind"), "bench.order_seed": "" if seed is None else str(seed),
             "engine": meta.get("engine"), "platform": meta.get("platform"),
             "git_commit": meta.get("git_commit") or git_commit(), "matrix_file": meta.get("matrix_source", ""),
             "design": (m.get("design") or {}).get("type"),
             **{f"version.{k}": v for k, v in (meta.get("versions") or versions()).items()}}
     params = {"design": (m.get("design") or {}).get("type"), "repeats": m.get("repeats"),
-              "cells": len(plan.get("runs") or []), "design_cells": plan.get("design_cells"),
+              "cells": len(plan.get("runs") or []), "order": order.get("kind"),
+              "order_seed": "none" if seed is None else seed, "design_cells": plan.get("design_cells"),
               "factors": ",".join(plan.get("varied") or []),
               **{f"base.{k}": v for k, v in (m.get("base") or {}).items() if k not in ("env", "overrides", "embedded")}}
     return tags, params

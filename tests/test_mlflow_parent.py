@@ -12,6 +12,7 @@ import json
 import math
 from pathlib import Path
 
+import pytest
 from drift_fake import DriftExecutor
 from test_run_order import small_full
 
@@ -66,7 +67,10 @@ def test_cells_json_is_rounded_and_carries_the_reports_speedup_intervals(tmp_pat
     assert with_interval == 3
 
 
-def test_sync_after_an_outage_closes_the_parent_as_an_undisturbed_sweep(tmp_path, monkeypatch):
+@pytest.mark.parametrize("when", ["finish_parent", "start_parent"])
+def test_sync_after_an_outage_closes_the_parent_as_an_undisturbed_sweep(tmp_path, monkeypatch, when):
+    """The store goes away when the sweep closes its parent (the parent stays RUNNING), or when it starts
+    (no parent, every upload queued): ``sync`` then leaves the parent as the undisturbed sweep's."""
     from bench.tracking import Tracker
 
     path = small_full(tmp_path, repeats=2)
@@ -75,8 +79,8 @@ def test_sync_after_an_outage_closes_the_parent_as_an_undisturbed_sweep(tmp_path
     assert main(["run", str(path), "--order-seed", "3", "--results", str(tmp_path / "calm"),
                  "--tracking-uri", calm]) == 0
 
-    # the same sweep, but the store goes away when the sweep closes its parent
-    real = Tracker.finish_parent
+    # the same sweep, but the store goes away once
+    real = getattr(Tracker, when)
     calls = []
 
     def outage(self, *a, **k):
@@ -85,12 +89,14 @@ def test_sync_after_an_outage_closes_the_parent_as_an_undisturbed_sweep(tmp_path
             raise ConnectionError("tracking server went away")
         return real(self, *a, **k)
 
-    monkeypatch.setattr(Tracker, "finish_parent", outage)
+    monkeypatch.setattr(Tracker, when, outage)
     hit = f"sqlite:///{(tmp_path / 'hit.db').as_posix()}"
     common = ["--results", str(tmp_path / "hit"), "--tracking-uri", hit]
     assert main(["run", str(path), "--order-seed", "3", *common]) == 0
     sweep = (tmp_path / "hit" / "full" / "latest").resolve()
-    assert (sweep / "mlflow_queue.json").exists() and _parent(hit).info.status == "RUNNING"
+    assert (sweep / "mlflow_queue.json").exists()
+    if when == "finish_parent":
+        assert _parent(hit).info.status == "RUNNING"
     assert main(["sync", "full", *common]) == 0
     assert not (sweep / "mlflow_queue.json").exists() and len(calls) == 2
 
@@ -102,6 +108,7 @@ def test_sync_after_an_outage_closes_the_parent_as_an_undisturbed_sweep(tmp_path
     assert keys[0] == keys[1] and "harness_overhead_share" in keys[1]
     assert {k: v for k, v in a.data.tags.items() if k.startswith("bench.") and k != "bench.sweep_id"} == \
            {k: v for k, v in b.data.tags.items() if k.startswith("bench.") and k != "bench.sweep_id"}
+    assert {k: v for k, v in a.data.params.items()} == {k: v for k, v in b.data.params.items()}
     # the table: the same cells and columns as the undisturbed sweep's, the values of the synced sweep's folder
     ca, cb = _cells(calm, a.info.run_id, tmp_path / "da"), _cells(hit, b.info.run_id, tmp_path / "db")
     assert [list(r) for r in ca] == [list(r) for r in cb]
