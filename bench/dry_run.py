@@ -152,7 +152,7 @@ def print_changes(head: str, changes: list[Change], extra: list[str], console: C
                 for item in items:
                     if len(line) + 2 + len(item) > INLINE_WIDTH and not line.endswith(":"):
                         _print(console, line)
-                        line = " " * 9
+                        line = " " * (len(kind) + 8)
                     line += ("  " if not line.endswith(":") and line.strip() else " ") + item
                 _print(console, line)
     for x in extra:
