@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.dry_run import plan_json, print_dry_run, print_smoke_dry_run, smoke_json
 from bench.engines import engine_class, engines_with, get_engine
 from bench.model import SUMMARY_STEP_TIME
 from bench.results import check_writable
@@ -29,7 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="run only the cells whose label or cell id contains PATTERN or matches it as a glob "
                         "(* ? [...]); comma-separated alternatives, e.g. --cells 'all-off,dynamic_bsz*'")
     p.add_argument("--dry-run", action="store_true",
-                   help="print each cell, its levels and exactly what would be launched; run nothing")
+                   help="print what would be launched, run nothing: the base launch once, then per run only what "
+                        "differs from it (overrides, env, patches), what was left out and why")
+    p.add_argument("--verbose", action="store_true",
+                   help="with --dry-run: every run's whole launch (argv, env, patches, run config) and levels")
+    p.add_argument("--json", action="store_true",
+                   help="with --dry-run: everything (plan, every launch, run order) as one JSON document")
     p.add_argument("--force", action="store_true", help="start a new sweep: rerun cells already finished")
     p.add_argument("--spawn", action="store_true",
                    help="start every run in a fresh interpreter (default on CPU for the embedded engine: "
@@ -292,9 +298,13 @@ def main(args: argparse.Namespace) -> int:
     order_seed = getattr(args, "order_seed", None)
     order_kind = getattr(args, "order", "blocked")
     if args.dry_run:
-        print_plan(plan, console)
         seed = (order_seed if order_seed is not None else new_order_seed()) if order_kind == "blocked" else None
-        print_order(plan, run_order([r.cell_id for r in plan.runs], plan.repeats, order_kind, seed), console)
+        order = run_order([r.cell_id for r in plan.runs], plan.repeats, order_kind, seed)
+        if getattr(args, "json", False):
+            print(json.dumps(plan_json(plan, order), indent=1))
+            return 0
+        (print_plan if getattr(args, "verbose", False) else print_dry_run)(plan, console)
+        print_order(plan, order, console)
         return 0
     get_engine(matrix.engine).preflight(matrix, [r.launch for r in plan.runs], plan.platform)
     check_writable(args.results)
@@ -344,11 +354,17 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
         plan = select_cells(plan, args.cells, args.matrix)
     cells = smoke_cells(matrix, plan, args.smoke_steps)
     if args.dry_run:
-        for c in cells:
-            console.print(f"[bold]{c.source_label}[/] -> smoke cell {c.spec.cell_id}", markup=True)
-            console.print(f"  argv: {json.dumps(c.spec.launch.argv)}", soft_wrap=True, markup=False)
-            for x in c.left_out + c.inert:
-                console.print(f"  left out / inert: {x}", markup=False)
+        kw = {"matrix_name": matrix.name, "steps": args.smoke_steps, "not_exercised": not_exercised(plan)}
+        if getattr(args, "json", False):
+            print(json.dumps(smoke_json(cells, **kw), indent=1))
+        elif getattr(args, "verbose", False):
+            for c in cells:
+                console.print(f"[bold]{c.source_label}[/] -> smoke cell {c.spec.cell_id}", markup=True)
+                console.print(f"  argv: {json.dumps(c.spec.launch.argv)}", soft_wrap=True, markup=False)
+                for x in c.left_out + c.inert:
+                    console.print(f"  left out / inert: {x}", markup=False)
+        else:
+            print_smoke_dry_run(cells, console, **kw)
         return 0
     base, _ = smoke_base(matrix, args.smoke_steps)
     get_engine(matrix.engine).preflight(matrix.model_copy(update={"platform": "cpu", "base": base}),

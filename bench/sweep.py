@@ -42,7 +42,7 @@ from bench.run_record import corrupt_records
 from bench.runner import execute_spec
 from bench.spec.matrix import Matrix
 from bench.spec.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
-from bench.summary import cell_rows, cells_table, plan_summary, write_summary
+from bench.summary import cell_rows, parent_cells, plan_summary, write_summary
 from bench.sync import QUEUE, queue_upload, read_queue, sync_matrix
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
 from bench.tracking.records import log_record, parent_description, summary_metrics
@@ -384,7 +384,7 @@ class Sweep:
         else:
             try:
                 tracker.finish_parent(meta["parent_run_id"], artifacts=[csv_path, md_path, sweep_dir / SWEEP],
-                                      cells=cells_table(rows),
+                                      cells=parent_cells(snap),
                                       description=parent_description(meta, md_path.read_text()), **finish)
                 if not tracker.parent_alive(meta["parent_run_id"]):  # accepted but not kept: an outage
                     raise RuntimeError("the tracking store did not keep the parent run (writes lost)")

@@ -95,18 +95,23 @@ def pending(sweep_dir: Path) -> bool:
 
 
 def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(tags, params) of a sweep's parent run, from its ``sweep.json``."""
+    """(tags, params) of a sweep's parent run, from its ``sweep.json``: those the sweep gives it when it starts
+    (:meth:`bench.sweep.Sweep._start_parent`), for a parent that ``sync`` creates after an outage."""
     from bench.tracking import git_commit, versions
 
     m = meta.get("matrix") or {}
     plan = meta.get("plan") or {}
+    order = meta.get("order") or {"kind": "sequential"}  # a sweep from before run orders ran sequentially
+    seed = order.get("seed")
     tags = {"bench.kind": "sweep", "bench.sweep_id": meta.get("sweep_id"), "bench.fingerprint": meta.get("fingerprint"),
+            "bench.order": order.get("kind"), "bench.order_seed": "" if seed is None else str(seed),
             "engine": meta.get("engine"), "platform": meta.get("platform"),
             "git_commit": meta.get("git_commit") or git_commit(), "matrix_file": meta.get("matrix_source", ""),
             "design": (m.get("design") or {}).get("type"),
             **{f"version.{k}": v for k, v in (meta.get("versions") or versions()).items()}}
     params = {"design": (m.get("design") or {}).get("type"), "repeats": m.get("repeats"),
-              "cells": len(plan.get("runs") or []), "design_cells": plan.get("design_cells"),
+              "cells": len(plan.get("runs") or []), "order": order.get("kind"),
+              "order_seed": "none" if seed is None else seed, "design_cells": plan.get("design_cells"),
               "factors": ",".join(plan.get("varied") or []),
               **{f"base.{k}": v for k, v in (m.get("base") or {}).items() if k not in ("env", "overrides", "embedded")}}
     return tags, params
@@ -206,12 +211,13 @@ def sync_sweep(
                                   + "; the other runs are uploaded, the sweep stays pending")
             queue = read_queue(sweep_dir, on_event)
             fin = queue.get("parent_finish")
-            if fin:
+            if fin:  # close the parent as the sweep's own end would have: same metrics, tags, artifacts, table
                 md = sweep_dir / "summary.md"
                 tracker.finish_parent(parent, metrics=fin.get("metrics") or {},
                                       artifacts=[sweep_dir / "summary.csv", md, sweep_dir / SWEEP],
                                       status=fin.get("status", "FAILED"), tags=fin.get("tags") or {},
-                                      description=parent_description(meta, md.read_text() if md.is_file() else None))
+                                      description=parent_description(meta, md.read_text() if md.is_file() else None),
+                                      cells=_parent_cells(sweep_dir))
                 counts["closed"] += 1
             if not tracker.parent_alive(parent):  # a store that accepted the writes but did not keep them
                 raise RuntimeError(f"the tracking store did not keep the parent run {parent} (writes lost)")
@@ -225,6 +231,17 @@ def sync_sweep(
         on_event("warn", {"message": f"MLflow sync of {sweep_dir.name} stopped: {reason}; "
                                      f"run `run_bench.py sync {sweep_dir}` later"})
     return counts
+
+
+def _parent_cells(sweep_dir: Path) -> list[dict[str, Any]]:
+    """The parent's ``cells.json`` from the sweep folder, computed as the sweep's end computes it."""
+    from bench.analyze.snapshot import snapshot
+    from bench.speed import normalize_snapshot
+    from bench.summary import parent_cells
+
+    snap = snapshot(sweep_dir)
+    normalize_snapshot(snap)
+    return parent_cells(snap)
 
 
 def sync_matrix(base: Path, tracker, skip: Path | None = None,

@@ -163,13 +163,13 @@ def test_overrides_before_or_after_options(tmp_path, capsys):
 # -- --cells PATTERN ---------------------------------------------------------------------------------------
 
 def _dry_cells(out: str) -> list[str]:
-    return re.findall(r"^run \d+/\d+ cell [0-9a-f]+ \((.+)\)$", out, re.M)
+    return re.findall(r"^ +\d+\. (\S+) \([0-9a-f]{12}\):", out, re.M)  # the dry run's runs (not the run order)
 
 
 def test_cells_selects_by_label_substring_glob_or_cell_id(tmp_path, capsys):
     rc, out, _ = run_cli(tmp_path, "--dry-run", capsys=capsys)
     assert rc == 0 and _dry_cells(out) == ["all-off", "dynamic_bsz"]
-    all_off_id = re.search(r"cell ([0-9a-f]+) \(all-off\)", out).group(1)
+    all_off_id = re.search(r"all-off \(([0-9a-f]+)\)", out).group(1)
     for pattern, cells in (("dynamic", ["dynamic_bsz"]), ("all-*", ["all-off"]), (all_off_id[:6], ["all-off"]),
                            ("dyn*,all-off", ["all-off", "dynamic_bsz"]), ("*", ["all-off", "dynamic_bsz"])):
         rc, out, err = run_cli(tmp_path, "--dry-run", "--cells", pattern, capsys=capsys)
@@ -205,7 +205,7 @@ def test_cells_apply_to_smoke_runs_too(tmp_path, capsys):
     rc = main(["run", str(ROOT / "matrix" / "qwen3vl8b_a2.yaml"), "--smoke", "--dry-run", "--cells", "mc2,all-off",
                "--results", str(tmp_path / "res")])
     out = capsys.readouterr().out
-    assert rc == 0 and re.findall(r"^(\S+) -> smoke cell", out, re.M) == ["all-off", "mc2"], out
+    assert rc == 0 and re.findall(r"^ +\d+\. (\S+) -> smoke cell", out, re.M) == ["all-off", "mc2"], out
 
 
 @pytest.mark.slow

@@ -94,10 +94,10 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
     p = run([str(ROOT / "matrix" / "full.yaml"), "--dry-run", "--results", "out"], tmp_path)
     assert p.returncode == 0, p.stderr
     assert "design cells=192" in p.stdout and "dropped=32" in p.stdout
-    assert "merged 40 design cells" in p.stdout
+    assert "stands for 40 design cells" in p.stdout
     assert "not applicable mc2" in p.stdout
-    assert '"-m", "bench.engines.embedded"' in p.stdout
-    assert "dropped (invalid)" in p.stdout and "TASK_QUEUE_ENABLE=2" in p.stdout
+    assert "command: {python} -m bench.engines.embedded" in p.stdout
+    assert "dropped 32 invalid design cell(s)" in p.stdout and "TASK_QUEUE_ENABLE=2" in p.stdout
     assert list(tmp_path.iterdir()) == []
 
 

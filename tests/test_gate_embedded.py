@@ -54,7 +54,7 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
 
     Measured with exactly this matrix (``benchmarks/bench_gate.py real``, 10 + 10 + 10 sweeps on the
     development VM): the gate flagged 0 of 90 identical pairs (95 % CI up to 4 %) and missed 3 of 100
-    10 % slowdowns (see README). A single-shot CI check with those odds would be red about one run in
+    10 % slowdowns (see docs/figures.md). A single-shot CI check with those odds would be red about one run in
     twenty for no reason, so each claim gets one confirmation sweep when its first verdict is wrong, as
     a performance engineer would rerun before believing either; both sweeps must be wrong (odds
     well under 1 %) for the test to fail.

