@@ -143,7 +143,8 @@ def snapshot(sweep: Path, results_root: Path | None = None) -> dict[str, Any]:
     for rec in records:
         by_cell.setdefault(rec["cell_id"], []).append(rec)
     plan = meta.get("plan") or {}
-    repeats = int(plan.get("repeats") or 1)
+    # a sequential sweep that stopped after block k has k repeats per cell (bench.blocks)
+    repeats = int((meta.get("sequential") or {}).get("stopped_after") or plan.get("repeats") or 1)
     cells = []
     for spec in plan.get("runs", []):
         recs = sorted(by_cell.get(spec["cell_id"], []), key=lambda r: r.get("repeat", 0))
