@@ -307,3 +307,34 @@ def plan_lines(planning: dict[str, Any]) -> list[str]:
         f"{len(m['sweeps'])} finished sweep(s): {', '.join(m['sweeps'])}",
     ]
     return lines
+
+
+def report_section(sweep: Any, meta: dict[str, Any]) -> dict[str, Any]:
+    """The report's data on noise and cost (``noise_cost``: :func:`estimate_model` of this sweep's records), the
+    sweep's plan (``planning``, from ``sweep.json``) and its sequential looks (``sequential``)."""
+    from bench.results import load_records
+
+    model = estimate_model([(str(meta.get("sweep_id") or sweep), load_records(sweep))])
+    return {"noise_cost": model.to_dict() if model else None, "planning": meta.get("planning"),
+            "sequential": meta.get("sequential")}
+
+
+def report_lines(data: dict[str, Any]) -> list[str]:
+    """The report's markdown section "Noise, cost and stopping" (empty when the data has none of them)."""
+    m, plan, seq = data.get("noise_cost"), data.get("planning"), data.get("sequential")
+    if not (m or plan or seq):
+        return []
+    out = ["", "## Noise, cost and stopping", ""]
+    if m:
+        out += [f"- noise of log step time (this sweep, {m['runs']} runs): step to step within a run "
+                f"{m['sd_step']:.4f}, run to run within a cell {m['sd_run']:.4f}, block to block {m['sd_block']:.4f}",
+                f"- cost per run: start-up {m['startup_s']:.1f} s, timed step {m['step_s']:.2f} s, warm-up step "
+                f"{m['warmup_step_s']:.2f} s, profiled step {m['profiled_step_s']:.2f} s, harness between runs "
+                f"{m['harness_s']:.1f} s (`run_bench.py run MATRIX --precision P` plans from these)"]
+    if plan:
+        out += [f"- plan: {line}" for line in plan_lines(plan)]
+    if seq and seq.get("looks"):
+        last = seq["looks"][-1]
+        out += [f"- sequential stopping ({seq['method']}): {len(seq['looks'])} of {seq['max_looks']} planned "
+                f"block(s); {last['reason']}", f"- last look: {last['line']}"]
+    return out + [""]
