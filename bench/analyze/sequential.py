@@ -108,6 +108,7 @@ def obf_boundaries(alpha: float, max_looks: int, grid: int = 401) -> tuple[float
     return tuple(bounds)
 
 
+@lru_cache(maxsize=65536)
 def critical_value(df: float, *, alpha: float, look: int, max_looks: int) -> float | None:
     """Multiplier ``q`` of the standard error for the repeated interval at ``look`` of ``max_looks``:
     the t quantile on ``df`` degrees of freedom at the nominal level of the O'Brien-Fleming boundary
@@ -328,7 +329,7 @@ class EffectsStopRule:
         per_block = max(1, len({tuple(sorted(o.items())) for o in obs}))
         try:
             fit = fit_effects(obs, y, factors, alpha=self.alpha, interactions=self.interactions,
-                              blocks=blocks if len(set(blocks)) > 1 else None, replicated=True)
+                              blocks=blocks if len(set(blocks)) > 1 else None, replicated=True, adjust=False)
         except ValueError:
             fit = None
         names = [f for f in factors]
