@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.analyze.planning import NoiseCost, estimate_model, plan_allocation  # noqa: E402
-from bench.analyze.sequential import EffectsStopRule, decide  # noqa: E402
+from bench.analyze.sequential import EffectsStopRule  # noqa: E402
 from bench.planning_apply import target_key, target_sweeps  # noqa: E402
 
 DRIFT = math.log(1.15)  # tests/drift_fake.py: +15 % over the sweep
@@ -63,9 +63,11 @@ def embedded_target(results: Path) -> tuple[NoiseCost, dict[str, Any]]:
 
     m = load_matrix(ROOT / "matrix" / "full.yaml")
     plan = make_plan(m, platform="cpu", strict=False)
-    model = estimate_model(target_sweeps(results, target_key(plan.engine, plan.platform, m.base.model_dump(mode="json"))))
+    key = target_key(plan.engine, plan.platform, m.base.model_dump(mode="json"))
+    model = estimate_model(target_sweeps(results, key))
     if model is None:
-        raise SystemExit(f"no finished sweep of matrix/full.yaml in {results}: run `python run_bench.py matrix/full.yaml`")
+        raise SystemExit(f"no finished sweep of matrix/full.yaml in {results}: run "
+                         "`python run_bench.py matrix/full.yaml`")
     factors = ["rmsnorm_fused", "dynamic_bsz"]
     cells = [{f: r.levels[f] for f in factors} for r in plan.runs]
     return model, {"factors": factors, "cells": cells, "timed": 8, "warmup": 1, "profiled": 1, "vary": "dynamic_bsz"}
@@ -214,7 +216,8 @@ def run_target(name: str, model: NoiseCost, design: dict[str, Any], args: argpar
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--results", type=Path, default=ROOT / "results", help="results folder with finished full.yaml sweeps")
+    p.add_argument("--results", type=Path, default=ROOT / "results",
+                   help="results folder with finished full.yaml sweeps")
     p.add_argument("--sweeps", type=int, default=200)
     p.add_argument("--threshold", type=float, default=0.05)
     p.add_argument("--alpha", type=float, default=0.05)
