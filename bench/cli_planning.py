@@ -13,7 +13,8 @@ from bench.errors import BenchError
 def add_planning_arguments(p: argparse.ArgumentParser) -> None:
     """The planning and stopping arguments of ``run``."""
     p.add_argument("--sequential", action="store_true",
-                   help="stop the sweep as soon as every main effect is decided (after any complete block; "
+                   help="stop the sweep as soon as every main effect and step-time expect claim is decided (after "
+                        "any complete block; "
                         "repeated confidence intervals with O'Brien-Fleming alpha spending over the planned "
                         "repeats as looks). Implied by --precision and --budget")
     p.add_argument("--threshold", type=float, default=0.05, metavar="FRACTION",
@@ -91,7 +92,7 @@ def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
                              "(allowed: blocked)")
         from bench.analyze.sequential import EffectsStopRule
 
-        rule = EffectsStopRule(plan.repeats, threshold=threshold, alpha=alpha)
+        rule = EffectsStopRule(plan.repeats, threshold=threshold, alpha=alpha, claims=matrix.expect)
     return Prepared(matrix=matrix, plan=plan, stop_rule=rule, planning=planning)
 
 

@@ -86,6 +86,21 @@ def test_stop_rule_false_effect_rate_under_the_null_is_at_most_alpha():
     assert np.mean(runs) < 24  # and it stops before the planned 6 blocks on average
 
 
+def test_expect_claims_on_step_time_are_decided_too():
+    """A claim that dynamic_bsz improves step time by at least 5 % is not met when it makes steps 35 % slower; a
+    claim that rmsnorm_fused changes it by at most +-10 % is met; alpha is shared by the 2 mains and 2 claims."""
+    claims = [{"factor": "dynamic_bsz", "at_least": 0.05, "name": "dbsz helps"},
+              {"factor": "rmsnorm_fused", "at_least": -0.10, "at_most": 0.10},
+              {"factor": "dynamic_bsz", "metric": "free_ratio", "at_least": 0.1}]  # not a step-time claim: left out
+    rule = EffectsStopRule(6, claims=claims)
+    lk = rule.after_block(_records(np.random.default_rng(2), 5, effect=0.3, run_sd=0.01), 5)
+    got = {d.name: d for d in lk.decisions}
+    assert set(got) == {"dynamic_bsz", "rmsnorm_fused", "expect: dbsz helps", "expect: rmsnorm_fused vs all_off"}
+    assert got["expect: dbsz helps"].verdict == "not_met" and got["expect: dbsz helps"].change > 0.3
+    assert got["expect: rmsnorm_fused vs all_off"].verdict == "met"
+    assert all(d.alpha == pytest.approx(0.05 / 4) for d in lk.decisions) and lk.stop
+
+
 def test_look_round_trips_through_json():
     rule = EffectsStopRule(4)
     lk = rule.after_block(_records(np.random.default_rng(1), 3, effect=0.3), 3)

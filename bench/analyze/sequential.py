@@ -51,7 +51,7 @@ from scipy import stats as sps
 
 METHOD = ("repeated confidence intervals, Lan-DeMets O'Brien-Fleming alpha spending over the planned looks, "
           "t quantile at the boundary's nominal level (Jennison & Turnbull 2000, ch. 9)")
-VERDICTS = ("slower", "faster", "no_change", "undecided")
+VERDICTS = ("slower", "faster", "no_change", "undecided", "met", "not_met")  # met/not_met: expect claims
 
 
 def obf_spending(t: float, alpha: float) -> float:
@@ -311,10 +311,14 @@ class EffectsStopRule:
         threshold: relative change that matters (0.05 = 5 %).
         alpha: error rate of all decisions of the sweep over all looks.
         interactions: fit two-factor interactions (as the report does).
+        claims: the matrix's ``expect`` claims; those on step time are decided too
+            (:func:`bench.analyze.sequential_claims.claim_decisions`: met / not_met / undecided).
     """
 
-    def __init__(self, max_looks: int, *, threshold: float = 0.05, alpha: float = 0.05, interactions: bool = True):
+    def __init__(self, max_looks: int, *, threshold: float = 0.05, alpha: float = 0.05, interactions: bool = True,
+                 claims: Sequence[dict[str, Any]] = ()):
         self.max_looks, self.threshold, self.alpha, self.interactions = int(max_looks), threshold, alpha, interactions
+        self.claims = [c for c in claims if c.get("metric", "step_time") == "step_time"]
 
     def decisions(self, records: Sequence[dict[str, Any]], look: int) -> tuple[list[Decision], int, int]:
         """The decisions at ``look``, the number of runs used and the runs per block."""
@@ -336,7 +340,7 @@ class EffectsStopRule:
         out = []
         terms = {t.name: t for t in fit.terms} if fit is not None else {}
         mains = [t for t in terms.values() if t.kind in ("main", "level")] if terms else []
-        m = max(1, len(mains) or len(names))
+        m = max(1, (len(mains) or len(names)) + len(self.claims))
         for t in mains:
             out.append(decide(t.effect, t.se, fit.df_resid, threshold=self.threshold, alpha=self.alpha / m,
                               look=look, max_looks=self.max_looks, name=t.name))
@@ -344,6 +348,11 @@ class EffectsStopRule:
             out = [Decision(name=f, verdict="undecided", estimate=0.0, se=None, df=0.0, lo=None, hi=None,
                             threshold=self.threshold, alpha=self.alpha / m, look=look, max_looks=self.max_looks)
                    for f in names]
+        if self.claims:
+            from bench.analyze.sequential_claims import claim_decisions
+
+            out += claim_decisions(obs, y, blocks, self.claims, threshold=self.threshold, alpha=self.alpha / m,
+                                   look=look, max_looks=self.max_looks)
         return out, len(y), per_block
 
     def after_block(self, records: list[dict[str, Any]], look: int) -> Look:
