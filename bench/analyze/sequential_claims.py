@@ -1,4 +1,5 @@
-"""The matrix's ``expect`` claims as comparisons of a sequential sweep (:class:`bench.analyze.sequential.EffectsStopRule`).
+"""The matrix's ``expect`` claims as comparisons of a sequential sweep
+(:class:`bench.analyze.sequential.EffectsStopRule`).
 
 A step-time claim (:class:`bench.expect.Expect`) compares two cells: the cell with only ``factor`` changed from
 the all-off cell against the all-off cell (``vs: all_off``; ``factor: all``: the all-on cell), or the all-on
