@@ -351,8 +351,10 @@ class EffectsStopRule:
         if self.claims:
             from bench.analyze.sequential_claims import claim_decisions
 
-            out += claim_decisions(obs, y, blocks, self.claims, threshold=self.threshold, alpha=self.alpha / m,
-                                   look=look, max_looks=self.max_looks)
+            a = self.alpha / m
+            q = lambda df: critical_value(df, alpha=a, look=look, max_looks=self.max_looks)  # noqa: E731
+            out += [Decision(**f, threshold=self.threshold, alpha=a, look=look, max_looks=self.max_looks)
+                    for f in claim_decisions(obs, y, blocks, self.claims, quantile=q, alpha=a)]
         return out, len(y), per_block
 
     def after_block(self, records: list[dict[str, Any]], look: int) -> Look:

@@ -6,7 +6,8 @@ the all-off cell against the all-off cell (``vs: all_off``; ``factor: all``: the
 cell against the all-on cell with ``factor`` off (``vs: all_on``). Its difference of mean log run values and
 standard error come from the cell-means model with the block (:func:`bench.analyze.effects.cell_means_residual`,
 :func:`bench.analyze.effects.run_contrast`), its repeated interval from
-:func:`bench.analyze.sequential.critical_value`. With the improvement ``1 - cell / reference``:
+:func:`bench.analyze.sequential.critical_value` (passed in by the stop rule). With the improvement
+``1 - cell / reference``:
 
 * ``met`` when the whole interval of the improvement lies within ``[at_least, at_most]`` (missing bound:
   unbounded);
@@ -19,9 +20,8 @@ Claims on other metrics are left to the gate and the report (not decided here).
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
-
-from bench.analyze.sequential import Decision, critical_value
+from types import SimpleNamespace
+from typing import Any, Callable, Sequence
 
 
 def _cells(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: Sequence[int]) -> dict[tuple, list]:
@@ -50,10 +50,12 @@ def _pair(claim: dict[str, Any], levels: list[dict[str, Any]]) -> tuple[dict, di
 
 
 def claim_decisions(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: Sequence[int],
-                    claims: Sequence[dict[str, Any]], *, threshold: float, alpha: float, look: int,
-                    max_looks: int) -> list[Decision]:
-    """One :class:`Decision` per step-time claim (verdict ``met`` / ``not_met`` / ``undecided``; the interval is
-    that of the log ratio cell / reference), each at ``alpha`` (the caller shares alpha over all comparisons)."""
+                    claims: Sequence[dict[str, Any]], *, quantile: Callable[[float], float | None], alpha: float
+                    ) -> list[dict[str, Any]]:
+    """Per step-time claim, the fields of a :class:`bench.analyze.sequential.Decision` (``name``, ``verdict``
+    ``met`` / ``not_met`` / ``undecided``, ``estimate``, ``se``, ``df``, ``lo``/``hi`` of the log ratio cell /
+    reference, ``change*``); ``quantile(df)`` is the look's multiplier of the standard error
+    (:func:`bench.analyze.sequential.critical_value`); ``alpha`` is this claim's share (for the contrast)."""
     from bench.analyze.effects import cell_means_residual, run_contrast
 
     cells = _cells(obs, y, blocks)
@@ -64,15 +66,15 @@ def claim_decisions(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: S
         if c.get("metric", "step_time") != "step_time":
             continue
         name = "expect: " + (c.get("name") or f"{c['factor']} vs {c.get('vs', 'all_off')}")
-        d = Decision(name=name, verdict="undecided", estimate=0.0, se=None, df=float(df), lo=None, hi=None,
-                     threshold=threshold, alpha=alpha, look=look, max_looks=max_looks)
+        d = SimpleNamespace(name=name, verdict="undecided", estimate=0.0, se=None, df=float(df), lo=None, hi=None,
+                            change=0.0, change_lo=None, change_hi=None)
         pair = _pair(c, levels)
         key = (lambda lv: tuple(sorted(lv.items()))) if pair else None
         if pair and key(pair[0]) in cells and key(pair[1]) in cells:
             con = run_contrast([v for _, v in cells[key(pair[1])]], [v for _, v in cells[key(pair[0])]], sd, df,
                                alpha=alpha)
             d.estimate, d.se, d.change = con.diff, con.se, math.expm1(con.diff)
-            q = critical_value(df, alpha=alpha, look=look, max_looks=max_looks) if con.se is not None else None
+            q = quantile(df) if con.se is not None else None
             if q is not None and math.isfinite(q):
                 d.lo, d.hi = con.diff - q * con.se, con.diff + q * con.se
                 d.change_lo, d.change_hi = math.expm1(min(d.lo, 50.0)), math.expm1(min(d.hi, 50.0))
@@ -83,5 +85,5 @@ def claim_decisions(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: S
                     d.verdict = "met"
                 elif imp_hi < lo_b or imp_lo > hi_b:
                     d.verdict = "not_met"
-        out.append(d)
+        out.append(vars(d))
     return out
