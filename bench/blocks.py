@@ -97,3 +97,13 @@ def plan_params(planning: dict[str, Any] | None) -> dict[str, Any]:
         return {}
     keys = ("goal", "timed_steps", "repeats", "predicted_wall_s", "predicted_half_width", "threshold", "model_from")
     return {f"plan.{k}": planning.get(k) for k in keys if planning.get(k) is not None}
+
+
+def sequential_tags(meta: dict[str, Any]) -> dict[str, str]:
+    """MLflow parent tags of a sequential sweep: blocks run of the planned maximum, and the last look's line."""
+    seq = meta.get("sequential") or {}
+    if not seq.get("looks"):
+        return {}
+    last = seq["looks"][-1]
+    return {"bench.sequential.blocks": f"{len(seq['looks'])}/{seq['max_looks']}",
+            "bench.sequential.last_look": f"{last['reason']}: {last['line']}"[:4900]}

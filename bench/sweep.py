@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.blocks import plan_params, run_blocks, sequential_header
+from bench.blocks import plan_params, run_blocks, sequential_header, sequential_tags
 from bench.errors import DiskFullError, doing
 from bench.executors import Executor, LocalExecutor, kill_strays
 from bench.record import is_finished
@@ -381,7 +381,7 @@ class Sweep:
                             f"resume{n}_in_step_s": in_step})
         queued = (read_json(sweep_dir / QUEUE) or {}).get("parent_finish") or {}
         metrics = {**(queued.get("metrics") or {}), **metrics}  # an earlier invocation's, never uploaded
-        finish = {"metrics": metrics, "tags": {"bench.status": meta["status"]},
+        finish = {"metrics": metrics, "tags": {"bench.status": meta["status"], **sequential_tags(meta)},
                   "status": "FINISHED" if all_ok else "FAILED"}
         if tracker.down or not meta.get("parent_run_id"):
             queue_upload(sweep_dir, self.tracking_uri, tracker.down or "no parent run", finish)

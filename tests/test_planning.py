@@ -143,7 +143,9 @@ def test_cli_plans_from_a_finished_sweep_and_records_the_plan(tmp_path, monkeypa
     assert planned["matrix"]["repeats"] == plan["repeats"] and planned["sequential"]["max_looks"] == plan["repeats"]
     assert planned["matrix"]["base"]["steps"] == 1 + plan["timed_steps"] + 1  # warm-up + timed + profiled (last)
     assert len(fake2.calls) == 4 * len(planned["sequential"]["looks"])
-    params = MlflowClient(uri).get_run(planned["parent_run_id"]).data.params
+    parent = MlflowClient(uri).get_run(planned["parent_run_id"]).data
+    params = parent.params
+    assert parent.tags["bench.sequential.blocks"] == f"{len(planned['sequential']['looks'])}/{plan['repeats']}"
     assert params["plan.timed_steps"] == str(plan["timed_steps"]) and params["plan.goal"] == "budget 10.0 min"
     rec = json.loads(next((tmp_path / "res" / "full").glob(f"{planned['sweep_id']}/*/r0/record.json")).read_text())
     assert set(rec["timing"]) == {"startup_s", "steps_s", "warmup_s", "timed_s", "profiled_s", "harness_s"}
