@@ -154,14 +154,16 @@ class Sweep:
             raise
 
     def _loop(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], todo: list, counts: dict) -> None:
-        """Run or skip every (spec, repeat) of ``todo``, updating ``counts`` as runs finish."""
-        for spec, k in todo:
+        """Run or skip every (spec, repeat) of ``todo``, updating ``counts`` as runs finish; ``--parallel`` runs the
+        runs of each block at once (:meth:`bench.ray_parallel.RayNodesExecutor.run_blocks`), block after block."""
+
+        def one(spec: RunSpec, k: int) -> None:
             rdir = run_dir(sweep_dir, spec.cell_id, k)
             if is_finished(rdir):
                 counts["skipped"] += 1
                 self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
                 self.on_event("skip", {"spec": spec, "repeat": k, "record": read_json(rdir / "record.json")})
-                continue
+                return
             self.on_event("launch", {"spec": spec, "repeat": k})
             with doing(f"running cell {spec.cell_id} repeat {k} in {rdir}"):
                 rec = self._run_one(sweep_dir, spec, k)
@@ -172,6 +174,12 @@ class Sweep:
             counts["in_step"] += sum(float(s.get("timing_s/step", 0.0)) for s in rec["steps"].values())
             self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
             self.on_event("done", {"spec": spec, "repeat": k, "record": rec})
+
+        if getattr(self.executor, "run_blocks", None) is not None and planned_order(meta).blocked():
+            self.executor.run_blocks(todo, one)
+        else:
+            for spec, k in todo:
+                one(spec, k)
 
     # -- pieces ---------------------------------------------------------------------------------
     def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
