@@ -1,30 +1,32 @@
 """Run the runs of one block at once on distinct nodes of an existing Ray cluster (``--parallel``).
 
-:class:`RayNodesExecutor` holds a pool of the cluster's alive nodes and runs each run as a Ray job
-(:class:`bench.ray_executor.RayJobExecutor`) pinned to one node of the pool:
+:class:`RayNodesExecutor` runs each run as a Ray job (:class:`bench.ray_executor.RayJobExecutor`) pinned
+to one node of the cluster:
 
-- **one run per node, never two on one node**: a run takes a node out of the pool for as long as its
-  job lives and gives it back when the job has ended (or been stopped); the job's entrypoint is pinned
-  with the label selector ``ray.io/node-id = <node>`` (Ray's job manager schedules the job's driver
-  there). When the cluster's nodes carry the custom resource :data:`SLOT_RESOURCE` (``ray start
-  --resources='{"bench_node": 1}'`` on every node), each job also asks for one unit of it, so Ray itself
-  refuses a second such job on a node (other harnesses sharing the cluster included), and only the
-  nodes that have it are used.
-- **blocks stay sequential**: :meth:`RayNodesExecutor.run_block` runs the runs it is given (one block of
-  the sweep's blocked order) in ``slots`` threads at once and returns when every one has ended, so a
-  time block still means "these runs ran at the same time" and the next block starts after it.
-  Within a block the runs are taken in the block's (shuffled) order and each takes the first free
-  node, so which run lands on which node is as random as the order; the node of every run is recorded
-  (:attr:`bench.executors.ExecResult.node`, Ray's ``driver_node_id``) and enters the report's model as
-  a blocking factor beside the time block (:func:`bench.analyze.effects.fit_effects`).
-- **failures and interruption**: a failed run is a result like any other (the block goes on); an
+- **one run per node, never two on one node**: a block's runs are split among the nodes
+  (:meth:`RayNodesExecutor.assign`) and each node's thread runs its share one after another; the job's
+  entrypoint is pinned with the label selector ``ray.io/node-id = <node>`` (Ray's job manager schedules
+  the job's driver there). When the cluster's nodes carry the custom resource :data:`SLOT_RESOURCE`
+  (``ray start --resources='{"bench_node": 1}'`` on every node), each job also asks for one unit of it,
+  so Ray itself refuses a second such job on a node (other harnesses sharing the cluster included), and
+  only the nodes that have it are used.
+- **blocks stay sequential**: :meth:`RayNodesExecutor.run_block` returns when every run of a block has
+  ended, so a time block still means "these runs ran at the same time", and the next block starts after
+  it. Cells rotate over the nodes from block to block (a Latin square when there are as many cells as
+  nodes); the node of every run is recorded (:attr:`bench.executors.ExecResult.node`, Ray's
+  ``driver_node_id``) and enters the report's model as a blocking factor beside the time block
+  (:func:`bench.analyze.effects.fit_effects`), so a faster node cannot pose as an effect.
+- **the harness stays sequential**: the node threads share one lock, let go only while a thread waits
+  for its Ray job; skip checks, records, MLflow and the console run one thread at a time, as in a
+  sequential sweep.
+- **failures and interruption**: a failed run is a record like any other (the block goes on); an
   exception in the harness (Ctrl-C, SIGTERM, a full disk) sets the shared ``cancel`` event, every
   thread stops its Ray job (``stop_job``) and the exception is raised again once they have: no job is
   left running, runs that finished keep their records, and a rerun resumes the rest.
 
-``slots`` = ``--parallel N`` or ``auto`` (every usable alive node, counted when the sweep starts).
-A run needs the node to itself: on a cluster whose nodes run other work at the same time the harness
-cannot see it (use :data:`SLOT_RESOURCE` to make Ray enforce it among harnesses).
+``slots`` = ``--parallel N`` or ``auto`` (every usable alive node, counted when the sweep starts). A
+run has the node to itself only among the jobs of harnesses: other work on the node is not seen
+(:data:`SLOT_RESOURCE` makes Ray enforce one benchmark run per node across harnesses).
 """
 
 from __future__ import annotations
@@ -158,6 +160,14 @@ class NodePool:
             self.busy.add(node.id)
             return node
 
+    def hold(self, node: ClusterNode) -> None:
+        """Take this very node (a node thread of a block); it must be free."""
+        with self._cond:
+            assert node.id not in self.busy and any(n.id == node.id for n in self._free), \
+                f"node {node.name} handed out twice"
+            self._free = [n for n in self._free if n.id != node.id]
+            self.busy.add(node.id)
+
     def give_back(self, node: ClusterNode, order: Sequence[ClusterNode]) -> None:
         """Return ``node`` to the pool (kept in the order of ``order``)."""
         with self._cond:
@@ -220,14 +230,32 @@ class RayNodesExecutor:
         finally:
             self._lock.acquire()
 
-    def run_block(self, items: Sequence[tuple[T, int]], run_one: Callable[[T, int], None]) -> None:
-        """Call ``run_one(spec, repeat)`` for every item, the items of one block (consecutive items with the
-        same repeat, :func:`split_blocks`) at once, ``slots`` at a time, each on a node of its own; the next
-        block starts when every run of the previous one has ended.
+    def assign(self, block: Sequence[tuple[T, int]]) -> list[list[tuple[T, int]]]:
+        """Per node of :attr:`nodes`, the runs of ``block`` it runs (in the block's order).
 
-        ``run_one`` runs in a worker thread that holds a node (its :meth:`execute` goes to that node) and the
-        harness lock: everything the harness does around a run (skip checks, records, MLflow, console) runs
-        one thread at a time, exactly as in a sequential sweep; only the Ray jobs overlap.
+        Cyclic assignment: the cell of rank ``i`` among the block's cell ids (sorted) runs on node
+        ``(i + k) mod slots`` in block ``k``, so a cell moves to the next node from one block to the next.
+        With as many cells as nodes and a multiple of that many blocks this is a Latin square (rows = time
+        blocks, columns = nodes, letters = cells; Montgomery, *Design and Analysis of Experiments*, 9th ed.,
+        sec. 4.2): every cell runs on every node equally often, so node and cell are orthogonal and the
+        node factor of the model costs no precision on the effects; otherwise each cell still visits the
+        nodes in turn, never one node only by chance.
+        """
+        ids = sorted({str(getattr(spec, "cell_id", spec)) for spec, _ in block})
+        per_node: list[list[tuple[T, int]]] = [[] for _ in self.nodes]
+        for spec, k in block:
+            per_node[(ids.index(str(getattr(spec, "cell_id", spec))) + int(k)) % self.slots].append((spec, k))
+        return per_node
+
+    def run_block(self, items: Sequence[tuple[T, int]], run_one: Callable[[T, int], None]) -> None:
+        """Call ``run_one(spec, repeat)`` for every item; the items of one block (consecutive items with the
+        same repeat, :func:`split_blocks`) at once, one thread per node running the block's runs assigned to
+        that node (:meth:`assign`) one after another; the next block starts when every run of the previous
+        one has ended.
+
+        ``run_one`` runs in the node's thread (its :meth:`execute` goes to that node) holding the harness
+        lock: everything the harness does around a run (skip checks, records, MLflow, console) runs one
+        thread at a time, exactly as in a sequential sweep; only the Ray jobs overlap.
 
         Raises:
             BaseException: what a ``run_one`` raised, or an interruption of the calling thread (Ctrl-C,
@@ -236,33 +264,36 @@ class RayNodesExecutor:
         for block in split_blocks(items):
             self._one_block(block, run_one)
 
-    #: the hook name of :func:`bench.blocks.run_blocks` / :class:`bench.sweep.Sweep`
+    #: the hook name of :class:`bench.sweep.Sweep`
     run_blocks = run_block
 
     def _one_block(self, block: Sequence[tuple[T, int]], run_one: Callable[[T, int], None]) -> None:
-        def work(item: tuple[T, int]) -> None:
-            node = self.pool.take()
+        def work(node: ClusterNode, runs: list[tuple[T, int]]) -> None:
+            self.pool.hold(node)
             try:
-                with self._lock:
-                    self._local.executor = self._pinned(node)
-                    try:
-                        run_one(*item)
-                    finally:
-                        self._local.executor = None
+                for item in runs:
+                    if self.cancel.is_set():
+                        raise KeyboardInterrupt("sweep interrupted")
+                    with self._lock:
+                        self._local.executor = self._pinned(node)
+                        try:
+                            run_one(*item)
+                        finally:
+                            self._local.executor = None
             finally:
                 self.pool.give_back(node, self.nodes)
 
         pool = cf.ThreadPoolExecutor(max_workers=self.slots, thread_name_prefix="bench-node")
         futures: list[cf.Future] = []
         try:
-            futures = [pool.submit(work, item) for item in block]
+            futures = [pool.submit(work, node, runs) for node, runs in zip(self.nodes, self.assign(block)) if runs]
             pending = set(futures)
             while pending:  # a timed wait, so that Ctrl-C / SIGTERM reach this thread at once
                 done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_EXCEPTION)
                 for fut in done:
                     fut.result()
         except BaseException:
-            self.cancel.set()  # every thread stops its job (RayJobExecutor.execute) or stops waiting for a node
+            self.cancel.set()  # every thread stops its job (RayJobExecutor.execute) and runs nothing more
             for fut in futures:
                 fut.cancel()
             pool.shutdown(wait=True)
