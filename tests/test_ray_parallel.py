@@ -228,8 +228,8 @@ base:
   n: 2
   ppo_mini_batch_size: 4
   micro_batch_size_per_gpu: 2
-  max_prompt_length: 64
-  max_response_length: 8
+  max_prompt_length: 128
+  max_response_length: 16
   timeout_s: 300
 factors:
   dynamic_bsz: [off, on]
@@ -253,8 +253,13 @@ def _cli(args: list[str], **kw) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+def _sweep(results: Path) -> Path:
+    (sweep,) = [p for p in (results / "raypar").iterdir() if p.is_dir() and not p.is_symlink()]
+    return sweep
+
+
 def _records(results: Path) -> list[dict]:
-    return [json.loads(p.read_text()) for p in sorted(results.glob("raypar/*/*/r*/record.json"))]
+    return [json.loads(p.read_text()) for p in sorted(_sweep(results).glob("*/r*/record.json"))]
 
 
 @pytest.mark.ray
@@ -285,7 +290,7 @@ def test_parallel_sweep_on_two_ray_nodes(two_nodes, tmp_path):
         if k:  # blocks in turn: this block started after the previous one ended
             prev = [r for r in recs if r["repeat"] == k - 1]
             assert min(a["started_at"], b["started_at"]) >= max(r["finished_at"] for r in prev)
-    sweep = next((results / "raypar").glob("2*"))
+    sweep = _sweep(results)
     summary = (sweep / "summary.md").read_text()
     assert "Ray node per repeat" in summary and all(n[:8] in summary for n in nodes)
     client = MlflowClient(tracking_uri=uri)
@@ -325,7 +330,7 @@ def test_interrupted_parallel_sweep_stops_its_jobs_and_resumes(two_nodes, tmp_pa
     assert proc.returncode != 0, out
     mine = [j for j in jobs.list_jobs() if j.submission_id not in before]
     assert len(mine) == 2 and {str(getattr(j.status, "value", j.status)) for j in mine} <= {"STOPPED", "SUCCEEDED"}
-    sweep = next((results / "raypar").glob("2*"))
+    sweep = _sweep(results)
     assert json.loads((sweep / "sweep.json").read_text())["status"] == "interrupted"
     proc = _cli(args)
     out, _ = proc.communicate(timeout=900)
