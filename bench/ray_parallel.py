@@ -36,6 +36,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
+from bench.blocks import split_blocks
 from bench.errors import BenchError
 from bench.executors import ExecResult, ResolvedLaunch
 from bench.ray_executor import RayJobExecutor, resolve_auth_token
@@ -122,17 +123,6 @@ def parallel_slots(requested: str | int, nodes: Sequence[ClusterNode], address: 
                          f"({', '.join(f'{x.name} {x.ip}' for x in nodes)}); one run per node: allowed 1-{len(nodes)} "
                          "or auto")
     return n
-
-
-def split_blocks(todo: Sequence[tuple[T, int]]) -> list[list[tuple[T, int]]]:
-    """Consecutive ``(spec, repeat)`` with the same repeat (= one block of a blocked order), in order."""
-    out: list[list[tuple[T, int]]] = []
-    for spec, k in todo:
-        if out and out[-1][-1][1] == k:
-            out[-1].append((spec, k))
-        else:
-            out.append([(spec, k)])
-    return out
 
 
 class NodePool:
@@ -263,9 +253,6 @@ class RayNodesExecutor:
         """
         for block in split_blocks(items):
             self._one_block(block, run_one)
-
-    #: the hook name of :class:`bench.sweep.Sweep`
-    run_blocks = run_block
 
     def _one_block(self, block: Sequence[tuple[T, int]], run_one: Callable[[T, int], None]) -> None:
         def work(node: ClusterNode, runs: list[tuple[T, int]]) -> None:

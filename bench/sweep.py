@@ -5,7 +5,8 @@ The sweep goes on when a run fails (recorded with its reason and log tail); each
 finished run; rerunning the same matrix resumes the newest sweep of the same content.
 
 Harness overhead = wall time of this invocation (from process start) not spent inside GRPO steps (the sum of
-``timing_s/step`` of every step the runs executed), as a share of the invocation's wall time. The sweep's
+``timing_s/step`` of every step the runs executed), as a share of the invocation's wall time (x the runs at
+once with ``--parallel``). The sweep's
 wall time and overhead are those of its first finished invocation; a resume records its own under
 ``invocations`` (and ``resume_*`` metrics) and never overwrites them.
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.blocks import plan_params, run_blocks, sequential_header
 from bench.errors import DiskFullError, doing
 from bench.executors import Executor, LocalExecutor, kill_strays
 from bench.record import is_finished
@@ -74,8 +76,6 @@ def process_start() -> float:
     return psutil.Process().create_time()
 
 
-
-
 class Sweep:
     """Executes a :class:`Plan` into a results folder and an MLflow store.
 
@@ -90,13 +90,16 @@ class Sweep:
         order: run order of a new sweep, ``blocked`` (default) or ``sequential`` (:func:`bench.spec.plan.run_order`);
             a resumed sweep keeps the order it planned.
         order_seed: shuffle seed of a blocked order (default: a fresh random one, recorded in ``sweep.json``).
+        stop_rule: decide after each complete block whether to stop (:mod:`bench.blocks`); ``None``: run all.
+        planning: the plan of ``--precision``/``--budget`` (:mod:`bench.analyze.planning`), kept in ``sweep.json``.
     """
 
     def __init__(self, matrix: Matrix, plan: Plan, results_root: Path, tracking_uri: str,
                  executor: Executor | None = None, force: bool = False,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 order: str = "blocked", order_seed: int | None = None):
-        self.matrix, self.plan = matrix, plan
+                 order: str = "blocked", order_seed: int | None = None, stop_rule: Any = None,
+                 planning: dict[str, Any] | None = None):
+        self.matrix, self.plan, self.stop_rule, self.planning = matrix, plan, stop_rule, planning
         self.order_kind, self.order_seed = order, order_seed
         self.rd = ResultsDir(results_root, matrix.name)
         self.tracking_uri = tracking_uri
@@ -146,7 +149,8 @@ class Sweep:
                 stop_monitor(monitor)
             executed, skipped, failed, in_step = (counts[k] for k in ("executed", "skipped", "failed", "in_step"))
             wall = time.time() - process_start()
-            overhead = (wall - in_step) / wall if wall > 0 and executed else 0.0
+            cap = wall * getattr(self.executor, "slots", 1)  # --parallel: node-time, N runs at once
+            overhead = (cap - in_step) / cap if wall > 0 and executed else 0.0
             with doing(f"writing the summary of {sweep_dir}"):
                 return self._finish(tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead)
         except BaseException as exc:
@@ -154,32 +158,32 @@ class Sweep:
             raise
 
     def _loop(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], todo: list, counts: dict) -> None:
-        """Run or skip every (spec, repeat) of ``todo``, updating ``counts`` as runs finish; ``--parallel`` runs the
-        runs of each block at once (:meth:`bench.ray_parallel.RayNodesExecutor.run_blocks`), block after block."""
+        """Run or skip every (spec, repeat) of ``todo`` block by block (:func:`bench.blocks.run_blocks`: the stop
+        rule may end the sweep after a block; ``--parallel`` runs a block's runs at once on distinct Ray nodes,
+        :meth:`bench.ray_parallel.RayNodesExecutor.run_block`), updating ``counts`` as runs finish."""
+        par = getattr(self.executor, "run_block", None) if planned_order(meta).blocked() else None
+        run_blocks(todo, lambda spec, k: self._one(tracker, sweep_dir, meta, spec, k, counts),
+                   stop_rule=self.stop_rule, sweep_dir=sweep_dir, meta=meta, on_event=self.on_event,
+                   **({"run_block": par} if par else {}))
 
-        def one(spec: RunSpec, k: int) -> None:
-            rdir = run_dir(sweep_dir, spec.cell_id, k)
-            if is_finished(rdir):
-                counts["skipped"] += 1
-                self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
-                self.on_event("skip", {"spec": spec, "repeat": k, "record": read_json(rdir / "record.json")})
-                return
-            self.on_event("launch", {"spec": spec, "repeat": k})
-            with doing(f"running cell {spec.cell_id} repeat {k} in {rdir}"):
-                rec = self._run_one(sweep_dir, spec, k)
-            counts["executed"] += 1
-            if rec["status"] != "ok" and self._out_of_space(sweep_dir, rec):
-                raise OSError(28, "No space left on device", str(rdir))
-            counts["failed"] += rec["status"] != "ok"
-            counts["in_step"] += sum(float(s.get("timing_s/step", 0.0)) for s in rec["steps"].values())
+    def _one(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], spec: RunSpec, k: int,
+             counts: dict) -> None:
+        rdir = run_dir(sweep_dir, spec.cell_id, k)
+        if is_finished(rdir):
+            counts["skipped"] += 1
             self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
-            self.on_event("done", {"spec": spec, "repeat": k, "record": rec})
-
-        if getattr(self.executor, "run_blocks", None) is not None and planned_order(meta).blocked():
-            self.executor.run_blocks(todo, one)
-        else:
-            for spec, k in todo:
-                one(spec, k)
+            self.on_event("skip", {"spec": spec, "repeat": k, "record": read_json(rdir / "record.json")})
+            return
+        self.on_event("launch", {"spec": spec, "repeat": k})
+        with doing(f"running cell {spec.cell_id} repeat {k} in {rdir}"):
+            rec = self._run_one(sweep_dir, spec, k)
+        counts["executed"] += 1
+        if rec["status"] != "ok" and self._out_of_space(sweep_dir, rec):
+            raise OSError(28, "No space left on device", str(rdir))
+        counts["failed"] += rec["status"] != "ok"
+        counts["in_step"] += sum(float(s.get("timing_s/step", 0.0)) for s in rec["steps"].values())
+        self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
+        self.on_event("done", {"spec": spec, "repeat": k, "record": rec})
 
     # -- pieces ---------------------------------------------------------------------------------
     def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
@@ -212,7 +216,7 @@ class Sweep:
                          "aliases": self.plan.aliases, "resolution": self.plan.resolution,
                          "repeats": self.plan.repeats},
                 "versions": versions(), "git_commit": git_commit(), "tracking_uri": self.tracking_uri,
-                "invocations": [], "resumed": False,
+                "invocations": [], "resumed": False, "planning": self.planning,
             }
             seed = None
             if self.order_kind == "blocked":
@@ -253,6 +257,7 @@ class Sweep:
         params = {"design": m.design.type, "repeats": m.repeats, "cells": len(self.plan.runs),
                   "order": order.kind, "order_seed": "none" if order.seed is None else order.seed,
                   "design_cells": self.plan.design_cells, "factors": ",".join(self.plan.varied),
+                  **plan_params(meta.get("planning")),
                   **{f"base.{k}": v for k, v in m.base.model_dump(exclude={"env", "overrides", "embedded"}).items()}}
         return tracker.start_parent(sweep_run_name(m.name, meta.get("created_at"), meta.get("git_commit")), tags,
                                     params, start_time=meta.get("created_at"),
@@ -363,6 +368,7 @@ class Sweep:
             + (f", seed {meta['order']['seed']}" if (meta.get("order") or {}).get("seed") is not None else ""),
             "harness overhead": f"{first['overhead_share']:.1%} of {first['wall_s']:.1f} s wall "
             f"(in GRPO steps {first['in_step_s']:.1f} s)",
+            **sequential_header(meta),
         }
         resumes = meta["invocations"][1:]
         if resumes:
@@ -399,8 +405,6 @@ class Sweep:
                                                   f"`run_bench.py sync {sweep_dir}` fills it in later"})
         return SweepOutcome(sweep_dir, meta["parent_run_id"], rows, executed, skipped, failed, wall, in_step,
                             overhead, experiment_id=getattr(tracker, "experiment_id", None))
-
-
 
 
 def planned_order(meta: dict[str, Any]) -> RunOrder:

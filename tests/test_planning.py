@@ -1,0 +1,111 @@
+"""The noise and cost model and the planner (issue 17): known components -> known allocation (Kalibera & Jones'
+cost-optimal steps per run, the design's standard errors), the model's estimates recover the components of
+seeded simulated sweeps, and the CLI's dry run prints the plan."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from bench.analyze.planning import (
+    NoiseCost,
+    design_factors,
+    estimate_model,
+    evaluate,
+    kj_optimal_steps,
+    plan_allocation,
+)
+from bench.planning_apply import target_key
+
+FACTORS = ["rmsnorm_fused", "dynamic_bsz"]
+CELLS = [{"rmsnorm_fused": a, "dynamic_bsz": b} for a in (0, 1) for b in (0, 1)]
+
+
+def _model(**kw) -> NoiseCost:
+    base = dict(sd_step=0.2, sd_run=0.02, sd_block=0.0, startup_s=4.0, step_s=3.0, warmup_step_s=2.7,
+                profiled_step_s=4.0, harness_s=4.0)
+    return NoiseCost(**{**base, **kw})
+
+
+def test_design_standard_errors_of_known_designs():
+    facs, df = design_factors(CELLS, FACTORS, 3)  # 2x2 x 3 blocks: se(effect) = 2 sigma / sqrt(12), 12 - 6 df
+    assert facs == pytest.approx({"rmsnorm_fused": 2 / math.sqrt(12), "dynamic_bsz": 2 / math.sqrt(12)})
+    assert df == 6
+    keys = ["rmsnorm_fused", "dynamic_bsz", "graph_mode", "forward_prefetch"]
+    oat = [{k: 0 for k in keys}] + [{k: int(k == f) for k in keys} for f in keys]  # one at a time, 5 cells
+    facs, df = design_factors(oat, keys, 2)  # each effect = cell - reference: var 2 sigma^2 / R -> factor 1
+    assert facs == pytest.approx({k: 1.0 for k in keys}) and df == 10 - 6
+
+
+def test_known_components_give_the_kalibera_jones_allocation():
+    """Steps per run near Kalibera & Jones' n* = sqrt(kappa sd_step^2 C / (sd_run^2 c)); dear start-up -> more steps
+    per run; large run-to-run spread -> more repeats and fewer steps; the plan meets its goal at the least cost."""
+    emb = _model()
+    verl = _model(startup_s=80.0, step_s=1.0, warmup_step_s=15.0, profiled_step_s=2.4, harness_s=2.0)
+    n_emb, n_verl = kj_optimal_steps(emb, 1, 1), kj_optimal_steps(verl, 2, 1)
+    assert n_emb == pytest.approx(math.sqrt(math.pi / 2 * 0.04 * (4 + 4 + 2.7 + 4) / (0.0004 * 3)), rel=1e-9)
+    assert n_verl == pytest.approx(math.sqrt(math.pi / 2 * 0.04 * (80 + 2 + 30 + 2.4) / 0.0004), rel=1e-9)
+    a_emb, ok1 = plan_allocation(emb, CELLS, FACTORS, precision=0.05, warmup=1, profiled=1)
+    a_verl, ok2 = plan_allocation(verl, CELLS, FACTORS, precision=0.05, warmup=2, profiled=1)
+    assert ok1 and ok2
+    assert 0.6 * n_emb <= a_emb.timed_steps <= 1.4 * n_emb, (a_emb, n_emb)
+    assert a_verl.timed_steps > 2 * a_emb.timed_steps  # whole repeats move it off n*, the direction stays
+    for m, w, n_star in ((emb, 1, n_emb), (verl, 2, n_verl)):  # n* minimizes cost x variance of one run
+        best = min(range(3, 400), key=lambda n: m.run_cost(n, w, 1) * m.run_var(n))
+        assert abs(best - n_star) <= 1
+    assert a_emb.half_width <= math.log1p(0.05) and a_verl.half_width <= math.log1p(0.05)
+    noisy_runs = _model(sd_run=0.08)
+    a_noisy, _ = plan_allocation(noisy_runs, CELLS, FACTORS, precision=0.05, warmup=1, profiled=1)
+    assert a_noisy.repeats > a_emb.repeats and a_noisy.timed_steps < a_emb.timed_steps
+    # least cost: no other point of the grid reaches the target for less
+    for r in range(2, 12):
+        for n in range(2, 200, 7):
+            e = evaluate(emb, CELLS, FACTORS, n, r, alpha=0.05, warmup=1, profiled=1)
+            if e is not None and e.half_width <= math.log1p(0.05):
+                assert e.wall_s >= a_emb.wall_s - 1e-9
+    # wall time = runs x (start-up + harness + warm-up + profiled + n timed steps)
+    assert a_emb.wall_s == pytest.approx(a_emb.runs * (4 + 4 + 2.7 + 4 + 3 * a_emb.timed_steps))
+
+
+def test_budget_buys_the_best_precision_within_it():
+    m = _model()
+    a, ok = plan_allocation(m, CELLS, FACTORS, budget_s=1200, warmup=1, profiled=1)
+    assert ok and a.wall_s <= 1200
+    b, _ = plan_allocation(m, CELLS, FACTORS, budget_s=2400, warmup=1, profiled=1)
+    assert b.half_width < a.half_width
+    tiny, ok = plan_allocation(m, CELLS, FACTORS, budget_s=10, warmup=1, profiled=1)
+    assert not ok and tiny.repeats == 2 and tiny.timed_steps == 2  # the cheapest plan, flagged as not reaching it
+
+
+def test_model_recovers_known_components_from_simulated_sweeps():
+    rng = np.random.default_rng(7)
+    recs = []
+    sd_step, sd_run, sd_block, n = 0.10, 0.05, 0.04, 12
+    t = 1000.0
+    for k in range(8):
+        beta = rng.normal(0, sd_block)
+        for cid in ("a", "b", "c", "d"):
+            mu = math.log(2.0) + beta + rng.normal(0, sd_run) + (0.1 if cid == "b" else 0.0)
+            steps = {str(i + 1): {"timing_s/step": float(math.exp(mu + rng.normal(0, sd_step)))} for i in range(n + 2)}
+            timed = list(range(2, n + 2))
+            wall = 30.0 + sum(v["timing_s/step"] for v in steps.values())
+            recs.append({"status": "ok", "cell_id": cid, "repeat": k, "levels": {}, "steps": steps, "started_at": t,
+                         "wall_s": wall, "summary": {"timed_steps": timed, "measured_steps": list(range(2, n + 3)),
+                                                     "profiled_steps": [n + 2],
+                                                     "step_time_samples_s": [steps[str(s)]["timing_s/step"]
+                                                                             for s in timed]}})
+            t += wall + 5.0
+    m = estimate_model([("sim", recs)])
+    assert m.sd_step == pytest.approx(sd_step, rel=0.15)
+    assert m.sd_run == pytest.approx(sd_run, abs=0.025)
+    assert m.sd_block == pytest.approx(sd_block, abs=0.03)
+    assert m.startup_s == pytest.approx(30.0) and m.harness_s == pytest.approx(5.0)
+    assert m.step_s == pytest.approx(2.0, rel=0.1) and m.runs == 32
+
+
+def test_target_ignores_what_planning_changes():
+    a = target_key("embedded", "cpu", {"steps": 10, "model": "x", "n": 4})
+    assert a == target_key("embedded", "cpu", {"steps": 30, "model": "x", "n": 4})
+    assert a != target_key("embedded", "cpu", {"steps": 10, "model": "x", "n": 8})
