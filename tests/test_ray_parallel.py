@@ -329,7 +329,8 @@ def test_interrupted_parallel_sweep_stops_its_jobs_and_resumes(two_nodes, tmp_pa
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode != 0, out
     mine = [j for j in jobs.list_jobs() if j.submission_id not in before]
-    assert len(mine) == 2 and {str(getattr(j.status, "value", j.status)) for j in mine} <= {"STOPPED", "SUCCEEDED"}
+    statuses = [str(getattr(j.status, "value", j.status)) for j in mine]
+    assert len(mine) == 2 and set(statuses) <= {"STOPPED", "SUCCEEDED"} and "STOPPED" in statuses, statuses
     sweep = _sweep(results)
     assert json.loads((sweep / "sweep.json").read_text())["status"] == "interrupted"
     proc = _cli(args)
