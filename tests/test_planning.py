@@ -4,6 +4,7 @@ seeded simulated sweeps, and the CLI's dry run prints the plan."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -109,3 +110,41 @@ def test_target_ignores_what_planning_changes():
     a = target_key("embedded", "cpu", {"steps": 10, "model": "x", "n": 4})
     assert a == target_key("embedded", "cpu", {"steps": 30, "model": "x", "n": 4})
     assert a != target_key("embedded", "cpu", {"steps": 10, "model": "x", "n": 8})
+
+
+def test_cli_plans_from_a_finished_sweep_and_records_the_plan(tmp_path, monkeypatch, capsys):
+    """A finished sweep of matrix/full.yaml (drifting fake machine) is the target's model; ``--precision`` on the
+    dry run prints the plan, its predicted wall time and precision and why; ``--budget`` runs the planned sweep
+    with sequential stopping and records the plan in sweep.json and on the MLflow parent."""
+    from drift_fake import DriftExecutor
+    from mlflow import MlflowClient
+    from test_run_order import small_full
+
+    from bench.cli import main
+
+    path = small_full(tmp_path)
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    common = ["--results", str(tmp_path / "res"), "--tracking-uri", uri]
+    fake = DriftExecutor(12, seed=5, probe=True, run_sd=0.02, step_sd=0.05)
+    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake)
+    assert main(["run", str(path), "--order-seed", "1", *common]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path), "--precision", "0.05", "--dry-run", *common]) == 0
+    out = capsys.readouterr().out
+    assert "goal: precision +-5.00%; reached" in out and "predicted wall time" in out
+    assert "model from 12 run(s) of 1 finished sweep(s)" in out and "sequential stopping: after each of up to" in out
+    fake2 = DriftExecutor(200, seed=6, probe=True, run_sd=0.02, step_sd=0.05)
+    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake2)
+    assert main(["run", str(path), "--budget", "10m", "--order-seed", "2", *common]) in (0, 1)
+    metas = [json.loads(p.read_text()) for p in (tmp_path / "res" / "full").glob("2*/sweep.json")]
+    planned = next(m for m in metas if m.get("planning"))
+    plan = planned["planning"]
+    assert plan["goal"] == "budget 10.0 min" and plan["allocation"]["wall_s"] <= 600
+    assert planned["matrix"]["repeats"] == plan["repeats"] and planned["sequential"]["max_looks"] == plan["repeats"]
+    assert planned["matrix"]["base"]["steps"] == 1 + plan["timed_steps"] + 1  # warm-up + timed + profiled (last)
+    assert len(fake2.calls) == 4 * len(planned["sequential"]["looks"])
+    params = MlflowClient(uri).get_run(planned["parent_run_id"]).data.params
+    assert params["plan.timed_steps"] == str(plan["timed_steps"]) and params["plan.goal"] == "budget 10.0 min"
+    rec = json.loads(next((tmp_path / "res" / "full").glob(f"{planned['sweep_id']}/*/r0/record.json")).read_text())
+    assert set(rec["timing"]) == {"startup_s", "steps_s", "warmup_s", "timed_s", "profiled_s", "harness_s"}
+    assert rec["timing"]["steps_s"] == pytest.approx(sum(s["timing_s/step"] for s in rec["steps"].values()))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +132,53 @@ def test_sequential_sweep_stops_early_and_resumes_in_the_middle(tmp_path, monkey
     assert f"look {stopped}/6" in out and "stop: every comparison decided" in out
     summary = next((tmp_path / "cut" / "full").glob("2*/summary.md")).read_text()
     assert "sequential stopping" in summary
+
+
+@pytest.mark.slow
+def test_real_embedded_sequential_sweep_resumes_in_the_middle(tmp_path):
+    """The user's path: ``run_bench.py smoke.yaml --sequential`` (real embedded GRPO runs, 2 cells x up to 3 blocks),
+    the harness killed (SIGKILL) once block 1 has finished, the same command again: the finished runs are kept,
+    every look is recomputed from the records (look 1 again, then 2 and 3), and the sweep closes complete."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    m = yaml.safe_load((root / "matrix" / "smoke.yaml").read_text())
+    m["base"].update(steps=4, profile_steps=[4])
+    m["repeats"] = 3
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(m, sort_keys=False))
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    cmd = [sys.executable, str(root / "run_bench.py"), str(path), "--sequential", "--order-seed", "3",
+           "--results", "res", "--tracking-uri", uri]
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 900
+        while time.time() < deadline:
+            metas = [json.loads(p.read_text()) for p in (tmp_path / "res" / "smoke").glob("2*/sweep.json")]
+            if metas and (metas[0].get("sequential") or {}).get("looks"):
+                break  # look 1 written: block 1 finished
+            assert proc.poll() is None, "harness ended before block 1 finished"
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    before = len(list((tmp_path / "res").glob("smoke/2*/*/r*/record.json")))
+    assert 2 <= before < 6
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    assert p.returncode == 0, p.stdout + p.stderr
+    meta = json.loads(next((tmp_path / "res" / "smoke").glob("2*/sweep.json")).read_text())
+    seq = meta["sequential"]
+    assert [lk["look"] for lk in seq["looks"]] == list(range(1, len(seq["looks"]) + 1))
+    assert seq["stopped_after"] == len(seq["looks"]) and meta["status"] == "complete"
+    assert "look 1/3" in p.stdout and f"cached {before}" in p.stdout
+    records = [json.loads(r.read_text()) for r in (tmp_path / "res").glob("smoke/2*/*/r*/record.json")]
+    assert len(records) == 2 * seq["stopped_after"] and all(r["status"] == "ok" for r in records)
+    assert all(r["timing"]["startup_s"] > 0 and r["timing"]["steps_s"] > 0 for r in records)

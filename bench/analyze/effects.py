@@ -163,7 +163,8 @@ def _nuisance(n: int, blocks: Sequence[Any] | None, nodes: Sequence[Any] | None)
 
 def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors: list[str], *,
                 alpha: float = 0.05, interactions: bool = True, blocks: Sequence[Any] | None = None,
-                unit: str = "run", replicated: bool = True, nodes: Sequence[Any] | None = None) -> EffectsFit:
+                unit: str = "run", replicated: bool = True, nodes: Sequence[Any] | None = None,
+                adjust: bool = True) -> EffectsFit:
     """OLS of ``y`` (one value per unit of replication, e.g. a run's log median step time) on the factors,
     their two-factor interactions and, when given, the block factor (see the module text for the method).
 
@@ -179,6 +180,8 @@ def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors
         unit: what one observation is (stated in the report).
         replicated: ``False`` when each cell has one observation: the residual is then not a run-to-run
             variance, so no interval and no p value are given.
+        adjust: Holm-adjust the p values (``False``: ``p_adjusted`` stays ``None``; the sequential stop rule,
+            which controls its error rate with its own intervals, skips it).
 
     Columns are added greedily (intercept, blocks, nodes, main effects, interactions); one that does not raise
     the rank of the design is *not estimable*: its alias (a kept column equal to +-it) is named when
@@ -249,7 +252,7 @@ def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors
                               ci_high=None, p_value=None, change=math.expm1(eff), change_ci_low=None,
                               change_ci_high=None, aliases=alias_of.get(k, [])))
     ps = [t.p_value for t in terms if t.p_value is not None and math.isfinite(t.p_value)]
-    if ps:
+    if ps and adjust:
         adj = iter(multipletests(ps, alpha=alpha, method="holm")[1])
         for t in terms:
             if t.p_value is not None and math.isfinite(t.p_value):
