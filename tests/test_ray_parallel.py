@@ -87,14 +87,17 @@ class TimedJobs:
         job = self.jobs[sid]
         if job["end"] is None and time.time() - job["start"] >= (0.2 if "quick" in job["dir"] else self.job_s):
             job["end"] = time.time()
-        return "STOPPED" if sid in self.stopped else ("SUCCEEDED" if job["end"] else "RUNNING")
+        if sid in self.stopped:
+            return "STOPPED"
+        return ("FAILED" if "fail" in job["dir"] else "SUCCEEDED") if job["end"] else "RUNNING"
 
     def get_job_logs(self, sid):
         return ""
 
     def get_job_info(self, sid):
         job = self.jobs[sid]
-        return type("Info", (), {"driver_exit_code": 0, "message": "", "driver_node_id": job["node"],
+        return type("Info", (), {"driver_exit_code": 3 if "fail" in job["dir"] else 0, "message": "",
+                                 "driver_node_id": job["node"],
                                  "start_time": job["start"] * 1000, "end_time": (job["end"] or 0) * 1000})()
 
     def stop_job(self, sid):
@@ -125,6 +128,16 @@ def test_run_block_overlaps_a_block_and_runs_blocks_in_turn(tmp_path):
     assert max(results[(c, 0)].node["job_end"] for c in "ab") <= min(results[(c, 1)].node["job_start"] for c in "ab")
     assert results[("a", 0)].node["id"] == results[("b", 1)].node["id"]  # cells rotate over the nodes
     assert all(j["res"] == {"bench_node": 1.0} for j in client.jobs.values())
+
+    # a failed run is a result like any other: the block goes on, the next block runs
+    res2 = {}
+
+    def run_or_fail(c, k):
+        res2[(c, k)] = ex.execute(_launch(tmp_path, ("fail" if (c, k) == ("a", 2) else "") + f"{c}{k}"))
+
+    ex.run_block([("a", 2), ("b", 2), ("a", 3), ("b", 3)], run_or_fail)
+    assert res2[("a", 2)].returncode == 3 and "exit code 3" in res2[("a", 2)].reason
+    assert [res2[x].returncode for x in (("b", 2), ("a", 3), ("b", 3))] == [0, 0, 0]
 
     # an exception in one run of a block: the other run's job is stopped, the exception comes back
     client2 = TimedJobs(30.0)
