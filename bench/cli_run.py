@@ -48,6 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="GRPO steps per smoke cell (1-10, default 2)")
     p.add_argument("--ray-address", default=None, metavar="ADDR",
                    help="run each cell as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")
+    p.add_argument("--parallel", default=None, metavar="N|auto",
+                   help="with --ray-address: run the runs of each block at once on N distinct Ray nodes (auto: every "
+                        "alive node), one run per node; blocks still run one after another (docs/ray-cluster.md)")
     p.add_argument("--order", choices=ORDERS, default="blocked",
                    help="run order of a new sweep: blocked (default: block k = repeat k of every cell, shuffled "
                         "with a recorded seed, so machine drift is not confounded with the factors) or sequential "
@@ -199,6 +202,8 @@ class ConsoleView:
             line = (f"{status:8} {label:34} {data['repeat']:>3} "
                     f"{(f'{st:.3f}' if st else '-'):>8} {(f'{rs:.3f}' if rs is not None else '-'):>8} "
                     f"{(f'{fr:.3f}' if fr is not None else '-'):>6}")
+            if (rec.get("node") or {}).get("name"):
+                line += f"  node {rec['node']['name']}"
             if rec.get("status") == "failed":
                 line += f"  {rec.get('failure_kind')}: {rec.get('reason', '')[:100]}"
             self.live.print(line, style="red" if rec.get("status") == "failed" else None, soft_wrap=True,
@@ -269,9 +274,17 @@ def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
 def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""):
     """Ray job executor with ``--ray-address``; the fork server where the engine allows it on this platform
     (``forkserver_platforms``: embedded CPU runs) unless ``--spawn``; else a fresh local process per run."""
+    if getattr(args, "parallel", None) is not None and not getattr(args, "ray_address", None):
+        from bench.errors import BenchError
+
+        raise BenchError(f"--parallel {args.parallel}: needs --ray-address (the Ray cluster whose nodes run the runs)")
     if getattr(args, "ray_address", None):
         from bench.ray_executor import RayJobExecutor
 
+        if getattr(args, "parallel", None) is not None:
+            from bench.ray_parallel import RayNodesExecutor
+
+            return RayNodesExecutor(args.ray_address, args.parallel)
         return RayJobExecutor(args.ray_address)
     if engine and platform in engine_class(engine).forkserver_platforms and not getattr(args, "spawn", False):
         from bench.forkserver import ForkServerExecutor
@@ -319,6 +332,8 @@ def main(args: argparse.Namespace) -> int:
     from bench.sweep import Sweep
 
     executor = make_executor(args, matrix.engine, plan.platform)
+    if hasattr(executor, "describe"):  # --parallel: how many runs at once, on which nodes
+        console.print(f"parallel: {executor.describe()}", markup=False, soft_wrap=True)
     view = ConsoleView(console, executor, matrix.base.steps, matrix.engine)
     view.prepare(f"opening the results folder and the MLflow store ({args.tracking_uri})")
     try:

@@ -11,7 +11,9 @@ labelled with it ("killed by signal 9 (SIGKILL)"); "out of memory" only with evi
 ``oom_kill`` counter rose during the run (:func:`oom_kills`).
 - :class:`bench.ray_executor.RayJobExecutor`: a job on an existing Ray cluster (``--ray-address``).
 
-Runs go one after another: benchmark runs must not share devices.
+Runs go one after another: benchmark runs must not share devices. The one exception,
+:class:`bench.ray_parallel.RayNodesExecutor` (``--parallel``), runs the runs of one block at once on
+distinct nodes of a Ray cluster, one run per node.
 """
 
 from __future__ import annotations
@@ -52,12 +54,16 @@ class ResolvedLaunch:
 
 @dataclass
 class ExecResult:
-    """How a run ended. ``returncode`` is ``None`` when it was killed at the timeout; times in seconds."""
+    """How a run ended. ``returncode`` is ``None`` when it was killed at the timeout; times in seconds.
+    ``node``: where it ran when the executor knows (a Ray job: ``id``, ``ip``, ``name`` of the node its driver
+    ran on, as Ray reports it, and the job's ``submission_id``, ``job_start``/``job_end`` epoch seconds);
+    ``None`` for a local run."""
 
     returncode: int | None
     timed_out: bool
     wall_s: float
     reason: str = ""
+    node: dict | None = None
 
 
 class Executor(Protocol):

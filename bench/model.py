@@ -91,6 +91,8 @@ class RunResult(BaseModel):
     host_load: dict[str, Any] | None = None
     probe_spec: str | None = None
     summary: dict[str, Any] = Field(default_factory=dict)
+    #: the Ray node the run ran on (its id; ``None`` for a local run): a blocking factor of the report's model
+    node: str | None = None
 
     @property
     def ok(self) -> bool:

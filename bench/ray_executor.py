@@ -16,6 +16,12 @@ folder receives the metrics JSONL, profiler output and patch reports, and ``PYTH
 checkout. ``RAY_OVERRIDE_JOB_RUNTIME_ENV=1`` is set so that verl's own ``ray.init(runtime_env=...)``
 inside the job merges with the job's environment instead of failing on a shared variable.
 
+Where the job ran: the result names the node its driver ran on (``driver_node_id`` of the job's info) and
+Ray's start/end times of the job. :meth:`RayJobExecutor.pinned` gives an executor whose jobs run on one
+given node (``entrypoint_label_selector`` on the node's ``ray.io/node-id`` label; Ray 2.60 has it), which
+:mod:`bench.ray_parallel` uses to run the runs of a block at once on distinct nodes; ``cancel`` (a
+:class:`threading.Event`) stops a job that a thread is waiting for when the sweep is interrupted.
+
 Token authentication (Ray >= 2.52; on by default for new local clusters in Ray 2.60): the job client
 sends the token of :func:`resolve_auth_token` (``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_TOKEN_PATH`` or
 ``~/.ray/auth_token``); a cluster that refuses gets a one-line error saying how to give one.
@@ -23,10 +29,12 @@ sends the token of :func:`resolve_auth_token` (``$RAY_AUTH_TOKEN``, ``$RAY_AUTH_
 
 from __future__ import annotations
 
+import copy
 import os
 import re
 import shlex
 import signal
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -38,6 +46,8 @@ from bench.executors import ExecResult, ResolvedLaunch
 _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 #: What a head answers while its job agent is not up yet (retried for ``submit_retry_s`` seconds).
 _TRANSIENT_SUBMIT = "No available agent to submit job"
+#: the label every Ray node carries with its own node id (``ray._raylet.RAY_NODE_ID_KEY``)
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 def _status_name(status: Any) -> str:
@@ -89,6 +99,8 @@ class RayJobExecutor:
         entrypoint_resources: optional ``entrypoint_num_cpus`` / ``entrypoint_num_gpus`` /
             ``entrypoint_resources`` for :meth:`JobSubmissionClient.submit_job`.
         client: a ready client (tests); by default one is created (and the cluster contacted) here.
+        cancel: an event that, once set, makes :meth:`execute` stop its job and raise ``KeyboardInterrupt``
+            (a sweep interrupted while other threads wait for their jobs).
 
     Raises:
         BenchError: the job server at ``address`` cannot be reached.
@@ -98,8 +110,11 @@ class RayJobExecutor:
 
     def __init__(self, address: str, *, poll_s: float = 1.0, log_every_s: float = 5.0, stop_grace_s: float = 60.0,
                  entrypoint_resources: dict[str, Any] | None = None, client: Any = None,
-                 submit_retry_s: float = 180.0) -> None:
+                 submit_retry_s: float = 180.0, cancel: threading.Event | None = None) -> None:
         self.address = address
+        self.cancel = cancel or threading.Event()
+        self.label_selector: dict[str, str] = {}
+        self.node: dict[str, str] | None = None
         self.submit_retry_s = submit_retry_s
         self.poll_s = poll_s
         self.log_every_s = log_every_s
@@ -122,6 +137,23 @@ class RayJobExecutor:
                 raise BenchError(f"--ray-address {address}: cannot reach the Ray job server: {msg}") from None
         self.client = client
         self.last_submission_id: str | None = None
+
+    def pinned(self, node: dict[str, str], resources: dict[str, float] | None = None) -> "RayJobExecutor":
+        """An executor (same client, same ``cancel``) whose jobs run on ``node`` only.
+
+        ``node``: ``{"id": Ray node id (hex), "ip": ..., "name": ...}``; the entrypoint gets the label
+        selector ``ray.io/node-id = id`` and, when given, ``resources`` (e.g. ``{"bench_node": 1}``: a custom
+        resource every node has one of, so that Ray itself never starts two such jobs on one node).
+        """
+        other = copy.copy(self)
+        other.label_selector = {NODE_ID_LABEL: node["id"]}
+        other.node = dict(node)
+        other.entrypoint_resources = {**self.entrypoint_resources}
+        if resources:
+            other.entrypoint_resources["entrypoint_resources"] = {
+                **(self.entrypoint_resources.get("entrypoint_resources") or {}), **resources}
+        other.last_submission_id = None
+        return other
 
     # ------------------------------------------------------------------------------------- helpers
 
@@ -160,6 +192,8 @@ class RayJobExecutor:
     def execute(self, launch: ResolvedLaunch) -> ExecResult:
         """Submit, wait (stopping the job at the timeout), keep the logs in ``run.log``; never raises for a
         failed job (only for an interrupted harness, after stopping the job)."""
+        if self.cancel.is_set():
+            raise KeyboardInterrupt("sweep interrupted: no new Ray job")
         log_path = launch.run_dir / "run.log"
         sid = submission_id_for(launch.run_dir)
         self.last_submission_id = sid
@@ -172,6 +206,7 @@ class RayJobExecutor:
                     runtime_env=self.runtime_env(launch),
                     metadata={"bench_run_dir": str(launch.run_dir)},
                     **self.entrypoint_resources,
+                    **({"entrypoint_label_selector": self.label_selector} if self.label_selector else {}),
                 )
                 break
             except Exception as exc:
@@ -195,6 +230,8 @@ class RayJobExecutor:
                     status = "UNKNOWN"
                 if status in _TERMINAL:
                     break
+                if self.cancel.is_set():
+                    raise KeyboardInterrupt(f"sweep interrupted: stopping Ray job {sid}")
                 now = time.perf_counter()
                 if now - start > launch.timeout_s:
                     self._stop(sid)
@@ -213,12 +250,13 @@ class RayJobExecutor:
         wall = time.perf_counter() - start
         self._append_logs(sid, log_path, written)
         info = self._info(sid)
+        node = self._where(sid, info)
         rc = getattr(info, "driver_exit_code", None)
         message = " ".join(str(getattr(info, "message", "") or "").split())[:300]
         with open(log_path, "a") as fh:
             fh.write(f"\n[bench] Ray job {sid}: {status}" + (f" (exit code {rc})" if rc is not None else "") + "\n")
         if status == "SUCCEEDED":
-            return ExecResult(0 if rc is None else rc, False, wall, "")
+            return ExecResult(0 if rc is None else rc, False, wall, "", node=node)
         if rc is None:
             rc = 1
         if rc < 0:
@@ -233,7 +271,26 @@ class RayJobExecutor:
         else:
             why = f"exit code {rc}"
         detail = f"Ray job {sid} {status.lower()}: {why}" + (f"; {message}" if message else "")
-        return ExecResult(rc, False, wall, detail)
+        return ExecResult(rc, False, wall, detail, node=node)
+
+    def _where(self, sid: str, info: Any) -> dict[str, Any] | None:
+        """The node the job's driver ran on, as Ray reports it (``None`` when Ray names none), with the
+        job's submission id and Ray's start/end times of the job (epoch seconds)."""
+        node_id = getattr(info, "driver_node_id", None)
+        if not node_id:
+            return None
+        out: dict[str, Any] = {"id": str(node_id), "name": str(node_id)[:8], "submission_id": sid}
+        if self.node and self.node.get("id") == node_id:
+            out.update({k: v for k, v in self.node.items() if k in ("ip", "name")})
+        else:
+            host = re.match(r"^\w+://\[?([^\]/]+?)\]?:\d+", str(getattr(info, "driver_agent_http_address", "") or ""))
+            if host:
+                out["ip"] = host.group(1)
+        for key in ("start_time", "end_time"):
+            t = getattr(info, key, None)
+            if isinstance(t, (int, float)) and t > 0:
+                out["job_" + key.split("_")[0]] = t / 1000.0  # Ray reports milliseconds
+        return out
 
     def _stop(self, sid: str) -> None:
         """Stop the job and wait (up to ``stop_grace_s``) until Ray reports it ended."""

@@ -68,6 +68,7 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
         "finished_at": time.time(),
         "wall_s": res.wall_s,
         "returncode": res.returncode,
+        "node": res.node,  # the Ray node the run ran on (id, ip, name, submission_id, job_start/end); None locally
         "status": "ok",
         "failure_kind": None,
         "reason": "",

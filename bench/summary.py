@@ -32,7 +32,9 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
     Columns: cell_id, label, one per factor, merged (design cells represented), repeats_ok, repeats,
     step_time_s, step_time_raw_s, step_time_iqr_s (of the pooled timed steps), speedup, rollout_share,
     free_ratio, throughput, peak_memory_gb, status, reason, all_off, startup_s, steps_s, harness_s (means over
-    the ok runs of :func:`bench.runner.run_timing`: start-up, all GRPO steps, the harness's own time; seconds).
+    the ok runs of :func:`bench.runner.run_timing`: start-up, all GRPO steps, the harness's own time; seconds),
+    nodes (the Ray node of each repeat, ``r0 1a2b3c4d; r1 ...``: first 8 hex digits of the node id; empty for
+    local runs).
     """
     model = Snapshot.model_validate(snap)
     st = cell_stats(model, "step_time")
@@ -62,6 +64,7 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             or (f"unfinished (repeats {c.missing_repeats})" if c.status == "pending" else ""),
             "all_off": c.all_off,
             **_timing(c),
+            "nodes": "; ".join(f"r{r.repeat} {r.node[:8]}" for r in c.repeats if r.node),
         }
         rows.append(row)
     return rows
@@ -142,7 +145,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
     """Write ``summary.csv`` and ``summary.md`` (atomically) into the sweep folder; returns both paths."""
     cols = ["cell_id", "label", *FACTOR_KEYS, "merged", "repeats_ok", "repeats", "step_time_s", "step_time_raw_s",
             "step_time_iqr_s", "speedup", "rollout_share", "free_ratio", "throughput", "peak_memory_gb",
-            "status", "reason", "startup_s", "steps_s", "harness_s"]
+            "status", "reason", "startup_s", "steps_s", "harness_s", "nodes"]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
@@ -152,13 +155,15 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
     atomic_write_text(csv_path, buf.getvalue())
     md = [f"# Sweep {header.get('sweep_id')} of `{header.get('matrix')}`", ""]
     md += [f"- {k}: {v}" for k, v in header.items() if k not in ("sweep_id", "matrix")]
+    nodes = any(r.get("nodes") for r in rows)  # runs on Ray nodes: which node each repeat ran on
     md += [
         "",
         "| cell | "
         + " | ".join(REGISTRY[k].key for k in FACTOR_KEYS)
         + " | step time s | raw step time s | IQR s | speedup vs all-off"
-        + " | rollout share | Free ratio | tokens/s | status | start-up s | steps s | harness s |",
-        "|---" * (len(FACTOR_KEYS) + 12) + "|",
+        + " | rollout share | Free ratio | tokens/s | status | start-up s | steps s | harness s |"
+        + (" Ray node per repeat |" if nodes else ""),
+        "|---" * (len(FACTOR_KEYS) + 12 + nodes) + "|",
     ]
     for r in rows:
         md.append(
@@ -169,6 +174,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
             f" | {_fmt(r['rollout_share'])} | {_fmt(r['free_ratio'])} | {_fmt(r['throughput'], 1)}"
             f" | {r['status']}{(': ' + r['reason'][:80]) if r['reason'] else ''}"
             f" | {_fmt(r.get('startup_s'), 1)} | {_fmt(r.get('steps_s'), 1)} | {_fmt(r.get('harness_s'), 1)} |"
+            + (f" {r.get('nodes') or '-'} |" if nodes else "")
         )
     atomic_write_text(md_path, "\n".join(md) + "\n")
     return csv_path, md_path

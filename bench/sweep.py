@@ -5,7 +5,8 @@ The sweep goes on when a run fails (recorded with its reason and log tail); each
 finished run; rerunning the same matrix resumes the newest sweep of the same content.
 
 Harness overhead = wall time of this invocation (from process start) not spent inside GRPO steps (the sum of
-``timing_s/step`` of every step the runs executed), as a share of the invocation's wall time. The sweep's
+``timing_s/step`` of every step the runs executed), as a share of the invocation's wall time (x the runs at
+once with ``--parallel``). The sweep's
 wall time and overhead are those of its first finished invocation; a resume records its own under
 ``invocations`` (and ``resume_*`` metrics) and never overwrites them.
 
@@ -151,7 +152,8 @@ class Sweep:
                 stop_monitor(monitor)
             executed, skipped, failed, in_step = (counts[k] for k in ("executed", "skipped", "failed", "in_step"))
             wall = time.time() - process_start()
-            overhead = (wall - in_step) / wall if wall > 0 and executed else 0.0
+            cap = wall * getattr(self.executor, "slots", 1)  # --parallel: node-time, N runs at once
+            overhead = (cap - in_step) / cap if wall > 0 and executed else 0.0
             with doing(f"writing the summary of {sweep_dir}"):
                 return self._finish(tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead)
         except BaseException as exc:
@@ -160,9 +162,12 @@ class Sweep:
 
     def _loop(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], todo: list, counts: dict) -> None:
         """Run or skip every (spec, repeat) of ``todo`` block by block (:func:`bench.blocks.run_blocks`: the stop
-        rule may end the sweep after a block), updating ``counts`` as runs finish."""
+        rule may end the sweep after a block; ``--parallel`` runs a block's runs at once on distinct Ray nodes,
+        :meth:`bench.ray_parallel.RayNodesExecutor.run_block`), updating ``counts`` as runs finish."""
+        par = getattr(self.executor, "run_block", None) if planned_order(meta).blocked() else None
         run_blocks(todo, lambda spec, k: self._one(tracker, sweep_dir, meta, spec, k, counts),
-                   stop_rule=self.stop_rule, sweep_dir=sweep_dir, meta=meta, on_event=self.on_event)
+                   stop_rule=self.stop_rule, sweep_dir=sweep_dir, meta=meta, on_event=self.on_event,
+                   **({"run_block": par} if par else {}))
 
     def _one(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], spec: RunSpec, k: int,
              counts: dict) -> None:

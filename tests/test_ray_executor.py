@@ -224,4 +224,8 @@ def test_token_auth_cluster(ray_head_token, tmp_path, monkeypatch):
     assert res.returncode == 0, (res.reason, (launch.run_dir / "run.log").read_text())
     assert "job ran" in (launch.run_dir / "run.log").read_text()
     assert TOKEN not in json.dumps(ex.runtime_env(launch))
+    from bench.ray_parallel import cluster_nodes  # --parallel lists the nodes with the same token
+
+    (node,) = cluster_nodes(ray_head_token)
+    assert node.is_head and len(node.id) == 56
     assert not any(TOKEN in p.read_text(errors="replace") for p in launch.run_dir.rglob("*") if p.is_file())

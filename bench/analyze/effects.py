@@ -1,23 +1,24 @@
 """Effects of the factors and contrasts between cells, fitted on per-run values (report).
 
 Effects: :func:`fit_effects`
-    OLS (statsmodels) of one value per *run* (the report passes the log of the run's median timed
-    step) on +-1 coded two-level factors (dummy coded for factors with more levels) with every
-    estimable two-factor interaction, plus the time block as a fixed factor when the sweep ran in
-    blocks; a term's effect is ``2 x coefficient`` (the change of log step time from the low to the
-    high level). The run is the unit of replication: steps of one run share its start-up, placement
-    and machine state (pseudo-replicates, Hurlbert 1984, *Ecol. Monogr.* 54:187), so they are
-    summarized into the run's value before any test, and intervals and p values carry the run-to-run
-    variance with ``runs - parameters`` degrees of freedom. This is the standard analysis of a
-    randomized complete block design (Montgomery, *Design and Analysis of Experiments*, 9th ed., ch. 4
-    and 5) on run summaries; for balanced data it gives the same fixed-effect tests as a mixed model
-    with a random intercept per run fitted to the steps (Searle, Casella & McCulloch 1992, sec. 4.3),
-    without the convergence trouble of a mixed model on 2-3 runs per cell. p values are also given
-    Holm-adjusted over the model's terms (``p_adjusted``; a term is significant when it is below alpha).
-    Columns that are linearly dependent on earlier ones (aliased in a fractional design, or not
-    estimable in a one-at-a-time design, or confounded with a block) are dropped and reported with
-    what they are aliased with. With one run per cell (``replicated=False``) no run-to-run variance
-    can be estimated: the terms keep their estimates, without interval or p value.
+    OLS (statsmodels) of one value per *run* (the report passes the log of the run's median timed step) on
+    +-1 coded two-level factors (dummy coded for factors with more levels) with every estimable two-factor
+    interaction, plus the time block as a fixed factor when the sweep ran in blocks and the node a run ran
+    on as a second blocking factor when the runs ran on more than one node (``--parallel`` on a Ray cluster:
+    a faster node must not pose as an effect); a term's effect is ``2 x coefficient`` (the change of log
+    step time from the low to the high level). The run is the unit of replication: steps of one run share
+    its start-up, placement and machine state (pseudo-replicates, Hurlbert 1984, *Ecol. Monogr.* 54:187), so
+    they are summarized into the run's value before any test, and intervals and p values carry the
+    run-to-run variance with ``runs - parameters`` degrees of freedom. This is the standard analysis of a
+    randomized complete block design (Montgomery, *Design and Analysis of Experiments*, 9th ed., ch. 4 and
+    5) on run summaries; for balanced data it gives the same fixed-effect tests as a mixed model with a
+    random intercept per run fitted to the steps (Searle, Casella & McCulloch 1992, sec. 4.3), without the
+    convergence trouble of a mixed model on 2-3 runs per cell. p values are also given Holm-adjusted over
+    the model's terms (``p_adjusted``; a term is significant when it is below alpha). Columns that are
+    linearly dependent on earlier ones (aliased in a fractional design, or not estimable in a one-at-a-time
+    design, or confounded with a block) are dropped and reported with what they are aliased with. With one
+    run per cell (``replicated=False``) no run-to-run variance can be estimated: the terms keep their
+    estimates, without interval or p value.
 
 Cell comparisons (report): :func:`cell_means_residual`, :func:`run_contrast`
     The residual SD of the cell-means model (one mean per cell, plus the block) of the run values,
@@ -67,7 +68,8 @@ class Term:
 class EffectsFit:
     """Result of :func:`fit_effects`. ``unit``: the unit of replication of one observation (``run``);
     ``n_obs`` observations, ``df_resid`` residual degrees of freedom, ``n_blocks`` blocks in the model
-    (0: no block factor); ``replicated``: whether run-to-run variance could be estimated (else no
+    (0: no block factor), ``n_nodes`` nodes in the model (0: no node factor; ``node_columns`` of them
+    were estimable beside the blocks); ``replicated``: whether run-to-run variance could be estimated (else no
     interval and no p value); ``note``: why not."""
 
     terms: list[Term]
@@ -82,12 +84,15 @@ class EffectsFit:
     n_blocks: int = 0
     replicated: bool = True
     note: str = ""
+    n_nodes: int = 0
+    node_columns: int = 0
 
     def to_dict(self) -> dict[str, Any]:
         return {"terms": [t.to_dict() for t in self.terms], "not_estimable": self.not_estimable,
                 "residual_sd": self.residual_sd, "df_resid": self.df_resid, "n_obs": self.n_obs,
                 "n_cells": self.n_cells, "level": self.level, "coding": self.coding, "unit": self.unit,
-                "n_blocks": self.n_blocks, "replicated": self.replicated, "note": self.note}
+                "n_blocks": self.n_blocks, "replicated": self.replicated, "note": self.note,
+                "n_nodes": self.n_nodes, "node_columns": self.node_columns}
 
 
 def _columns(levels_of_obs: list[dict[str, Any]], factors: list[str], interactions: bool
@@ -130,17 +135,36 @@ def _columns(levels_of_obs: list[dict[str, Any]], factors: list[str], interactio
     return names, fl, kinds, mat, coding
 
 
-def _block_columns(blocks: Sequence[Any]) -> tuple[list[str], np.ndarray]:
+def _block_columns(blocks: Sequence[Any], prefix: str = "block") -> tuple[list[str], np.ndarray]:
     """Dummy columns of a block factor (first block = reference)."""
     vals = sorted(set(blocks), key=str)
     b = list(blocks)
     cols = [np.array([1.0 if x == v else 0.0 for x in b]) for v in vals[1:]]
-    return [f"block={v}" for v in vals[1:]], (np.column_stack(cols) if cols else np.zeros((len(b), 0)))
+    return [f"{prefix}={v}" for v in vals[1:]], (np.column_stack(cols) if cols else np.zeros((len(b), 0)))
+
+
+def _nuisance(n: int, blocks: Sequence[Any] | None, nodes: Sequence[Any] | None) -> tuple[np.ndarray, int, int, int]:
+    """Intercept, time-block dummies and node dummies (a node column is kept only when it raises the rank:
+    a node that coincides with a block adds nothing). Returns (matrix, blocks, nodes, node columns kept)."""
+    base = np.ones((n, 1))
+    n_blocks = n_nodes = kept = 0
+    if blocks is not None and len(set(blocks)) > 1:
+        base = np.column_stack([base, _block_columns(blocks)[1]])
+        n_blocks = len(set(blocks))
+    if nodes is not None and len({x for x in nodes}) > 1:
+        n_nodes = len(set(nodes))
+        rank = np.linalg.matrix_rank(base)
+        for col in _block_columns(nodes, "node")[1].T:
+            trial = np.column_stack([base, col])
+            if np.linalg.matrix_rank(trial) > rank:
+                base, rank, kept = trial, rank + 1, kept + 1
+    return base, n_blocks, n_nodes, kept
 
 
 def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors: list[str], *,
                 alpha: float = 0.05, interactions: bool = True, blocks: Sequence[Any] | None = None,
-                unit: str = "run", replicated: bool = True, adjust: bool = True) -> EffectsFit:
+                unit: str = "run", replicated: bool = True, nodes: Sequence[Any] | None = None,
+                adjust: bool = True) -> EffectsFit:
     """OLS of ``y`` (one value per unit of replication, e.g. a run's log median step time) on the factors,
     their two-factor interactions and, when given, the block factor (see the module text for the method).
 
@@ -151,13 +175,15 @@ def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors
         alpha: the intervals are at ``1 - alpha``; a term is significant when its Holm-adjusted p < alpha.
         interactions: include two-factor interactions of the two-level factors.
         blocks: per observation, its block (the time block of a blocked sweep); ``None`` = no block factor.
+        nodes: per observation, the node it ran on (Ray node id); a fixed blocking factor when more than one
+            node appears (dummy coded; a node column that a time block already spans is left out).
         unit: what one observation is (stated in the report).
         replicated: ``False`` when each cell has one observation: the residual is then not a run-to-run
             variance, so no interval and no p value are given.
         adjust: Holm-adjust the p values (``False``: ``p_adjusted`` stays ``None``; the sequential stop rule,
             which controls its error rate with its own intervals, skips it).
 
-    Columns are added greedily (intercept, blocks, main effects, interactions); one that does not raise
+    Columns are added greedily (intercept, blocks, nodes, main effects, interactions); one that does not raise
     the rank of the design is *not estimable*: its alias (a kept column equal to +-it) is named when
     there is one.
 
@@ -172,12 +198,7 @@ def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors
     keep: list[int] = []
     not_est: dict[str, str] = {}
     alias_of: dict[int, list[str]] = {}
-    base = np.ones((len(y), 1))
-    n_blocks = 0
-    if blocks is not None and len(set(blocks)) > 1:
-        _, bcols = _block_columns(blocks)
-        base = np.column_stack([base, bcols])
-        n_blocks = len(set(blocks))
+    base, n_blocks, n_nodes, node_cols = _nuisance(len(y), blocks, nodes)
     cur = base
     rank = np.linalg.matrix_rank(base)
     for j in range(mat.shape[1]):
@@ -194,8 +215,10 @@ def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors
             alias_of.setdefault(twin, []).append(f"{sign}{names[j]}")
         elif np.allclose(mat[:, j], mat[:, j][0]):
             not_est[names[j]] = "constant in this design (aliased with the intercept)"
-        elif n_blocks and np.linalg.matrix_rank(np.column_stack([base, mat[:, j]])) == np.linalg.matrix_rank(base):
-            not_est[names[j]] = "confounded with the time blocks"
+        elif (n_blocks or n_nodes) and (np.linalg.matrix_rank(np.column_stack([base, mat[:, j]]))
+                                        == np.linalg.matrix_rank(base)):
+            not_est[names[j]] = "confounded with the " + " and the ".join(
+                w for w, n in (("time blocks", n_blocks), ("nodes", n_nodes)) if n)
         else:
             not_est[names[j]] = "not estimable: a linear combination of the terms already in the model"
     X = np.column_stack([base] + [mat[:, k] for k in keep]) if keep else base
@@ -238,16 +261,18 @@ def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors
     sd = float(math.sqrt(res.scale)) if replicated and df_resid > 0 else None
     return EffectsFit(terms=terms, not_estimable=not_est, residual_sd=sd, df_resid=df_resid,
                       n_obs=len(y), n_cells=n_cells, level=1 - alpha, coding=coding, unit=unit, n_blocks=n_blocks,
-                      replicated=replicated, note=note)
+                      replicated=replicated, note=note, n_nodes=n_nodes, node_columns=node_cols)
 
 
-def cell_means_residual(cells: Sequence[Sequence[tuple[Any, float]]], *, blocked: bool) -> tuple[float | None, int]:
+def cell_means_residual(cells: Sequence[Sequence[tuple[Any, float]]], *, blocked: bool,
+                        nodes: Sequence[Sequence[Any]] | None = None) -> tuple[float | None, int]:
     """Residual SD and degrees of freedom of the cell-means model of per-run values.
 
     ``cells``: per cell, its runs as ``(block, value)`` (value on the analysis scale, e.g. log seconds).
     Model: one mean per cell, plus a fixed block effect when ``blocked`` (randomized complete block
-    design; Montgomery 9th ed., sec. 4.1). Returns ``(None, 0)`` when no degree of freedom is left
-    (one run per cell).
+    design; Montgomery 9th ed., sec. 4.1) and a fixed node effect when ``nodes`` (per cell, the node of
+    each of its runs, aligned with ``cells``) names more than one node. Returns ``(None, 0)`` when no
+    degree of freedom is left (one run per cell).
     """
     y = np.array([v for c in cells for _, v in c], dtype=float)
     if len(y) == 0:
@@ -257,6 +282,9 @@ def cell_means_residual(cells: Sequence[Sequence[tuple[Any, float]]], *, blocked
     if blocked:
         _, bcols = _block_columns([b for c in cells for b, _ in c])
         X = np.column_stack([X, bcols])
+    flat = [x for c in (nodes or []) for x in c]
+    if nodes is not None and len(flat) == len(y) and len(set(flat)) > 1:
+        X = np.column_stack([X, _block_columns(flat, "node")[1]])  # rank (not columns) sets the df below
     rank = np.linalg.matrix_rank(X)
     df = len(y) - rank
     if df <= 0:

@@ -54,7 +54,9 @@ def render(data: dict[str, Any]) -> str:
         "Step time = "
         "per run the median timed step, geometric mean over the cell's runs; speedup = all-off / cell; interval and "
         f"p: t on the log run values with the pooled residual SD of the cell-means model"
-        f"{' with the time block' if rep['blocked'] else ''} ({_f(rep['sd'], '.4f')}, {rep['df']} df)."
+        f"{' with the time block' if rep['blocked'] else ''}"
+        f"{' and the node (' + str(rep['nodes']) + ' Ray nodes)' if (rep.get('nodes') or 0) > 1 else ''}"
+        f" ({_f(rep['sd'], '.4f')}, {rep['df']} df)."
         + (f" **{rep['note']}**" if rep.get("note") else ""),
         "",
         "| cell | " + " | ".join(varied) + f" | runs | steps | step time s | speedup [{lvl:.0%} CI] | p | "
@@ -78,6 +80,9 @@ def render(data: dict[str, Any]) -> str:
         blocks = (
             f", the {fit['n_blocks']} time blocks as a fixed factor" if fit.get("n_blocks") else ", no block factor"
         )
+        if fit.get("n_nodes"):
+            blocks += (f", the {fit['n_nodes']} Ray nodes the runs ran on as a second blocking factor "
+                       f"({fit.get('node_columns', 0)} column(s) beside the blocks)")
         L += [
             f"**Unit of replication: the {fit['unit']}** ({fit['n_obs']} {fit['unit']}s in {fit['n_cells']} cells"
             f"{blocks}); one observation per {fit['unit']} = log of its median timed step. Residual SD "

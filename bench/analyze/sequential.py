@@ -278,12 +278,14 @@ def probed(records: Sequence[dict[str, Any]]) -> bool:
                             for r in ok)
 
 
-def run_observations(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[float], list[int]]:
+def run_observations(records: Sequence[dict[str, Any]]
+                     ) -> tuple[list[dict[str, Any]], list[float], list[int], list[str]]:
     """Per ok record with timed steps: its factor levels, the log of its run value (median timed step,
-    :func:`bench.model.run_value`; speed-normalized when every run has the probe, :func:`probed`) and its block
-    (= repeat)."""
+    :func:`bench.model.run_value`; speed-normalized when every run has the probe, :func:`probed`), its block
+    (= repeat) and its node (Ray node id, ``"None"`` for a local run; a blocking factor of the model when the
+    runs ran on several nodes, ``--parallel``)."""
     norm = probed(records)
-    obs, y, blocks = [], [], []
+    obs, y, blocks, nodes = [], [], [], []
     for r in records:
         if r.get("status") != "ok":
             continue
@@ -293,15 +295,17 @@ def run_observations(records: Sequence[dict[str, Any]]) -> tuple[list[dict[str, 
         obs.append(dict(r.get("levels") or {}))
         y.append(float(np.median(logs)))
         blocks.append(int(r.get("repeat", 0)))
-    return obs, y, blocks
+        nodes.append(str((r.get("node") or {}).get("id")))
+    return obs, y, blocks, nodes
 
 
 class EffectsStopRule:
     """Decide every main effect of the run-level model after each block; stop when all are decided or
     ``max_looks`` blocks ran.
 
-    The model is :func:`bench.analyze.effects.fit_effects` on the log run values with the block as a
-    fixed factor and the two-factor interactions (as the report fits it); each main effect (each level
+    The model is :func:`bench.analyze.effects.fit_effects` on the log run values with the block (and the
+    Ray node, when the runs ran on several) as fixed factors and the two-factor interactions (as the report
+    fits it); each main effect (each level
     of a factor with more than two levels) is decided by :func:`decide` at ``alpha / m`` for ``m``
     main-effect terms. Run values are speed-normalized when every run carries the speed probe (as in the
     report), else raw; the block factor absorbs drift between blocks either way.
@@ -324,7 +328,7 @@ class EffectsStopRule:
         """The decisions at ``look``, the number of runs used and the runs per block."""
         from bench.analyze.effects import fit_effects
 
-        obs, y, blocks = run_observations(records)
+        obs, y, blocks, nodes = run_observations(records)
         factors = [f for f in sorted({k for o in obs for k in o})
                    if len({o.get(f) for o in obs if o.get(f) is not None}) > 1]
         if not factors:
@@ -333,7 +337,8 @@ class EffectsStopRule:
         per_block = max(1, len({tuple(sorted(o.items())) for o in obs}))
         try:
             fit = fit_effects(obs, y, factors, alpha=self.alpha, interactions=self.interactions,
-                              blocks=blocks if len(set(blocks)) > 1 else None, replicated=True, adjust=False)
+                              blocks=blocks if len(set(blocks)) > 1 else None, replicated=True, adjust=False,
+                              nodes=nodes)
         except ValueError:
             fit = None
         names = [f for f in factors]

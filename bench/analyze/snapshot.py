@@ -156,7 +156,7 @@ def snapshot(sweep: Path, results_root: Path | None = None) -> dict[str, Any]:
             reps.append({"repeat": r.get("repeat"), "status": r.get("status"),
                          "samples": record_samples(r) if r.get("status") == "ok" else {m: [] for m in METRICS},
                          "steps": steps, "workload": work, "host_load": r.get("host_load"), "timing": r.get("timing"),
-                         "probe_spec": probe_spec(r),
+                         "probe_spec": probe_spec(r), "node": (r.get("node") or {}).get("id"),
                          "summary": {k: summ.get(k) for k in _SUMMARY_KEYS if k in summ}})
             if r.get("status") != "ok":
                 failures.append({"repeat": r.get("repeat"), "kind": r.get("failure_kind"),

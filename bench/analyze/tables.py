@@ -38,18 +38,31 @@ def _log_runs(m: Snapshot, metric: str = "step_time") -> dict[str, list[tuple[in
     return {c.cell_id: [(k, math.log(v)) for k, v in run_values(c, metric) if v > 0] for c in _ok_cells(m)}
 
 
+def _run_nodes(m: Snapshot, logs: dict[str, list[tuple[int, float]]]) -> dict[str, list[str | None]]:
+    """Per finished cell id, the node of each run of ``logs`` (same order); ``None`` for a local run."""
+    out = {}
+    for c in _ok_cells(m):
+        node_of = {r.repeat: r.node for r in c.ok_repeats()}
+        out[c.cell_id] = [node_of.get(k) for k, _ in logs.get(c.cell_id, [])]
+    return out
+
+
 def replication(m: Snapshot) -> dict[str, Any]:
     """The unit of replication of the report's tests and its residual variance.
 
     ``sd``/``df``: residual SD of the log run value and its degrees of freedom in the cell-means model
-    (with the time block when the sweep ran blocked; :func:`bench.analyze.effects.cell_means_residual`);
+    (with the time block when the sweep ran blocked, and the node when the runs ran on more than one node;
+    :func:`bench.analyze.effects.cell_means_residual`); ``nodes``: distinct nodes among the runs;
     ``runs_per_cell``: the most ok runs of a cell; ``note`` when no run-to-run variance can be estimated.
     """
     logs = _log_runs(m)
     blocked = m.blocked()
-    sd, df = cell_means_residual(list(logs.values()), blocked=blocked)
+    nodes = _run_nodes(m, logs)
+    n_nodes = len({x for v in nodes.values() for x in v})
+    sd, df = cell_means_residual(list(logs.values()), blocked=blocked,
+                                 nodes=[nodes[c] for c in logs] if n_nodes > 1 else None)
     most = max((len(v) for v in logs.values()), default=0)
-    out = {"unit": "run", "blocked": blocked, "order": (m.order or {}).get("kind", "sequential"),
+    out = {"unit": "run", "blocked": blocked, "nodes": n_nodes, "order": (m.order or {}).get("kind", "sequential"),
            "order_seed": (m.order or {}).get("seed"), "sd": sd, "df": df, "runs_per_cell": most,
            "runs": sum(len(v) for v in logs.values()), "note": ""}
     if most <= 1 or sd is None:
@@ -124,7 +137,8 @@ def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> di
 
     One observation per finished run: the log of its value (:func:`bench.model.run_value`: median timed
     step, speed-normalized when the snapshot is); the time block (= repeat) is a fixed factor when the
-    sweep ran blocked (:func:`bench.analyze.effects.fit_effects`).
+    sweep ran blocked, and the node each run ran on when the runs ran on more than one node
+    (:func:`bench.analyze.effects.fit_effects`).
     """
     m = Snapshot.model_validate(snap)
     ok = _ok_cells(m)
@@ -137,15 +151,18 @@ def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> di
         out["note"] = "no factor varies among the finished cells: no effect to estimate"
         return out
     logs = _log_runs(m)
-    obs, y, blocks = [], [], []
+    run_nodes = _run_nodes(m, logs)
+    obs, y, blocks, nodes = [], [], [], []
     for c in ok:
-        for k, v in logs[c.cell_id]:
+        for (k, v), node in zip(logs[c.cell_id], run_nodes[c.cell_id]):
             obs.append({f: c.levels[f] for f in varied})
             y.append(v)
             blocks.append(k)
+            nodes.append(str(node))
     try:
         fit = fit_effects(obs, y, varied, alpha=alpha, interactions=interactions,
-                          blocks=blocks if rep["blocked"] else None, unit="run", replicated=rep["runs_per_cell"] > 1)
+                          blocks=blocks if rep["blocked"] else None, unit="run", replicated=rep["runs_per_cell"] > 1,
+                          nodes=nodes)
     except ValueError as exc:
         out["note"] = str(exc)
         return out

@@ -76,6 +76,9 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
         **{f"evidence.{k}": v for k, v in evidence.items() if k in REGISTRY},
         **{f"not_applicable.{k}": v for k, v in spec.not_applicable.items()},
     }
+    if rec.get("node"):  # the Ray node the run ran on (a blocking factor of the report's model)
+        tags.update({"bench.node": rec["node"].get("name"), "bench.node_id": rec["node"].get("id"),
+                     "bench.node_ip": rec["node"].get("ip"), "bench.ray_job": rec["node"].get("submission_id")})
     if rec.get("patch_reports"):
         tags.update({f"evidence.patch.{k}": v for k, v in patch_evidence(rdir).items()})
     if rec["status"] != "ok":
