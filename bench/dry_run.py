@@ -169,7 +169,7 @@ def _merged(run) -> str | None:
 
 def print_dry_run(plan: Plan, console: Console) -> None:
     """The readable ``--dry-run`` of a plan (see the module docstring); the run order is printed apart
-    (:func:`bench.cli_run.print_order`), and other parts (a run plan) are separate calls after this one."""
+    (:func:`print_order`), and other parts (a run plan) are separate calls after this one."""
     with_config = engine_class(plan.engine).shows_config
     runs = plan.runs
     _print(console, f"{plan.matrix_name}: engine={plan.engine} platform={plan.platform} design cells="
@@ -266,4 +266,57 @@ def smoke_json(cells: list, *, matrix_name: str = "", steps: int = 2,
 
 
 __all__ = ["Change", "split_argv", "launch_diff", "print_dry_run", "print_smoke_dry_run", "print_base_launch",
-           "print_changes", "plan_json", "smoke_json"]
+           "print_changes", "plan_json", "smoke_json", "print_order", "print_plan"]
+
+
+# -- the full listing (--verbose) and the run order ----------------------------------------------------------
+def _levels(levels: dict[str, int | None]) -> str:
+    return " ".join(f"{k}={'n/a' if v is None else v}" for k, v in levels.items())
+
+
+def print_order(plan: Plan, order: RunOrder, console: Console) -> None:
+    """The execution order of the runs (``--dry-run``): kind, seed, and per block the cells in turn."""
+    labels = {r.cell_id: r.label for r in plan.runs}
+    seed = (
+        f", seed {order.seed} (pass --order-seed {order.seed} to run exactly this order)"
+        if order.seed is not None
+        else ""
+    )
+    console.print(f"\n[bold]run order[/]: {order.kind}{seed}; {len(order.runs)} runs", markup=True)
+    for i, (cid, k) in enumerate(order.runs, 1):
+        block = f"block {k} " if order.blocked() else ""
+        console.print(f"  {i:>3}. {block}{labels.get(cid, cid)} ({cid}) r{k}", markup=False)
+
+
+def print_plan(plan: Plan, console: Console) -> None:
+    """The ``--dry-run`` listing: runs with argv/env/patches, merged cells, dropped cells and why."""
+    console.print(f"[bold]{plan.matrix_name}[/]: engine={plan.engine} platform={plan.platform} "
+                  f"design cells={plan.design_cells} runs={len(plan.runs)} x {plan.repeats} repeat(s) "
+                  f"dropped={len(plan.dropped)}")
+    if plan.resolution:
+        console.print(f"fractional design, resolution {plan.resolution}; aliases of main effects:")
+        for line in plan.aliases[: len(plan.varied)]:
+            console.print(f"  {line}")
+    na = {k: r for r in plan.runs for k, r in r.not_applicable.items()}
+    for key, reason in na.items():
+        console.print(f"not applicable {key}: {reason}", markup=False)
+    for i, run in enumerate(plan.runs, 1):
+        console.print(f"\n[bold]run {i}/{len(plan.runs)}[/] cell {run.cell_id} ({run.label})")
+        console.print(f"  levels: {_levels(run.levels)}")
+        if len(run.cells) > 1:
+            spread = {k: sorted({c[k] for c in run.cells}) for k in run.cells[0]}
+            varying = " ".join(f"{k} in {v}" for k, v in spread.items() if len(v) > 1)
+            console.print(
+                f"  merged {len(run.cells)} design cells that differ only in not-applicable factors: {varying}"
+            )
+        launch = run.launch
+        console.print(f"  argv: {json.dumps(launch.argv)}", soft_wrap=True, markup=False)
+        console.print(f"  env: {json.dumps(launch.env, sort_keys=True)}", soft_wrap=True, markup=False)
+        console.print(f"  patches: {json.dumps(launch.patches)}", markup=False)
+        if launch.config and engine_class(plan.engine).shows_config:
+            console.print(f"  {launch.config_file}: {json.dumps(launch.config, sort_keys=True)}", soft_wrap=True,
+                          markup=False)
+        for note in launch.notes:
+            console.print(f"  note: {note}", markup=False)
+    for d in plan.dropped:
+        console.print(f"dropped ({d.kind}) {_levels(d.cell)}: {d.reason}", markup=False)

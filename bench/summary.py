@@ -184,3 +184,41 @@ def plan_summary(plan: Plan) -> list[dict[str, Any]]:
     """JSON-ready list of the plan's runs (cell id, label, levels, merged cells, not-applicable reasons)."""
     return [{"cell_id": r.cell_id, "label": r.label, "levels": r.levels, "cells": r.cells,
              "not_applicable": r.not_applicable, "all_off": r.is_all_off()} for r in plan.runs]
+
+
+def sweep_header(meta: dict[str, Any], rows: list[dict[str, Any]], probe_ref: float | None,
+                 extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The head of ``summary.md`` (key -> text) of a sweep from its ``sweep.json`` content ``meta`` (its first
+    invocation's wall time and overhead; resumes listed), the :func:`cell_rows` ``rows``, the speed-probe
+    reference time ``probe_ref`` (seconds; ``None``: raw values) and ``extra`` lines (the sequential looks)."""
+    extra = extra or {}
+    first = meta["invocations"][0]
+    header = {
+        "sweep_id": meta["sweep_id"],
+        "matrix": meta["matrix_name"],
+        "engine": meta["engine"],
+        "platform": meta["platform"],
+        "design": meta["matrix"]["design"]["type"],
+        "cells run / design cells": f"{len(rows)} / {meta['plan']['design_cells']}",
+        "dropped": len(meta["plan"]["dropped"]),
+        "timed steps": "measured steps without the profiler (profiled steps give the Free ratio)",
+        "step time": "per run the median timed step, geometric mean over the cell's ok repeats"
+        + (
+            f"; speed-normalized to the sweep's median speed-probe time {probe_ref:.4f} s"
+            if probe_ref
+            else "; raw (no speed probe in every run)"
+        ),
+        "tokens/s": "per run the median perf/throughput, geometric mean over the cell's ok repeats"
+        + ("; speed-normalized like the step time" if probe_ref else "; raw"),
+        "run order": f"{meta.get('order', {}).get('kind', 'sequential')}"
+        + (f", seed {meta['order']['seed']}" if (meta.get("order") or {}).get("seed") is not None else ""),
+        "harness overhead": f"{first['overhead_share']:.1%} of {first['wall_s']:.1f} s wall "
+        f"(in GRPO steps {first['in_step_s']:.1f} s)",
+        **extra,
+    }
+    resumes = meta["invocations"][1:]
+    if resumes:
+        header["resumed"] = "; ".join(
+            f"invocation {i}: {inv['wall_s']:.1f} s wall, overhead {inv['overhead_share']:.1%}, executed "
+            f"{inv['executed']}, cached {inv['skipped']}" for i, inv in enumerate(resumes, 2))
+    return header

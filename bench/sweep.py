@@ -44,7 +44,7 @@ from bench.run_record import corrupt_records
 from bench.runner import execute_spec
 from bench.spec.matrix import Matrix
 from bench.spec.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
-from bench.summary import cell_rows, parent_cells, plan_summary, write_summary
+from bench.summary import cell_rows, parent_cells, plan_summary, sweep_header, write_summary
 from bench.sync import QUEUE, queue_upload, read_queue, sync_matrix
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
 from bench.tracking.records import log_record, parent_description, summary_metrics
@@ -349,37 +349,9 @@ class Sweep:
         meta["invocations"].append({"finished_at": time.time(), "wall_s": wall, "in_step_s": in_step,
                                     "overhead_share": overhead, "executed": executed, "skipped": skipped,
                                     "failed": failed})
-        first = meta["invocations"][0]  # the sweep's wall time and overhead: a resume never overwrites them
         all_ok = all(r["status"] == "ok" for r in rows)
         meta["status"] = "complete" if all_ok else "incomplete"
-        header = {
-            "sweep_id": meta["sweep_id"],
-            "matrix": meta["matrix_name"],
-            "engine": meta["engine"],
-            "platform": meta["platform"],
-            "design": meta["matrix"]["design"]["type"],
-            "cells run / design cells": f"{len(rows)} / {meta['plan']['design_cells']}",
-            "dropped": len(meta["plan"]["dropped"]),
-            "timed steps": "measured steps without the profiler (profiled steps give the Free ratio)",
-            "step time": "per run the median timed step, geometric mean over the cell's ok repeats"
-            + (
-                f"; speed-normalized to the sweep's median speed-probe time {probe_ref:.4f} s"
-                if probe_ref
-                else "; raw (no speed probe in every run)"
-            ),
-            "tokens/s": "per run the median perf/throughput, geometric mean over the cell's ok repeats"
-            + ("; speed-normalized like the step time" if probe_ref else "; raw"),
-            "run order": f"{meta.get('order', {}).get('kind', 'sequential')}"
-            + (f", seed {meta['order']['seed']}" if (meta.get("order") or {}).get("seed") is not None else ""),
-            "harness overhead": f"{first['overhead_share']:.1%} of {first['wall_s']:.1f} s wall "
-            f"(in GRPO steps {first['in_step_s']:.1f} s)",
-            **sequential_header(meta),
-        }
-        resumes = meta["invocations"][1:]
-        if resumes:
-            header["resumed"] = "; ".join(
-                f"invocation {i}: {inv['wall_s']:.1f} s wall, overhead {inv['overhead_share']:.1%}, executed "
-                f"{inv['executed']}, cached {inv['skipped']}" for i, inv in enumerate(resumes, 2))
+        header = sweep_header(meta, rows, probe_ref, sequential_header(meta))
         csv_path, md_path = write_summary(sweep_dir, rows, header)
         atomic_write_json(sweep_dir / SWEEP, meta)
         n = len(meta["invocations"]) - 1
