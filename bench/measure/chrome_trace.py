@@ -61,6 +61,13 @@ class Intervals:
         if len(self.starts) >= self.block:
             self.flush()
 
+    def extend(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Append many intervals at once (float64 arrays of equal length); same result as :meth:`add`."""
+        self.starts.frombytes(np.ascontiguousarray(starts, dtype=np.float64).tobytes())
+        self.ends.frombytes(np.ascontiguousarray(ends, dtype=np.float64).tobytes())
+        if len(self.starts) >= self.block:
+            self.flush()
+
     def flush(self) -> None:
         k = len(self.starts)
         if not k:
