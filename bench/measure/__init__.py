@@ -7,7 +7,8 @@
 
 Formats: one :class:`~bench.measure.formats.Reader` each, asked in the order of :data:`READERS`
 (registered below, one line per format): :mod:`bench.measure.jsonl` (verl file-logger JSONL),
-:mod:`bench.measure.torch_trace` (Free ratio from a torch chrome trace), :mod:`bench.measure.ascend`
+:mod:`bench.measure.torch_reader` (Free ratio from the torch chrome traces, parsed in parallel and
+cached), :mod:`bench.measure.ascend`
 (``step_trace_time.csv`` / ``analysis.db`` of torch_npu).
 """
 
@@ -38,15 +39,9 @@ from bench.measure.jsonl import (
     find_metrics_file,
     read_metrics_jsonl,
 )
-from bench.measure.torch_trace import (
-    TRACE_DIRS,
-    StepFree,
-    TorchTraceReader,
-    TraceFree,
-    find_torch_traces,
-    parse_trace_free,
-    step_from_path,
-)
+from bench.measure.torch_reader import TRACE_DIRS, TorchTraceReader, find_torch_traces, step_from_path
+from bench.measure.torch_trace import StepFree, TraceFree, parse_trace_free
+from bench.measure.trace_pool import parse_traces
 
 #: the formats collect() reads, in this order (their warnings appear in this order): one line each
 register_reader(JsonlReader())
@@ -73,6 +68,7 @@ __all__ = [
     "find_metrics_file",
     "find_torch_traces",
     "parse_trace_free",
+    "parse_traces",
     "read_ascend_free",
     "read_metrics_jsonl",
     "read_step_trace_csv",

@@ -26,15 +26,12 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from bench.measure._common import MeasureError, rel_path, walk_files
-from bench.measure.chrome_trace import Intervals, looks_like_chrome_trace
-from bench.measure.formats import Measurements, Reader, ReadOptions
+from bench.measure.chrome_trace import Intervals
 from bench.measure.trace_scan import scan_trace
 
 
@@ -105,6 +102,21 @@ class TraceFree:
             "median_free_ratio": float(np.median(ratios)) if ratios else None,
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> TraceFree:
+        """The inverse of :meth:`to_dict` (``aggregate`` is recomputed, not read)."""
+        main = d.get("main_thread")
+        return cls(
+            path=d["path"],
+            basis=d["basis"],
+            steps=[StepFree(**s) for s in d.get("steps") or []],
+            main_thread=tuple(main) if main else None,
+            events=d.get("events", 0),
+            device_events=d.get("device_events", 0),
+            cpu_ops=d.get("cpu_ops", 0),
+            warnings=list(d.get("warnings") or []),
+        )
+
     def to_dict(self) -> dict:
         """JSON-friendly form (``steps`` as dicts, ``aggregate`` included)."""
         return {
@@ -120,13 +132,13 @@ class TraceFree:
         }
 
 
-def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str = "auto") -> TraceFree:
+def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str | None = None) -> TraceFree:
     """Free ratio per ``ProfilerStep#N`` window of one chrome trace (see the module docstring).
 
     ``block``: intervals buffered before they are merged into a block of disjoint segments (bounds
     the transient memory; the result does not depend on it). ``engine``: which reader scans the events
-    (:func:`bench.measure.trace_scan.scan_trace`: ``"auto"``, ``"fast"`` or ``"ijson"``; the result does not
-    depend on it).
+    (:func:`bench.measure.trace_scan.scan_trace`: ``"auto"``, ``"fast"`` or ``"ijson"``; default
+    ``$BENCH_TRACE_ENGINE`` or ``"auto"``; the result does not depend on it).
 
     Raises :class:`~bench.measure._common.MeasureError` when the file cannot be opened or is not
     a JSON trace at all. A trace cut short (a run killed while writing it) is read up to the cut
@@ -197,74 +209,3 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str 
             )
         )
     return result
-
-
-#: folders of a run folder that hold torch chrome traces (any depth below them)
-TRACE_DIRS = ("trace", "profile")
-
-
-_PATH_STEP_RE = re.compile(r"(?:^|[_\-/])(?:train_)?step[_\-]?(\d+)(?=[_\-./]|$)")
-
-
-def step_from_path(rel: str) -> int | None:
-    """The training step a trace file's name or folders name (``None`` if none does).
-
-    verl's torch profiler writes one trace per role and profiled step, named like
-    ``actor-rollout_train_step2_rank0-of-1_pid123.json.gz`` (verl >= 0.7), or ``<save_path>/<step>/<role>/``
-    folders (verl 0.6.x): a trace without ``ProfilerStep#N`` windows is attributed to that step.
-    """
-    m = _PATH_STEP_RE.search(rel)
-    if m:
-        return int(m.group(1))
-    for part in Path(rel).parts[:-1]:
-        if part.isdigit():
-            return int(part)
-    return None
-
-
-def find_torch_traces(run_dir: str | os.PathLike) -> list[Path]:
-    """Chrome traces under ``<run_dir>/trace/`` and ``<run_dir>/profile/`` (any depth).
-
-    Names ending ``.json`` or ``.json.gz`` (``*.pt.trace.json[.gz]``, verl's ``prof_rank-<r>.json.gz``)
-    whose first bytes look like a chrome trace; nothing inside ``*_ascend_pt`` folders.
-    """
-    root = Path(run_dir)
-    found = []
-    for sub in TRACE_DIRS:
-        base = root / sub
-        if not base.is_dir():
-            continue
-        for p in walk_files(base):
-            if (p.name.endswith(".json") or p.name.endswith(".json.gz")) and looks_like_chrome_trace(p):
-                found.append(p)
-    return found
-
-
-class TorchTraceReader(Reader):
-    """torch profiler chrome traces: the Free ratio per ``ProfilerStep#N`` window (or the step the path names)."""
-
-    name = "torch"
-
-    def detect(self, run_dir: Path) -> bool:
-        return bool(find_torch_traces(run_dir))
-
-    def read(self, run_dir: Path, options: ReadOptions) -> Measurements:
-        out = Measurements(fields={"traces": []})
-        for trace_path in find_torch_traces(run_dir):
-            rel = rel_path(trace_path, run_dir)
-            try:
-                tf = parse_trace_free(trace_path)
-            except MeasureError as exc:
-                out.warnings.append(str(exc))
-                continue
-            d = tf.to_dict()
-            d["path"] = rel
-            out.fields["traces"].append(d)
-            out.warnings.extend(f"{rel}: {w}" for w in tf.warnings)
-            path_step = step_from_path(rel)
-            for s in tf.steps:
-                if math.isnan(s.free_ratio):
-                    continue
-                entry = {"kind": "torch", "source": rel, "free_ratio": s.free_ratio, "basis": s.basis}
-                out.free.append((s.step if s.step is not None else path_step, entry))
-        return out

@@ -78,11 +78,11 @@ class BatchReader:
     module docstring) and ``OSError``/``EOFError`` (unreadable or broken gzip) while iterating.
     """
 
-    def __init__(self, path: str | Path, chunk: int = CHUNK) -> None:
+    def __init__(self, path: str | Path, chunk: int | None = None) -> None:
         if not AVAILABLE:
             raise Unsupported("msgspec is not installed")
         self.path = Path(path)
-        self.chunk = chunk
+        self.chunk = chunk or CHUNK
         self.cut_short = False
         self.events = 0
 

@@ -62,17 +62,19 @@ class Scan:
     engine: str = "ijson"
 
 
-def scan_trace(path: str | os.PathLike, block: int = 1 << 17, engine: str = "auto") -> Scan:
+def scan_trace(path: str | os.PathLike, block: int = 1 << 17, engine: str | None = None) -> Scan:
     """Scan one trace (``.json`` / ``.json.gz``, object or bare array) with the chosen reader.
 
     ``engine``: ``"auto"`` (fast when msgspec is installed and the file is one it reads with certainty,
-    else ijson), ``"fast"`` (the same, named for tests), ``"ijson"`` (the reference path). ``block``:
+    else ijson), ``"fast"`` (the same, named for tests), ``"ijson"`` (the reference path); ``None``: the
+    environment variable ``BENCH_TRACE_ENGINE``, else ``"auto"``. ``block``:
     intervals buffered before a merge (memory bound; the result does not depend on it).
 
     Raises :class:`MeasureError` when the file cannot be opened or holds no JSON trace at all.
     """
+    engine = engine or os.environ.get("BENCH_TRACE_ENGINE") or "auto"
     if engine not in ENGINES:
-        raise ValueError(f"engine must be one of {ENGINES}, not {engine!r}")
+        raise MeasureError(f"trace engine (BENCH_TRACE_ENGINE) must be one of {', '.join(ENGINES)}, not {engine!r}")
     p = Path(path)
     if engine != "ijson" and trace_fast.AVAILABLE:
         try:
