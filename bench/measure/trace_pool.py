@@ -22,6 +22,7 @@ from pathlib import Path
 import bench.measure.trace_cache as trace_cache
 from bench.measure._common import MeasureError
 from bench.measure.torch_trace import TraceFree, parse_trace_free
+from bench.measure.trace_scan import resolve_engine
 
 #: below this many bytes to parse, the files are parsed one after another in this process
 POOL_MIN_BYTES = 64 << 20
@@ -67,6 +68,12 @@ def parse_traces(
     :class:`MeasureError` that says why it could not be read (a missing file, not a trace).
     """
     mode = trace_cache.cache_mode() if cache_dir is not None else "off"
+    try:
+        engine = resolve_engine(engine)  # here, not in a worker: a forkserver's environment may be older
+    except MeasureError as exc:
+        engine_error = exc
+    else:
+        engine_error = None
     cdir = Path(cache_dir) if cache_dir is not None else None
     out: list[TraceFree | MeasureError | None] = [None] * len(paths)
     keys: list[str | None] = [None] * len(paths)
@@ -85,6 +92,10 @@ def parse_traces(
                 continue
         todo.append(i)
 
+    if engine_error is not None:
+        for i in todo:
+            out[i] = engine_error
+        todo = []
     n_workers = min(workers or default_workers(), len(todo))
     size = sum(_size(paths[i]) for i in todo)
     if n_workers >= 2 and size >= POOL_MIN_BYTES:

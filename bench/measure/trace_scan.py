@@ -72,9 +72,7 @@ def scan_trace(path: str | os.PathLike, block: int = 1 << 17, engine: str | None
 
     Raises :class:`MeasureError` when the file cannot be opened or holds no JSON trace at all.
     """
-    engine = engine or os.environ.get("BENCH_TRACE_ENGINE") or "auto"
-    if engine not in ENGINES:
-        raise MeasureError(f"trace engine (BENCH_TRACE_ENGINE) must be one of {', '.join(ENGINES)}, not {engine!r}")
+    engine = resolve_engine(engine)
     p = Path(path)
     if engine != "ijson" and trace_fast.AVAILABLE:
         try:
@@ -84,6 +82,14 @@ def scan_trace(path: str | os.PathLike, block: int = 1 << 17, engine: str | None
         except (OSError, EOFError):
             pass  # let the reference path raise its own error
     return _scan_ijson(p, block)
+
+
+def resolve_engine(engine: str | None) -> str:
+    """``engine``, else ``$BENCH_TRACE_ENGINE``, else ``"auto"``; :class:`MeasureError` if not in :data:`ENGINES`."""
+    engine = engine or os.environ.get("BENCH_TRACE_ENGINE") or "auto"
+    if engine not in ENGINES:
+        raise MeasureError(f"trace engine (BENCH_TRACE_ENGINE) must be one of {', '.join(ENGINES)}, not {engine!r}")
+    return engine
 
 
 def _scan_ijson(p: Path, block: int) -> Scan:
