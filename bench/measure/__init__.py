@@ -101,6 +101,9 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
     ``ProfilerStep`` events, a ``step_trace_time.csv`` with an empty Step and no step folder) are
     reported in ``unstepped_free`` and not keyed by step.
 
+    Torch traces: every file of the run parsed at once over the cores, each through the parsed-trace
+    cache (:func:`bench.measure.trace_pool.parse_traces`).
+
     Per-step Free ratio: the mean over the sources covering that step, where each torch trace file
     is one source and each Ascend rank is one source (a rank's rows in one step combined time
     weighted; see :mod:`bench.measure.ascend`).
@@ -109,7 +112,8 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
         run_dir: the run folder.
         expected_ranks: world size for the Ascend missing-rank check (default: ranks 0..max seen).
         analyse: first run torch_npu's offline ``analyse`` on raw-only Ascend folders (writes into
-            them); off by default so that ``collect`` has no side effects.
+            them); off by default so that ``collect`` writes nothing but its parsed-trace cache
+            (``<run_dir>/.trace_cache/``, :mod:`bench.measure.trace_cache`; ``BENCH_TRACE_CACHE=off``: none).
 
     Returns:
         ``{"run_dir": str, "metrics_file": relative path | None, "metrics": {step: {metric: float}},
