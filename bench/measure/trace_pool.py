@@ -44,8 +44,12 @@ def _parse(path: str, engine: str | None) -> TraceFree | MeasureError:
 
 
 def _context():
-    methods = multiprocessing.get_all_start_methods()
-    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+    """``forkserver`` with the parser preloaded (the server imports it once, workers start with it)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["bench.measure.torch_trace"])
+    return ctx
 
 
 def parse_traces(
