@@ -98,6 +98,8 @@ def test_odd_files_are_handed_to_the_reference_path(tmp_path):
             {**e, "ts": int(e["ts"]), "dur": int(e["dur"])} if "dur" in e else e for e in base["traceEvents"]]},
         "late_key": {"otherData": {"x": [1, 2]}, "traceEvents": base["traceEvents"], "traceName": "t"},
         "no_events": {"schemaVersion": 1},
+        "long_trailer": {"traceEvents": base["traceEvents"], "deviceProperties": [
+            {"id": i, "dims": [1, 2], "name": "},{]"} for i in range(100)]},
     }
     for tag, data in cases.items():
         p = tmp_path / f"{tag}.json"

@@ -58,6 +58,8 @@ CHUNK = 8 << 20
 MAX_TRIES = 8
 #: a buffer without any usable cut larger than this (one giant event, or not an array of objects)
 MAX_BUFFER = 256 << 20
+#: "]" tried from the end for the close of the events array
+MAX_CLOSE_TRIES = 64
 #: how far into the file ``"traceEvents": [`` is looked for
 HEAD_LIMIT = 64 << 20
 
@@ -168,7 +170,7 @@ class BatchReader:
     def _tail(self, buf: bytes, is_object: bool) -> list:
         """The events of the last piece (at most one event plus the end of the file)."""
         pos = len(buf)
-        for _ in range(64):
+        for _ in range(MAX_CLOSE_TRIES):
             pos = buf.rfind(b"]", 0, pos)
             if pos < 0:
                 break
@@ -180,7 +182,9 @@ class BatchReader:
                 continue
             self._check_after(buf[pos + 1:], is_object)
             return last
-        # the array never closes: the file was cut inside it; whole events before the cut count
+        else:
+            raise Unsupported("the end of the events array is not among the last candidates")
+        # no "]" closes the array: the file was cut inside it; whole events before the cut count
         self.cut_short = True
         piece = buf.rstrip(_WS)
         if piece.endswith(b","):
