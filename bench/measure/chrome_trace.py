@@ -9,7 +9,9 @@ layout of Ascend's ``trace_view.json``) is read too. Times are microseconds: ``t
 ``dur`` (duration) of complete events (``"ph": "X"``); numbers or numeric strings (Ascend writes
 strings) are both accepted. Only ``ph == "X"`` events with a duration are used.
 
-Memory: events are streamed (``ijson.items``, C backend when available), never loaded whole. Only
+Memory: events are streamed, never loaded whole (:func:`iter_trace_events` here is the reference
+reader, ``ijson.items`` with its C backend when available; the fast reader is
+:mod:`bench.measure.trace_fast`, and :mod:`bench.measure.trace_scan` chooses). Only
 the start/end of the basis intervals are kept (16 bytes each, ``array('d')``), and every ``block``
 of them is merged into disjoint segments, so memory grows with the number of disjoint busy
 segments (16 bytes each; about 1.5% of the file for a dense kernel trace), not with the file
