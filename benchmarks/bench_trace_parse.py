@@ -13,8 +13,9 @@ where, all deleted at the end):
 
 Each measurement runs in a fresh child process. Printed per case: wall seconds and MB/s, CPU seconds and
 MB/s (user + system of every process of the measurement: on a busy machine wall MB/s drops, CPU MB/s much
-less), MB/s per core, the peak RSS of the largest process and of all processes together (sampled every
-0.1 s with psutil; the one-process case also ``ru_maxrss``), ``os.getloadavg()`` before and after, and
+less), MB/s per core, the peak RSS of the largest process and the peak PSS of all processes together
+(proportional set size: pages shared by the workers counted once; sampled every 0.1 s with psutil; the
+one-process case also ``ru_maxrss``), ``os.getloadavg()`` before and after, and
 whether the Free ratio is exactly 0.2 in every step of every file.
 
 The synthetic trace (Kineto's layout and field order): ``ProfilerStep#N`` windows of 10 ms on the main
@@ -142,10 +143,11 @@ class TreeSampler(threading.Thread):
         for p in procs:
             try:
                 rss = p.memory_info().rss
+                pss = p.memory_full_info().pss  # shared pages (the forkserver's preload) counted once
                 t = p.cpu_times()
             except Exception:  # noqa: BLE001
                 continue
-            total += rss
+            total += pss
             self.peak_one = max(self.peak_one, rss)
             if p.pid != self.me.pid:
                 self.cpu[p.pid] = t.user + t.system
@@ -172,6 +174,7 @@ def parse_child(paths: list[str], workers: int) -> None:
     sampler.stop.set()
     sampler.join()
     sampler.sample()
+    sampler.peak_one = max(sampler.peak_one, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     bad = [str(g) for g in got if not hasattr(g, "steps")]
     ratios = [s.free_ratio for g in got if hasattr(g, "steps") for s in g.steps]
     print(json.dumps({
@@ -181,8 +184,8 @@ def parse_child(paths: list[str], workers: int) -> None:
         "steps": len(ratios),
         "exact": bool(ratios) and all(r == EXPECTED_FREE for r in ratios) and not bad,
         "errors": bad,
-        "peak_rss_one_mb": max(sampler.peak_one, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024) / 2**20,
-        "peak_rss_sum_mb": sampler.peak_sum / 2**20,
+        "peak_rss_one_mb": sampler.peak_one / 2**20,
+        "peak_rss_sum_mb": max(sampler.peak_sum, sampler.peak_one if workers == 1 else 0) / 2**20,
     }))
 
 
@@ -281,6 +284,26 @@ def candidates(path: Path, mb_limit: float = 200.0) -> None:
          lambda: sum(1 for _ in ijson.items(io.BytesIO(data), "item", use_float=True)))
 
 
+def ascend_ranks(root: Path, ranks: int, steps: int = 200) -> str:
+    """Time ``read_ascend_free`` on ``ranks`` profile folders of ``steps`` step rows each (msprof's CSV)."""
+    from bench.measure import read_ascend_free
+
+    header = ("Device_id,Step,Computing,Communication(Not Overlapped),Overlapped,Communication,Free,Stage,Bubble,"
+              "Communication(Not Overlapped and Exclude Receive),Preparing")
+    for r in range(ranks):
+        out = root / f"node0_{1000 + r}_20251101120000000_ascend_pt"
+        (out / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
+        (out / f"profiler_info_{r}.json").write_text("{}")
+        rows = [header] + [f"{r},{s},600.0,150.0,50.0,200.0,250.0,1000.0,0.0,150.0,12.5" for s in range(steps)]
+        (out / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv").write_text("\r\n".join(rows) + "\r\n")
+    t = time.perf_counter()
+    af = read_ascend_free(root)
+    wall = time.perf_counter() - t
+    ok = all(v == 0.25 for st in af.steps.values() for v in st.per_rank.values()) and len(af.steps) == steps
+    return (f"Ascend step_trace_time.csv of {ranks} ranks x {steps} steps: {wall * 1000:.0f} ms in this process, "
+            f"Free ratio 0.25 exact on every rank and step: {'yes' if ok else 'NO'}")
+
+
 def measure(paths: list[Path], workers: int) -> dict:
     cmd = [sys.executable, __file__, "--parse", *map(str, paths), "--workers", str(workers)]
     load0 = os.getloadavg()
@@ -333,15 +356,17 @@ def main() -> int:
         if ranks:
             cases.append((f"{len(ranks)} x {args.rank_mb:.0f} MB, {workers} cores", ranks, workers))
         print(f"\n{'case':24s} {'MB':>6s} {'wall s':>7s} {'wall MB/s':>9s} {'/core':>6s} {'CPU s':>6s} "
-              f"{'CPU MB/s':>8s} {'peak RSS MB (max proc / all)':>29s} {'load 1-min before/after':>24s}"
+              f"{'CPU MB/s':>8s} {'peak MB (RSS max proc / PSS all)':>33s} {'load 1-min before/after':>24s}"
               "  Free 0.2 exact")
         for label, paths, n in cases:
             r = measure(paths, n)
             print(f"{label:24s} {r['mb']:6.0f} {r['wall_s']:7.2f} {r['mb'] / r['wall_s']:9.1f} "
                   f"{r['mb'] / r['wall_s'] / n:6.1f} {r['cpu_s']:6.2f} {r['mb'] / r['cpu_s']:8.1f} "
-                  f"{r['peak_rss_one_mb']:14.0f} / {r['peak_rss_sum_mb']:<12.0f} "
+                  f"{r['peak_rss_one_mb']:18.0f} / {r['peak_rss_sum_mb']:<12.0f} "
                   f"{r['load'][0]:11.2f} / {r['load'][1]:<10.2f}  "
                   f"{'yes' if r['exact'] else 'NO'} ({r['steps']} steps, {r['events']} events){r['errors'] or ''}")
+        if ranks:
+            print(ascend_ranks(tmp / "ascend", len(ranks)))
         hta = None if args.no_hta else hta_python(args.hta_python)
         print()
         for label, paths, _ in cases:

@@ -213,6 +213,12 @@ def _times(evs: list) -> tuple[np.ndarray, np.ndarray, list[int]]:
     return np.array(tv, dtype=np.float64), np.array(dv, dtype=np.float64), idx
 
 
+def _complete(evs: list) -> list:
+    """The complete events (``ph == "X"``) of ``evs``; one C-level count when they all are (the usual case)."""
+    phs = [e.ph for e in evs]
+    return evs if phs.count("X") == len(phs) else [e for e, ph in zip(evs, phs) if ph == "X"]
+
+
 def _scan_fast(p: Path, block: int) -> Scan:
     """The fast path: batches from :class:`~bench.measure.trace_fast.BatchReader`, columns per batch."""
     device = Intervals(block)
@@ -222,8 +228,8 @@ def _scan_fast(p: Path, block: int) -> Scan:
     dev_cats, step_cats = DEVICE_CATEGORIES, STEP_CATEGORIES
     for batch in reader:
         try:
-            dev = [e for e in batch if e.ph == "X" and e.cat in dev_cats]
-            steps = [e for e in batch if e.ph == "X" and e.cat in step_cats]
+            dev = _complete([e for e in batch if e.cat in dev_cats])
+            steps = _complete([e for e in batch if e.cat in step_cats])
         except TypeError as exc:  # an unhashable category: the reference path says what it makes of it
             raise trace_fast.Unsupported(str(exc)) from exc
         if dev:
