@@ -176,3 +176,22 @@ def test_pool_and_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("BENCH_TRACE_CACHE", "sometimes")
     with pytest.raises(MeasureError, match="BENCH_TRACE_CACHE"):
         parse_traces(files, cache_dir=cache)
+
+
+def test_collect_reads_a_run_folder_again_from_the_cache(tmp_path, monkeypatch):
+    """``collect`` twice on one run folder (record on resume, a re-measure): the second never parses."""
+    run = tmp_path / "run"
+    (run / "trace").mkdir(parents=True)
+    for name in FIXTURES[:2]:
+        (run / "trace" / name).write_bytes((FIX / name).read_bytes())
+    first = collect(run)
+    assert len(list((run / trace_cache.CACHE_DIR).glob("*.json"))) == 2
+
+    def no_parse(*args, **kwargs):
+        raise AssertionError("parsed again")
+
+    monkeypatch.setattr(trace_pool, "parse_trace_free", no_parse)
+    assert collect(run) == first
+    monkeypatch.setenv("BENCH_TRACE_CACHE", "off")
+    with pytest.raises(AssertionError, match="parsed again"):
+        collect(run)
