@@ -195,3 +195,16 @@ def test_collect_reads_a_run_folder_again_from_the_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("BENCH_TRACE_CACHE", "off")
     with pytest.raises(AssertionError, match="parsed again"):
         collect(run)
+
+
+def test_no_pool_parses_one_by_one(tmp_path, monkeypatch):
+    """Where no worker process can be started, the traces are parsed in the calling process."""
+    files = [FIX / n for n in FIXTURES]
+
+    def no_processes(*args, **kwargs):
+        raise OSError("no processes here")
+
+    monkeypatch.setattr(trace_pool, "POOL_MIN_BYTES", 0)
+    monkeypatch.setattr(trace_pool, "ProcessPoolExecutor", no_processes)
+    got = parse_traces(files, workers=2)
+    assert [g.to_dict() for g in got] == [parse_trace_free(p).to_dict() for p in files]

@@ -4,8 +4,9 @@
 by :func:`bench.measure.torch_trace.parse_trace_free`, in a process pool (one process per core, at most one
 per file; each worker parses one file at a time, so its memory is the parser's bound, about 100 MB) when
 there are at least two misses and they hold at least :data:`POOL_MIN_BYTES`, else in this process (a pool's
-start-up, about 0.3 s, is more than small traces cost). The results come back in the order of the paths and
-are stored in the cache.
+start-up, about 0.3 s, is more than small traces cost; and where no process can be started, or a worker
+dies, the files left are parsed here). The results come back in the order of the paths and are stored in
+the cache.
 
 Workers are started with ``forkserver`` (``spawn`` where that does not exist): never ``fork``, which copies
 the caller's threads' locks (MLflow, Ray clients).
@@ -17,6 +18,7 @@ import multiprocessing
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 
 import bench.measure.trace_cache as trace_cache
@@ -103,10 +105,15 @@ def parse_traces(
     n_workers = min(workers or default_workers(), len(todo))
     size = sum(_size(paths[i]) for i in todo)
     if n_workers >= 2 and size >= POOL_MIN_BYTES:
-        with ProcessPoolExecutor(max_workers=n_workers, mp_context=_context()) as pool:
-            futures = {i: pool.submit(_parse, str(paths[i]), engine) for i in todo}
-            for i, fut in futures.items():
-                out[i] = fut.result()
+        try:
+            with ProcessPoolExecutor(max_workers=n_workers, mp_context=_context()) as pool:
+                futures = {i: pool.submit(_parse, str(paths[i]), engine) for i in todo}
+                for i, fut in futures.items():
+                    out[i] = fut.result()
+        except (OSError, BrokenProcessPool):  # no processes here (a sandbox, a worker killed): one by one
+            for i in todo:
+                if out[i] is None:
+                    out[i] = _parse(str(paths[i]), engine)
     else:
         for i in todo:
             out[i] = _parse(str(paths[i]), engine)
