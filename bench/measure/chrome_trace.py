@@ -114,14 +114,55 @@ class Intervals:
         return float(np.sum(e - s))
 
 
+class GzipToTheCut:
+    """A gzip stream read up to where it was cut: ``read(n)`` gathers ``read1`` pieces, so that a stream
+    that ends early (a killed run) gives every byte before the cut and then ``b""`` (a plain ``read(n)``
+    raises ``EOFError`` and drops what it had gathered in that call)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = gzip.open(path, "rb")
+        self._cut = False
+
+    def read(self, n: int = -1) -> bytes:
+        if self._cut or n == 0:
+            return b""
+        parts, got = [], 0
+        while n < 0 or got < n:
+            try:
+                part = self._fh.read1(n - got if n > 0 else 1 << 20)
+            except EOFError:
+                self._cut = True
+                break
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
+
+    def seek(self, pos: int) -> int:
+        """Back to ``pos`` of the decompressed stream (gzip decompresses again from the start)."""
+        self._cut = False
+        return self._fh.seek(pos)
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> GzipToTheCut:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def open_binary(path: Path):
-    """The file opened for binary reading, gunzipped when it starts with the gzip magic bytes."""
+    """The file opened for binary reading, gunzipped when it starts with the gzip magic bytes (a gzip stream
+    cut short reads up to the cut, :class:`GzipToTheCut`)."""
     fh = open(path, "rb")
     magic = fh.read(2)
     fh.seek(0)
     if magic == b"\x1f\x8b":
         fh.close()
-        return gzip.open(path, "rb")
+        return GzipToTheCut(path)
     return fh
 
 

@@ -94,7 +94,7 @@ class BatchReader:
             eof = False
             while True:
                 if not eof and len(buf) < self.chunk:
-                    data = fh.read(self.chunk)
+                    data = self._read(fh)
                     eof = not data
                     buf += data
                     if not eof:
@@ -107,7 +107,7 @@ class BatchReader:
                 if not eof:
                     if len(buf) > MAX_BUFFER:
                         raise Unsupported("no event boundary in a large buffer")
-                    data = fh.read(self.chunk)
+                    data = self._read(fh)
                     eof = not data
                     buf += data
                     continue
@@ -117,11 +117,15 @@ class BatchReader:
                 self.events += len(last)
                 yield last
 
+    def _read(self, fh) -> bytes:
+        """The next bytes; ``b""`` at the end (of a gzip stream cut short too: :func:`open_binary`)."""
+        return fh.read(self.chunk)
+
     def _head(self, fh) -> tuple[bytearray, bool]:
         """From the ``[`` that opens the events on, and whether the file is a ``{...}`` object."""
         buf = b""
         while True:
-            data = fh.read(self.chunk)
+            data = self._read(fh)
             buf += data
             text = buf.lstrip(_WS)
             if text[:1] == b"[":

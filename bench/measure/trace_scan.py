@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -79,8 +80,8 @@ def scan_trace(path: str | os.PathLike, block: int = 1 << 17, engine: str | None
             return _scan_fast(p, block)
         except trace_fast.Unsupported:
             pass
-        except (OSError, EOFError):
-            pass  # let the reference path raise its own error
+        except (OSError, EOFError, zlib.error):
+            pass  # let the reference path say what it makes of it (a corrupt gzip stream: read up to it)
     return _scan_ijson(p, block)
 
 
@@ -150,7 +151,7 @@ def _scan_ijson(p: Path, block: int) -> Scan:
                     _cpu_store(cpu_by_thread, thread, block).add(ts, ts + dur)
     except OSError as exc:
         raise MeasureError(f"{p}: cannot read trace: {exc.strerror or exc}") from exc
-    except (ijson.common.IncompleteJSONError, ijson.common.JSONError, EOFError, ValueError) as exc:
+    except (ijson.common.IncompleteJSONError, ijson.common.JSONError, EOFError, ValueError, zlib.error) as exc:
         if n == 0:
             raise MeasureError(f"{p}: not a chrome trace ({exc})") from exc
         scan.cut_short = True
