@@ -31,6 +31,7 @@ ratio is exactly 0.2 (kernels busy 400 x 20 us of 10 000 us). About 340 bytes pe
 from __future__ import annotations
 
 import argparse
+import gzip
 import io
 import json
 import os
@@ -89,11 +90,14 @@ def _step_events(step: int, t0: float, pid: int) -> list[str]:
 
 
 def generate(path: Path, size_mb: float) -> tuple[int, int]:
-    """Write a trace of about ``size_mb`` MB; returns ``(events, steps)``. Holds one step at a time."""
+    """Write a trace of about ``size_mb`` MB (uncompressed; gzip level 1 when ``path`` ends ``.gz``);
+    returns ``(events, steps)``. Holds one step at a time."""
     target = int(size_mb * 1024 * 1024)
     pid = 4242
     events = steps = written = 0
-    with open(path, "w", encoding="utf-8") as fh:
+    opener = (lambda p: gzip.open(p, "wt", encoding="utf-8", compresslevel=1)) if path.suffix == ".gz" else (
+        lambda p: open(p, "w", encoding="utf-8"))
+    with opener(path) as fh:
         fh.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [],\n  ' + RANK_FIELD.decode()
                  + ',\n  "traceEvents": [\n')
         t0 = 5091018480000.0
@@ -236,7 +240,7 @@ def run_hta(python: str, files: list[Path], timeout: float, cap_gb: float) -> st
         r = json.loads(out.strip().splitlines()[-1])
     except (ValueError, IndexError):
         return f"exit {proc.returncode} after {wall:.1f} s, no result"
-    mb = sum(f.stat().st_size for f in files) / 2**20
+    mb = sum(json_bytes(f) for f in files) / 2**20
     text = f"{wall:.1f} s wall ({mb / wall:.1f} MB/s)"
     if "load_s" in r:
         text += f", load {r['load_s']:.1f} s"
@@ -304,6 +308,15 @@ def ascend_ranks(root: Path, ranks: int, steps: int = 200) -> str:
             f"Free ratio 0.25 exact on every rank and step: {'yes' if ok else 'NO'}")
 
 
+def json_bytes(path: Path) -> int:
+    """The JSON bytes a trace holds: its size, or for gzip the trailer's ISIZE (files under 4 GiB)."""
+    if path.suffix != ".gz":
+        return path.stat().st_size
+    with open(path, "rb") as fh:
+        fh.seek(-4, os.SEEK_END)
+        return int.from_bytes(fh.read(4), "little")
+
+
 def measure(paths: list[Path], workers: int) -> dict:
     cmd = [sys.executable, __file__, "--parse", *map(str, paths), "--workers", str(workers)]
     load0 = os.getloadavg()
@@ -312,7 +325,7 @@ def measure(paths: list[Path], workers: int) -> dict:
         raise SystemExit(proc.stderr)
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     r["load"] = (load0[0], os.getloadavg()[0])
-    r["mb"] = sum(p.stat().st_size for p in paths) / 2**20
+    r["mb"] = sum(json_bytes(p) for p in paths) / 2**20
     return r
 
 
@@ -328,6 +341,7 @@ def main() -> int:
     ap.add_argument("--hta-timeout", type=float, default=150.0, help="seconds HTA may take per case")
     ap.add_argument("--hta-mem-gb", type=float, default=6.0, help="HTA's address-space cap (GB)")
     ap.add_argument("--candidates", action="store_true", help="also compare the JSON libraries' decode rates")
+    ap.add_argument("--gzip-mb", type=float, default=0.0, help="also one gzip trace of this many MB (uncompressed)")
     ap.add_argument("--parse", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.parse:
@@ -345,6 +359,9 @@ def main() -> int:
         t = time.perf_counter()
         big_events, _ = generate(big, args.big_mb)
         ranks = []
+        packed = tmp / "packed.pt.trace.json.gz"
+        if args.gzip_mb:
+            generate(packed, args.gzip_mb)
         if args.ranks:
             generate(tmp / "rank0.pt.trace.json", args.rank_mb)
             ranks = [tmp / f"rank{r}.pt.trace.json" for r in range(args.ranks)]
@@ -353,6 +370,8 @@ def main() -> int:
         print(f"generated {1 + len(ranks)} traces in {time.perf_counter() - t:.1f} s; {os.cpu_count()} cores, "
               f"{workers} workers; fast reader (msgspec) {'on' if AVAILABLE else 'MISSING: ijson path'}")
         cases = [(f"1 x {args.big_mb:.0f} MB, 1 core", [big], 1)]
+        if args.gzip_mb:
+            cases.append((f"1 x {args.gzip_mb:.0f} MB .gz, 1 core", [packed], 1))
         if ranks:
             cases.append((f"{len(ranks)} x {args.rank_mb:.0f} MB, {workers} cores", ranks, workers))
         print(f"\n{'case':24s} {'MB':>6s} {'wall s':>7s} {'wall MB/s':>9s} {'/core':>6s} {'CPU s':>6s} "
