@@ -18,10 +18,11 @@ less), MB/s per core, the peak RSS of the largest process and the peak PSS of al
 one-process case also ``ru_maxrss``), ``os.getloadavg()`` before and after, and
 whether the Free ratio is exactly 0.2 in every step of every file.
 
-The synthetic trace (Kineto's layout and field order): ``ProfilerStep#N`` windows of 10 ms on the main
-thread; every 25 us a ``cpu_op`` with a ``cuda_runtime`` launch, a flow pair (``ph`` ``s``/``f``), a GEMM
-kernel of 20 us on stream 7 and an NCCL kernel of 10 us nested in it on stream 13, so every window's Free
-ratio is exactly 0.2 (kernels busy 400 x 20 us of 10 000 us). About 340 bytes per event.
+The synthetic trace (Kineto's layout and field order): ``ProfilerStep#N`` windows of 1 s (``--step-ms``;
+about 80 MB of events each) on the main thread; every 25 us a ``cpu_op`` with a ``cuda_runtime`` launch, a
+flow pair (``ph`` ``s``/``f``), a GEMM kernel of 20 us on stream 7 and an NCCL kernel of 10 us nested in it
+on stream 13, so every window's Free ratio is exactly 0.2 (kernels busy 20 us of every 25 us). About 340
+bytes per event.
 
     python benchmarks/bench_trace_parse.py                                  # the acceptance run
     python benchmarks/bench_trace_parse.py --big-mb 300 --rank-mb 40 --no-hta   # a quick look
@@ -46,22 +47,24 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEP_US = 10_000.0
+STEP_US = 1_000_000.0  #: one profiled step's window (--step-ms); a real GRPO step lasts seconds
 PERIOD_US = 25.0
 EXPECTED_FREE = 0.2
 RANK_FIELD = b'"distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 8}'
 
 
-def _step_events(step: int, t0: float, pid: int) -> list[str]:
-    out = [
-        f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{step}", "pid": {pid}, "tid": {pid}, '
-        f'"ts": {t0:.3f}, "dur": {STEP_US:.3f}, "args": {{"External id": {step}, "Record function id": 0, '
-        f'"Ev Idx": {step}}}}}'
-    ]
-    n = int(STEP_US / PERIOD_US)
-    for i in range(n):
+def _window(step: int, t0: float, pid: int, dur: float) -> str:
+    return (f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{step}", "pid": {pid}, "tid": {pid}, '
+            f'"ts": {t0:.3f}, "dur": {dur:.3f}, "args": {{"External id": {step}, "Record function id": 0, '
+            f'"Ev Idx": {step}}}}}')
+
+
+def _iterations(first: int, count: int, t0: float, pid: int) -> list[str]:
+    """The events of ``count`` 25-us iterations from iteration ``first`` of a window starting at ``t0``."""
+    out = []
+    for i in range(first, first + count):
         ts = t0 + i * PERIOD_US
-        c = step * n + i
+        c = int(t0) + i
         out.append(
             f'{{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": {pid}, "tid": {pid}, "ts": {ts:.3f}, '
             f'"dur": 6.250, "args": {{"External id": {c}, "Record function id": 0, "Sequence number": {c}, '
@@ -90,10 +93,14 @@ def _step_events(step: int, t0: float, pid: int) -> list[str]:
 
 
 def generate(path: Path, size_mb: float) -> tuple[int, int]:
-    """Write a trace of about ``size_mb`` MB (uncompressed; gzip level 1 when ``path`` ends ``.gz``);
-    returns ``(events, steps)``. Holds one step at a time."""
+    """Write a trace of ``size_mb`` MB of events (uncompressed; gzip level 1 when ``path`` ends ``.gz``);
+    returns ``(events, steps)``. The last window is shortened to end with the file (its Free ratio is 0.2
+    too). Writes 1000 iterations at a time, so this process stays small (a child it starts later inherits
+    its peak RSS as its own ``ru_maxrss`` baseline)."""
     target = int(size_mb * 1024 * 1024)
     pid = 4242
+    per_iter = len(",\n".join(_iterations(0, 1, 5091018480000.0, pid))) + 2
+    full = int(STEP_US / PERIOD_US)
     events = steps = written = 0
     opener = (lambda p: gzip.open(p, "wt", encoding="utf-8", compresslevel=1)) if path.suffix == ".gz" else (
         lambda p: open(p, "w", encoding="utf-8"))
@@ -102,13 +109,16 @@ def generate(path: Path, size_mb: float) -> tuple[int, int]:
                  + ',\n  "traceEvents": [\n')
         t0 = 5091018480000.0
         while written < target:
-            chunk = _step_events(steps + 1, t0, pid)
-            text = ("" if steps == 0 else ",\n") + ",\n".join(chunk)
-            fh.write(text)
-            written += len(text)
-            events += len(chunk)
+            n = max(1, min(full, (target - written) // per_iter))
             steps += 1
-            t0 += STEP_US + 500.0
+            text = ("" if steps == 1 else ",\n") + _window(steps, t0, pid, n * PERIOD_US)
+            for first in range(0, n, 1000):
+                text += ",\n" + ",\n".join(_iterations(first, min(1000, n - first), t0, pid))
+                fh.write(text)
+                written += len(text)
+                text = ""
+            events += 1 + 6 * n
+            t0 += n * PERIOD_US + 500.0
         fh.write('\n  ],\n  "traceName": "synthetic"\n}\n')
     return events, steps
 
@@ -330,6 +340,7 @@ def measure(paths: list[Path], workers: int) -> dict:
 
 
 def main() -> int:
+    global STEP_US
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--big-mb", type=float, default=2048.0, help="size of the one big trace (MB)")
     ap.add_argument("--ranks", type=int, default=8, help="traces of the parallel case (0: skip it)")
@@ -341,9 +352,11 @@ def main() -> int:
     ap.add_argument("--hta-timeout", type=float, default=150.0, help="seconds HTA may take per case")
     ap.add_argument("--hta-mem-gb", type=float, default=6.0, help="HTA's address-space cap (GB)")
     ap.add_argument("--candidates", action="store_true", help="also compare the JSON libraries' decode rates")
+    ap.add_argument("--step-ms", type=float, default=STEP_US / 1000, help="length of a step window (ms)")
     ap.add_argument("--gzip-mb", type=float, default=0.0, help="also one gzip trace of this many MB (uncompressed)")
     ap.add_argument("--parse", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    STEP_US = args.step_ms * 1000.0
     if args.parse:
         parse_child(args.parse, args.workers or 1)
         return 0

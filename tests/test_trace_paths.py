@@ -236,3 +236,17 @@ def test_gzip_cut_short_is_read_to_the_cut_by_both_paths(tmp_path):
     assert fast["events"] in (whole, whole + 1)
     assert scan_trace(p, engine="fast").engine == "fast"
     assert fast["warnings"] == [f"trace cut short after {fast['events']} events; read what was there"]
+
+
+@pytest.mark.parametrize("chunk", [None, 61])
+def test_an_escaped_window_name_is_still_a_window(tmp_path, monkeypatch, chunk):
+    """A window name written with a JSON escape is a window on both paths, however the batches fall."""
+    text = (FIX / "cpu_two_steps.pt.trace.json").read_text().replace('"ProfilerStep#1"', '"Profiler\\u0053tep#1"')
+    assert "Profiler\\u0053tep#1" in text
+    p = tmp_path / "escaped.json"
+    p.write_text(text)
+    if chunk:
+        monkeypatch.setattr(trace_fast, "CHUNK", chunk)
+    fast, ref = _both(p)
+    assert fast == ref
+    assert [s["step"] for s in fast["steps"]] == [1, 2]
