@@ -250,3 +250,19 @@ def test_an_escaped_window_name_is_still_a_window(tmp_path, monkeypatch, chunk):
     fast, ref = _both(p)
     assert fast == ref
     assert [s["step"] for s in fast["steps"]] == [1, 2]
+
+
+def test_cut_inside_an_event_with_nested_objects(tmp_path, monkeypatch):
+    """Cut inside an event whose ``args`` hold many objects (separators that are not event boundaries)."""
+    base = json.loads((FIX / "gpu_two_steps.pt.trace.json").read_text())
+    nested = {"ph": "X", "cat": "kernel", "name": "k", "pid": 0, "tid": 7, "ts": base["traceEvents"][-1]["ts"],
+              "dur": 1.0, "args": {"inputs": [{"shape": [i, 2], "dtype": "bf16"} for i in range(30)]}}
+    raw = json.dumps({"traceEvents": [*base["traceEvents"], nested, nested]}, indent=1).encode()
+    for frac in (0.97, 0.985, 0.995):
+        p = tmp_path / f"cut{frac}.json"
+        p.write_bytes(raw[: int(len(raw) * frac)])
+        fast, ref = _both(p)
+        assert fast == ref, frac
+        monkeypatch.setattr(trace_fast, "CHUNK", 200)
+        assert _both(p) == (fast, ref), frac
+        monkeypatch.undo()

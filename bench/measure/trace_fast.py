@@ -198,7 +198,9 @@ class BatchReader:
         except _ValidationError as exc:
             raise Unsupported(f"an event of an unexpected shape ({exc})") from exc
         except _DecodeError:
-            return []
+            if _SEP.search(piece):  # whole events may hide before the cut: the reference path finds them
+                raise Unsupported("a cut piece with separators") from None
+            return []  # one event begun, none whole
 
     def _check_after(self, after: bytes, is_object: bool) -> None:
         """What follows the events array must end the file (array) or the top-level object."""
