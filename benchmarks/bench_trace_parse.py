@@ -1,158 +1,416 @@
-"""Throughput and peak memory of the streaming chrome-trace parser (``bench.measure.torch_trace``).
+"""Trace parsing at disk speed: MB/s and peak RSS of ``bench.measure`` on one big trace (one core) and on the
+traces of 8 ranks (all cores), beside HTA (Holistic Trace Analysis) on the same files when it is installed.
 
-Not a test. Writes a synthetic Kineto-style trace of about ``--size-mb`` MB (default 300) into a
-temporary folder, parses it in a fresh child process (so its peak RSS is the parser's alone), and
-prints events/s and the child's peak RSS (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) next to
-the file size: the RSS stays near the interpreter's baseline plus 16 bytes per disjoint busy
-segment, whatever the file size (``json.load`` would need several times the file size).
+Not a test. In one run, on the same generated files (written under a temporary folder, ``--dir`` to choose
+where, all deleted at the end):
 
-The synthetic trace: ``ProfilerStep#N`` windows of 10 ms on the main thread, each filled with
-``cpu_op`` events and, on the device, kernels of 20 us every 25 us on stream 7 plus kernels nested
-inside them on stream 13, so every window's expected Free ratio is exactly 0.2 (checked).
+* ``1 x --big-mb`` (default 2048 MB), parsed in one process (``workers=1``): the per-core rate;
+* ``--ranks`` x ``--rank-mb`` (default 8 x 250 MB), parsed by ``bench.measure.parse_traces`` over all
+  cores (a process pool), no cache;
+* HTA 0.5 (``TraceAnalysis`` load, then ``get_temporal_breakdown``) on both, in its own environment
+  (``--hta-python``, or ``$HTA_PYTHON``; "HTA not installed" otherwise), under a time limit and an
+  address-space cap so that it cannot take the machine down; what it reached is printed.
 
-    python benchmarks/bench_trace_parse.py                 # ~300 MB
-    python benchmarks/bench_trace_parse.py --size-mb 1500  # ~1.5 GB
-    python benchmarks/bench_trace_parse.py --sizes 100 300 1000 --gzip
+Each measurement runs in a fresh child process. Printed per case: wall seconds and MB/s, CPU seconds and
+MB/s (user + system of every process of the measurement: on a busy machine wall MB/s drops, CPU MB/s much
+less), MB/s per core, the peak RSS of the largest process and the peak PSS of all processes together
+(proportional set size: pages shared by the workers counted once; sampled every 0.1 s with psutil; the
+one-process case also ``ru_maxrss``), ``os.getloadavg()`` before and after, and
+whether the Free ratio is exactly 0.2 in every step of every file.
+
+The synthetic trace (Kineto's layout and field order): ``ProfilerStep#N`` windows of 1 s (``--step-ms``;
+about 80 MB of events each) on the main thread; every 25 us a ``cpu_op`` with a ``cuda_runtime`` launch, a
+flow pair (``ph`` ``s``/``f``), a GEMM kernel of 20 us on stream 7 and an NCCL kernel of 10 us nested in it
+on stream 13, so every window's Free ratio is exactly 0.2 (kernels busy 20 us of every 25 us). About 340
+bytes per event.
+
+    python benchmarks/bench_trace_parse.py                                  # the acceptance run
+    python benchmarks/bench_trace_parse.py --big-mb 300 --rank-mb 40 --no-hta   # a quick look
+    python benchmarks/bench_trace_parse.py --candidates --big-mb 200 --ranks 0  # JSON libraries compared
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import json
 import os
 import resource
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-STEP_US = 10_000.0
+STEP_US = 1_000_000.0  #: one profiled step's window (--step-ms); a real GRPO step lasts seconds
 PERIOD_US = 25.0
 EXPECTED_FREE = 0.2
+RANK_FIELD = b'"distributedInfo": {"backend": "nccl", "rank": 0, "world_size": 8}'
 
 
-def _step_events(step: int, t0: float, pid: int) -> list[str]:
-    out = [
-        f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{step}", "pid": {pid}, "tid": {pid}, '
-        f'"ts": {t0:.3f}, "dur": {STEP_US:.3f}, '
-        f'"args": {{"External id": {step}, "Record function id": 0, "Ev Idx": {step}}}}}'
-    ]
-    n = int(STEP_US / PERIOD_US)
-    for i in range(n):
+def _window(step: int, t0: float, pid: int, dur: float) -> str:
+    return (f'{{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#{step}", "pid": {pid}, "tid": {pid}, '
+            f'"ts": {t0:.3f}, "dur": {dur:.3f}, "args": {{"External id": {step}, "Record function id": 0, '
+            f'"Ev Idx": {step}}}}}')
+
+
+def _iterations(first: int, count: int, t0: float, pid: int) -> list[str]:
+    """The events of ``count`` 25-us iterations from iteration ``first`` of a window starting at ``t0``."""
+    out = []
+    for i in range(first, first + count):
         ts = t0 + i * PERIOD_US
-        corr = step * n + i
+        c = int(t0) + i
         out.append(
             f'{{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": {pid}, "tid": {pid}, "ts": {ts:.3f}, '
-            f'"dur": 6.250, "args": {{"External id": {corr}, "Record function id": 0, "Sequence number": {corr}, '
-            f'"Fwd thread id": 0, "Ev Idx": {corr}}}}}'
+            f'"dur": 6.250, "args": {{"External id": {c}, "Record function id": 0, "Sequence number": {c}, '
+            f'"Fwd thread id": 0, "Ev Idx": {c}}}}}'
         )
+        out.append(
+            f'{{"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "pid": {pid}, "tid": {pid}, '
+            f'"ts": {ts + 2:.3f}, "dur": 3.000, "args": {{"External id": {c}, "cbid": 211, "correlation": {c}}}}}'
+        )
+        out.append(f'{{"ph": "s", "id": {c}, "pid": {pid}, "tid": {pid}, "ts": {ts + 2:.3f}, "cat": "ac2g", '
+                   f'"name": "ac2g"}}')
         out.append(
             f'{{"ph": "X", "cat": "kernel", "name": "ampere_sgemm_128x64_tn", "pid": 0, "tid": 7, "ts": {ts:.3f}, '
-            f'"dur": 20.000, "args": {{"External id": {corr}, "queued": 0, "device": 0, "context": 1, "stream": 7, '
-            f'"correlation": {corr}, "registers per thread": 32, "shared memory": 0, "blocks per SM": 0.5, '
+            f'"dur": 20.000, "args": {{"External id": {c}, "queued": 0, "device": 0, "context": 1, "stream": 7, '
+            f'"correlation": {c}, "registers per thread": 32, "shared memory": 0, "blocks per SM": 0.5, '
             f'"warps per SM": 2.0, "grid": [66, 1, 1], "block": [128, 1, 1], "est. achieved occupancy %": 3}}}}'
         )
+        out.append(f'{{"ph": "f", "id": {c}, "pid": 0, "tid": 7, "ts": {ts:.3f}, "cat": "ac2g", "name": "ac2g", '
+                   f'"bp": "e"}}')
         out.append(
-            f'{{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "pid": 0, "tid": 13, '
-            f'"ts": {ts + 10.0:.3f}, "dur": 10.000, "args": {{"External id": {corr}, "device": 0, "stream": 13, '
-            f'"correlation": {corr}}}}}'
+            f'{{"ph": "X", "cat": "kernel", "name": "ncclDevKernel_AllReduce_Sum_bf16_RING_LL", "pid": 0, '
+            f'"tid": 13, "ts": {ts + 10.0:.3f}, "dur": 10.000, "args": {{"External id": {c}, "device": 0, '
+            f'"stream": 13, "correlation": {c}}}}}'
         )
     return out
 
 
-def generate(path: Path, size_mb: float, use_gzip: bool) -> tuple[int, int]:
-    """Write the trace; returns (events, steps). Streams to disk, holding one step at a time."""
+def generate(path: Path, size_mb: float) -> tuple[int, int]:
+    """Write a trace of ``size_mb`` MB of events (uncompressed; gzip level 1 when ``path`` ends ``.gz``);
+    returns ``(events, steps)``. The last window is shortened to end with the file (its Free ratio is 0.2
+    too). Writes 1000 iterations at a time, so this process stays small (a child it starts later inherits
+    its peak RSS as its own ``ru_maxrss`` baseline)."""
     target = int(size_mb * 1024 * 1024)
-    opener = gzip.open if use_gzip else open
     pid = 4242
-    events = steps = 0
-    written = 0
-    with opener(path, "wt", encoding="utf-8") as fh:
-        fh.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [],\n  "traceEvents": [\n')
+    per_iter = len(",\n".join(_iterations(0, 1, 5091018480000.0, pid))) + 2
+    full = int(STEP_US / PERIOD_US)
+    events = steps = written = 0
+    opener = (lambda p: gzip.open(p, "wt", encoding="utf-8", compresslevel=1)) if path.suffix == ".gz" else (
+        lambda p: open(p, "w", encoding="utf-8"))
+    with opener(path) as fh:
+        fh.write('{\n  "schemaVersion": 1,\n  "deviceProperties": [],\n  ' + RANK_FIELD.decode()
+                 + ',\n  "traceEvents": [\n')
         t0 = 5091018480000.0
-        first = True
         while written < target:
-            chunk = _step_events(steps + 1, t0, pid)
-            text = ("" if first else ",\n") + ",\n".join(chunk)
-            fh.write(text)
-            written += len(text)
-            first = False
-            events += len(chunk)
+            n = max(1, min(full, (target - written) // per_iter))
             steps += 1
-            t0 += STEP_US + 500.0
+            text = ("" if steps == 1 else ",\n") + _window(steps, t0, pid, n * PERIOD_US)
+            for first in range(0, n, 1000):
+                text += ",\n" + ",\n".join(_iterations(first, min(1000, n - first), t0, pid))
+                fh.write(text)
+                written += len(text)
+                text = ""
+            events += 1 + 6 * n
+            t0 += n * PERIOD_US + 500.0
         fh.write('\n  ],\n  "traceName": "synthetic"\n}\n')
     return events, steps
 
 
-def parse_child(path: str) -> None:
-    sys.path.insert(0, str(ROOT))
-    from bench.measure.torch_trace import parse_trace_free
+def copy_as_rank(src: Path, dst: Path, rank: int) -> None:
+    """A copy of ``src`` whose ``distributedInfo.rank`` is ``rank`` (HTA keys files by it)."""
+    shutil.copyfile(src, dst)
+    new = RANK_FIELD.replace(b'"rank": 0', f'"rank": {rank}'.encode())
+    assert len(new) == len(RANK_FIELD), "one-digit ranks only"
+    with open(dst, "r+b") as fh:
+        head = fh.read(4096)
+        fh.seek(head.index(RANK_FIELD))
+        fh.write(new)
 
-    base_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+class TreeSampler(threading.Thread):
+    """Every ``period`` s: RSS and CPU times of this process and all its descendants (psutil)."""
+
+    def __init__(self, period: float = 0.1) -> None:
+        super().__init__(daemon=True)
+        import psutil
+
+        self.me = psutil.Process()
+        self.period = period
+        self.stop = threading.Event()
+        self.peak_one = self.peak_sum = 0
+        self.cpu: dict[int, float] = {}
+
+    def sample(self) -> None:
+        procs = [self.me]
+        try:
+            procs += self.me.children(recursive=True)
+        except Exception:  # noqa: BLE001 - a process ending during the walk
+            pass
+        total = 0
+        for p in procs:
+            try:
+                rss = p.memory_info().rss
+                pss = p.memory_full_info().pss  # shared pages (the forkserver's preload) counted once
+                t = p.cpu_times()
+            except Exception:  # noqa: BLE001
+                continue
+            total += pss
+            self.peak_one = max(self.peak_one, rss)
+            if p.pid != self.me.pid:
+                self.cpu[p.pid] = t.user + t.system
+        self.peak_sum = max(self.peak_sum, total)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.sample()
+            time.sleep(self.period)
+
+
+def parse_child(paths: list[str], workers: int) -> None:
+    """One measurement (run in a fresh process): parse, time, check, print one JSON line."""
+    sys.path.insert(0, str(ROOT))
+    from bench.measure import parse_traces
+
+    sampler = TreeSampler()
+    sampler.start()
+    cpu0 = time.thread_time()  # this thread only: the sampler's own CPU is not the parser's
+    t0 = time.perf_counter()
+    got = parse_traces(paths, cache_dir=None, workers=workers)
+    wall = time.perf_counter() - t0
+    own_cpu = time.thread_time() - cpu0
+    sampler.stop.set()
+    sampler.join()
+    sampler.sample()
+    sampler.peak_one = max(sampler.peak_one, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    bad = [str(g) for g in got if not hasattr(g, "steps")]
+    ratios = [s.free_ratio for g in got if hasattr(g, "steps") for s in g.steps]
+    print(json.dumps({
+        "wall_s": wall,
+        "cpu_s": own_cpu + sum(sampler.cpu.values()),
+        "events": sum(g.events for g in got if hasattr(g, "steps")),
+        "steps": len(ratios),
+        "exact": bool(ratios) and all(r == EXPECTED_FREE for r in ratios) and not bad,
+        "errors": bad,
+        "peak_rss_one_mb": sampler.peak_one / 2**20,
+        "peak_rss_sum_mb": max(sampler.peak_sum, sampler.peak_one if workers == 1 else 0) / 2**20,
+    }))
+
+
+HTA_SCRIPT = r"""
+import json, resource, sys, time
+cap = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+files = sys.argv[2:]
+out = {"stage": "import"}
+try:
+    from hta.trace_analysis import TraceAnalysis
     t = time.perf_counter()
-    tf = parse_trace_free(path)
+    out["stage"] = "load"
+    ta = TraceAnalysis(trace_files={i: f for i, f in enumerate(files)})
+    out["load_s"] = time.perf_counter() - t
+    out["stage"] = "temporal breakdown"
+    t = time.perf_counter()
+    df = ta.get_temporal_breakdown(visualize=False)
+    out["breakdown_s"] = time.perf_counter() - t
+    out["idle_pctg"] = [float(x) for x in df["idle_time_pctg"]]
+    out["stage"] = "done"
+except BaseException as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"[:200]
+out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+out["children_peak_rss_mb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+print(json.dumps(out))
+"""
+
+
+def run_hta(python: str, files: list[Path], timeout: float, cap_gb: float) -> str:
+    """HTA on ``files`` in its own interpreter and process group; a one-line account of what it did."""
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([python, "-c", HTA_SCRIPT, str(int(cap_gb * 2**30)), *map(str, files)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return f"not finished after {timeout:.0f} s (killed)"
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its pool workers, if any are left
+        except ProcessLookupError:
+            pass
+    wall = time.perf_counter() - t0
+    try:
+        r = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return f"exit {proc.returncode} after {wall:.1f} s, no result"
+    mb = sum(json_bytes(f) for f in files) / 2**20
+    text = f"{wall:.1f} s wall ({mb / wall:.1f} MB/s)"
+    if "load_s" in r:
+        text += f", load {r['load_s']:.1f} s"
+    if r.get("stage") == "done":
+        text += f", temporal breakdown {r['breakdown_s']:.1f} s, idle % {[round(x, 2) for x in r['idle_pctg']]}"
+    else:
+        text += f", stopped in {r['stage']}: {r.get('error')}"
+    return text + f"; peak RSS {r['peak_rss_mb']:.0f} MB (+ workers {r['children_peak_rss_mb']:.0f} MB)"
+
+
+def hta_python(arg: str | None) -> str | None:
+    """The interpreter that imports ``hta`` (the option, ``$HTA_PYTHON``, then this one), or ``None``."""
+    for cand in (arg, os.environ.get("HTA_PYTHON"), sys.executable):
+        if cand and subprocess.run([cand, "-c", "import hta.trace_analysis"], capture_output=True,
+                                   check=False).returncode == 0:
+            return cand
+    return None
+
+
+def candidates(path: Path, mb_limit: float = 100.0) -> None:
+    """Decode rate (CPU MB/s) of each JSON library on the first ``mb_limit`` MB of events of ``path``."""
+    sys.path.insert(0, str(ROOT))
+    from bench.measure import trace_fast
+
+    data = path.read_bytes()[: int(mb_limit * 2**20)]
+    start = data.index(b"[", data.index(b'"traceEvents"'))
+    data = data[start: data.rindex(b"},\n{") + 1] + b"]"
+    mb = len(data) / 2**20
+    print(f"\nJSON libraries on {mb:.0f} MB of events (CPU seconds of this process):")
+
+    def rate(label: str, fn) -> None:
+        t = time.process_time()
+        n = fn()
+        print(f"  {label:58s} {mb / (time.process_time() - t):7.0f} MB/s  ({n} events)")
+
+    import ijson
+    import msgspec
+    import orjson
+
+    dec = msgspec.json.Decoder(list[trace_fast.Event])
+    rate("msgspec, Struct of the 7 used fields (chosen)", lambda: len(dec.decode(data)))
+    rate("msgspec, whole events as dicts", lambda: len(msgspec.json.decode(data)))
+    rate("orjson, a batch of whole events as dicts", lambda: len(orjson.loads(data)))
+    rate(f"ijson items ({ijson.backend}), one event at a time",
+         lambda: sum(1 for _ in ijson.items(io.BytesIO(data), "item", use_float=True)))
+
+
+def ascend_ranks(root: Path, ranks: int, steps: int = 200) -> str:
+    """Time ``read_ascend_free`` on ``ranks`` profile folders of ``steps`` step rows each (msprof's CSV)."""
+    from bench.measure import read_ascend_free
+
+    header = ("Device_id,Step,Computing,Communication(Not Overlapped),Overlapped,Communication,Free,Stage,Bubble,"
+              "Communication(Not Overlapped and Exclude Receive),Preparing")
+    for r in range(ranks):
+        out = root / f"node0_{1000 + r}_20251101120000000_ascend_pt"
+        (out / "ASCEND_PROFILER_OUTPUT").mkdir(parents=True)
+        (out / f"profiler_info_{r}.json").write_text("{}")
+        rows = [header] + [f"{r},{s},600.0,150.0,50.0,200.0,250.0,1000.0,0.0,150.0,12.5" for s in range(steps)]
+        (out / "ASCEND_PROFILER_OUTPUT" / "step_trace_time.csv").write_text("\r\n".join(rows) + "\r\n")
+    t = time.perf_counter()
+    af = read_ascend_free(root)
     wall = time.perf_counter() - t
-    peak_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    ratios = [s.free_ratio for s in tf.steps]
-    print(
-        json.dumps(
-            {
-                "events": tf.events,
-                "steps": len(tf.steps),
-                "wall_s": wall,
-                "peak_rss_mb": peak_kb / 1024,
-                "rss_before_parse_mb": base_kb / 1024,
-                "min_free": min(ratios),
-                "max_free": max(ratios),
-            }
-        )
-    )
+    ok = all(v == 0.25 for st in af.steps.values() for v in st.per_rank.values()) and len(af.steps) == steps
+    return (f"Ascend step_trace_time.csv of {ranks} ranks x {steps} steps: {wall * 1000:.0f} ms in this process, "
+            f"Free ratio 0.25 exact on every rank and step: {'yes' if ok else 'NO'}")
+
+
+def json_bytes(path: Path) -> int:
+    """The JSON bytes a trace holds: its size, or for gzip the trailer's ISIZE (files under 4 GiB)."""
+    if path.suffix != ".gz":
+        return path.stat().st_size
+    with open(path, "rb") as fh:
+        fh.seek(-4, os.SEEK_END)
+        return int.from_bytes(fh.read(4), "little")
+
+
+def measure(paths: list[Path], workers: int) -> dict:
+    cmd = [sys.executable, __file__, "--parse", *map(str, paths), "--workers", str(workers)]
+    load0 = os.getloadavg()
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr)
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    r["load"] = (load0[0], os.getloadavg()[0])
+    r["mb"] = sum(json_bytes(p) for p in paths) / 2**20
+    return r
 
 
 def main() -> int:
+    global STEP_US
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size-mb", type=float, default=300.0, help="approximate (uncompressed) trace size")
-    ap.add_argument("--sizes", type=float, nargs="+", help="several sizes, one parse each")
-    ap.add_argument("--gzip", action="store_true", help="write .json.gz")
-    ap.add_argument("--dir", help="where to write (default: a temporary folder, removed after)")
-    ap.add_argument("--parse", help=argparse.SUPPRESS)
+    ap.add_argument("--big-mb", type=float, default=2048.0, help="size of the one big trace (MB)")
+    ap.add_argument("--ranks", type=int, default=8, help="traces of the parallel case (0: skip it)")
+    ap.add_argument("--rank-mb", type=float, default=250.0, help="size of each rank's trace (MB)")
+    ap.add_argument("--workers", type=int, default=0, help="processes of the parallel case (0: all cores)")
+    ap.add_argument("--dir", help="where to write the traces (default: the temporary folder); removed after")
+    ap.add_argument("--hta-python", help="python of an environment with HTA (default: $HTA_PYTHON)")
+    ap.add_argument("--no-hta", action="store_true", help="do not run HTA")
+    ap.add_argument("--hta-timeout", type=float, default=150.0, help="seconds HTA may take per case")
+    ap.add_argument("--hta-mem-gb", type=float, default=6.0, help="HTA's address-space cap (GB)")
+    ap.add_argument("--candidates", action="store_true", help="also compare the JSON libraries' decode rates")
+    ap.add_argument("--step-ms", type=float, default=STEP_US / 1000, help="length of a step window (ms)")
+    ap.add_argument("--gzip-mb", type=float, default=0.0, help="also one gzip trace of this many MB (uncompressed)")
+    ap.add_argument("--parse", nargs="+", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    STEP_US = args.step_ms * 1000.0
     if args.parse:
-        parse_child(args.parse)
+        parse_child(args.parse, args.workers or 1)
         return 0
 
-    sizes = args.sizes or [args.size_mb]
-    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
-        print(
-            f"{'size MB':>8} {'file MB':>8} {'events':>10} {'gen s':>7} {'parse s':>8} "
-            f"{'events/s':>10} {'MB/s':>7} {'peak RSS MB':>12} {'free ratio':>11}"
-        )
-        for size in sizes:
-            path = Path(tmp) / ("synthetic.pt.trace.json" + (".gz" if args.gzip else ""))
-            t = time.perf_counter()
-            events, _ = generate(path, size, args.gzip)
-            gen_s = time.perf_counter() - t
-            file_mb = path.stat().st_size / 1024 / 1024
-            proc = subprocess.run(
-                [sys.executable, __file__, "--parse", str(path)], capture_output=True, text=True, check=False
-            )
-            if proc.returncode != 0:
-                print(proc.stderr, file=sys.stderr)
-                return proc.returncode
-            r = json.loads(proc.stdout.strip().splitlines()[-1])
-            assert r["events"] == events, (r["events"], events)
-            ok = abs(r["min_free"] - EXPECTED_FREE) < 1e-6 and abs(r["max_free"] - EXPECTED_FREE) < 1e-6
-            print(
-                f"{size:8.0f} {file_mb:8.1f} {events:10d} {gen_s:7.1f} {r['wall_s']:8.1f} "
-                f"{events / r['wall_s']:10.0f} {size / r['wall_s']:7.1f} {r['peak_rss_mb']:12.1f} "
-                f"{r['min_free']:.4f}{'' if ok else ' (expected 0.2!)'}"
-            )
-            os.unlink(path)
-            if not ok:
-                return 1
+    sys.path.insert(0, str(ROOT))
+    from bench.measure.trace_fast import AVAILABLE
+    from bench.measure.trace_pool import default_workers
+
+    workers = args.workers or default_workers()
+    tmp = Path(tempfile.mkdtemp(prefix="bench_trace_", dir=args.dir))
+    try:
+        big = tmp / "big.pt.trace.json"
+        t = time.perf_counter()
+        big_events, _ = generate(big, args.big_mb)
+        ranks = []
+        packed = tmp / "packed.pt.trace.json.gz"
+        if args.gzip_mb:
+            generate(packed, args.gzip_mb)
+        if args.ranks:
+            generate(tmp / "rank0.pt.trace.json", args.rank_mb)
+            ranks = [tmp / f"rank{r}.pt.trace.json" for r in range(args.ranks)]
+            for r, p in enumerate(ranks[1:], start=1):
+                copy_as_rank(ranks[0], p, r)
+        print(f"generated {1 + len(ranks)} traces in {time.perf_counter() - t:.1f} s; {os.cpu_count()} cores, "
+              f"{workers} workers; fast reader (msgspec) {'on' if AVAILABLE else 'MISSING: ijson path'}")
+        cases = [(f"1 x {args.big_mb:.0f} MB, 1 core", [big], 1)]
+        if args.gzip_mb:
+            cases.append((f"1 x {args.gzip_mb:.0f} MB .gz, 1 core", [packed], 1))
+        if ranks:
+            cases.append((f"{len(ranks)} x {args.rank_mb:.0f} MB, {workers} cores", ranks, workers))
+        print(f"\n{'case':24s} {'MB':>6s} {'wall s':>7s} {'wall MB/s':>9s} {'/core':>6s} {'CPU s':>6s} "
+              f"{'CPU MB/s':>8s} {'peak MB (RSS max proc / PSS all)':>33s} {'load 1-min before/after':>24s}"
+              "  Free 0.2 exact")
+        for label, paths, n in cases:
+            r = measure(paths, n)
+            print(f"{label:24s} {r['mb']:6.0f} {r['wall_s']:7.2f} {r['mb'] / r['wall_s']:9.1f} "
+                  f"{r['mb'] / r['wall_s'] / n:6.1f} {r['cpu_s']:6.2f} {r['mb'] / r['cpu_s']:8.1f} "
+                  f"{r['peak_rss_one_mb']:18.0f} / {r['peak_rss_sum_mb']:<12.0f} "
+                  f"{r['load'][0]:11.2f} / {r['load'][1]:<10.2f}  "
+                  f"{'yes' if r['exact'] else 'NO'} ({r['steps']} steps, {r['events']} events){r['errors'] or ''}")
+        if ranks:
+            print(ascend_ranks(tmp / "ascend", len(ranks)))
+        hta = None if args.no_hta else hta_python(args.hta_python)
+        print()
+        for label, paths, _ in cases:
+            if hta is None:
+                print(f"HTA {label}: HTA not installed" + (" (--no-hta)" if args.no_hta else ""))
+            else:
+                print(f"HTA {label}: {run_hta(hta, paths, args.hta_timeout, args.hta_mem_gb)}")
+        if args.candidates:  # last: it grows this process, and a child starts with its parent's peak RSS
+            candidates(big)
+        print(f"\n(big trace: {big_events} events; files deleted: {tmp})")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return 0
 
 

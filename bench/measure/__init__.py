@@ -7,7 +7,8 @@
 
 Formats: one :class:`~bench.measure.formats.Reader` each, asked in the order of :data:`READERS`
 (registered below, one line per format): :mod:`bench.measure.jsonl` (verl file-logger JSONL),
-:mod:`bench.measure.torch_trace` (Free ratio from a torch chrome trace), :mod:`bench.measure.ascend`
+:mod:`bench.measure.torch_reader` (Free ratio from the torch chrome traces, parsed in parallel and
+cached), :mod:`bench.measure.ascend`
 (``step_trace_time.csv`` / ``analysis.db`` of torch_npu).
 """
 
@@ -39,15 +40,9 @@ from bench.measure.jsonl import (
     find_metrics_file,
     read_metrics_jsonl,
 )
-from bench.measure.torch_trace import (
-    TRACE_DIRS,
-    StepFree,
-    TorchTraceReader,
-    TraceFree,
-    find_torch_traces,
-    parse_trace_free,
-    step_from_path,
-)
+from bench.measure.torch_reader import TRACE_DIRS, TorchTraceReader, find_torch_traces, step_from_path
+from bench.measure.torch_trace import StepFree, TraceFree, parse_trace_free
+from bench.measure.trace_pool import parse_traces
 
 #: the formats collect() reads, in this order (their warnings appear in this order): one line each
 register_reader(JsonlReader())
@@ -74,6 +69,7 @@ __all__ = [
     "find_metrics_file",
     "find_torch_traces",
     "parse_trace_free",
+    "parse_traces",
     "read_ascend_free",
     "read_metrics_jsonl",
     "read_step_trace_csv",
@@ -106,6 +102,9 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
     ``ProfilerStep`` events, a ``step_trace_time.csv`` with an empty Step and no step folder) are
     reported in ``unstepped_free`` and not keyed by step.
 
+    Torch traces: every file of the run parsed at once over the cores, each through the parsed-trace
+    cache (:func:`bench.measure.trace_pool.parse_traces`).
+
     Per-step Free ratio: the mean over the sources covering that step, where each torch trace file
     is one source and each Ascend rank is one source (a rank's rows in one step combined time
     weighted; see :mod:`bench.measure.ascend`).
@@ -114,7 +113,8 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
         run_dir: the run folder.
         expected_ranks: world size for the Ascend missing-rank check (default: ranks 0..max seen).
         analyse: first run torch_npu's offline ``analyse`` on raw-only Ascend folders (writes into
-            them); off by default so that ``collect`` has no side effects.
+            them); off by default so that ``collect`` writes nothing but its parsed-trace cache
+            (``<run_dir>/.trace_cache/``, :mod:`bench.measure.trace_cache`; ``BENCH_TRACE_CACHE=off``: none).
 
     Returns:
         ``{"run_dir": str, "metrics_file": relative path | None, "metrics": {step: {metric: float}},

@@ -9,7 +9,9 @@ layout of Ascend's ``trace_view.json``) is read too. Times are microseconds: ``t
 ``dur`` (duration) of complete events (``"ph": "X"``); numbers or numeric strings (Ascend writes
 strings) are both accepted. Only ``ph == "X"`` events with a duration are used.
 
-Memory: events are streamed (``ijson.items``, C backend when available), never loaded whole. Only
+Memory: events are streamed, never loaded whole (:func:`iter_trace_events` here is the reference
+reader, ``ijson.items`` with its C backend when available; the fast reader is
+:mod:`bench.measure.trace_fast`, and :mod:`bench.measure.trace_scan` chooses). Only
 the start/end of the basis intervals are kept (16 bytes each, ``array('d')``), and every ``block``
 of them is merged into disjoint segments, so memory grows with the number of disjoint busy
 segments (16 bytes each; about 1.5% of the file for a dense kernel trace), not with the file
@@ -61,6 +63,13 @@ class Intervals:
         if len(self.starts) >= self.block:
             self.flush()
 
+    def extend(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        """Append many intervals at once (float64 arrays of equal length); same result as :meth:`add`."""
+        self.starts.frombytes(np.ascontiguousarray(starts, dtype=np.float64).tobytes())
+        self.ends.frombytes(np.ascontiguousarray(ends, dtype=np.float64).tobytes())
+        if len(self.starts) >= self.block:
+            self.flush()
+
     def flush(self) -> None:
         k = len(self.starts)
         if not k:
@@ -105,14 +114,55 @@ class Intervals:
         return float(np.sum(e - s))
 
 
+class GzipToTheCut:
+    """A gzip stream read up to where it was cut: ``read(n)`` gathers ``read1`` pieces, so that a stream
+    that ends early (a killed run) gives every byte before the cut and then ``b""`` (a plain ``read(n)``
+    raises ``EOFError`` and drops what it had gathered in that call)."""
+
+    def __init__(self, path: Path) -> None:
+        self._fh = gzip.open(path, "rb")
+        self._cut = False
+
+    def read(self, n: int = -1) -> bytes:
+        if self._cut or n == 0:
+            return b""
+        parts, got = [], 0
+        while n < 0 or got < n:
+            try:
+                part = self._fh.read1(n - got if n > 0 else 1 << 20)
+            except EOFError:
+                self._cut = True
+                break
+            if not part:
+                break
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
+
+    def seek(self, pos: int) -> int:
+        """Back to ``pos`` of the decompressed stream (gzip decompresses again from the start)."""
+        self._cut = False
+        return self._fh.seek(pos)
+
+    def close(self) -> None:
+        self._fh.close()
+
+    def __enter__(self) -> GzipToTheCut:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def open_binary(path: Path):
-    """The file opened for binary reading, gunzipped when it starts with the gzip magic bytes."""
+    """The file opened for binary reading, gunzipped when it starts with the gzip magic bytes (a gzip stream
+    cut short reads up to the cut, :class:`GzipToTheCut`)."""
     fh = open(path, "rb")
     magic = fh.read(2)
     fh.seek(0)
     if magic == b"\x1f\x8b":
         fh.close()
-        return gzip.open(path, "rb")
+        return GzipToTheCut(path)
     return fh
 
 

@@ -1,7 +1,7 @@
 """The profiler and metrics formats a run folder may hold, behind one small interface.
 
 Each format is a :class:`Reader` in its own module (:mod:`bench.measure.jsonl` for verl's file-logger
-JSONL, :mod:`bench.measure.torch_trace` for torch chrome traces, :mod:`bench.measure.ascend` for the
+JSONL, :mod:`bench.measure.torch_reader` for torch chrome traces, :mod:`bench.measure.ascend` for the
 Ascend profiler's ``step_trace_time.csv`` / ``analysis.db`` / ``kernel_details``); :func:`bench.measure.collect`
 asks every reader of :data:`READERS` in order whether it finds its files (``detect``) and merges what
 it reads (``read``). Adding a format: one module with a ``Reader`` subclass and one ``register_reader``

@@ -1,6 +1,7 @@
-"""Free ratio per ``ProfilerStep#N`` window of a PyTorch (Kineto) chrome trace, streamed with ijson.
+"""Free ratio per ``ProfilerStep#N`` window of a PyTorch (Kineto) chrome trace.
 
-The file format and how it is streamed: :mod:`bench.measure.chrome_trace`.
+The file format: :mod:`bench.measure.chrome_trace`; how its events are read (msgspec batches, or
+ijson as the reference path): :mod:`bench.measure.trace_scan`.
 
 Windows: the events named ``ProfilerStep#N`` of category ``user_annotation`` (torch >= 1.13) or
 ``cpu_op`` (older torch). torch only emits them when the profiler has a ``schedule=``; their
@@ -25,20 +26,13 @@ from __future__ import annotations
 
 import math
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import ijson
 import numpy as np
 
-from bench.measure._common import MeasureError, rel_path, walk_files
-from bench.measure.chrome_trace import Intervals, event_number, hashable, iter_trace_events, looks_like_chrome_trace
-from bench.measure.formats import Measurements, Reader, ReadOptions
-
-DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-STEP_CATEGORIES = frozenset({"user_annotation", "cpu_op"})
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+from bench.measure.chrome_trace import Intervals
+from bench.measure.trace_scan import scan_trace
 
 
 @dataclass(frozen=True)
@@ -108,6 +102,21 @@ class TraceFree:
             "median_free_ratio": float(np.median(ratios)) if ratios else None,
         }
 
+    @classmethod
+    def from_dict(cls, d: dict) -> TraceFree:
+        """The inverse of :meth:`to_dict` (``aggregate`` is recomputed, not read)."""
+        main = d.get("main_thread")
+        return cls(
+            path=d["path"],
+            basis=d["basis"],
+            steps=[StepFree(**s) for s in d.get("steps") or []],
+            main_thread=tuple(main) if main else None,
+            events=d.get("events", 0),
+            device_events=d.get("device_events", 0),
+            cpu_ops=d.get("cpu_ops", 0),
+            warnings=list(d.get("warnings") or []),
+        )
+
     def to_dict(self) -> dict:
         """JSON-friendly form (``steps`` as dicts, ``aggregate`` included)."""
         return {
@@ -123,11 +132,13 @@ class TraceFree:
         }
 
 
-def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree:
+def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str | None = None) -> TraceFree:
     """Free ratio per ``ProfilerStep#N`` window of one chrome trace (see the module docstring).
 
     ``block``: intervals buffered before they are merged into a block of disjoint segments (bounds
-    the transient memory; the result does not depend on it).
+    the transient memory; the result does not depend on it). ``engine``: which reader scans the events
+    (:func:`bench.measure.trace_scan.scan_trace`: ``"auto"``, ``"fast"`` or ``"ijson"``; default
+    ``$BENCH_TRACE_ENGINE`` or ``"auto"``; the result does not depend on it).
 
     Raises :class:`~bench.measure._common.MeasureError` when the file cannot be opened or is not
     a JSON trace at all. A trace cut short (a run killed while writing it) is read up to the cut
@@ -135,80 +146,13 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree
     """
     p = Path(path)
     result = TraceFree(path=str(p), basis="none")
-    device = Intervals(block)
-    cpu_by_thread: dict[tuple, Intervals] = {}
-    windows: dict[tuple, list[tuple[int, float, float]]] = {}
-
-    n = 0
-    n_cpu = 0
-    dev_s_append = device.starts.append
-    dev_e_append = device.ends.append
-    dev_pending = device.starts
-    limit = device.block
-    keep_cpu = True  # cpu_op intervals matter only while no device event has been seen
-    try:
-        for ev in iter_trace_events(p):
-            n += 1
-            if type(ev) is not dict or ev.get("ph") != "X":
-                continue
-            cat = ev.get("cat")
-            if cat in DEVICE_CATEGORIES:
-                ts = ev.get("ts")
-                dur = ev.get("dur")
-                if type(ts) is not float or type(dur) is not float:
-                    ts, dur = event_number(ts), event_number(dur)
-                    if ts is None or dur is None:
-                        continue
-                if dur < 0:
-                    continue
-                dev_s_append(ts)
-                dev_e_append(ts + dur)
-                if len(dev_pending) >= limit:
-                    device.flush()
-                if keep_cpu:
-                    keep_cpu = False
-                    cpu_by_thread.clear()  # device basis from now on: free the CPU intervals
-            elif cat in STEP_CATEGORIES:
-                ts = ev.get("ts")
-                dur = ev.get("dur")
-                if type(ts) is not float or type(dur) is not float:
-                    ts, dur = event_number(ts), event_number(dur)
-                    if ts is None or dur is None:
-                        continue
-                if dur < 0:
-                    continue
-                thread = (ev.get("pid"), ev.get("tid"))
-                name = ev.get("name")
-                if type(name) is str and name.startswith("ProfilerStep#"):
-                    m = _STEP_RE.match(name)
-                    if m:
-                        thread = (hashable(thread[0]), hashable(thread[1]))
-                        windows.setdefault(thread, []).append((int(m.group(1)), ts, dur))
-                        continue
-                if cat == "cpu_op":
-                    n_cpu += 1
-                    if not keep_cpu:
-                        continue
-                    try:
-                        store = cpu_by_thread.get(thread)
-                    except TypeError:  # a pid/tid that is a list or an object
-                        thread = (hashable(thread[0]), hashable(thread[1]))
-                        store = cpu_by_thread.get(thread)
-                    if store is None:
-                        store = cpu_by_thread[thread] = Intervals(block)
-                    store.starts.append(ts)
-                    store.ends.append(ts + dur)
-                    if len(store.starts) >= store.block:
-                        store.flush()
-    except OSError as exc:
-        raise MeasureError(f"{p}: cannot read trace: {exc.strerror or exc}") from exc
-    except (ijson.common.IncompleteJSONError, ijson.common.JSONError, EOFError, ValueError) as exc:
-        if n == 0:
-            raise MeasureError(f"{p}: not a chrome trace ({exc})") from exc
-        result.warnings.append(f"trace cut short after {n} events ({exc}); read what was there")
-    result.events = n
+    scan = scan_trace(p, block=block, engine=engine)
+    if scan.cut_short:
+        result.warnings.append(f"trace cut short after {scan.events} events; read what was there")
+    device, cpu_by_thread, windows = scan.device, scan.cpu_by_thread, scan.windows
+    result.events = scan.events
     result.device_events = device.total
-    result.cpu_ops = n_cpu
+    result.cpu_ops = scan.cpu_ops
 
     # main thread: the one with the most ProfilerStep events
     main = None
@@ -265,74 +209,3 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17) -> TraceFree
             )
         )
     return result
-
-
-#: folders of a run folder that hold torch chrome traces (any depth below them)
-TRACE_DIRS = ("trace", "profile")
-
-
-_PATH_STEP_RE = re.compile(r"(?:^|[_\-/])(?:train_)?step[_\-]?(\d+)(?=[_\-./]|$)")
-
-
-def step_from_path(rel: str) -> int | None:
-    """The training step a trace file's name or folders name (``None`` if none does).
-
-    verl's torch profiler writes one trace per role and profiled step, named like
-    ``actor-rollout_train_step2_rank0-of-1_pid123.json.gz`` (verl >= 0.7), or ``<save_path>/<step>/<role>/``
-    folders (verl 0.6.x): a trace without ``ProfilerStep#N`` windows is attributed to that step.
-    """
-    m = _PATH_STEP_RE.search(rel)
-    if m:
-        return int(m.group(1))
-    for part in Path(rel).parts[:-1]:
-        if part.isdigit():
-            return int(part)
-    return None
-
-
-def find_torch_traces(run_dir: str | os.PathLike) -> list[Path]:
-    """Chrome traces under ``<run_dir>/trace/`` and ``<run_dir>/profile/`` (any depth).
-
-    Names ending ``.json`` or ``.json.gz`` (``*.pt.trace.json[.gz]``, verl's ``prof_rank-<r>.json.gz``)
-    whose first bytes look like a chrome trace; nothing inside ``*_ascend_pt`` folders.
-    """
-    root = Path(run_dir)
-    found = []
-    for sub in TRACE_DIRS:
-        base = root / sub
-        if not base.is_dir():
-            continue
-        for p in walk_files(base):
-            if (p.name.endswith(".json") or p.name.endswith(".json.gz")) and looks_like_chrome_trace(p):
-                found.append(p)
-    return found
-
-
-class TorchTraceReader(Reader):
-    """torch profiler chrome traces: the Free ratio per ``ProfilerStep#N`` window (or the step the path names)."""
-
-    name = "torch"
-
-    def detect(self, run_dir: Path) -> bool:
-        return bool(find_torch_traces(run_dir))
-
-    def read(self, run_dir: Path, options: ReadOptions) -> Measurements:
-        out = Measurements(fields={"traces": []})
-        for trace_path in find_torch_traces(run_dir):
-            rel = rel_path(trace_path, run_dir)
-            try:
-                tf = parse_trace_free(trace_path)
-            except MeasureError as exc:
-                out.warnings.append(str(exc))
-                continue
-            d = tf.to_dict()
-            d["path"] = rel
-            out.fields["traces"].append(d)
-            out.warnings.extend(f"{rel}: {w}" for w in tf.warnings)
-            path_step = step_from_path(rel)
-            for s in tf.steps:
-                if math.isnan(s.free_ratio):
-                    continue
-                entry = {"kind": "torch", "source": rel, "free_ratio": s.free_ratio, "basis": s.basis}
-                out.free.append((s.step if s.step is not None else path_step, entry))
-        return out

@@ -1,0 +1,87 @@
+"""The torch chrome traces of a run folder (:func:`find_torch_traces`), the training step a trace's path
+names (:func:`step_from_path`), and their :class:`~bench.measure.formats.Reader`: every trace of the run
+parsed at once over the cores and through the parsed-trace cache (:func:`bench.measure.trace_pool.parse_traces`),
+then the Free ratio per step (:mod:`bench.measure.torch_trace`).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from pathlib import Path
+
+from bench.measure._common import MeasureError, rel_path, walk_files
+from bench.measure.chrome_trace import looks_like_chrome_trace
+from bench.measure.formats import Measurements, Reader, ReadOptions
+from bench.measure.trace_cache import CACHE_DIR
+from bench.measure.trace_pool import parse_traces
+
+#: folders of a run folder that hold torch chrome traces (any depth below them)
+TRACE_DIRS = ("trace", "profile")
+
+
+_PATH_STEP_RE = re.compile(r"(?:^|[_\-/])(?:train_)?step[_\-]?(\d+)(?=[_\-./]|$)")
+
+
+def step_from_path(rel: str) -> int | None:
+    """The training step a trace file's name or folders name (``None`` if none does).
+
+    verl's torch profiler writes one trace per role and profiled step, named like
+    ``actor-rollout_train_step2_rank0-of-1_pid123.json.gz`` (verl >= 0.7), or ``<save_path>/<step>/<role>/``
+    folders (verl 0.6.x): a trace without ``ProfilerStep#N`` windows is attributed to that step.
+    """
+    m = _PATH_STEP_RE.search(rel)
+    if m:
+        return int(m.group(1))
+    for part in Path(rel).parts[:-1]:
+        if part.isdigit():
+            return int(part)
+    return None
+
+
+def find_torch_traces(run_dir: str | os.PathLike) -> list[Path]:
+    """Chrome traces under ``<run_dir>/trace/`` and ``<run_dir>/profile/`` (any depth).
+
+    Names ending ``.json`` or ``.json.gz`` (``*.pt.trace.json[.gz]``, verl's ``prof_rank-<r>.json.gz``)
+    whose first bytes look like a chrome trace; nothing inside ``*_ascend_pt`` folders.
+    """
+    root = Path(run_dir)
+    found = []
+    for sub in TRACE_DIRS:
+        base = root / sub
+        if not base.is_dir():
+            continue
+        for p in walk_files(base):
+            if (p.name.endswith(".json") or p.name.endswith(".json.gz")) and looks_like_chrome_trace(p):
+                found.append(p)
+    return found
+
+
+class TorchTraceReader(Reader):
+    """torch profiler chrome traces: the Free ratio per ``ProfilerStep#N`` window (or the step the path names)."""
+
+    name = "torch"
+
+    def detect(self, run_dir: Path) -> bool:
+        return bool(find_torch_traces(run_dir))
+
+    def read(self, run_dir: Path, options: ReadOptions) -> Measurements:
+        out = Measurements(fields={"traces": []})
+        paths = find_torch_traces(run_dir)
+        for trace_path, tf in zip(paths, parse_traces(paths, cache_dir=run_dir / CACHE_DIR)):
+            rel = rel_path(trace_path, run_dir)
+            if isinstance(tf, MeasureError):  # the file is not a readable trace
+                out.warnings.append(str(tf))
+                continue
+            d = tf.to_dict()
+            d["path"] = rel
+            out.fields["traces"].append(d)
+            out.warnings.extend(f"{rel}: {w}" for w in tf.warnings)
+            path_step = step_from_path(rel)
+            for s in tf.steps:
+                if math.isnan(s.free_ratio):
+                    continue
+                entry = {"kind": "torch", "source": rel, "free_ratio": s.free_ratio, "basis": s.basis}
+                out.free.append((s.step if s.step is not None else path_step, entry))
+        return out
