@@ -40,7 +40,7 @@ from bench.results import (
 )
 from bench.runner import execute_spec
 from bench.spec.matrix import Matrix
-from bench.spec.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
+from bench.spec.plan import Plan, RunOrder, RunSpec, interleaved_order, new_order_seed, run_order
 from bench.summary import cell_rows, cells_table, plan_summary, write_summary
 from bench.sync import QUEUE, queue_upload, sync_matrix
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
@@ -74,8 +74,6 @@ def process_start() -> float:
     return psutil.Process().create_time()
 
 
-
-
 class Sweep:
     """Executes a :class:`Plan` into a results folder and an MLflow store.
 
@@ -90,13 +88,17 @@ class Sweep:
         order: run order of a new sweep, ``blocked`` (default) or ``sequential`` (:func:`bench.spec.plan.run_order`);
             a resumed sweep keeps the order it planned.
         order_seed: shuffle seed of a blocked order (default: a fresh random one, recorded in ``sweep.json``).
+        code_versions: interleaved gate sweep (:mod:`bench.gate_interleave`): version -> ``{"root", "commit", "ref"}``;
+            each block holds every cell under every version, shuffled (:func:`bench.spec.plan.interleaved_order`).
     """
 
     def __init__(self, matrix: Matrix, plan: Plan, results_root: Path, tracking_uri: str,
                  executor: Executor | None = None, force: bool = False,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 order: str = "blocked", order_seed: int | None = None):
+                 order: str = "blocked", order_seed: int | None = None,
+                 code_versions: dict[str, dict[str, Any]] | None = None):
         self.matrix, self.plan = matrix, plan
+        self.code_versions = code_versions or {}
         self.order_kind, self.order_seed = order, order_seed
         self.rd = ResultsDir(results_root, matrix.name)
         self.tracking_uri = tracking_uri
@@ -133,7 +135,8 @@ class Sweep:
             sync_matrix(self.rd.base, tracker, skip=sweep_dir, on_event=self.on_event)
         specs = {r.cell_id: r for r in self.plan.runs}
         order = planned_order(meta)
-        todo = [(specs[c], k) for c, k in order.runs]
+        todo = [(specs[r[0]] if len(r) < 3 else specs[r[0]].model_copy(update={"code_version": r[2]}), r[1])
+                for r in order.runs]
         self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed"),
                                 "order": order.kind, "order_seed": order.seed})
         counts = {"executed": 0, "skipped": 0, "failed": 0, "in_step": 0.0}
@@ -156,7 +159,7 @@ class Sweep:
     def _loop(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], todo: list, counts: dict) -> None:
         """Run or skip every (spec, repeat) of ``todo``, updating ``counts`` as runs finish."""
         for spec, k in todo:
-            rdir = run_dir(sweep_dir, spec.cell_id, k)
+            rdir = run_dir(sweep_dir, spec.cell_id, k, spec.code_version)
             if is_finished(rdir):
                 counts["skipped"] += 1
                 self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
@@ -176,6 +179,10 @@ class Sweep:
     # -- pieces ---------------------------------------------------------------------------------
     def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
         fp = self.matrix.fingerprint()
+        if self.code_versions:  # an interleaved gate sweep resumes only its own kind, with the same baseline
+            from bench.code_versions import gate_fingerprint
+
+            fp = gate_fingerprint(fp, self.code_versions)
         sweep_dir = None if self.force else self.rd.find_resumable(fp, self.plan.platform)
         if sweep_dir is not None:
             meta = read_json(sweep_dir / SWEEP)
@@ -207,9 +214,15 @@ class Sweep:
                 "invocations": [], "resumed": False,
             }
             seed = None
-            if self.order_kind == "blocked":
+            if self.order_kind == "blocked" or self.code_versions:
                 seed = self.order_seed if self.order_seed is not None else new_order_seed()
-            order = run_order([r.cell_id for r in self.plan.runs], self.plan.repeats, self.order_kind, seed)
+            if self.code_versions:
+                order = interleaved_order([r.cell_id for r in self.plan.runs], list(self.code_versions),
+                                          self.plan.repeats, seed)
+                meta["code_versions"] = {k: {x: v.get(x) for x in ("commit", "ref")}
+                                         for k, v in self.code_versions.items()}
+            else:
+                order = run_order([r.cell_id for r in self.plan.runs], self.plan.repeats, self.order_kind, seed)
             meta["order"] = order.model_dump(mode="json")
             meta["parent_run_id"] = None
             self._ensure_parent(tracker, meta)
@@ -251,8 +264,9 @@ class Sweep:
                                     description=parent_description(meta))
 
     def _run_one(self, sweep_dir: Path, spec: RunSpec, repeat: int) -> dict[str, Any]:
-        return execute_spec(spec, run_dir(sweep_dir, spec.cell_id, repeat), repeat, self.executor,
-                            self.matrix.base.warmup_steps)
+        return execute_spec(spec, run_dir(sweep_dir, spec.cell_id, repeat, spec.code_version), repeat,
+                            self.executor, self.matrix.base.warmup_steps,
+                            code=self.code_versions.get(spec.code_version) if spec.code_version else None)
 
     def _log_mlflow(self, tracker: Tracker, parent_id: str, spec: RunSpec, rdir: Path) -> None:
         if (rdir / MLFLOW_MARK).exists():
@@ -315,7 +329,8 @@ class Sweep:
                 queue_upload(sweep_dir, self.tracking_uri, tracker.mark_down(mexc),
                              {"metrics": {}, "tags": {"bench.status": meta["status"]}, "status": status})
         if disk_full:
-            done = sum(1 for spec, k in todo if (run_dir(sweep_dir, spec.cell_id, k) / "record.json").exists())
+            done = sum(1 for spec, k in todo
+                       if (run_dir(sweep_dir, spec.cell_id, k, spec.code_version) / "record.json").exists())
             need = self._run_bytes(sweep_dir) * max(1, len(todo) - done)
             free = free_bytes(sweep_dir) or 0
             raise DiskFullError(
@@ -391,8 +406,6 @@ class Sweep:
                                                   f"`run_bench.py sync {sweep_dir}` fills it in later"})
         return SweepOutcome(sweep_dir, meta["parent_run_id"], rows, executed, skipped, failed, wall, in_step,
                             overhead, experiment_id=getattr(tracker, "experiment_id", None))
-
-
 
 
 def planned_order(meta: dict[str, Any]) -> RunOrder:
