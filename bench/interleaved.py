@@ -75,6 +75,46 @@ class GateStopRule:
         return GateLook(stop=stop, line=line, result=res, decisions=res["rows"])
 
 
+def _interleaved_sweep_class():
+    """:class:`bench.sweep.Sweep` with a look after each complete block (:class:`GateStopRule`): stops when the
+    gate has decided; the sweep's order and plan are then cut to the blocks that ran, so the sweep is complete
+    and a rerun resumes nothing. (The verdict helper's block loop does the same for every sweep; this class
+    goes once that loop carries the stop rule.)"""
+    from bench.record import is_finished
+    from bench.results import read_json, run_dir
+    from bench.sweep import Sweep
+
+    class InterleavedSweep(Sweep):
+        stop_rule: GateStopRule | None = None
+
+        def _loop(self, tracker, sweep_dir, meta, todo, counts) -> None:
+            if self.stop_rule is None:
+                return super()._loop(tracker, sweep_dir, meta, todo, counts)
+            blocks: dict[int, list] = {}
+            for spec, k in todo:
+                blocks.setdefault(k, []).append((spec, k))
+            meta["looks"] = []
+            for look, k in enumerate(sorted(blocks), 1):
+                super()._loop(tracker, sweep_dir, meta, blocks[k], counts)
+                done = all(is_finished(run_dir(sweep_dir, sp.cell_id, kk, sp.code_version)) or
+                           read_json(run_dir(sweep_dir, sp.cell_id, kk, sp.code_version) / "record.json")
+                           for sp, kk in blocks[k])
+                if not done:
+                    continue
+                res = self.stop_rule.after_block(load_records(sweep_dir), look)
+                meta["looks"].append({"look": look, "stop": res.stop, "line": res.line})
+                self.on_event("look", {"look": look, "stop": res.stop, "line": res.line})
+                if res.stop:
+                    meta["order"]["runs"] = [r for r in meta["order"]["runs"] if r[1] <= k]
+                    meta["plan"]["repeats"] = k + 1
+                    meta["blocks_planned"] = len(blocks)
+                    atomic_write_json(sweep_dir / "sweep.json", meta)
+                    return
+            return None
+
+    return InterleavedSweep
+
+
 def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path, tracking_uri: str,
                          overrides: list[str] | None = None, blocks: int | None = None, threshold: float,
                          alpha: float, max_mde: float | None = None, normalize: bool = True, force: bool = False,
@@ -90,7 +130,6 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     from bench.executors import LocalExecutor
     from bench.spec.loading import load_matrix
     from bench.spec.plan import make_plan
-    from bench.sweep import Sweep
 
     if not 0 <= threshold < 1:
         raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
@@ -117,10 +156,9 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     with baseline_checkout(baseline_ref) as base:
         versions = {BASELINE: base, CANDIDATE: cand}
         executor = VersionedExecutor(make, {k: Path(v["root"]) for k, v in versions.items()})
-        sweep = Sweep(matrix, plan, results, tracking_uri, executor=executor, force=force, on_event=on_event,
-                      order_seed=order_seed, code_versions=versions)
-        if "stop_rule" in getattr(Sweep.__init__, "__code__", type("c", (), {"co_varnames": ()})).co_varnames:
-            sweep.stop_rule = rule  # the verdict helper's block loop stops the sweep when the gate has decided
+        sweep = _interleaved_sweep_class()(matrix, plan, results, tracking_uri, executor=executor, force=force,
+                                           on_event=on_event, order_seed=order_seed, code_versions=versions)
+        sweep.stop_rule = rule
         outcome = sweep.run()
     records = load_records(outcome.sweep_dir)
     look = max((r["repeat"] for r in records), default=-1) + 1

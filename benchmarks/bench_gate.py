@@ -334,6 +334,115 @@ def synthetic(args: argparse.Namespace) -> None:
             break
 
 
+# -- interleaved gate: pass / regression rates of `gate --interleave` as a user runs it ------------------------
+
+#: where the injected slowdown goes: the start of the update phase of the embedded engine's training step
+SLOW_ANCHOR = '    with phase(timing, "update_actor", tr.device):\n'
+
+
+def _clone(dst: Path) -> Path:
+    """A clone of this repository's HEAD (the candidate's working tree and the baseline revision HEAD)."""
+    import subprocess
+
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(dst)], check=True)
+    return dst
+
+
+def _set_slowdown(repo: Path, delay_s: float, when: str) -> None:
+    """Add (``delay_s`` > 0) or remove the injected work in the candidate's working tree: a sleep of ``delay_s``
+    seconds at the start of the update phase of each training step, in the cells where ``cfg.<when>`` holds."""
+    import subprocess
+
+    step = repo / "bench/engines/embedded/step.py"
+    subprocess.run(["git", "-C", str(repo), "checkout", "--", str(step)], check=True)
+    if delay_s > 0:
+        text = step.read_text()
+        assert text.count(SLOW_ANCHOR) == 1, "anchor of the injected slowdown not found"
+        step.write_text(text.replace(SLOW_ANCHOR, SLOW_ANCHOR + f"        if cfg.{when}:  # injected test slowdown\n"
+                                     f"            time.sleep({delay_s:.4f})\n"))
+
+
+def interleaved(args: argparse.Namespace) -> None:
+    """``--tries`` interleaved gates of unchanged code and as many with a ``--slowdown`` injected in one cell,
+    alternating (unchanged first: its baseline runs give the step time the delay is sized from), each a fresh
+    gate sweep (``--force``) of ``--matrix`` against ``HEAD`` of a clone; prints each gate's verdict, blocks and
+    wall time, the rates with Wilson intervals, and the measured noise (SD of a block's log ratio) with the
+    blocks :func:`bench.analyze.power.blocks_needed` asks for."""
+    import subprocess
+
+    work = Path(args.results)
+    work.mkdir(parents=True, exist_ok=True)
+    repo = work / "repo"
+    if not repo.exists():
+        _clone(repo)
+    log_path = work / "interleaved_tries.jsonl"
+    done = [json.loads(x) for x in log_path.read_text().splitlines()] if log_path.exists() else []
+    matrix = (ROOT / args.matrix).resolve()
+    kinds = [k for _ in range(args.tries) for k in ("unchanged", "slowdown")]
+    delay = next((d["delay_s"] for d in done if d.get("delay_s")), None)
+    env = {**__import__("os").environ, "PYTHONPATH": str(repo)}
+    for i, kind in enumerate(kinds[len(done):], len(done)):
+        if kind == "slowdown" and delay is None:
+            continue
+        _set_slowdown(repo, delay if kind == "slowdown" else 0.0, args.when)
+        cmd = [sys.executable, "run_bench.py", "gate", "--results", str(work / "results"),
+               "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--interleave", "HEAD", "--matrix", str(matrix),
+               "--force", *(["--blocks", str(args.blocks)] if args.blocks else []),
+               *[x for o in args.set for x in ("--set", o)]]
+        t0 = time.time()
+        res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+        wall = time.time() - t0
+        gate_json = max((work / "results").glob("*/2*/gate/gate.json"), key=lambda p: p.stat().st_mtime)
+        g = json.loads(gate_json.read_text())
+        rows = g.get("rows", [])
+        if kind == "unchanged" and delay is None:
+            from bench.results import load_records
+
+            recs = [r for r in load_records(Path(g["sweep"])) if r.get("code_version") == "baseline"]
+            med = float(np.median([np.median(r["summary"]["step_time_samples_s"]) for r in recs]))
+            delay = round(args.slowdown * med, 4)
+        entry = {"try": i, "kind": kind, "exit": res.returncode, "verdict": g.get("verdict"), "wall_s": wall,
+                 "blocks": g.get("blocks_run"), "delay_s": delay if kind == "slowdown" else None,
+                 "pressure": cpu_pressure(),
+                 "rows": [{k: r.get(k) for k in ("cell", "verdict", "change", "ci_low", "ci_high", "sd_pair", "mde",
+                                                 "blocks_needed", "normalized")} for r in rows],
+                 "probe": g.get("probe", {}).get("note")}
+        done.append(entry)
+        with open(log_path, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+        print(f"try {i} {kind:9s} exit {res.returncode} {entry['verdict']:13s} blocks {entry['blocks']} "
+              f"wall {wall:.0f} s  " + "; ".join(f"{r['cell']} {r['verdict']} {_pct(r.get('change'))}" for r in rows),
+              flush=True)
+    _set_slowdown(repo, 0.0, args.when)
+    _summary_interleaved(done, args)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def _summary_interleaved(done: list[dict], args: argparse.Namespace) -> None:
+    from bench.analyze.power import blocks_needed
+
+    for kind, want in (("unchanged", "pass"), ("slowdown", "regression")):
+        runs = [d for d in done if d["kind"] == kind]
+        if not runs:
+            continue
+        k = sum(d["verdict"] == want for d in runs)
+        lo, hi = wilson(k, len(runs))
+        walls = [d["wall_s"] for d in runs]
+        other = {v: sum(d["verdict"] == v for d in runs) for v in ("pass", "regression", "cannot judge")}
+        print(f"{kind}: {want} in {k} of {len(runs)} ({k / len(runs):.0%}, 95 % CI {lo:.0%}-{hi:.0%}); verdicts "
+              f"{other}; wall median {np.median(walls):.0f} s (min {min(walls):.0f}, max {max(walls):.0f}); "
+              f"blocks median {np.median([d['blocks'] or 0 for d in runs]):.0f}")
+    sds = [r["sd_pair"] for d in done for r in d["rows"] if r.get("sd_pair") is not None]
+    if sds:
+        sd = float(np.median(sds))
+        need = blocks_needed(sd, alpha=DEFAULT_ALPHA, threshold=DEFAULT_THRESHOLD, max_mde=2 * DEFAULT_THRESHOLD)
+        print(f"noise: SD of a block's log ratio, median over gates {sd:.3f} (range {min(sds):.3f}-{max(sds):.3f}); "
+              f"blocks the gate needs at that noise: {need}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -360,7 +469,20 @@ def main() -> None:
     s.add_argument("--timed-steps", type=int, default=20)
     s.add_argument("--trials", type=int, default=1000)
     s.add_argument("--seed", type=int, default=0)
+    i = sub.add_parser("interleaved", help="`gate --interleave HEAD` tries: unchanged code and an injected slowdown")
+    i.add_argument("--matrix", default="matrix/gate.yaml", help="matrix (default matrix/gate.yaml, the CI gate matrix)")
+    i.add_argument("--tries", type=int, default=10, help="gates of each kind (default 10)")
+    i.add_argument("--slowdown", type=float, default=0.10, help="injected slowdown (default 0.10 of the step time)")
+    i.add_argument("--when", default="use_dynamic_bsz",
+                   help="embedded RunConfig flag of the cell(s) slowed down (default use_dynamic_bsz)")
+    i.add_argument("--blocks", type=int, default=None, help="--blocks of each gate (default: the matrix's repeats)")
+    i.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", help="matrix override")
+    i.add_argument("--results", default=str(Path(tempfile.gettempdir()) / "gate-bench-interleaved"),
+                   help="work folder (clone, results, tries log; reused: tries already run are kept)")
     args = ap.parse_args()
+    if args.mode == "interleaved":
+        interleaved(args)
+        return
     if args.mode == "real":
         if args.evaluate_only:
             evaluate_real(read_json(Path(args.results) / "gate_bench_sweeps.json"), args.max_pressure)

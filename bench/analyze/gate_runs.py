@@ -18,8 +18,9 @@ the raw ratios are used, with the test's figures in a note.
 
 Verdict per cell: **regression** when the estimate is worse than ``threshold`` and ``p < alpha``;
 **improvement** likewise the other way; else **unchanged** when the gate could see a change of ``max_mde``
-(:func:`bench.analyze.power.gate_mde` <= ``max_mde``), else **noisy** ("cannot judge", with the blocks that
-would let it judge: :func:`bench.analyze.power.blocks_needed`). With a sequential decision function
+(:func:`bench.analyze.power.gate_mde` <= ``max_mde``) and the interval excludes a slowdown of ``max_mde``
+(so a real slowdown of that size passes with probability under ``alpha / 2``), else **noisy** ("cannot
+judge", with the blocks that would let it judge: :func:`bench.analyze.power.blocks_needed`). With a sequential decision function
 (``decide``, the verdict helper's ``bench.analyze.sequential.decide``) the error rate is controlled across the
 looks of a sweep that stops when every cell is decided.
 """
@@ -181,15 +182,16 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
                 v, "noisy")
         elif row["p_value"] < alpha and abs(mean) > thr:
             row["verdict"] = "regression" if mean > 0 else "improvement"
-        elif row["mde"] is not None and row["mde"] <= max_mde:
+        elif row["mde"] is not None and row["mde"] <= max_mde and row["ci_high"] < max_mde:
             row["verdict"] = "unchanged"
         else:
             row["verdict"] = "noisy"
         if row["verdict"] == "noisy":
             more = row["blocks_needed"]
             row["reason"] = (f"cannot judge yet: with {n} blocks the gate sees a change of {row['mde']:.1%} or more "
-                             f"(limit {max_mde:.0%}); at this noise (SD of a block's log ratio {sd:.3f}) "
-                             + (f"{more} blocks would do ({max(more - n, 0)} more)" if more else
+                             f"(limit {max_mde:.0%}), upper bound {row['ci_high']:+.1%}; at this noise (SD of a "
+                             f"block's log ratio {sd:.3f}) "
+                             + (f"{more} blocks would do ({max(more - n, 1)} more)" if more else
                                 f"no number of blocks gets under {max_mde:.0%}: quieten the machine"))
     counts = {v: sum(r["verdict"] == v for r in rows)
               for v in ("regression", "failed", "improvement", "unchanged", "noisy", "cannot judge")}
