@@ -37,8 +37,10 @@ DEFAULT_BLOCKS = 8
 
 def _sequential_decide() -> Callable[..., Any] | None:
     """The verdict helper's sequential decision function (error control across looks), when present."""
-    try:
-        from bench.analyze import sequential  # type: ignore[attr-defined]
+    import importlib
+
+    try:  # by name: the module comes with the verdict helper's branch
+        sequential = importlib.import_module("bench.analyze.sequential")
     except ImportError:
         return None
     return getattr(sequential, "decide", None)

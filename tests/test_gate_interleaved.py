@@ -142,3 +142,39 @@ def test_failed_candidate_run_is_a_regression_failed_baseline_cannot_judge():
     recs[0]["status"], recs[0]["failure_kind"] = "failed", "crash"  # block 0 baseline
     res = paired_comparison(recs, threshold=0.05, alpha=0.01)
     assert res["rows"][0]["verdict"] == "cannot judge" and res["exit_code"] == 3
+
+
+def test_stored_baseline_measures_its_sweep_to_sweep_variance(tmp_path, capsys):
+    """A stored baseline keeps the sweeps saved under its name and states their measured spread; the gate
+    against it carries the note."""
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
+
+    from bench.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'ml.db'}"
+    save = ["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]
+    make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02), seed=1, sweep_id="s1")
+    assert main(save) == 0
+    first = json.loads((tmp_path / "baselines" / "base.json").read_text())
+    assert first["sweep_to_sweep"]["sd_log"] is None and "unknown" in first["sweep_to_sweep"]["note"]
+    # the machine 8 % slower in the second sweep: the baseline says how far its sweeps moved
+    make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=2, times=log_normal_times(base_s=2.0 * 1.08, sd=0.02),
+               seed=2, sweep_id="s2")
+    assert main([*save, "--force"]) == 0
+    data = json.loads((tmp_path / "baselines" / "base.json").read_text())
+    s2s = data["sweep_to_sweep"]
+    assert s2s["sweeps"] == 2 and len(data["history"]) == 2
+    # two sweeps log(1.08) apart: SD of the pair = log(1.08) / sqrt(2) (+- the step noise)
+    assert s2s["sd_log"] == pytest.approx(math.log(1.08) / math.sqrt(2), abs=0.02)
+    assert "sweep-to-sweep SD" in capsys.readouterr().out
+    make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02), seed=3, sweep_id="s3")
+    main(["gate", "--baseline", "base", "--candidate", "synth", "--results", str(tmp_path), "--tracking-uri", uri,
+          "--bootstrap", "200"])
+    gate = json.loads((tmp_path / "synth" / "latest" / "gate" / "gate.json").read_text())
+    assert gate["baseline"]["sweep_to_sweep"]["sd_log"] == pytest.approx(s2s["sd_log"])
+    assert any("sweep-to-sweep SD" in n for n in gate["notes"])
