@@ -178,3 +178,16 @@ def test_stored_baseline_measures_its_sweep_to_sweep_variance(tmp_path, capsys):
     gate = json.loads((tmp_path / "synth" / "latest" / "gate" / "gate.json").read_text())
     assert gate["baseline"]["sweep_to_sweep"]["sd_log"] == pytest.approx(s2s["sd_log"])
     assert any("sweep-to-sweep SD" in n for n in gate["notes"])
+
+
+def test_stop_rule_stops_once_every_cell_is_decided_or_the_budget_ends():
+    from bench.interleaved import GateStopRule
+
+    rule = GateStopRule(threshold=0.05, alpha=0.01, max_mde=None, normalize=True, max_blocks=12)
+    clear = _sweep(0.30, blocks=3, sd_run=0.01, seed=8)
+    look = rule.after_block(clear, 3)
+    assert look.stop and look.result["verdict"] == "regression" and "regression" in look.line
+    assert not rule.after_block(_sweep(0.30, blocks=2, sd_run=0.01, seed=8), 2).stop  # never before 3 blocks
+    noisy = _sweep(0.0, blocks=4, sd_run=0.2, seed=9)
+    assert not rule.after_block(noisy, 4).stop
+    assert rule.after_block(_sweep(0.0, blocks=12, sd_run=0.2, seed=9), 12).stop  # the budget ends
