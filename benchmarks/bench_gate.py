@@ -348,18 +348,39 @@ def _clone(dst: Path) -> Path:
     return dst
 
 
-def _set_slowdown(repo: Path, delay_s: float, when: str) -> None:
-    """Add (``delay_s`` > 0) or remove the injected work in the candidate's working tree: a sleep of ``delay_s``
-    seconds at the start of the update phase of each training step, in the cells where ``cfg.<when>`` holds."""
+#: the injected work: ``n`` products of a 128 x 128 float32 matrix (one thread, as the gate matrix runs)
+WORK = ("_w = torch.full((128, 128), 1.0 / 128)\n", "_w = _w @ _w\n")
+
+
+def work_per_second() -> float:
+    """Iterations of :data:`WORK` per second on this machine now (one torch thread, best of 5 tries)."""
+    import torch
+
+    torch.set_num_threads(1)
+    best = 0.0
+    for _ in range(5):
+        w = torch.full((128, 128), 1.0 / 128)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            w = w @ w
+        best = max(best, 200 / (time.perf_counter() - t0))
+    return best
+
+
+def _set_slowdown(repo: Path, iterations: int, when: str) -> None:
+    """Add (``iterations`` > 0) or remove the injected work in the candidate's working tree: ``iterations``
+    matrix products at the start of the update phase of each training step, in the cells where ``cfg.<when>``
+    holds (CPU work, so it slows down with the machine as the step does)."""
     import subprocess
 
     step = repo / "bench/engines/embedded/step.py"
     subprocess.run(["git", "-C", str(repo), "checkout", "--", str(step)], check=True)
-    if delay_s > 0:
+    if iterations > 0:
         text = step.read_text()
         assert text.count(SLOW_ANCHOR) == 1, "anchor of the injected slowdown not found"
+        ind = " " * 12
         step.write_text(text.replace(SLOW_ANCHOR, SLOW_ANCHOR + f"        if cfg.{when}:  # injected test slowdown\n"
-                                     f"            time.sleep({delay_s:.4f})\n"))
+                                     f"{ind}{WORK[0]}{ind}for _ in range({iterations}):\n{ind}    {WORK[1]}"))
 
 
 def interleaved(args: argparse.Namespace) -> None:
@@ -379,12 +400,22 @@ def interleaved(args: argparse.Namespace) -> None:
     done = [json.loads(x) for x in log_path.read_text().splitlines()] if log_path.exists() else []
     matrix = (ROOT / args.matrix).resolve()
     kinds = [k for _ in range(args.tries) for k in ("unchanged", "slowdown")]
-    delay = next((d["delay_s"] for d in done if d.get("delay_s")), None)
+    def quiet_delay(sweep: str) -> float:
+        """``--slowdown`` of the quietest baseline run's median step of an unchanged gate (the work is sized at
+        quiet speed; under contention it slows down with the step)."""
+        from bench.results import load_records
+
+        recs = [r for r in load_records(Path(sweep)) if r.get("code_version") == "baseline" and r["status"] == "ok"]
+        return round(args.slowdown * min(float(np.median(r["summary"]["step_time_samples_s"])) for r in recs), 4)
+
+    first = next((d for d in done if d["kind"] == "unchanged" and d.get("sweep")), None)
+    delay = quiet_delay(first["sweep"]) if first else None
     env = {**__import__("os").environ, "PYTHONPATH": str(repo)}
     for i, kind in enumerate(kinds[len(done):], len(done)):
         if kind == "slowdown" and delay is None:
             continue
-        _set_slowdown(repo, delay if kind == "slowdown" else 0.0, args.when)
+        iters = int(round(delay * work_per_second())) if kind == "slowdown" else 0
+        _set_slowdown(repo, iters, args.when)
         cmd = [sys.executable, "run_bench.py", "gate", "--results", str(work / "results"),
                "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--interleave", "HEAD", "--matrix", str(matrix),
                "--force", *(["--blocks", str(args.blocks)] if args.blocks else []),
@@ -393,16 +424,16 @@ def interleaved(args: argparse.Namespace) -> None:
         res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
         wall = time.time() - t0
         gate_json = max((work / "results").glob("*/2*/gate/gate.json"), key=lambda p: p.stat().st_mtime)
+        if res.returncode not in (0, 1, 3) or gate_json.stat().st_mtime < t0:
+            print(f"try {i} {kind}: gate ended with exit {res.returncode} and no verdict: {res.stderr[-400:]}")
+            break
         g = json.loads(gate_json.read_text())
         rows = g.get("rows", [])
         if kind == "unchanged" and delay is None:
-            from bench.results import load_records
-
-            recs = [r for r in load_records(Path(g["sweep"])) if r.get("code_version") == "baseline"]
-            med = float(np.median([np.median(r["summary"]["step_time_samples_s"]) for r in recs]))
-            delay = round(args.slowdown * med, 4)
+            delay = quiet_delay(g["sweep"])
         entry = {"try": i, "kind": kind, "exit": res.returncode, "verdict": g.get("verdict"), "wall_s": wall,
                  "blocks": g.get("blocks_run"), "delay_s": delay if kind == "slowdown" else None,
+                 "work_iterations": iters, "sweep": g.get("sweep"),
                  "pressure": cpu_pressure(),
                  "rows": [{k: r.get(k) for k in ("cell", "verdict", "change", "ci_low", "ci_high", "sd_pair", "mde",
                                                  "blocks_needed", "normalized")} for r in rows],
@@ -413,7 +444,7 @@ def interleaved(args: argparse.Namespace) -> None:
         print(f"try {i} {kind:9s} exit {res.returncode} {entry['verdict']:13s} blocks {entry['blocks']} "
               f"wall {wall:.0f} s  " + "; ".join(f"{r['cell']} {r['verdict']} {_pct(r.get('change'))}" for r in rows),
               flush=True)
-    _set_slowdown(repo, 0.0, args.when)
+    _set_slowdown(repo, 0, args.when)
     _summary_interleaved(done, args)
 
 
