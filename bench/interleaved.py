@@ -82,8 +82,7 @@ def _interleaved_sweep_class():
     gate has decided; the sweep's order and plan are then cut to the blocks that ran, so the sweep is complete
     and a rerun resumes nothing. (The verdict helper's block loop does the same for every sweep; this class
     goes once that loop carries the stop rule.)"""
-    from bench.record import is_finished
-    from bench.results import read_json, run_dir
+    from bench.results import run_dir
     from bench.sweep import Sweep
 
     class InterleavedSweep(Sweep):
@@ -98,10 +97,8 @@ def _interleaved_sweep_class():
             meta["looks"] = []
             for look, k in enumerate(sorted(blocks), 1):
                 super()._loop(tracker, sweep_dir, meta, blocks[k], counts)
-                done = all(is_finished(run_dir(sweep_dir, sp.cell_id, kk, sp.code_version)) or
-                           read_json(run_dir(sweep_dir, sp.cell_id, kk, sp.code_version) / "record.json")
-                           for sp, kk in blocks[k])
-                if not done:
+                if not all((run_dir(sweep_dir, sp.cell_id, kk, sp.code_version) / "record.json").exists()
+                           for sp, kk in blocks[k]):
                     continue
                 res = self.stop_rule.after_block(load_records(sweep_dir), look)
                 meta["looks"].append({"look": look, "stop": res.stop, "line": res.line})
