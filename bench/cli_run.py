@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from bench.cli_planning import add_planning_arguments, prepare, print_planning
 from bench.engines import engine_class, engines_with, get_engine
 from bench.model import SUMMARY_STEP_TIME
 from bench.results import check_writable
@@ -47,6 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(every repeat of one cell, then the next; for debugging). A resumed sweep keeps its order")
     p.add_argument("--order-seed", type=int, default=None, metavar="N",
                    help="shuffle seed of the blocked order (default: a fresh random seed, recorded in sweep.json)")
+    add_planning_arguments(p)
 
 
 def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -> Plan:
@@ -200,6 +202,9 @@ class ConsoleView:
                 self.live.set_status("writing the summary and closing the MLflow run")
         elif kind == "warn":
             self.live.print(f"warning: {data['message']}", markup=False)
+        elif kind == "look":  # a sequential sweep's decisions after a block (bench.blocks)
+            self.live.print(data["line"] + ("" if not data["stop"] else f" -> stop: {data['reason']}"),
+                            markup=False, soft_wrap=True)
 
     def stop(self) -> None:
         self.live.stop()
@@ -287,10 +292,13 @@ def main(args: argparse.Namespace) -> int:
             matrix.selected_cells = sorted(r.cell_id for r in plan.runs)
     order_seed = getattr(args, "order_seed", None)
     order_kind = getattr(args, "order", "blocked")
+    prep = prepare(args, matrix, plan)  # --precision/--budget re-plan steps and repeats; --sequential: a stop rule
+    matrix, plan = prep.matrix, prep.plan
     if args.dry_run:
         print_plan(plan, console)
         seed = (order_seed if order_seed is not None else new_order_seed()) if order_kind == "blocked" else None
         print_order(plan, run_order([r.cell_id for r in plan.runs], plan.repeats, order_kind, seed), console)
+        print_planning(prep, console)
         return 0
     get_engine(matrix.engine).preflight(matrix, [r.launch for r in plan.runs], plan.platform)
     check_writable(args.results)
@@ -301,7 +309,8 @@ def main(args: argparse.Namespace) -> int:
     view.prepare(f"opening the results folder and the MLflow store ({args.tracking_uri})")
     try:
         out = Sweep(matrix, plan, args.results, args.tracking_uri, executor=executor,
-                    force=args.force, on_event=view, order=order_kind, order_seed=order_seed).run()
+                    force=args.force, on_event=view, order=order_kind, order_seed=order_seed,
+                    stop_rule=prep.stop_rule, planning=prep.planning).run()
     finally:
         view.stop()
     print_summary(out.rows, console)

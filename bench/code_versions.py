@@ -84,9 +84,17 @@ def baseline_checkout(ref: str, repo: Path = REPO_ROOT) -> Iterator[dict[str, An
 
 def gate_fingerprint(fp: str, code_versions: dict[str, dict[str, Any]]) -> str:
     """Fingerprint of an interleaved gate sweep (the one a rerun resumes): the matrix's ``fp`` plus each
-    version's name and commit, so it never resumes a plain sweep or one against another baseline."""
+    version's name and commit, so it never resumes a plain sweep or one against another baseline; ``fp`` itself
+    for a plain sweep (no versions)."""
+    if not code_versions:
+        return fp
     blob = json.dumps([fp, sorted((k, v.get("commit")) for k, v in code_versions.items())])
     return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def version_meta(code_versions: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What ``sweep.json`` keeps of each code version (``commit``, ``ref``, ``dirty``): no machine path."""
+    return {k: {x: v.get(x) for x in ("commit", "ref", "dirty") if x in v} for k, v in code_versions.items()}
 
 
 class VersionedExecutor:

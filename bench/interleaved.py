@@ -21,12 +21,12 @@ cannot decide, each row says how many blocks would let it.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
 from bench.analyze.gate_markdown import append_step_summary, render_interleaved
 from bench.analyze.gate_runs import paired_comparison
+from bench.analyze.sequential import Decision, Look, decide
 from bench.code_versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
 from bench.errors import BenchError
 from bench.results import atomic_write_json, atomic_write_text, load_records
@@ -35,83 +35,39 @@ from bench.results import atomic_write_json, atomic_write_text, load_records
 DEFAULT_BLOCKS = 8
 
 
-def _sequential_decide() -> Callable[..., Any] | None:
-    """The verdict helper's sequential decision function (error control across looks), when present."""
-    import importlib
-
-    try:  # by name: the module comes with the verdict helper's branch
-        sequential = importlib.import_module("bench.analyze.sequential")
-    except ImportError:
-        return None
-    return getattr(sequential, "decide", None)
-
-
-@dataclass
-class GateLook:
-    """What the stop rule decided after a block: ``stop``, the gate's result so far and a human ``line``."""
-
-    stop: bool
-    line: str
-    result: dict[str, Any] = field(default_factory=dict)
-    decisions: list[dict[str, Any]] = field(default_factory=list)
-
-
 class GateStopRule:
-    """Stop an interleaved gate sweep when every cell is pass or regression (``after_block`` after each complete
-    block, the verdict helper's ``StopRule`` protocol). ``min_blocks``: never before this many blocks."""
+    """The gate's stop rule (the verdict helper's ``StopRule``, called by the sweep's block loop
+    :func:`bench.blocks.run_blocks` after each complete block): compares the blocks so far
+    (:func:`bench.analyze.gate_runs.paired_comparison` with the sequential intervals of
+    :func:`bench.analyze.sequential.decide`, so the error rate holds over all looks) and stops once every cell
+    is pass or regression (never before ``min_blocks``) or the planned blocks are done."""
 
     def __init__(self, *, threshold: float, alpha: float, max_mde: float | None, normalize: bool,
                  max_blocks: int, min_blocks: int = 3):
-        self.kw = {"threshold": threshold, "alpha": alpha, "max_mde": max_mde, "normalize": normalize}
-        self.max_blocks, self.min_blocks = max_blocks, min_blocks
+        self.threshold, self.alpha, self.max_mde, self.normalize = threshold, alpha, max_mde, normalize
+        self.max_looks, self.min_blocks = max_blocks, min_blocks
 
-    def after_block(self, records: list[dict[str, Any]], look: int) -> GateLook:
+    def compare(self, records: list[dict[str, Any]], look: int) -> dict[str, Any]:
+        """The gate's comparison at ``look`` (``paired_comparison`` result)."""
+        return paired_comparison(records, threshold=self.threshold, alpha=self.alpha, max_mde=self.max_mde,
+                                 normalize=self.normalize, look=look, max_looks=self.max_looks, decide=decide)
+
+    def after_block(self, records: list[dict[str, Any]], look: int) -> Look:
         """Compare the blocks so far; stop when no cell is left undecided (or the planned blocks are done)."""
-        res = paired_comparison(records, **self.kw, look=look, max_looks=self.max_blocks,
-                                decide=_sequential_decide())
-        undecided = [r for r in res["rows"] if r["verdict"] in ("noisy", "cannot judge")]
-        stop = look >= self.max_blocks or (look >= self.min_blocks and not undecided)
-        line = (f"gate look {look}/{self.max_blocks}: {res['verdict']}; " +
-                ", ".join(f"{r['cell']} {r['verdict']}" + (f" {r['change']:+.1%}" if r.get("change") is not None
-                                                            else "") for r in res["rows"]))
-        return GateLook(stop=stop, line=line, result=res, decisions=res["rows"])
-
-
-def _interleaved_sweep_class():
-    """:class:`bench.sweep.Sweep` with a look after each complete block (:class:`GateStopRule`): stops when the
-    gate has decided; the sweep's order and plan are then cut to the blocks that ran, so the sweep is complete
-    and a rerun resumes nothing. (The verdict helper's block loop does the same for every sweep; this class
-    goes once that loop carries the stop rule.)"""
-    from bench.results import run_dir
-    from bench.sweep import Sweep
-
-    class InterleavedSweep(Sweep):
-        stop_rule: GateStopRule | None = None
-
-        def _loop(self, tracker, sweep_dir, meta, todo, counts) -> None:
-            if self.stop_rule is None:
-                return super()._loop(tracker, sweep_dir, meta, todo, counts)
-            blocks: dict[int, list] = {}
-            for spec, k in todo:
-                blocks.setdefault(k, []).append((spec, k))
-            meta["looks"] = []
-            for look, k in enumerate(sorted(blocks), 1):
-                super()._loop(tracker, sweep_dir, meta, blocks[k], counts)
-                if not all((run_dir(sweep_dir, sp.cell_id, kk, sp.code_version) / "record.json").exists()
-                           for sp, kk in blocks[k]):
-                    continue
-                res = self.stop_rule.after_block(load_records(sweep_dir), look)
-                meta["looks"].append({"look": look, "stop": res.stop, "line": res.line})
-                self.on_event("look", {"look": look, "stop": res.stop, "line": res.line})
-                if res.stop:
-                    meta["order"]["runs"] = [r for r in meta["order"]["runs"] if r[1] <= k]
-                    meta["plan"]["repeats"] = k + 1
-                    meta["blocks_planned"] = len(blocks)
-                    atomic_write_json(sweep_dir / "sweep.json", meta)
-                    return
-            return None
-
-    return InterleavedSweep
+        res = self.compare(records, look)
+        undecided = [r["cell"] for r in res["rows"] if r["verdict"] in ("noisy", "cannot judge")]
+        done = look >= self.min_blocks and not undecided
+        stop = done or look >= self.max_looks
+        reason = ("every cell decided" if done else f"planned blocks done; undecided: {', '.join(undecided)}"
+                  if stop else f"undecided: {', '.join(undecided) or 'too few blocks'}")
+        line = f"gate look {look}/{self.max_looks}: {res['verdict']}; " + ", ".join(
+            f"{r['cell']} {r['verdict']}" + (f" {r['change']:+.1%}" if r.get("change") is not None else "")
+            for r in res["rows"])
+        return Look(look=look, max_looks=self.max_looks, stop=stop, reason=reason,
+                    decisions=[Decision(**r["decision"]) for r in res["rows"] if r.get("decision")], line=line,
+                    more_blocks={r["cell"]: (max(r["blocks_needed"] - look, 1) if r.get("blocks_needed") else None)
+                                 for r in res["rows"] if r["cell"] in undecided},
+                    runs=len(records))
 
 
 def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path, tracking_uri: str,
@@ -129,6 +85,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     from bench.executors import LocalExecutor
     from bench.spec.loading import load_matrix
     from bench.spec.plan import make_plan
+    from bench.sweep import Sweep
 
     if not 0 <= threshold < 1:
         raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
@@ -155,22 +112,19 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     with baseline_checkout(baseline_ref) as base:
         versions = {BASELINE: base, CANDIDATE: cand}
         executor = VersionedExecutor(make, {k: Path(v["root"]) for k, v in versions.items()})
-        sweep = _interleaved_sweep_class()(matrix, plan, results, tracking_uri, executor=executor, force=force,
-                                           on_event=on_event, order_seed=order_seed, code_versions=versions)
-        sweep.stop_rule = rule
-        outcome = sweep.run()
+        outcome = Sweep(matrix, plan, results, tracking_uri, executor=executor, force=force, on_event=on_event,
+                        order_seed=order_seed, stop_rule=rule, code_versions=versions).run()
     records = load_records(outcome.sweep_dir)
     look = max((r["repeat"] for r in records), default=-1) + 1
-    res = paired_comparison(records, threshold=threshold, alpha=alpha, max_mde=max_mde, normalize=normalize,
-                            look=look if _sequential_decide() else None, max_looks=n_blocks,
-                            decide=_sequential_decide())
+    res = rule.compare(records, look)
     result: dict[str, Any] = {
         "format": "grpo-bench-gate", "format_version": 2, "kind": "interleaved", "created_at": time.time(),
         "settings": {"threshold": threshold, "alpha": alpha, "max_mde": 2 * threshold if max_mde is None else max_mde,
                      "normalize": "auto" if normalize else "off", "blocks_planned": n_blocks,
                      "estimate": "exp(mean over blocks of log(run value cand / run value base)) - 1; run value = "
                                  "median timed step",
-                     "ci": "paired t over blocks (Kalibera & Jones 2020), 1 - alpha"},
+                     "ci": "paired t over blocks (Kalibera & Jones 2020), repeated confidence interval at this look "
+                           "(bench.analyze.sequential: O'Brien-Fleming spending over the planned blocks)"},
         "baseline": {"ref": base["ref"], "commit": base.get("commit"), "kind": base.get("kind")},
         "candidate": {"ref": cand["ref"], "commit": cand.get("commit"), "dirty": cand.get("dirty"),
                       "sweep": str(outcome.sweep_dir), "matrix": matrix.name, "engine": plan.engine,

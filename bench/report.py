@@ -85,6 +85,9 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
                   "parent_run_id": snap["source"].get("parent_run_id"), "order": snap.get("order")},
         "speed_normalized_to_s": probe_ref, **stats,
     }
+    from bench.analyze.planning import report_section
+
+    data.update(report_section(Path(sweep), meta))  # noise and cost model, the plan, sequential looks
     if snap.get("expect"):
         try:
             claims = validate_expect(snap["expect"], snap["source"].get("matrix_file") or sweep)

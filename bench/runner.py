@@ -29,6 +29,7 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     :class:`bench.code_versions.VersionedExecutor` sends it to that version's own process or fork server), and
     the record keeps ``code_version`` and ``code_commit``.
     """
+    t_enter = time.time()
     rdir = Path(rdir)
     if rdir.exists():
         shutil.rmtree(rdir)
@@ -44,6 +45,7 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     started = time.time()
     load0 = host_load()
     res = executor.execute(launch_res)
+    t_ran = time.time()
     rec = build_record(rdir, res, spec=spec.model_dump(mode="json"), repeat=repeat, warmup_steps=warmup_steps,
                        started_at=started)
     rec["host_load"] = {"before": load0, "after": host_load()}  # the gate reports contention from it
@@ -51,5 +53,25 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     rec["all_off"] = spec.is_all_off()
     if spec.code_version:
         rec["code_version"], rec["code_commit"] = spec.code_version, (code or {}).get("commit")
+    rec["timing"] = run_timing(rec, harness_s=(started - t_enter) + (time.time() - t_ran))
     write_record(rdir, rec)
     return rec
+
+
+def run_timing(rec: dict[str, Any], harness_s: float) -> dict[str, float]:
+    """Where a run's time went, seconds: ``startup_s`` = its wall time outside GRPO steps (start-up of the
+    process, Ray, workers, engine, and shut-down), ``steps_s`` = the sum of ``timing_s/step`` over all its steps,
+    split into ``warmup_s``, ``timed_s`` and ``profiled_s`` (:func:`bench.tracking.records.step_phases` roles),
+    ``harness_s`` = the harness's own time for the run (preparing the folder and launch, measuring the record)."""
+    from bench.tracking.records import step_phases
+
+    steps = rec.get("steps") or {}
+
+    def total(which: list[int]) -> float:
+        return float(sum(float((steps.get(str(s)) or {}).get("timing_s/step") or 0.0) for s in which))
+
+    roles = step_phases(rec)
+    in_steps = total([int(s) for s in steps])
+    wall = float(rec.get("wall_s") or 0.0)
+    return {"startup_s": max(0.0, wall - in_steps), "steps_s": in_steps, "warmup_s": total(roles["warmup"]),
+            "timed_s": total(roles["timed"]), "profiled_s": total(roles["profiled"]), "harness_s": max(0.0, harness_s)}

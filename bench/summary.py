@@ -30,7 +30,8 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
 
     Columns: cell_id, label, one per factor, merged (design cells represented), repeats_ok, repeats,
     step_time_s, step_time_raw_s, step_time_iqr_s (of the pooled timed steps), speedup, rollout_share,
-    free_ratio, throughput, peak_memory_gb, status, reason, all_off.
+    free_ratio, throughput, peak_memory_gb, status, reason, all_off, startup_s, steps_s, harness_s (means over
+    the ok runs of :func:`bench.runner.run_timing`: start-up, all GRPO steps, the harness's own time; seconds).
     """
     model = Snapshot.model_validate(snap)
     st = cell_stats(model, "step_time")
@@ -59,9 +60,21 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             "reason": "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures)
             or (f"unfinished (repeats {c.missing_repeats})" if c.status == "pending" else ""),
             "all_off": c.all_off,
+            **_timing(c),
         }
         rows.append(row)
     return rows
+
+
+def _timing(cell: Any) -> dict[str, float | None]:
+    """Per cell, the mean over its ok runs of each run's ``startup_s``, ``steps_s`` and ``harness_s``
+    (:func:`bench.runner.run_timing`; ``None`` for runs recorded before it existed)."""
+    out: dict[str, float | None] = {}
+    for key in ("startup_s", "steps_s", "harness_s"):
+        v = [float(r.timing[key]) for r in cell.ok_repeats() if isinstance(getattr(r, "timing", None), dict)
+             and r.timing.get(key) is not None]
+        out[key] = sum(v) / len(v) if v else None
+    return out
 
 
 def cells_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -93,7 +106,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
     """Write ``summary.csv`` and ``summary.md`` (atomically) into the sweep folder; returns both paths."""
     cols = ["cell_id", "label", *FACTOR_KEYS, "merged", "repeats_ok", "repeats", "step_time_s", "step_time_raw_s",
             "step_time_iqr_s", "speedup", "rollout_share", "free_ratio", "throughput", "peak_memory_gb",
-            "status", "reason"]
+            "status", "reason", "startup_s", "steps_s", "harness_s"]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
@@ -108,8 +121,8 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
         "| cell | "
         + " | ".join(REGISTRY[k].key for k in FACTOR_KEYS)
         + " | step time s | raw step time s | IQR s | speedup vs all-off"
-        + " | rollout share | Free ratio | tokens/s | status |",
-        "|---" * (len(FACTOR_KEYS) + 9) + "|",
+        + " | rollout share | Free ratio | tokens/s | status | start-up s | steps s | harness s |",
+        "|---" * (len(FACTOR_KEYS) + 12) + "|",
     ]
     for r in rows:
         md.append(
@@ -118,7 +131,8 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
             + f" | {_fmt(r['step_time_s'])} | {_fmt(r['step_time_raw_s'])}"
             + f" | {_fmt(r['step_time_iqr_s'])} | {_fmt(r['speedup'])}"
             f" | {_fmt(r['rollout_share'])} | {_fmt(r['free_ratio'])} | {_fmt(r['throughput'], 1)}"
-            f" | {r['status']}{(': ' + r['reason'][:80]) if r['reason'] else ''} |"
+            f" | {r['status']}{(': ' + r['reason'][:80]) if r['reason'] else ''}"
+            f" | {_fmt(r.get('startup_s'), 1)} | {_fmt(r.get('steps_s'), 1)} | {_fmt(r.get('harness_s'), 1)} |"
         )
     atomic_write_text(md_path, "\n".join(md) + "\n")
     return csv_path, md_path

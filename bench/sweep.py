@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.blocks import plan_params, run_blocks, sequential_header
+from bench.code_versions import gate_fingerprint, version_meta
 from bench.errors import DiskFullError, doing
 from bench.executors import Executor, LocalExecutor, kill_strays
 from bench.record import is_finished
@@ -88,16 +90,17 @@ class Sweep:
         order: run order of a new sweep, ``blocked`` (default) or ``sequential`` (:func:`bench.spec.plan.run_order`);
             a resumed sweep keeps the order it planned.
         order_seed: shuffle seed of a blocked order (default: a fresh random one, recorded in ``sweep.json``).
-        code_versions: interleaved gate sweep (:mod:`bench.gate_interleave`): version -> ``{"root", "commit", "ref"}``;
-            each block holds every cell under every version, shuffled (:func:`bench.spec.plan.interleaved_order`).
+        stop_rule: decide after each complete block whether to stop (:mod:`bench.blocks`); ``None``: run all.
+        planning: the plan of ``--precision``/``--budget`` (:mod:`bench.analyze.planning`), kept in ``sweep.json``.
+        code_versions: an interleaved gate sweep's code versions (:mod:`bench.interleaved`, :mod:`bench.code_versions`).
     """
 
     def __init__(self, matrix: Matrix, plan: Plan, results_root: Path, tracking_uri: str,
                  executor: Executor | None = None, force: bool = False,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
-                 order: str = "blocked", order_seed: int | None = None,
-                 code_versions: dict[str, dict[str, Any]] | None = None):
-        self.matrix, self.plan = matrix, plan
+                 order: str = "blocked", order_seed: int | None = None, stop_rule: Any = None,
+                 planning: dict[str, Any] | None = None, code_versions: dict[str, dict[str, Any]] | None = None):
+        self.matrix, self.plan, self.stop_rule, self.planning = matrix, plan, stop_rule, planning
         self.code_versions = code_versions or {}
         self.order_kind, self.order_seed = order, order_seed
         self.rd = ResultsDir(results_root, matrix.name)
@@ -135,8 +138,7 @@ class Sweep:
             sync_matrix(self.rd.base, tracker, skip=sweep_dir, on_event=self.on_event)
         specs = {r.cell_id: r for r in self.plan.runs}
         order = planned_order(meta)
-        todo = [(specs[r[0]] if len(r) < 3 else specs[r[0]].model_copy(update={"code_version": r[2]}), r[1])
-                for r in order.runs]
+        todo = order.todo(specs)
         self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed"),
                                 "order": order.kind, "order_seed": order.seed})
         counts = {"executed": 0, "skipped": 0, "failed": 0, "in_step": 0.0}
@@ -157,32 +159,33 @@ class Sweep:
             raise
 
     def _loop(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], todo: list, counts: dict) -> None:
-        """Run or skip every (spec, repeat) of ``todo``, updating ``counts`` as runs finish."""
-        for spec, k in todo:
-            rdir = run_dir(sweep_dir, spec.cell_id, k, spec.code_version)
-            if is_finished(rdir):
-                counts["skipped"] += 1
-                self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
-                self.on_event("skip", {"spec": spec, "repeat": k, "record": read_json(rdir / "record.json")})
-                continue
-            self.on_event("launch", {"spec": spec, "repeat": k})
-            with doing(f"running cell {spec.cell_id} repeat {k} in {rdir}"):
-                rec = self._run_one(sweep_dir, spec, k)
-            counts["executed"] += 1
-            if rec["status"] != "ok" and self._out_of_space(sweep_dir, rec):
-                raise OSError(28, "No space left on device", str(rdir))
-            counts["failed"] += rec["status"] != "ok"
-            counts["in_step"] += sum(float(s.get("timing_s/step", 0.0)) for s in rec["steps"].values())
+        """Run or skip every (spec, repeat) of ``todo`` block by block (:func:`bench.blocks.run_blocks`: the stop
+        rule may end the sweep after a block), updating ``counts`` as runs finish."""
+        run_blocks(todo, lambda spec, k: self._one(tracker, sweep_dir, meta, spec, k, counts),
+                   stop_rule=self.stop_rule, sweep_dir=sweep_dir, meta=meta, on_event=self.on_event)
+
+    def _one(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], spec: RunSpec, k: int,
+             counts: dict) -> None:
+        rdir = run_dir(sweep_dir, spec.cell_id, k, spec.code_version)
+        if is_finished(rdir):
+            counts["skipped"] += 1
             self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
-            self.on_event("done", {"spec": spec, "repeat": k, "record": rec})
+            self.on_event("skip", {"spec": spec, "repeat": k, "record": read_json(rdir / "record.json")})
+            return
+        self.on_event("launch", {"spec": spec, "repeat": k})
+        with doing(f"running cell {spec.cell_id} repeat {k} in {rdir}"):
+            rec = self._run_one(sweep_dir, spec, k)
+        counts["executed"] += 1
+        if rec["status"] != "ok" and self._out_of_space(sweep_dir, rec):
+            raise OSError(28, "No space left on device", str(rdir))
+        counts["failed"] += rec["status"] != "ok"
+        counts["in_step"] += sum(float(s.get("timing_s/step", 0.0)) for s in rec["steps"].values())
+        self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
+        self.on_event("done", {"spec": spec, "repeat": k, "record": rec})
 
     # -- pieces ---------------------------------------------------------------------------------
     def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
-        fp = self.matrix.fingerprint()
-        if self.code_versions:  # an interleaved gate sweep resumes only its own kind, with the same baseline
-            from bench.code_versions import gate_fingerprint
-
-            fp = gate_fingerprint(fp, self.code_versions)
+        fp = gate_fingerprint(self.matrix.fingerprint(), self.code_versions)  # the matrix's own without versions
         sweep_dir = None if self.force else self.rd.find_resumable(fp, self.plan.platform)
         if sweep_dir is not None:
             meta = read_json(sweep_dir / SWEEP)
@@ -211,18 +214,15 @@ class Sweep:
                          "aliases": self.plan.aliases, "resolution": self.plan.resolution,
                          "repeats": self.plan.repeats},
                 "versions": versions(), "git_commit": git_commit(), "tracking_uri": self.tracking_uri,
-                "invocations": [], "resumed": False,
+                "invocations": [], "resumed": False, "planning": self.planning,
             }
-            seed = None
-            if self.order_kind == "blocked" or self.code_versions:
-                seed = self.order_seed if self.order_seed is not None else new_order_seed()
+            blocked = self.order_kind == "blocked" or bool(self.code_versions)
+            seed = (self.order_seed if self.order_seed is not None else new_order_seed()) if blocked else None
+            ids = [r.cell_id for r in self.plan.runs]
+            order = (interleaved_order(ids, list(self.code_versions), self.plan.repeats, seed) if self.code_versions
+                     else run_order(ids, self.plan.repeats, self.order_kind, seed))
             if self.code_versions:
-                order = interleaved_order([r.cell_id for r in self.plan.runs], list(self.code_versions),
-                                          self.plan.repeats, seed)
-                meta["code_versions"] = {k: {x: v.get(x) for x in ("commit", "ref")}
-                                         for k, v in self.code_versions.items()}
-            else:
-                order = run_order([r.cell_id for r in self.plan.runs], self.plan.repeats, self.order_kind, seed)
+                meta["code_versions"] = version_meta(self.code_versions)
             meta["order"] = order.model_dump(mode="json")
             meta["parent_run_id"] = None
             self._ensure_parent(tracker, meta)
@@ -258,6 +258,7 @@ class Sweep:
         params = {"design": m.design.type, "repeats": m.repeats, "cells": len(self.plan.runs),
                   "order": order.kind, "order_seed": "none" if order.seed is None else order.seed,
                   "design_cells": self.plan.design_cells, "factors": ",".join(self.plan.varied),
+                  **plan_params(meta.get("planning")),
                   **{f"base.{k}": v for k, v in m.base.model_dump(exclude={"env", "overrides", "embedded"}).items()}}
         return tracker.start_parent(sweep_run_name(m.name, meta.get("created_at"), meta.get("git_commit")), tags,
                                     params, start_time=meta.get("created_at"),
@@ -265,8 +266,7 @@ class Sweep:
 
     def _run_one(self, sweep_dir: Path, spec: RunSpec, repeat: int) -> dict[str, Any]:
         return execute_spec(spec, run_dir(sweep_dir, spec.cell_id, repeat, spec.code_version), repeat,
-                            self.executor, self.matrix.base.warmup_steps,
-                            code=self.code_versions.get(spec.code_version) if spec.code_version else None)
+                            self.executor, self.matrix.base.warmup_steps, self.code_versions.get(spec.code_version))
 
     def _log_mlflow(self, tracker: Tracker, parent_id: str, spec: RunSpec, rdir: Path) -> None:
         if (rdir / MLFLOW_MARK).exists():
@@ -370,6 +370,7 @@ class Sweep:
             + (f", seed {meta['order']['seed']}" if (meta.get("order") or {}).get("seed") is not None else ""),
             "harness overhead": f"{first['overhead_share']:.1%} of {first['wall_s']:.1f} s wall "
             f"(in GRPO steps {first['in_step_s']:.1f} s)",
+            **sequential_header(meta),
         }
         resumes = meta["invocations"][1:]
         if resumes:

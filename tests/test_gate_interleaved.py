@@ -184,9 +184,12 @@ def test_stop_rule_stops_once_every_cell_is_decided_or_the_budget_ends():
     from bench.interleaved import GateStopRule
 
     rule = GateStopRule(threshold=0.05, alpha=0.01, max_mde=None, normalize=True, max_blocks=12)
-    clear = _sweep(0.30, blocks=3, sd_run=0.01, seed=8)
-    look = rule.after_block(clear, 3)
-    assert look.stop and look.result["verdict"] == "regression" and "regression" in look.line
+    clear = _sweep(0.30, blocks=8, sd_run=0.01, seed=8)
+    look = rule.after_block(clear, 8)
+    assert look.stop and "regression" in look.line and look.to_dict()["decisions"][0]["verdict"] == "slower"
+    assert look.decisions[0].lo > 0  # the repeated confidence interval at look 8 of 12 (O'Brien-Fleming)
+    # the same data at look 3: the early looks' intervals are wide (little alpha spent): no stop yet
+    assert not rule.after_block(_sweep(0.30, blocks=3, sd_run=0.01, seed=8), 3).stop
     assert not rule.after_block(_sweep(0.30, blocks=2, sd_run=0.01, seed=8), 2).stop  # never before 3 blocks
     noisy = _sweep(0.0, blocks=4, sd_run=0.2, seed=9)
     assert not rule.after_block(noisy, 4).stop

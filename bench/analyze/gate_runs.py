@@ -20,9 +20,11 @@ Verdict per cell: **regression** when the estimate is worse than ``threshold`` a
 **improvement** likewise the other way; else **unchanged** when the gate could see a change of ``max_mde``
 (:func:`bench.analyze.power.gate_mde` <= ``max_mde``) and the interval excludes a slowdown of ``max_mde``
 (so a real slowdown of that size passes with probability under ``alpha / 2``), else **noisy** ("cannot
-judge", with the blocks that would let it judge: :func:`bench.analyze.power.blocks_needed`). With a sequential decision function
-(``decide``, the verdict helper's ``bench.analyze.sequential.decide``) the error rate is controlled across the
-looks of a sweep that stops when every cell is decided.
+judge", with the blocks that would let it judge: :func:`bench.analyze.power.blocks_needed`). With the
+sequential intervals of :func:`bench.analyze.sequential.decide` the error rate is controlled across the looks
+of a sweep that stops when every cell is decided: the rules are applied to its repeated confidence interval
+instead of the fixed-sample one (regression: the interval above 0 and the estimate beyond the threshold;
+unchanged: the interval below ``max_mde`` and :func:`bench.analyze.power.gate_mde` <= ``max_mde``).
 """
 
 from __future__ import annotations
@@ -126,9 +128,9 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
         alpha: two-sided level of the test and ``1 - alpha`` intervals.
         max_mde: judge "unchanged" only when the gate can see this change (default ``2 * threshold``).
         normalize: use the speed probe where :func:`probe_check` accepts it.
-        look, max_looks, decide: sequential decision (``decide(estimate, se, df, *, threshold, alpha, look,
-            max_looks)``, verdict in slower / faster / no_change / undecided, with ``lo``/``hi``) instead of the
-            fixed-sample rule; ``look`` = complete blocks so far.
+        look, max_looks, decide: sequential intervals (:func:`bench.analyze.sequential.decide`: the repeated
+            confidence interval ``lo``/``hi`` at ``look`` (complete blocks) of ``max_looks``, O'Brien-Fleming
+            spending) instead of the fixed-sample t interval; the gate's rules are applied to that interval.
 
     Returns:
         ``{"rows": [...], "probe": probe_check(...), "notes", "counts", "verdict", "exit_code"}``; each row has
@@ -170,22 +172,28 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
         else:
             row["p_value"], h = (0.0 if mean else 1.0), 0.0
         row["ci_low"], row["ci_high"] = math.expm1(mean - h), math.expm1(mean + h)
-        thr = math.log1p(threshold)
-        if decide is not None and look is not None:
-            dec = decide(mean, se, df, threshold=thr, alpha=alpha, look=look, max_looks=max_looks)
-            v = getattr(dec, "verdict", None)
-            row["method"] = getattr(dec, "method", "sequential")
-            lo, hi = getattr(dec, "lo", None), getattr(dec, "hi", None)
-            if lo is not None and hi is not None:
-                row["ci_low"], row["ci_high"] = math.expm1(lo), math.expm1(hi)
-            row["verdict"] = {"slower": "regression", "faster": "improvement", "no_change": "unchanged"}.get(
-                v, "noisy")
-        elif row["p_value"] < alpha and abs(mean) > thr:
+        thr, lim = math.log1p(threshold), math.log1p(max_mde)
+        lo, hi = mean - h, mean + h
+        sig = row["p_value"] < alpha
+        if decide is not None and look is not None:  # repeated confidence interval: error rate over all looks
+            dec = decide(mean, se, df, threshold=threshold, alpha=alpha, look=look, max_looks=max_looks or look,
+                         name=c["label"])
+            row["method"] = dec.method
+            if dec.lo is None:
+                lo, hi, sig = -math.inf, math.inf, False
+            else:
+                lo, hi, sig = dec.lo, dec.hi, dec.lo > 0 or dec.hi < 0
+                row["ci_low"], row["ci_high"] = dec.change_lo, dec.change_hi  # clipped at exp(+-50)
+            row["decision"] = dec.to_dict()
+        if sig and abs(mean) > thr:
             row["verdict"] = "regression" if mean > 0 else "improvement"
-        elif row["mde"] is not None and row["mde"] <= max_mde and row["ci_high"] < max_mde:
+        elif row["mde"] is not None and row["mde"] <= max_mde and hi < lim and (not sig or abs(mean) <= thr):
             row["verdict"] = "unchanged"
         else:
             row["verdict"] = "noisy"
+        if "decision" in row:  # the look's decision in the sequential vocabulary, as the gate decided it
+            row["decision"]["verdict"] = {"regression": "slower", "improvement": "faster",
+                                          "unchanged": "no_change"}.get(row["verdict"], "undecided")
         if row["verdict"] == "noisy":
             more = row["blocks_needed"]
             row["reason"] = (f"cannot judge yet: with {n} blocks the gate sees a change of {row['mde']:.1%} or more "

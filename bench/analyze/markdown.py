@@ -214,4 +214,7 @@ def render(data: dict[str, Any]) -> str:
         "the terms. With one run per cell no run-to-run variance exists to test against: estimates only.",
         "",
     ]
+    from bench.analyze.planning import report_lines
+
+    L += report_lines(data)
     return "\n".join(L)

@@ -147,7 +147,8 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
     for rec in records:
         by_cell.setdefault(rec["cell_id"], []).append(rec)
     plan = meta.get("plan") or {}
-    repeats = int(plan.get("repeats") or 1)
+    # a sequential sweep that stopped after block k has k repeats per cell (bench.blocks)
+    repeats = int((meta.get("sequential") or {}).get("stopped_after") or plan.get("repeats") or 1)
     cells = []
     for spec in plan.get("runs", []):
         recs = sorted(by_cell.get(spec["cell_id"], []), key=lambda r: r.get("repeat", 0))
@@ -158,7 +159,7 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
             steps, work = record_workload(r) if r.get("status") == "ok" else ([], [])
             reps.append({"repeat": r.get("repeat"), "status": r.get("status"),
                          "samples": record_samples(r) if r.get("status") == "ok" else {m: [] for m in METRICS},
-                         "steps": steps, "workload": work, "host_load": r.get("host_load"),
+                         "steps": steps, "workload": work, "host_load": r.get("host_load"), "timing": r.get("timing"),
                          "probe_spec": probe_spec(r),
                          "summary": {k: summ.get(k) for k in _SUMMARY_KEYS if k in summ}})
             if r.get("status") != "ok":

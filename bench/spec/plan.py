@@ -226,6 +226,12 @@ class RunOrder(BaseModel):
     runs: list[tuple[str, int] | tuple[str, int, str]]
     versions: list[str] = Field(default_factory=list)
 
+    def todo(self, specs: dict[str, RunSpec]) -> list[tuple[RunSpec, int]]:
+        """``(spec, repeat)`` in execution order from the plan's specs by cell id; a run of an interleaved order
+        gets its ``code_version`` (a copy of the spec: same cell id)."""
+        return [(specs[r[0]].model_copy(update={"code_version": r[2]}) if r[2:] else specs[r[0]], r[1])
+                for r in self.runs]
+
     def blocked(self) -> bool:
         """Whether repeat ``k`` of every run spec ran in time block ``k`` (the report's block factor)."""
         return self.kind == "blocked"

@@ -51,6 +51,8 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
         "throughput": run_value(samples["throughput"]), "peak_memory_gb": summ.get(SUMMARY_PEAK_MEM),
         "long_tail_waste": summ.get("long_tail_waste_median"), "wall_s": rec.get("wall_s"),
         **{f"phase/{k}_s": v for k, v in (summ.get("phase_median_s") or {}).items()},
+        # where the run's time went (bench.runner.run_timing): start-up, GRPO steps, the harness's own time
+        **{f"timing/{k}": v for k, v in (rec.get("timing") or {}).items()},
     }
     evidence = rec.get("evidence") or {}
     phases = step_phases(rec)

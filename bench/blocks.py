@@ -1,0 +1,99 @@
+"""The sweep's block loop: execute a run order block by block and, after each complete block, ask a stop rule.
+
+A blocked :class:`~bench.spec.plan.RunOrder` holds repeat ``k`` of every run spec in block ``k``
+(0-based); look ``k + 1`` follows it. Without a stop rule every run of the order is executed in turn
+(exactly the sweep of a fixed design). With one (:class:`bench.analyze.sequential.StopRule`), after
+each block the rule sees every run record of the sweep so far; its :class:`~bench.analyze.sequential.Look`
+is written to ``sweep.json`` (key ``sequential``: method, planned looks, every look, the block after
+which the sweep stopped), sent to the console as a ``look`` event, and ends the sweep when it says
+stop. A resumed sweep walks the same blocks: finished runs are skipped and each look is recomputed from
+the records, so a resume stops where an uninterrupted sweep would have.
+
+Runs of one block are executed by ``run_block`` (default: one after another); the Ray executor of
+``--parallel`` replaces it to run a block's runs at once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from bench.results import SWEEP, atomic_write_json, load_records
+
+RunOne = Callable[[Any, int], None]
+
+
+def split_blocks(todo: Sequence[tuple[Any, int]]) -> list[list[tuple[Any, int]]]:
+    """Consecutive runs with the same repeat (= block of a blocked order) grouped, in order."""
+    out: list[list[tuple[Any, int]]] = []
+    for spec, k in todo:
+        if out and out[-1][-1][1] == k:
+            out[-1].append((spec, k))
+        else:
+            out.append([(spec, k)])
+    return out
+
+
+def run_sequentially(block: Sequence[tuple[Any, int]], run_one: RunOne) -> None:
+    """Execute the runs of one block one after another (the default ``run_block``)."""
+    for spec, k in block:
+        run_one(spec, k)
+
+
+def run_blocks(todo: Sequence[tuple[Any, int]], run_one: RunOne, *, stop_rule: Any = None,
+               sweep_dir: Path | None = None, meta: dict[str, Any] | None = None,
+               on_event: Callable[[str, dict[str, Any]], None] | None = None,
+               run_block: Callable[[Sequence[tuple[Any, int]], RunOne], None] = run_sequentially) -> int | None:
+    """Execute ``todo`` (``(spec, repeat)`` in order) with ``run_one(spec, repeat)``; returns the block
+    (1-based) after which the stop rule stopped the sweep, or ``None`` when every run of ``todo`` ran.
+
+    With a ``stop_rule``, ``sweep_dir`` and ``meta`` (the sweep's ``sweep.json`` content, updated and
+    rewritten after every look) are required.
+    """
+    if stop_rule is None:
+        if meta is not None and meta.pop("sequential", None) is not None and sweep_dir is not None:
+            atomic_write_json(Path(sweep_dir) / SWEEP, meta)  # resumed without --sequential: a fixed design now
+        run_block(list(todo), run_one)
+        return None
+    assert sweep_dir is not None and meta is not None
+    from bench.analyze.sequential import METHOD
+
+    state = meta.setdefault("sequential", {})
+    state.update({"method": METHOD, "max_looks": stop_rule.max_looks, "looks": [], "stopped_after": None,
+                  "threshold": getattr(stop_rule, "threshold", None), "alpha": getattr(stop_rule, "alpha", None)})
+    for i, block in enumerate(split_blocks(todo), start=1):
+        run_block(block, run_one)
+        look = stop_rule.after_block(load_records(sweep_dir), i)
+        state["looks"].append(look.to_dict())
+        if look.stop:
+            state["stopped_after"] = i
+        atomic_write_json(Path(sweep_dir) / SWEEP, meta)
+        if on_event is not None:
+            on_event("look", look.to_dict())
+        if look.stop:
+            return i
+    return None
+
+
+def blocks_run(meta: dict[str, Any], planned: int) -> int:
+    """Repeats a cell of the sweep should have: the block a sequential sweep stopped after, else ``planned``."""
+    stopped = (meta.get("sequential") or {}).get("stopped_after")
+    return int(stopped) if stopped else int(planned)
+
+
+def sequential_header(meta: dict[str, Any]) -> dict[str, str]:
+    """The summary header line of a sequential sweep (empty for a fixed design)."""
+    seq = meta.get("sequential") or {}
+    if not seq.get("looks"):
+        return {}
+    last = seq["looks"][-1]
+    return {"sequential stopping": f"{len(seq['looks'])} of {seq['max_looks']} planned block(s); {last['reason']}; "
+                                   f"{last['line']}"}
+
+
+def plan_params(planning: dict[str, Any] | None) -> dict[str, Any]:
+    """MLflow parent parameters of a planned sweep (``plan.*``; empty without ``--precision``/``--budget``)."""
+    if not planning:
+        return {}
+    keys = ("goal", "timed_steps", "repeats", "predicted_wall_s", "predicted_half_width", "threshold", "model_from")
+    return {f"plan.{k}": planning.get(k) for k in keys if planning.get(k) is not None}

@@ -1,0 +1,113 @@
+"""``run`` options for a sweep that plans its runs and stops when decided: ``--sequential``, ``--threshold``,
+``--precision``, ``--budget`` (:func:`add_planning_arguments`, :func:`prepare`, :func:`print_planning`)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from typing import Any
+
+from bench.errors import BenchError
+
+
+def add_planning_arguments(p: argparse.ArgumentParser) -> None:
+    """The planning and stopping arguments of ``run``."""
+    p.add_argument("--sequential", action="store_true",
+                   help="stop the sweep as soon as every main effect is decided (after any complete block; "
+                        "repeated confidence intervals with O'Brien-Fleming alpha spending over the planned "
+                        "repeats as looks). Implied by --precision and --budget")
+    p.add_argument("--threshold", type=float, default=0.05, metavar="FRACTION",
+                   help="the relative change that matters (default 0.05 = 5 %%): an effect whose interval lies "
+                        "inside +-threshold is decided 'no change'")
+    p.add_argument("--alpha", type=float, default=0.05, metavar="A",
+                   help="error rate of all decisions of a sequential sweep over all looks (default 0.05)")
+    p.add_argument("--precision", type=float, default=None, metavar="P",
+                   help="plan timed steps per run and repeats (= maximum blocks) so that the 95 %% interval of each "
+                        "main effect has half-width P (fraction, e.g. 0.02) at the least expected wall time, from "
+                        "the noise and cost model of earlier sweeps of this target")
+    p.add_argument("--budget", default=None, metavar="DURATION",
+                   help="plan timed steps per run and repeats for the best precision within DURATION of wall time "
+                        "(e.g. 20m, 1h30m, 900s)")
+
+
+def parse_duration(text: str) -> float:
+    """Seconds of a duration like ``20m``, ``1h30m``, ``90s`` or ``600`` (seconds).
+
+    Raises:
+        BenchError: anything else (one line naming the allowed forms).
+    """
+    import re
+
+    t = str(text).strip().lower()
+    if re.fullmatch(r"\d+(\.\d+)?", t):
+        return float(t)
+    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", t)
+    if not t or not m or not any(m.groups()):
+        raise BenchError(f"--budget {text!r}: not a duration (allowed: e.g. 20m, 1h30m, 900s, 600)")
+    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+    return h * 3600 + mi * 60 + s
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` decided: the (possibly re-planned) matrix and plan, the stop rule (``None``: a
+    fixed design) and the planning record for ``sweep.json``/MLflow (``None`` without --precision/--budget)."""
+
+    matrix: Any
+    plan: Any
+    stop_rule: Any = None
+    planning: dict[str, Any] | None = None
+
+
+def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
+    """Apply ``--precision``/``--budget`` (re-plan steps and repeats from the target's noise and cost model)
+    and ``--sequential`` (the effects' stop rule over the plan's repeats as looks).
+
+    Raises:
+        BenchError: bad values, both --precision and --budget, or a sequential sweep in a non-blocked order.
+    """
+    precision, budget = getattr(args, "precision", None), getattr(args, "budget", None)
+    threshold, alpha = getattr(args, "threshold", 0.05), getattr(args, "alpha", 0.05)
+    if not 0 < threshold < 1:
+        raise BenchError(f"--threshold {threshold}: must be a fraction in (0, 1) (0.05 = 5 %)")
+    if not 0 < alpha < 0.5:
+        raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
+    if precision is not None and budget is not None:
+        raise BenchError("--precision and --budget: give one of them (allowed: --precision P or --budget DURATION)")
+    if precision is not None and not 0 < precision < 1:
+        raise BenchError(f"--precision {precision}: must be a fraction in (0, 1) (0.02 = 2 %)")
+    planning = None
+    if precision is not None or budget is not None:
+        from bench.planning_apply import replan
+
+        matrix, plan, planning = replan(matrix, plan, args.results, precision=precision,
+                                        budget_s=parse_duration(budget) if budget is not None else None,
+                                        alpha=alpha, threshold=threshold)
+    sequential = bool(getattr(args, "sequential", False) or planning)
+    rule = None
+    if sequential:
+        if getattr(args, "order", "blocked") != "blocked":
+            raise BenchError("--sequential: a sequential sweep decides after each block: it needs --order blocked "
+                             "(allowed: blocked)")
+        from bench.analyze.sequential import EffectsStopRule
+
+        rule = EffectsStopRule(plan.repeats, threshold=threshold, alpha=alpha)
+    return Prepared(matrix=matrix, plan=plan, stop_rule=rule, planning=planning)
+
+
+def print_planning(prep: Prepared, console: Any) -> None:
+    """The dry run's planning lines (after the run order): the plan of --precision/--budget with its predicted
+    wall time and precision and why, and the stopping rule of a sequential sweep."""
+    if prep.planning:
+        from bench.analyze.planning import plan_lines
+
+        console.print("\n[bold]planning[/]", markup=True)
+        for line in plan_lines(prep.planning):
+            console.print(f"  {line}", markup=False, soft_wrap=True)
+    if prep.stop_rule is not None:
+        from bench.analyze.sequential import METHOD
+
+        r = prep.stop_rule
+        console.print(f"sequential stopping: after each of up to {r.max_looks} block(s) every main effect is decided "
+                      f"(slower / faster / no change within +-{r.threshold:.1%}, error rate {r.alpha} over all looks: "
+                      f"{METHOD}); the sweep stops when all are decided", markup=False, soft_wrap=True)

@@ -1,0 +1,133 @@
+"""Sequential stopping (issue 17): the O'Brien-Fleming boundaries, the decision rule, its error rate under the
+null over all looks (seeded simulation of the run-level model), and the sweep's block loop with a stop rule
+(stops early on a clear effect, records its looks in sweep.json, resumes in the middle and stops where an
+uninterrupted sweep would)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import math
+
+import numpy as np
+import pytest
+from drift_fake import DriftExecutor
+from test_run_order import small_full
+
+from bench.analyze.sequential import EffectsStopRule, Look, critical_value, decide, obf_boundaries, obf_spending
+from bench.cli import main
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _frozen_heap():
+    """statsmodels' Holm adjustment calls ``gc.collect()`` on every fit; with the heap frozen (as in
+    test_drift) 2000 looks take seconds."""
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
+def test_obf_boundaries_spend_alpha_over_the_looks():
+    c = obf_boundaries(0.05, 5)
+    assert len(c) == 5 and all(a > b for a, b in zip(c, c[1:]))  # O'Brien-Fleming: strict early, near 1.96 late
+    assert c[0] == pytest.approx(1.959964 / math.sqrt(0.2), rel=1e-6)  # look 1 spends alpha(0.2) alone
+    assert 1.96 < c[-1] < 2.1
+    assert obf_boundaries(0.05, 1) == pytest.approx((1.959964,), rel=1e-5)
+    # Monte Carlo of the Brownian motion: the chance of crossing at any look is alpha
+    rng = np.random.default_rng(0)
+    z = rng.normal(size=(200_000, 5)).cumsum(1) / np.sqrt(np.arange(1, 6))
+    assert (np.abs(z) >= np.array(c)).any(1).mean() == pytest.approx(0.05, abs=0.003)
+    assert obf_spending(1.0, 0.05) == pytest.approx(0.05)
+
+
+def test_decision_rule_reads_the_interval():
+    kw = dict(threshold=0.05, alpha=0.05, look=3, max_looks=3)
+    assert decide(0.10, 0.01, 10, **kw).verdict == "slower" and decide(0.10, 0.01, 10, **kw).matters is True
+    assert decide(-0.10, 0.01, 10, **kw).verdict == "faster"
+    assert decide(0.0, 0.01, 10, **kw).verdict == "no_change"
+    assert decide(0.03, 0.02, 10, **kw).verdict == "undecided"  # straddles 0 and reaches past +5 %
+    assert decide(0.03, 0.005, 10, **kw).matters is False  # slower, but all of it within the threshold
+    assert decide(0.3, 0.01, 0, **kw).verdict == "undecided"  # no residual degree of freedom: no interval
+    # early looks are stricter than the last one
+    assert critical_value(10, alpha=0.05, look=1, max_looks=5) > critical_value(10, alpha=0.05, look=5, max_looks=5)
+
+
+def _records(rng, looks, effect=0.0, run_sd=0.03, cells=((0, 0), (1, 0), (0, 1), (1, 1)), drift=0.05):
+    """Run records of ``looks`` blocks of a 2x2 design: log run value = effect x dynamic_bsz + block drift + noise."""
+    out = []
+    for k in range(looks):
+        for a, b in cells:
+            v = math.exp(effect * b + drift * k + rng.normal(0, run_sd))
+            out.append({"status": "ok", "repeat": k, "levels": {"rmsnorm_fused": a, "dynamic_bsz": b},
+                        "summary": {"step_time_samples_s": [v]}})
+    return out
+
+
+def test_stop_rule_false_effect_rate_under_the_null_is_at_most_alpha():
+    """400 seeded sequential sweeps (up to 6 blocks of the 2x2 design, both effects 0, block drift): a sweep that
+    ever calls an effect slower or faster counts as a false effect; the rate stays at alpha = 0.05 or below
+    (binomial 99 % margin: 0.05 + 2.6 x sqrt(0.05 x 0.95 / 400) = 0.078)."""
+    rule = EffectsStopRule(6, threshold=0.05, alpha=0.05)
+    false, decided_no_change, runs = 0, 0, []
+    for seed in range(400):
+        rng = np.random.default_rng(seed)
+        recs = _records(rng, 6)
+        for look in range(1, 7):
+            lk = rule.after_block(recs[: 4 * look], look)
+            if lk.stop:
+                break
+        verdicts = {d.verdict for d in lk.decisions}
+        false += bool(verdicts & {"slower", "faster"})
+        decided_no_change += verdicts == {"no_change"}
+        runs.append(lk.runs)
+    assert false / 400 <= 0.078, false
+    assert decided_no_change > 200  # 3 % run noise decides "no effect beyond 5 %" in most sweeps
+    assert np.mean(runs) < 24  # and it stops before the planned 6 blocks on average
+
+
+def test_look_round_trips_through_json():
+    rule = EffectsStopRule(4)
+    lk = rule.after_block(_records(np.random.default_rng(1), 3, effect=0.3), 3)
+    back = Look.from_dict(json.loads(json.dumps(lk.to_dict())))
+    assert back.to_dict() == lk.to_dict()
+    assert [d.verdict for d in back.decisions if d.name == "dynamic_bsz"] == ["slower"]
+    assert "dynamic_bsz: slower" in lk.line
+
+
+def test_sequential_sweep_stops_early_and_resumes_in_the_middle(tmp_path, monkeypatch, capsys):
+    """``--sequential`` on the drifting fake machine with a 40 % slowdown of dynamic_bsz and no rmsnorm_fused
+    effect: killed after 6 runs (block 2 unfinished), the rerun resumes, recomputes the looks from the records
+    and stops at the same block as an uninterrupted sweep of the same seed; the unplanned blocks never run."""
+    path = small_full(tmp_path, repeats=6)
+    model = dict(effects={"dynamic_bsz": math.log(1.4)}, run_sd=0.005, step_sd=0.005, drift=0.02)
+
+    def sweep(name, stop_after=None):
+        fake = DriftExecutor(24, seed=3, stop_after=stop_after, **model)
+        monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake)
+        uri = f"sqlite:///{(tmp_path / (name + '.db')).as_posix()}"
+        return main(["run", str(path), "--sequential", "--order-seed", "2", "--results", str(tmp_path / name),
+                     "--tracking-uri", uri]), fake
+
+    rc, whole = sweep("whole")
+    assert rc == 0
+    meta = json.loads(next((tmp_path / "whole" / "full").glob("2*/sweep.json")).read_text())
+    seq = meta["sequential"]
+    stopped = seq["stopped_after"]
+    assert 2 <= stopped < 6 and len(whole.calls) == 4 * stopped  # stopped before the planned 6 blocks
+    last = seq["looks"][-1]
+    assert {d["name"]: d["verdict"] for d in last["decisions"]}["dynamic_bsz"] == "slower"
+    assert meta["status"] == "complete" and seq["max_looks"] == 6 and "O'Brien-Fleming" in seq["method"]
+    capsys.readouterr()
+
+    rc, _ = sweep("cut", stop_after=6)  # the harness is interrupted before the 7th run
+    assert rc == 130
+    rc, resumed = sweep("cut")
+    assert rc == 0
+    out = capsys.readouterr().out
+    meta2 = json.loads(next((tmp_path / "cut" / "full").glob("2*/sweep.json")).read_text())
+    assert meta2["sequential"]["stopped_after"] == stopped
+    assert len(resumed.calls) == 4 * stopped - 6  # block 1 and 2 runs of block 2 cached; the rest ran
+    assert [lk["look"] for lk in meta2["sequential"]["looks"]] == list(range(1, stopped + 1))
+    assert f"look {stopped}/6" in out and "stop: every comparison decided" in out
+    summary = next((tmp_path / "cut" / "full").glob("2*/summary.md")).read_text()
+    assert "sequential stopping" in summary
