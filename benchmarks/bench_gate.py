@@ -1,6 +1,15 @@
 """False-alarm and detection rates of the regression gate (``bench.gate``) at its default settings.
 
-Not a test. Two modes:
+Not a test. Three modes:
+
+``interleaved`` (the gate CI uses): ``--tries`` interleaved gates (``gate --interleave HEAD --matrix M --force``,
+default ``matrix/gate.yaml``; ``--matrix matrix/full.yaml`` for the main matrix) of unchanged code and as many
+with an injected slowdown of one cell (``--slowdown`` 0.10: CPU work added at the start of the update phase of
+each training step where ``cfg.<--when>`` holds, sized at 10 % of the quietest baseline run's step), alternating,
+in a clone of this repository (the candidate = its working tree, the baseline = its HEAD). Prints each gate's
+verdict, blocks and wall time, the pass / regression rates with Wilson intervals and the measured noise (SD of
+a block's log ratio) with the blocks the gate needs at that noise. Tries are logged to
+``<results>/interleaved_tries.jsonl``; a rerun continues.
 
 ``real``: runs the gate matrix (:func:`gate_matrix`: the embedded engine, one cell, eight repeats of 12
 timed steps, one intra-op thread; the same matrix as the CI test ``tests/test_gate_embedded.py``) as
@@ -25,6 +34,7 @@ The real mode evaluates the gate at its defaults (unpaired, speed-normalized: ``
 no probe); all at the default threshold (5 %) and alpha (0.01). The noise is printed raw and
 speed-normalized.
 
+    python benchmarks/bench_gate.py interleaved --tries 10 --results /tmp/gbi      # 3-7 min per gate on 2 cores
     python benchmarks/bench_gate.py real --sweeps 5 --results /tmp/gate-bench    # ~18 min on 2 cores
     python benchmarks/bench_gate.py synthetic --from /tmp/gate-bench --trials 2000
     python benchmarks/bench_gate.py synthetic --sd-step 0.05 --sd-sweep 0.02 --trials 2000
