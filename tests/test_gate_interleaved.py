@@ -194,3 +194,19 @@ def test_stop_rule_stops_once_every_cell_is_decided_or_the_budget_ends():
     noisy = _sweep(0.0, blocks=4, sd_run=0.2, seed=9)
     assert not rule.after_block(noisy, 4).stop
     assert rule.after_block(_sweep(0.0, blocks=12, sd_run=0.2, seed=9), 12).stop  # the budget ends
+
+
+def test_bad_interleave_inputs_are_one_line_errors(tmp_path, capsys):
+    from bench.cli import main
+
+    (tmp_path / "m.yaml").write_text("name: m\nengine: embedded\nplatform: cpu\nbase: {steps: 2, warmup_steps: 1}\n"
+                                     "factors: {dynamic_bsz: [on]}\nrepeats: 2\n")
+    common = ["--results", str(tmp_path / "r"), "--tracking-uri", f"sqlite:///{tmp_path / 'ml.db'}"]
+    assert main(["gate", "--interleave", "no-such-rev-xyz", "--matrix", str(tmp_path / "m.yaml"), *common]) == 2
+    err = capsys.readouterr().err
+    assert "--interleave no-such-rev-xyz: neither a harness checkout folder nor a git revision" in err
+    assert main(["gate", "--interleave", "HEAD", *common]) == 2
+    assert "give --matrix" in capsys.readouterr().err
+    assert main(["gate", "--interleave", "HEAD", "--matrix", str(tmp_path / "m.yaml"), "--blocks", "1", *common]) == 2
+    assert "2 or more blocks" in capsys.readouterr().err
+    assert not (tmp_path / "r" / "m").exists()  # nothing half-written
