@@ -418,13 +418,17 @@ def interleaved(args: argparse.Namespace) -> None:
         recs = [r for r in load_records(Path(sweep)) if r.get("code_version") == "baseline" and r["status"] == "ok"]
         return round(args.slowdown * min(float(np.median(r["summary"]["step_time_samples_s"])) for r in recs), 4)
 
+    fixed_iters = 0
     first = next((d for d in done if d["kind"] == "unchanged" and d.get("sweep")), None)
     delay = quiet_delay(first["sweep"]) if first else None
     env = {**__import__("os").environ, "PYTHONPATH": str(repo)}
     for i, kind in enumerate(kinds[len(done):], len(done)):
         if kind == "slowdown" and delay is None:
             continue
-        iters = int(round(delay * work_per_second())) if kind == "slowdown" else 0
+        if kind == "slowdown" and not fixed_iters:  # sized once, at the machine's best speed, then kept
+            fixed_iters = next((d["work_iterations"] for d in done if d.get("work_iterations")), 0) or \
+                int(round(delay * work_per_second()))
+        iters = fixed_iters if kind == "slowdown" else 0
         _set_slowdown(repo, iters, args.when)
         cmd = [sys.executable, "run_bench.py", "gate", "--results", str(work / "results"),
                "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--interleave", "HEAD", "--matrix", str(matrix),
