@@ -488,6 +488,50 @@ def _summary_interleaved(done: list[dict], args: argparse.Namespace) -> None:
               f"blocks the gate needs at that noise: {need}")
 
 
+def _sim_records(rng: np.random.Generator, change: float, blocks: int, sd_pair: float, steps: int = 4) -> list[dict]:
+    """Run records of a simulated one-cell interleaved gate sweep: each run's log value = block drift (SD 0.2,
+    cancels in the pairs) + run noise (SD ``sd_pair / sqrt(2)``) + ``log(1 + change)`` for the candidate."""
+    out = []
+    for k in range(blocks):
+        drift = rng.normal(0, 0.2)
+        for v in ("baseline", "candidate"):
+            mu = math.log(0.4) + drift + rng.normal(0, sd_pair / math.sqrt(2)) + (math.log1p(change) if v == "candidate"
+                                                                                  else 0.0)
+            st = list(np.exp(mu + rng.normal(0, 0.01, steps)))
+            out.append({"cell_id": "c", "repeat": k, "code_version": v, "status": "ok", "label": "cell",
+                        "summary": {"timed_steps": list(range(2, 2 + steps)), "step_time_samples_s": st},
+                        "steps": {}})
+    return out
+
+
+def interleaved_sim(args: argparse.Namespace) -> None:
+    """The interleaved gate's pass and detection rates by simulation: for each SD of a block's log ratio
+    (``--sd-pair``), ``--trials`` gates of unchanged code and of a ``--slowdown``, each run look by look through
+    :class:`bench.interleaved.GateStopRule` (the sequential intervals, stop from block 3) up to ``--blocks``."""
+    from bench.interleaved import GateStopRule
+
+    rng = np.random.default_rng(args.seed)
+    print(f"interleaved gate, one cell, budget {args.blocks} blocks, threshold {DEFAULT_THRESHOLD:.0%}, "
+          f"alpha {DEFAULT_ALPHA}, {args.trials} simulated gates per row")
+    print("sd_pair  kind       pass  regression  cannot judge  blocks (median)")
+    for sd in args.sd_pair:
+        for kind, change in (("unchanged", 0.0), ("slowdown", args.slowdown)):
+            verdicts, used = [], []
+            for _ in range(args.trials):
+                rule = GateStopRule(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, max_mde=None, normalize=False,
+                                    max_blocks=args.blocks)
+                recs = _sim_records(rng, change, args.blocks, sd)
+                for look in range(1, args.blocks + 1):
+                    got = rule.after_block([r for r in recs if r["repeat"] < look], look)
+                    if got.stop:
+                        break
+                verdicts.append(rule.compare([r for r in recs if r["repeat"] < look], look)["verdict"])
+                used.append(look)
+            n = len(verdicts)
+            print(f"{sd:7.3f}  {kind:9s} {verdicts.count('pass') / n:5.0%}  {verdicts.count('regression') / n:10.0%}  "
+                  f"{verdicts.count('cannot judge') / n:12.0%}  {np.median(used):6.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -524,7 +568,17 @@ def main() -> None:
     i.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", help="matrix override")
     i.add_argument("--results", default=str(Path(tempfile.gettempdir()) / "gate-bench-interleaved"),
                    help="work folder (clone, results, tries log; reused: tries already run are kept)")
+    m = sub.add_parser("interleaved-sim", help="pass / detection rates of the interleaved gate by simulation")
+    m.add_argument("--sd-pair", type=float, nargs="+", default=[0.02, 0.04, 0.06, 0.08, 0.16],
+                   help="SDs of a block's log ratio to simulate")
+    m.add_argument("--blocks", type=int, default=12)
+    m.add_argument("--slowdown", type=float, default=0.10)
+    m.add_argument("--trials", type=int, default=200)
+    m.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.mode == "interleaved-sim":
+        interleaved_sim(args)
+        return
     if args.mode == "interleaved":
         interleaved(args)
         return
