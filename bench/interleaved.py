@@ -13,9 +13,10 @@ commit), ``--force`` starts a new one.
 
 The comparison is run-level and paired by block (:func:`bench.analyze.gate_runs.paired_comparison`). With
 ``--blocks N`` the sweep plans ``N`` blocks; after each complete block the stop rule
-(:class:`GateStopRule`) compares what has run and the sweep stops as soon as every cell is pass or
-regression (with the verdict helper's block loop; without it every planned block runs). Where it still
-cannot decide, each row says how many blocks would let it.
+(:class:`GateStopRule`, run by the sweep's block loop :func:`bench.blocks.run_blocks`) compares what has run
+on the repeated confidence intervals of :func:`bench.analyze.sequential.decide`, and the sweep stops as soon as
+every cell is pass or regression, else after the ``N`` blocks (the budget). Where it still cannot decide, each
+row says how many blocks would let it (:func:`bench.analyze.power.blocks_needed`).
 """
 
 from __future__ import annotations
