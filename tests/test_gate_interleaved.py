@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from bench.analyze.gate_runs import paired_comparison, probe_check, block_pairs
+from bench.analyze.gate_runs import block_pairs, paired_comparison, probe_check
 from bench.analyze.power import blocks_needed, gate_mde
 from bench.results import run_dir
-from bench.speed import PROBE_METRIC
 from bench.spec.plan import RunSpec, interleaved_order
+from bench.speed import PROBE_METRIC
 
 
 def _rec(cell: str, block: int, version: str, steps: list[float], probes: list[float] | None = None,

@@ -173,16 +173,15 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
             row["p_value"], h = (0.0 if mean else 1.0), 0.0
         row["ci_low"], row["ci_high"] = math.expm1(mean - h), math.expm1(mean + h)
         thr, lim = math.log1p(threshold), math.log1p(max_mde)
-        lo, hi = mean - h, mean + h
-        sig = row["p_value"] < alpha
+        hi, sig = mean + h, row["p_value"] < alpha
         if decide is not None and look is not None:  # repeated confidence interval: error rate over all looks
             dec = decide(mean, se, df, threshold=threshold, alpha=alpha, look=look, max_looks=max_looks or look,
                          name=c["label"])
             row["method"] = dec.method
             if dec.lo is None:
-                lo, hi, sig = -math.inf, math.inf, False
+                hi, sig = math.inf, False
             else:
-                lo, hi, sig = dec.lo, dec.hi, dec.lo > 0 or dec.hi < 0
+                hi, sig = dec.hi, dec.lo > 0 or dec.hi < 0
                 row["ci_low"], row["ci_high"] = dec.change_lo, dec.change_hi  # clipped at exp(+-50)
             row["decision"] = dec.to_dict()
         if sig and abs(mean) > thr:
