@@ -163,9 +163,58 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
     snap.update(name=name, created_at=time.time(), note=note, machine=machine())
     for c in snap["cells"]:
         c["summary"] = _cell_summary(c)
+    old = read_json(out) if out.exists() else None
+    snap["history"] = ((old or {}).get("history") or [])[-(HISTORY - 1):] + [_history_entry(snap)]
+    snap["sweep_to_sweep"] = sweep_to_sweep(snap["history"])
     atomic_write_json(out, snap)
     warn = tag_parent(tracking_uri, snap, {"bench.baseline": name, f"bench.baseline.{name}": out.name})
     return out, snap, warn
+
+
+#: saved sweeps a baseline keeps in its history (``save --force`` of the same name appends)
+HISTORY = 20
+
+
+def _history_entry(snap: dict[str, Any]) -> dict[str, Any]:
+    """One saved sweep in a baseline's history: per cell (factor levels) the log of its value (geometric mean of
+    its runs' median step times)."""
+    import math
+
+    import numpy as np
+
+    cells = {}
+    for c in snap["cells"]:
+        vals = [float(np.median(r["samples"]["step_time"])) for r in c["repeats"] if r["samples"].get("step_time")]
+        if vals:
+            cells[c["key"]] = float(np.mean([math.log(v) for v in vals]))
+    return {"sweep": snap["source"].get("sweep"), "created_at": snap.get("created_at"), "log_step_time": cells}
+
+
+def sweep_to_sweep(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """How much a stored baseline moves from one sweep to the next, measured over its saved sweeps: ``sd_log``
+    = pooled SD over cells of the log cell step time across the saves (``None`` with fewer than 2), ``sweeps``,
+    and ``note`` (what a gate against this baseline must allow for: a stored baseline is for tracking over time;
+    for a verdict, run the interleaved gate)."""
+    import math
+
+    import numpy as np
+
+    keys = {k for h in history for k in h.get("log_step_time", {})}
+    ss, df = 0.0, 0
+    for k in keys:
+        xs = np.array([h["log_step_time"][k] for h in history if k in h.get("log_step_time", {})])
+        if len(xs) > 1:
+            ss += float(np.sum((xs - xs.mean()) ** 2))
+            df += len(xs) - 1
+    if not df:
+        return {"sd_log": None, "sweeps": len(history),
+                "note": f"sweep-to-sweep variance unknown: measured over {len(history)} saved sweep(s), needs 2 or "
+                        "more (save this name again with --force after another sweep)"}
+    sd = math.sqrt(ss / df)
+    return {"sd_log": sd, "sweeps": len(history), "df": df,
+            "note": f"sweep-to-sweep SD of log step time {sd:.3f} (about {math.expm1(sd):.1%}), measured over "
+                    f"{len(history)} saved sweeps: a gate against this stored baseline cannot tell changes of that "
+                    "order from the machine (`gate --interleave` compares both versions in one sweep)"}
 
 
 def _cell_summary(cell: dict[str, Any]) -> dict[str, Any]:
@@ -224,6 +273,7 @@ def main(args: argparse.Namespace) -> int:
         n = sum(len(r["samples"]["step_time"]) for c in snap["cells"] for r in c["repeats"])
         print(f"baseline {args.name}: {out} ({len(snap['cells'])} cells, {n} step-time samples, "
               f"engine {snap['engine']}, platform {snap['platform']}, sweep {snap['source']['sweep']})")
+        print(f"baseline {args.name}: {snap['sweep_to_sweep']['note']}")
         if warn:
             print(f"warning: {warn}", file=sys.stderr)
         else:

@@ -96,15 +96,18 @@ def fill_placeholders(text: str, python: str = sys.executable) -> str:
 
 
 def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run_dir: Path, timeout_s: float,
-                   python: str = sys.executable) -> ResolvedLaunch:
+                   python: str = sys.executable, repo_root: Path | None = None) -> ResolvedLaunch:
     """Fill ``{run_dir}`` and the :func:`machine_placeholders`, and add the variables every run gets.
 
     ``BENCH_RUN_DIR`` = the run folder; ``BENCH_PATCHES`` = comma-separated patch specs, with
     ``patches/`` first on ``PYTHONPATH`` so its ``sitecustomize`` applies them in every Python process of
     the run (Ray workers and vLLM included) and writes what it patched into the run folder.
+    ``repo_root``: the checkout whose code the run executes (first on ``PYTHONPATH``, ``{repo}``, its
+    ``patches/``); default this harness's own (:data:`REPO_ROOT`). An interleaved gate gives the baseline's.
     """
     run_dir = Path(run_dir).resolve()
-    fill = {"run_dir": str(run_dir), **machine_placeholders(python)}
+    root = Path(repo_root).resolve() if repo_root is not None else REPO_ROOT
+    fill = {"run_dir": str(run_dir), **machine_placeholders(python), "repo": str(root)}
 
     def _fill(text: str) -> str:  # only the known placeholders: verl overrides may hold other braces
         for key, value in fill.items():
@@ -113,10 +116,10 @@ def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run
 
     out_env = {k: _fill(v) for k, v in env.items()}
     out_env["BENCH_RUN_DIR"] = str(run_dir)
-    paths = [str(REPO_ROOT)]
+    paths = [str(root)]
     if patches:
         out_env["BENCH_PATCHES"] = ",".join(patches)
-        paths.insert(0, str(PATCHES_DIR))
+        paths.insert(0, str(root / "patches"))
     existing = env.get("PYTHONPATH") or os.environ.get("PYTHONPATH", "")
     out_env["PYTHONPATH"] = os.pathsep.join(paths + ([existing] if existing else []))
     return ResolvedLaunch(argv=[_fill(a) for a in argv], env=out_env, run_dir=run_dir, timeout_s=timeout_s)

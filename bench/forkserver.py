@@ -136,12 +136,15 @@ class ForkServerExecutor:
 
     Args:
         preload: modules the server imports once.
+        repo_root: the checkout whose code the server imports and its runs execute (first on ``PYTHONPATH``,
+            and the server's working folder, so ``python -m`` finds that ``bench``); default this harness's.
     """
 
     name = "forkserver"
 
-    def __init__(self, preload: tuple[str, ...] = PRELOAD, eager: bool = True):
+    def __init__(self, preload: tuple[str, ...] = PRELOAD, eager: bool = True, repo_root: Path | None = None):
         self.preload = preload
+        self.repo_root = Path(repo_root).resolve() if repo_root is not None else REPO_ROOT
         self.proc: subprocess.Popen | None = None
         self.ready = False
         self.fallback = LocalExecutor()
@@ -150,10 +153,12 @@ class ForkServerExecutor:
 
     def _spawn(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("BENCH_PATCHES", "BENCH_RUN_DIR")}
-        env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+        env["PYTHONPATH"] = os.pathsep.join([str(self.repo_root)] +
+                                            ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["BENCH_HARNESS_PID"] = str(os.getpid())
         self.proc = subprocess.Popen([sys.executable, "-m", "bench.forkserver", *self.preload],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
+                                     cwd=str(self.repo_root),
                                      start_new_session=True, preexec_fn=_child_setup(os.getpid()))
         self.ready = False
 

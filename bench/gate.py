@@ -182,6 +182,12 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
         result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,
                                         n_boot=n_boot, seed=seed, pairing=pairing, max_mde=max_mde,
                                         normalize=normalize, test=test))
+        if base.get("_kind", "baseline") == "baseline":  # what a stored baseline carries from sweep to sweep
+            from bench.baseline import sweep_to_sweep
+
+            s2s = base.get("sweep_to_sweep") or sweep_to_sweep(base.get("history") or [])
+            result["baseline"]["sweep_to_sweep"] = s2s
+            result["notes"].append(s2s["note"])
     if expects:
         exp = check_expectations(cand, expects, alpha=alpha, n_boot=n_boot, seed=seed, pairing=pairing,
                                  normalize=normalize, test=test)

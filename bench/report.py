@@ -68,6 +68,13 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
     from bench.results import read_json
 
     meta = read_json(Path(sweep) / "sweep.json") or {}
+    if meta.get("code_versions"):  # an interleaved gate sweep: the gate's own figure, by the gate's own function
+        from bench.analyze.gate import DEFAULT_ALPHA, DEFAULT_THRESHOLD
+        from bench.analyze.gate_runs import gate_figure
+        from bench.results import load_records
+
+        stats["mde"]["gate"] = gate_figure(load_records(sweep), threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA)
+        stats["mde"]["gate_source"] = "this interleaved gate sweep (both code versions paired by block), as the gate"
     resolution = (meta.get("plan") or {}).get("resolution") or (snap.get("design") or {}).get("resolution")
     data = {
         "format": "grpo-bench-report", "format_version": 2, "created_at": time.time(), "alpha": alpha,

@@ -247,9 +247,11 @@ def check_sweep_meta(path: Path) -> dict:
     return meta
 
 
-def run_dir(sweep: Path, cell_id: str, repeat: int) -> Path:
-    """The folder of one repeat of one cell."""
-    return Path(sweep) / cell_id / f"r{repeat}"
+def run_dir(sweep: Path, cell_id: str, repeat: int, version: str | None = None) -> Path:
+    """The folder of one repeat of one cell: ``<cell_id>/r<repeat>``; in an interleaved gate sweep a run of the
+    baseline's code is ``<cell_id>/r<repeat>-baseline`` (the candidate's keep ``r<repeat>``)."""
+    suffix = f"-{version}" if version and version != "candidate" else ""
+    return Path(sweep) / cell_id / f"r{repeat}{suffix}"
 
 
 def is_record(rec: Any) -> bool:

@@ -18,11 +18,16 @@ from bench.results import atomic_write_text
 from bench.spec.plan import RunSpec
 
 
-def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, warmup_steps: int) -> dict[str, Any]:
+def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, warmup_steps: int,
+                 code: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run one repeat of ``spec`` in the fresh folder ``rdir``, measure it and write its record.
 
     An earlier unfinished attempt in ``rdir`` is removed first. Returns the record (status ``ok`` or
     ``failed`` with ``failure_kind`` in bad_input | infeasible | oom | timeout | crash | error | no_metrics).
+    ``code``: in an interleaved gate sweep, the run's code version ``{"root": checkout, "commit": sha, ...}``:
+    the run executes that checkout's code (``PYTHONPATH``; the launch carries ``BENCH_CODE_VERSION`` so a
+    :class:`bench.code_versions.VersionedExecutor` sends it to that version's own process or fork server), and
+    the record keeps ``code_version`` and ``code_commit``.
     """
     t_enter = time.time()
     rdir = Path(rdir)
@@ -30,7 +35,10 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
         shutil.rmtree(rdir)
     rdir.mkdir(parents=True)
     launch = spec.launch
-    launch_res = resolve_launch(launch.argv, launch.env, launch.patches, rdir, spec.timeout_s)
+    root = (code or {}).get("root")
+    launch_res = resolve_launch(launch.argv, launch.env, launch.patches, rdir, spec.timeout_s, repo_root=root)
+    if spec.code_version:
+        launch_res.env["BENCH_CODE_VERSION"] = spec.code_version
     if launch.config:
         cfg = json.loads(json.dumps(launch.config).replace("{run_dir}", str(rdir.resolve())))
         atomic_write_text(rdir / launch.config_file, yaml.safe_dump(cfg, sort_keys=False))
@@ -43,6 +51,8 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     rec["host_load"] = {"before": load0, "after": host_load()}  # the gate reports contention from it
     rec["label"] = spec.label
     rec["all_off"] = spec.is_all_off()
+    if spec.code_version:
+        rec["code_version"], rec["code_commit"] = spec.code_version, (code or {}).get("commit")
     rec["timing"] = run_timing(rec, harness_s=(started - t_enter) + (time.time() - t_ran))
     write_record(rdir, rec)
     return rec

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.blocks import plan_params, run_blocks, sequential_header, sequential_tags
+from bench.code_versions import gate_fingerprint, version_meta
 from bench.errors import DiskFullError, doing
 from bench.executors import Executor, LocalExecutor, kill_strays
 from bench.record import is_finished
@@ -43,7 +44,7 @@ from bench.results import (
 from bench.run_record import corrupt_records
 from bench.runner import execute_spec
 from bench.spec.matrix import Matrix
-from bench.spec.plan import Plan, RunOrder, RunSpec, new_order_seed, run_order
+from bench.spec.plan import Plan, RunOrder, RunSpec, interleaved_order, new_order_seed, run_order
 from bench.summary import cell_rows, parent_cells, plan_summary, sweep_header, write_summary
 from bench.sync import QUEUE, queue_upload, read_queue, sync_matrix
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
@@ -93,14 +94,16 @@ class Sweep:
         order_seed: shuffle seed of a blocked order (default: a fresh random one, recorded in ``sweep.json``).
         stop_rule: decide after each complete block whether to stop (:mod:`bench.blocks`); ``None``: run all.
         planning: the plan of ``--precision``/``--budget`` (:mod:`bench.analyze.planning`), kept in ``sweep.json``.
+        code_versions: an interleaved gate sweep's code versions (:mod:`bench.interleaved`, :mod:`bench.code_versions`).
     """
 
     def __init__(self, matrix: Matrix, plan: Plan, results_root: Path, tracking_uri: str,
                  executor: Executor | None = None, force: bool = False,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
                  order: str = "blocked", order_seed: int | None = None, stop_rule: Any = None,
-                 planning: dict[str, Any] | None = None):
+                 planning: dict[str, Any] | None = None, code_versions: dict[str, dict[str, Any]] | None = None):
         self.matrix, self.plan, self.stop_rule, self.planning = matrix, plan, stop_rule, planning
+        self.code_versions = code_versions or {}
         self.order_kind, self.order_seed = order, order_seed
         self.rd = ResultsDir(results_root, matrix.name)
         self.tracking_uri = tracking_uri
@@ -139,7 +142,7 @@ class Sweep:
                 self.on_event("warn", {"message": f"{problem}; this repeat runs again"})
         specs = {r.cell_id: r for r in self.plan.runs}
         order = planned_order(meta)
-        todo = [(specs[c], k) for c, k in order.runs]
+        todo = order.todo(specs)
         self.on_event("start", {"total": len(todo), "sweep_dir": str(sweep_dir), "resumed": meta.get("resumed"),
                                 "order": order.kind, "order_seed": order.seed})
         counts = {"executed": 0, "skipped": 0, "failed": 0, "in_step": 0.0}
@@ -171,7 +174,7 @@ class Sweep:
 
     def _one(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], spec: RunSpec, k: int,
              counts: dict) -> None:
-        rdir = run_dir(sweep_dir, spec.cell_id, k)
+        rdir = run_dir(sweep_dir, spec.cell_id, k, spec.code_version)
         if is_finished(rdir):
             counts["skipped"] += 1
             self._log_mlflow(tracker, meta["parent_run_id"], spec, rdir)
@@ -190,7 +193,7 @@ class Sweep:
 
     # -- pieces ---------------------------------------------------------------------------------
     def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
-        fp = self.matrix.fingerprint()
+        fp = gate_fingerprint(self.matrix.fingerprint(), self.code_versions)  # the matrix's own without versions
         sweep_dir = None if self.force else self.rd.find_resumable(fp, self.plan.platform)
         if sweep_dir is not None:
             meta = read_json(sweep_dir / SWEEP)
@@ -221,10 +224,13 @@ class Sweep:
                 "versions": versions(), "git_commit": git_commit(), "tracking_uri": self.tracking_uri,
                 "invocations": [], "resumed": False, "planning": self.planning,
             }
-            seed = None
-            if self.order_kind == "blocked":
-                seed = self.order_seed if self.order_seed is not None else new_order_seed()
-            order = run_order([r.cell_id for r in self.plan.runs], self.plan.repeats, self.order_kind, seed)
+            blocked = self.order_kind == "blocked" or bool(self.code_versions)
+            seed = (self.order_seed if self.order_seed is not None else new_order_seed()) if blocked else None
+            ids = [r.cell_id for r in self.plan.runs]
+            order = (interleaved_order(ids, list(self.code_versions), self.plan.repeats, seed) if self.code_versions
+                     else run_order(ids, self.plan.repeats, self.order_kind, seed))
+            if self.code_versions:
+                meta["code_versions"] = version_meta(self.code_versions)
             meta["order"] = order.model_dump(mode="json")
             meta["parent_run_id"] = None
             self._ensure_parent(tracker, meta)
@@ -267,8 +273,8 @@ class Sweep:
                                     description=parent_description(meta))
 
     def _run_one(self, sweep_dir: Path, spec: RunSpec, repeat: int) -> dict[str, Any]:
-        return execute_spec(spec, run_dir(sweep_dir, spec.cell_id, repeat), repeat, self.executor,
-                            self.matrix.base.warmup_steps)
+        return execute_spec(spec, run_dir(sweep_dir, spec.cell_id, repeat, spec.code_version), repeat,
+                            self.executor, self.matrix.base.warmup_steps, self.code_versions.get(spec.code_version))
 
     def _log_mlflow(self, tracker: Tracker, parent_id: str, spec: RunSpec, rdir: Path) -> None:
         if (rdir / MLFLOW_MARK).exists():
@@ -331,7 +337,8 @@ class Sweep:
                 queue_upload(sweep_dir, self.tracking_uri, tracker.mark_down(mexc),
                              {"metrics": {}, "tags": {"bench.status": meta["status"]}, "status": status})
         if disk_full:
-            done = sum(1 for spec, k in todo if (run_dir(sweep_dir, spec.cell_id, k) / "record.json").exists())
+            done = sum(1 for spec, k in todo
+                       if (run_dir(sweep_dir, spec.cell_id, k, spec.code_version) / "record.json").exists())
             need = self._run_bytes(sweep_dir) * max(1, len(todo) - done)
             free = free_bytes(sweep_dir) or 0
             raise DiskFullError(

@@ -1,6 +1,15 @@
 """False-alarm and detection rates of the regression gate (``bench.gate``) at its default settings.
 
-Not a test. Two modes:
+Not a test. Three modes:
+
+``interleaved`` (the gate CI uses): ``--tries`` interleaved gates (``gate --interleave HEAD --matrix M --force``,
+default ``matrix/gate.yaml``; ``--matrix matrix/full.yaml`` for the main matrix) of unchanged code and as many
+with an injected slowdown of one cell (``--slowdown`` 0.10: CPU work added at the start of the update phase of
+each training step where ``cfg.<--when>`` holds, sized at 10 % of the quietest baseline run's step), alternating,
+in a clone of this repository (the candidate = its working tree, the baseline = its HEAD). Prints each gate's
+verdict, blocks and wall time, the pass / regression rates with Wilson intervals and the measured noise (SD of
+a block's log ratio) with the blocks the gate needs at that noise. Tries are logged to
+``<results>/interleaved_tries.jsonl``; a rerun continues.
 
 ``real``: runs the gate matrix (:func:`gate_matrix`: the embedded engine, one cell, eight repeats of 12
 timed steps, one intra-op thread; the same matrix as the CI test ``tests/test_gate_embedded.py``) as
@@ -25,6 +34,7 @@ The real mode evaluates the gate at its defaults (unpaired, speed-normalized: ``
 no probe); all at the default threshold (5 %) and alpha (0.01). The noise is printed raw and
 speed-normalized.
 
+    python benchmarks/bench_gate.py interleaved --tries 10 --results /tmp/gbi      # 3-7 min per gate on 2 cores
     python benchmarks/bench_gate.py real --sweeps 5 --results /tmp/gate-bench    # ~18 min on 2 cores
     python benchmarks/bench_gate.py synthetic --from /tmp/gate-bench --trials 2000
     python benchmarks/bench_gate.py synthetic --sd-step 0.05 --sd-sweep 0.02 --trials 2000
@@ -334,6 +344,194 @@ def synthetic(args: argparse.Namespace) -> None:
             break
 
 
+# -- interleaved gate: pass / regression rates of `gate --interleave` as a user runs it ------------------------
+
+#: where the injected slowdown goes: the start of the update phase of the embedded engine's training step
+SLOW_ANCHOR = '    with phase(timing, "update_actor", tr.device):\n'
+
+
+def _clone(dst: Path) -> Path:
+    """A clone of this repository's HEAD (the candidate's working tree and the baseline revision HEAD)."""
+    import subprocess
+
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(dst)], check=True)
+    return dst
+
+
+#: the injected work: ``n`` products of a 128 x 128 float32 matrix (one thread, as the gate matrix runs)
+WORK = ("_w = torch.full((128, 128), 1.0 / 128)\n", "_w = _w @ _w\n")
+
+
+def work_per_second() -> float:
+    """Iterations of :data:`WORK` per second on this machine now (one torch thread, best of 5 tries)."""
+    import torch
+
+    torch.set_num_threads(1)
+    best = 0.0
+    for _ in range(5):
+        w = torch.full((128, 128), 1.0 / 128)
+        t0 = time.perf_counter()
+        for _ in range(200):
+            w = w @ w
+        best = max(best, 200 / (time.perf_counter() - t0))
+    return best
+
+
+def _set_slowdown(repo: Path, iterations: int, when: str) -> None:
+    """Add (``iterations`` > 0) or remove the injected work in the candidate's working tree: ``iterations``
+    matrix products at the start of the update phase of each training step, in the cells where ``cfg.<when>``
+    holds (CPU work, so it slows down with the machine as the step does)."""
+    import subprocess
+
+    step = repo / "bench/engines/embedded/step.py"
+    subprocess.run(["git", "-C", str(repo), "checkout", "--", str(step)], check=True)
+    if iterations > 0:
+        text = step.read_text()
+        assert text.count(SLOW_ANCHOR) == 1, "anchor of the injected slowdown not found"
+        ind = " " * 12
+        step.write_text(text.replace(SLOW_ANCHOR, SLOW_ANCHOR + f"        if cfg.{when}:  # injected test slowdown\n"
+                                     f"{ind}{WORK[0]}{ind}for _ in range({iterations}):\n{ind}    {WORK[1]}"))
+
+
+def interleaved(args: argparse.Namespace) -> None:
+    """``--tries`` interleaved gates of unchanged code and as many with a ``--slowdown`` injected in one cell,
+    alternating (unchanged first: its baseline runs give the step time the delay is sized from), each a fresh
+    gate sweep (``--force``) of ``--matrix`` against ``HEAD`` of a clone; prints each gate's verdict, blocks and
+    wall time, the rates with Wilson intervals, and the measured noise (SD of a block's log ratio) with the
+    blocks :func:`bench.analyze.power.blocks_needed` asks for."""
+    import subprocess
+
+    work = Path(args.results)
+    work.mkdir(parents=True, exist_ok=True)
+    repo = work / "repo"
+    if not repo.exists():
+        _clone(repo)
+    log_path = work / "interleaved_tries.jsonl"
+    done = [json.loads(x) for x in log_path.read_text().splitlines()] if log_path.exists() else []
+    matrix = (ROOT / args.matrix).resolve()
+    kinds = [k for _ in range(args.tries) for k in ("unchanged", "slowdown")]
+    def quiet_delay(sweep: str) -> float:
+        """``--slowdown`` of the quietest baseline run's median step of an unchanged gate (the work is sized at
+        quiet speed; under contention it slows down with the step)."""
+        from bench.results import load_records
+
+        recs = [r for r in load_records(Path(sweep)) if r.get("code_version") == "baseline" and r["status"] == "ok"]
+        return round(args.slowdown * min(float(np.median(r["summary"]["step_time_samples_s"])) for r in recs), 4)
+
+    fixed_iters = 0
+    first = next((d for d in done if d["kind"] == "unchanged" and d.get("sweep")), None)
+    delay = quiet_delay(first["sweep"]) if first else None
+    env = {**__import__("os").environ, "PYTHONPATH": str(repo)}
+    for i, kind in enumerate(kinds[len(done):], len(done)):
+        if kind == "slowdown" and delay is None:
+            continue
+        if kind == "slowdown" and not fixed_iters:  # sized once, at the machine's best speed, then kept
+            fixed_iters = next((d["work_iterations"] for d in done if d.get("work_iterations")), 0) or \
+                int(round(delay * work_per_second()))
+        iters = fixed_iters if kind == "slowdown" else 0
+        _set_slowdown(repo, iters, args.when)
+        cmd = [sys.executable, "run_bench.py", "gate", "--results", str(work / "results"),
+               "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--interleave", "HEAD", "--matrix", str(matrix),
+               "--force", *(["--blocks", str(args.blocks)] if args.blocks else []),
+               *[x for o in args.set for x in ("--set", o)]]
+        t0 = time.time()
+        res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+        wall = time.time() - t0
+        gate_json = max((work / "results").glob("*/2*/gate/gate.json"), key=lambda p: p.stat().st_mtime)
+        if res.returncode not in (0, 1, 3) or gate_json.stat().st_mtime < t0:
+            print(f"try {i} {kind}: gate ended with exit {res.returncode} and no verdict: {res.stderr[-400:]}")
+            break
+        g = json.loads(gate_json.read_text())
+        rows = g.get("rows", [])
+        if kind == "unchanged" and delay is None:
+            delay = quiet_delay(g["sweep"])
+        entry = {"try": i, "kind": kind, "exit": res.returncode, "verdict": g.get("verdict"), "wall_s": wall,
+                 "blocks": g.get("blocks_run"), "delay_s": delay if kind == "slowdown" else None,
+                 "work_iterations": iters, "sweep": g.get("sweep"),
+                 "pressure": cpu_pressure(),
+                 "rows": [{k: r.get(k) for k in ("cell", "verdict", "change", "ci_low", "ci_high", "sd_pair", "mde",
+                                                 "blocks_needed", "normalized")} for r in rows],
+                 "probe": g.get("probe", {}).get("note")}
+        done.append(entry)
+        with open(log_path, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
+        print(f"try {i} {kind:9s} exit {res.returncode} {entry['verdict']:13s} blocks {entry['blocks']} "
+              f"wall {wall:.0f} s  " + "; ".join(f"{r['cell']} {r['verdict']} {_pct(r.get('change'))}" for r in rows),
+              flush=True)
+    _set_slowdown(repo, 0, args.when)
+    _summary_interleaved(done, args)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1%}"
+
+
+def _summary_interleaved(done: list[dict], args: argparse.Namespace) -> None:
+    from bench.analyze.power import blocks_needed
+
+    for kind, want in (("unchanged", "pass"), ("slowdown", "regression")):
+        runs = [d for d in done if d["kind"] == kind]
+        if not runs:
+            continue
+        k = sum(d["verdict"] == want for d in runs)
+        lo, hi = wilson(k, len(runs))
+        walls = [d["wall_s"] for d in runs]
+        other = {v: sum(d["verdict"] == v for d in runs) for v in ("pass", "regression", "cannot judge")}
+        print(f"{kind}: {want} in {k} of {len(runs)} ({k / len(runs):.0%}, 95 % CI {lo:.0%}-{hi:.0%}); verdicts "
+              f"{other}; wall median {np.median(walls):.0f} s (min {min(walls):.0f}, max {max(walls):.0f}); "
+              f"blocks median {np.median([d['blocks'] or 0 for d in runs]):.0f}")
+    sds = [r["sd_pair"] for d in done for r in d["rows"] if r.get("sd_pair") is not None]
+    if sds:
+        sd = float(np.median(sds))
+        need = blocks_needed(sd, alpha=DEFAULT_ALPHA, threshold=DEFAULT_THRESHOLD, max_mde=2 * DEFAULT_THRESHOLD)
+        print(f"noise: SD of a block's log ratio, median over gates {sd:.3f} (range {min(sds):.3f}-{max(sds):.3f}); "
+              f"blocks the gate needs at that noise: {need}")
+
+
+def _sim_records(rng: np.random.Generator, change: float, blocks: int, sd_pair: float, steps: int = 4) -> list[dict]:
+    """Run records of a simulated one-cell interleaved gate sweep: each run's log value = block drift (SD 0.2,
+    cancels in the pairs) + run noise (SD ``sd_pair / sqrt(2)``) + ``log(1 + change)`` for the candidate."""
+    out = []
+    for k in range(blocks):
+        drift = rng.normal(0, 0.2)
+        for v in ("baseline", "candidate"):
+            mu = math.log(0.4) + drift + rng.normal(0, sd_pair / math.sqrt(2)) + (math.log1p(change) if v == "candidate"
+                                                                                  else 0.0)
+            st = list(np.exp(mu + rng.normal(0, 0.01, steps)))
+            out.append({"cell_id": "c", "repeat": k, "code_version": v, "status": "ok", "label": "cell",
+                        "summary": {"timed_steps": list(range(2, 2 + steps)), "step_time_samples_s": st},
+                        "steps": {}})
+    return out
+
+
+def interleaved_sim(args: argparse.Namespace) -> None:
+    """The interleaved gate's pass and detection rates by simulation: for each SD of a block's log ratio
+    (``--sd-pair``), ``--trials`` gates of unchanged code and of a ``--slowdown``, each run look by look through
+    :class:`bench.interleaved.GateStopRule` (the sequential intervals, stop from block 3) up to ``--blocks``."""
+    from bench.interleaved import GateStopRule
+
+    rng = np.random.default_rng(args.seed)
+    print(f"interleaved gate, one cell, budget {args.blocks} blocks, threshold {DEFAULT_THRESHOLD:.0%}, "
+          f"alpha {DEFAULT_ALPHA}, {args.trials} simulated gates per row")
+    print("sd_pair  kind       pass  regression  cannot judge  blocks (median)")
+    for sd in args.sd_pair:
+        for kind, change in (("unchanged", 0.0), ("slowdown", args.slowdown)):
+            verdicts, used = [], []
+            for _ in range(args.trials):
+                rule = GateStopRule(threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA, max_mde=None, normalize=False,
+                                    max_blocks=args.blocks)
+                recs = _sim_records(rng, change, args.blocks, sd)
+                for look in range(1, args.blocks + 1):
+                    got = rule.after_block([r for r in recs if r["repeat"] < look], look)
+                    if got.stop:
+                        break
+                verdicts.append(rule.compare([r for r in recs if r["repeat"] < look], look)["verdict"])
+                used.append(look)
+            n = len(verdicts)
+            print(f"{sd:7.3f}  {kind:9s} {verdicts.count('pass') / n:5.0%}  {verdicts.count('regression') / n:10.0%}  "
+                  f"{verdicts.count('cannot judge') / n:12.0%}  {np.median(used):6.0f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -360,7 +558,30 @@ def main() -> None:
     s.add_argument("--timed-steps", type=int, default=20)
     s.add_argument("--trials", type=int, default=1000)
     s.add_argument("--seed", type=int, default=0)
+    i = sub.add_parser("interleaved", help="`gate --interleave HEAD` tries: unchanged code and an injected slowdown")
+    i.add_argument("--matrix", default="matrix/gate.yaml", help="matrix (default matrix/gate.yaml, the CI gate matrix)")
+    i.add_argument("--tries", type=int, default=10, help="gates of each kind (default 10)")
+    i.add_argument("--slowdown", type=float, default=0.10, help="injected slowdown (default 0.10 of the step time)")
+    i.add_argument("--when", default="use_dynamic_bsz",
+                   help="embedded RunConfig flag of the cell(s) slowed down (default use_dynamic_bsz)")
+    i.add_argument("--blocks", type=int, default=None, help="--blocks of each gate (default: the matrix's repeats)")
+    i.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", help="matrix override")
+    i.add_argument("--results", default=str(Path(tempfile.gettempdir()) / "gate-bench-interleaved"),
+                   help="work folder (clone, results, tries log; reused: tries already run are kept)")
+    m = sub.add_parser("interleaved-sim", help="pass / detection rates of the interleaved gate by simulation")
+    m.add_argument("--sd-pair", type=float, nargs="+", default=[0.02, 0.04, 0.06, 0.08, 0.16],
+                   help="SDs of a block's log ratio to simulate")
+    m.add_argument("--blocks", type=int, default=12)
+    m.add_argument("--slowdown", type=float, default=0.10)
+    m.add_argument("--trials", type=int, default=200)
+    m.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.mode == "interleaved-sim":
+        interleaved_sim(args)
+        return
+    if args.mode == "interleaved":
+        interleaved(args)
+        return
     if args.mode == "real":
         if args.evaluate_only:
             evaluate_real(read_json(Path(args.results) / "gate_bench_sweeps.json"), args.max_pressure)

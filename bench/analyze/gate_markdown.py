@@ -102,6 +102,35 @@ def render_markdown(result: dict[str, Any]) -> str:
 RUN_STATUS = {"pass": "FINISHED", "regression": "FAILED", CANNOT_JUDGE: "FINISHED"}
 
 
+def render_interleaved(result: dict[str, Any]) -> str:
+    """The interleaved gate's markdown (:mod:`bench.interleaved`): verdict, both versions, one row per cell
+    (change, interval, p, blocks, smallest change the gate can see, blocks needed), the probe check and notes."""
+    s = result["settings"]
+    head = {"pass": "PASS", "regression": "REGRESSION", CANNOT_JUDGE: "CANNOT JUDGE"}[result["verdict"]]
+    b, c = result["baseline"], result["candidate"]
+    lines = [
+        f"## Gate (interleaved): {head}",
+        "",
+        f"baseline `{b.get('ref')}` ({(b.get('commit') or '-')[:12]}) vs candidate: working tree of "
+        f"{(c.get('commit') or '-')[:12]}{' + uncommitted changes' if c.get('dirty') else ''}; one blocked sweep, "
+        f"{result.get('blocks_run')} of {s['blocks_planned']} planned blocks, {result.get('wall_s', 0):.0f} s wall; "
+        f"threshold {s['threshold']:.0%}, alpha {s['alpha']}, judged when the gate can see {s['max_mde']:.0%}",
+        "",
+        f"| cell | verdict | change [{1 - s['alpha']:.0%} CI] | p | blocks | raw change | gate can see | "
+        "blocks needed | reason |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["rows"]:
+        ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]" if r.get("ci_low") is not None else ""
+        p = "-" if r.get("p_value") is None else f"{r['p_value']:.3g}"
+        mde = "-" if r.get("mde") is None else f"{r['mde']:.1%}"
+        lines.append(f"| {_cell_text(r['cell'])} | {r['verdict']} | {_pct(r.get('change'))} {ci} | {p} | "
+                     f"{r.get('blocks')} | {_pct(r.get('raw_change'))} | {mde} | {r.get('blocks_needed') or '-'} | "
+                     f"{_cell_text(r.get('reason') or '')} |")
+    lines += [""] + [f"- {_cell_text(n)}" for n in result.get("notes", [])]
+    return "\n".join(lines) + "\n"
+
+
 def gate_table(result: dict[str, Any]) -> list[dict[str, Any]]:
     """The per-cell gate results as table rows (MLflow artifact ``gate_cells.json``): cell (label), metric,
     verdict, relative change, CI low/high, p value, baseline and candidate cell ids, reason (``None``

@@ -186,9 +186,8 @@ def render(data: dict[str, Any]) -> str:
             "",
             f"- between two cells of this sweep: {_pct(m.get('two_cells'))}",
             f"- a main effect ({m.get('runs')} runs): {_pct(m.get('main_effect'))}",
-            f"- by the gate against a baseline with the same counts "
-            f"(threshold {GATE_THRESHOLD:.0%}, alpha {GATE_ALPHA}): "
-            f"{_pct(m.get('gate'))}",
+            f"- by the gate (smallest change the gate can see; threshold {GATE_THRESHOLD:.0%}, alpha {GATE_ALPHA}; "
+            f"{m.get('gate_source') or 'interleaved, as many blocks as runs per cell'}): {_pct(m.get('gate'))}",
             "",
         ]
     if data.get("expectations"):

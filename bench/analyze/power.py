@@ -1,6 +1,7 @@
 """Noise of step time and the minimal detectable effect.
 
-Noise and minimal detectable effect: :func:`noise_components`, :func:`mde_from_se`
+Noise and minimal detectable effect: :func:`noise_components`, :func:`mde_from_se`, :func:`gate_mde`
+    (the smallest change the gate can see: gate and report), :func:`blocks_needed`
     Within-run and between-run spread of log step time (one-way ANOVA per cell); the smallest true
     change found with the given power at the given alpha from a standard error (normal approximation
     on the log scale), optionally under the gate's threshold as well.
@@ -18,17 +19,56 @@ from scipy import stats as sps
 from bench.analyze.estimators import finite_array
 
 
-def mde_from_se(se: float, *, alpha: float, power: float = 0.8, threshold: float = 0.0) -> float:
+def mde_from_se(se: float, *, alpha: float, power: float = 0.8, threshold: float = 0.0,
+                df: float | None = None) -> float:
     """Smallest true relative change detected with probability ``power`` given the log-scale SE.
 
-    Two-sided test at ``alpha`` (normal approximation); with a ``threshold`` the estimate must also
-    exceed it (the gate's rule).
+    Two-sided test at ``alpha`` (normal approximation; Student t quantiles on ``df`` degrees of freedom
+    when given); with a ``threshold`` the estimate must also exceed it (the gate's rule).
     """
-    zp = sps.norm.ppf(power)
-    d = (sps.norm.ppf(1 - alpha / 2) + zp) * se
+    q = sps.norm if df is None else sps.t(df)
+    zp = q.ppf(power)
+    d = (q.ppf(1 - alpha / 2) + zp) * se
     if threshold:
         d = max(d, math.log1p(threshold) + zp * se)
     return math.expm1(d)
+
+
+def gate_mde(sd_pair: float | None, blocks: int, *, alpha: float, threshold: float,
+             power: float = 0.8) -> float | None:
+    """The smallest change the gate can see: the smallest true relative change of one cell that the
+    interleaved gate calls with probability ``power`` (two-sided paired t test at ``alpha`` on ``blocks - 1``
+    df, estimate beyond ``threshold``), ``sd_pair`` being the SD of one block's log ratio candidate/baseline
+    of the cell's run values (Kalibera & Jones 2020: runs as the unit, ratio on the log scale).
+
+    The one noise figure: the gate's "cannot judge" (``mde > max_mde``), the blocks it asks for
+    (:func:`blocks_needed`) and the report's "smallest change the gate can see" all come from here. For a
+    plain blocked sweep the report predicts it with ``sd_pair = sqrt(2) * sd_run`` (two runs of a block
+    differ by twice the residual variance of the blocked model). ``None`` with fewer than 2 blocks.
+    """
+    if sd_pair is None or blocks < 2 or not math.isfinite(sd_pair):
+        return None
+    return mde_from_se(sd_pair / math.sqrt(blocks), alpha=alpha, power=power, threshold=threshold, df=blocks - 1)
+
+
+def blocks_needed(sd_pair: float | None, *, alpha: float, threshold: float, max_mde: float,
+                  power: float = 0.8, limit: int = 10_000) -> int | None:
+    """Fewest blocks with which :func:`gate_mde` at this ``sd_pair`` is at most ``max_mde``; ``None`` when
+    ``sd_pair`` is unknown or even ``limit`` blocks would not do (``max_mde`` at or under the threshold)."""
+    if sd_pair is None or not math.isfinite(sd_pair):
+        return None
+    if sd_pair == 0:
+        return 2
+    lo, hi = 2, limit
+    if (gate_mde(sd_pair, hi, alpha=alpha, threshold=threshold, power=power) or math.inf) > max_mde:
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if (gate_mde(sd_pair, mid, alpha=alpha, threshold=threshold, power=power) or math.inf) <= max_mde:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
 
 
 @dataclass

@@ -128,17 +128,21 @@ def pairable(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: str) 
     return True
 
 
-def snapshot(sweep: Path, results_root: Path | None = None) -> dict[str, Any]:
+def snapshot(sweep: Path, results_root: Path | None = None, version: str | None = None) -> dict[str, Any]:
     """Everything the gate compares, read from a sweep folder (same shape as a baseline file).
 
     Cells come from the sweep's plan; each carries ``status`` (``ok`` when every repeat finished ok,
     ``failed`` when a repeat failed, ``pending`` when a repeat never ran) and the failures' reasons.
+    An interleaved gate sweep holds two code versions of every run: ``version`` picks one (default: the
+    candidate's, so summaries and reports of a gate sweep describe the code under test).
     """
     sweep = Path(sweep)
     meta = read_json(sweep / SWEEP)
     if not meta:
         raise BenchError(f"{sweep}: not a sweep folder ({SWEEP} missing or unreadable)")
     records = load_records(sweep)
+    if meta.get("code_versions"):
+        records = [r for r in records if r.get("code_version") == (version or "candidate")]
     by_cell: dict[str, list[dict]] = {}
     for rec in records:
         by_cell.setdefault(rec["cell_id"], []).append(rec)

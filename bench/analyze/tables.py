@@ -15,7 +15,7 @@ import numpy as np
 from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
 from bench.analyze.gate import DEFAULT_ALPHA as GATE_ALPHA
 from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
-from bench.analyze.power import mde_from_se, noise_components
+from bench.analyze.power import gate_mde, mde_from_se, noise_components
 from bench.errors import BenchError
 from bench.model import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, applicability, article_factors
@@ -258,8 +258,10 @@ def mde_section(snap: dict[str, Any], alpha: float, eff: dict[str, Any]) -> dict
     # a +-1 main effect over N runs: var(effect) = 4 sd^2 / N
     if eff.get("fit") and n_runs:
         out["main_effect"] = mde_from_se(2.0 * sd / math.sqrt(n_runs), alpha=alpha)
-    # the gate against a baseline with the same counts: the threshold and its alpha also apply
-    out["gate"] = mde_from_se(se_cells, alpha=GATE_ALPHA, threshold=GATE_THRESHOLD)
+    # the interleaved gate with as many blocks as this sweep has runs per cell: a block's log ratio has SD
+    # sqrt(2) * sd (the one function behind the gate's "cannot judge" and this figure)
+    out["gate"] = gate_mde(math.sqrt(2.0) * sd, int(r), alpha=GATE_ALPHA, threshold=GATE_THRESHOLD)
+    out["gate_source"] = f"predicted for an interleaved gate with {int(r)} blocks at this sweep's run-to-run noise"
     out["runs_per_cell"], out["steps_per_run"], out["runs"] = r, noise.steps_per_run, n_runs
     return out
 

@@ -24,8 +24,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="baseline name (<results>/baselines/NAME.json), a baseline file, or a sweep to compare "
                         "with directly (a sweep folder, a matrix name = its latest sweep, or <matrix>/<sweep id>; "
                         "a name that is both is the baseline)")
-    p.add_argument("--candidate", required=True, metavar="SWEEP",
+    p.add_argument("--candidate", default=None, metavar="SWEEP",
                    help="the sweep to judge: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
+    p.add_argument("--interleave", default=None, metavar="REV_OR_DIR",
+                   help="interleaved gate (recommended for CI): run MATRIX with the baseline's code (a git revision, "
+                        "checked out into a temporary worktree, or a folder with another checkout) and this working "
+                        "tree's code in one blocked sweep, both versions of every cell in every block, and compare "
+                        "them paired by block, runs as the unit (needs --matrix)")
+    p.add_argument("--matrix", type=Path, default=None, metavar="MATRIX.yaml", help="the matrix of --interleave")
+    p.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", dest="overrides",
+                   help="override a base setting of --matrix (repeatable)")
+    p.add_argument("--blocks", type=int, default=None, metavar="N",
+                   help="--interleave: blocks to plan at most (default: the matrix's repeats, at least 8); the sweep "
+                        "stops earlier once every cell is pass or regression")
+    p.add_argument("--force", action="store_true", help="--interleave: start a new gate sweep instead of resuming")
+    p.add_argument("--spawn", action="store_true", help="--interleave: a fresh process per run (no fork servers)")
+    p.add_argument("--order-seed", type=int, default=None, metavar="N", help="--interleave: shuffle seed of the blocks")
     p.add_argument("--no-expect", action="store_true", help="do not check the matrix `expect` block")
     add_comparison_arguments(p)
     p.add_argument("--out", type=Path, default=None, metavar="DIR",
@@ -81,6 +95,10 @@ def main(args: argparse.Namespace) -> int:
         BenchError: bad input (exit 2 through the error boundary of :func:`bench.cli.main`).
     """
     metrics = metric_list(args)
+    if getattr(args, "interleave", None) is not None:
+        return interleaved_main(args, metrics)
+    if args.candidate is None:
+        raise BenchError("gate: give --candidate SWEEP (against --baseline), or --interleave REV --matrix MATRIX.yaml")
     try:
         result = run_gate(baseline_ref=args.baseline, candidate_ref=args.candidate, results=args.results,
                           tracking_uri=args.tracking_uri, metrics=metrics, threshold=args.threshold,
@@ -112,4 +130,53 @@ def print_result(result: dict[str, Any], prog: str) -> int:
             f"{e['claim']}: {e['reason']}" for e in result.get("expectations", []) if e["result"] == CANNOT_JUDGE
         ]
         print(f"{prog}: cannot judge: " + " | ".join(reasons), file=sys.stderr)
+    return int(result["exit_code"])
+
+
+def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
+    """``gate --interleave REV --matrix M``: run and judge the interleaved gate sweep (:mod:`bench.interleaved`);
+    prints its markdown and ``gate: <verdict> (exit N)``; returns the exit code.
+
+    Raises:
+        BenchError: no --matrix, a metric other than step_time, a baseline/candidate given as well, bad input.
+    """
+    from bench.interleaved import run_interleaved_gate
+
+    if args.matrix is None:
+        raise BenchError("gate --interleave: give --matrix MATRIX.yaml (the matrix both code versions run)")
+    if args.baseline is not None or args.candidate is not None:
+        raise BenchError("gate --interleave: runs its own sweep of both versions; drop --baseline/--candidate")
+    if metrics != ["step_time"]:
+        raise BenchError(f"gate --interleave: --metric {','.join(metrics)}: only step_time is compared")
+    if args.blocks is not None and args.blocks < 2:
+        raise BenchError(f"--blocks {args.blocks}: a paired comparison needs 2 or more blocks")
+
+    def on_event(kind: str, data: dict[str, Any]) -> None:
+        if kind == "done":
+            rec = data["record"]
+            med = (rec.get("summary") or {}).get("step_time_median_s")
+            print(f"  block {data['repeat']} {data['spec'].code_version:9s} {data['spec'].label}: {rec['status']}"
+                  + (f", median step {med:.3f} s" if isinstance(med, (int, float)) else ""), flush=True)
+        elif kind == "warn":
+            print(f"warning: {data.get('message')}", file=sys.stderr)
+        elif kind == "look":
+            print(f"  {data.get('line')}", flush=True)
+
+    try:
+        result = run_interleaved_gate(matrix_path=args.matrix, baseline_ref=args.interleave, results=args.results,
+                                      tracking_uri=args.tracking_uri, overrides=args.overrides, blocks=args.blocks,
+                                      threshold=args.threshold, alpha=args.alpha, max_mde=args.max_mde,
+                                      normalize=args.normalize == "auto", force=args.force, spawn=args.spawn,
+                                      order_seed=args.order_seed, out=args.out, on_event=on_event)
+    except BenchError as exc:
+        append_step_summary(f"## Gate ERROR\n\n{exc}\n\n")
+        raise
+    from bench.analyze.gate_markdown import render_interleaved
+
+    print(render_interleaved(result))
+    print(f"gate: {result['verdict']} (exit {result['exit_code']}); wall {result['wall_s']:.0f} s; "
+          f"files: {', '.join(result['files'])}")
+    if result["exit_code"] == EXIT_CANNOT_JUDGE:
+        print("gate: cannot judge: " + " | ".join(f"{r['cell']}: {r['reason']}" for r in result["rows"]
+                                                  if r["verdict"] in (CANNOT_JUDGE, "noisy")), file=sys.stderr)
     return int(result["exit_code"])

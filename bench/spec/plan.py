@@ -37,6 +37,8 @@ class RunSpec(BaseModel):
         not_applicable: factor -> reason, for the factors set to ``None``.
         launch: argv, env, patches and config of the run.
         timeout_s: wall-clock limit of one run, seconds.
+        code_version: which code runs it in an interleaved gate sweep (``baseline`` / ``candidate``), a run
+            attribute like the repeat: not part of ``cell_id``; ``None`` in a plain sweep (the harness's code).
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -48,6 +50,7 @@ class RunSpec(BaseModel):
     not_applicable: dict[str, str] = Field(default_factory=dict)
     launch: Launch
     timeout_s: float
+    code_version: str | None = None
 
     @property
     def label(self) -> str:
@@ -213,12 +216,21 @@ class RunOrder(BaseModel):
         kind: ``blocked`` or ``sequential``.
         seed: the shuffle seed (``None`` for ``sequential``).
         runs: ``[cell_id, repeat]`` in execution order; in a blocked order, block ``k`` = the runs of repeat ``k``.
+            An interleaved gate order (:func:`interleaved_order`) holds ``[cell_id, repeat, code_version]``.
+        versions: the code versions of an interleaved order (empty in a plain sweep).
     """
 
     model_config = ConfigDict(extra="forbid")
     kind: str
     seed: int | None = None
-    runs: list[tuple[str, int]]
+    runs: list[tuple[str, int] | tuple[str, int, str]]
+    versions: list[str] = Field(default_factory=list)
+
+    def todo(self, specs: dict[str, RunSpec]) -> list[tuple[RunSpec, int]]:
+        """``(spec, repeat)`` in execution order from the plan's specs by cell id; a run of an interleaved order
+        gets its ``code_version`` (a copy of the spec: same cell id)."""
+        return [(specs[r[0]].model_copy(update={"code_version": r[2]}) if r[2:] else specs[r[0]], r[1])
+                for r in self.runs]
 
     def blocked(self) -> bool:
         """Whether repeat ``k`` of every run spec ran in time block ``k`` (the report's block factor)."""
@@ -266,3 +278,25 @@ def run_order(cell_ids: list[str], repeats: int, kind: str = "blocked", seed: in
         perm = np.random.default_rng([int(seed), k]).permutation(len(cell_ids))
         runs += [(cell_ids[int(i)], k) for i in perm]
     return RunOrder(kind=kind, seed=int(seed), runs=runs)
+
+
+def interleaved_order(cell_ids: list[str], versions: list[str], blocks: int, seed: int) -> RunOrder:
+    """A blocked order in which block ``k`` holds repeat ``k`` of every run spec under every code version.
+
+    The ``len(cell_ids) * len(versions)`` runs of a block are shuffled by
+    ``numpy.random.default_rng([seed, k]).permutation`` (as :func:`run_order`), so drift within a block hits
+    both versions alike and the comparison can pair them by block (asv ``continuous --interleave-rounds``).
+
+    Raises:
+        BenchError: fewer than two versions or no block.
+    """
+    import numpy as np
+
+    if len(versions) < 2 or blocks < 1:
+        raise BenchError(f"an interleaved order needs two code versions and a block (got {versions}, {blocks})")
+    units = [(c, v) for c in cell_ids for v in versions]
+    runs: list[tuple[str, int, str]] = []
+    for k in range(blocks):
+        perm = np.random.default_rng([int(seed), k]).permutation(len(units))
+        runs += [(units[int(i)][0], k, units[int(i)][1]) for i in perm]
+    return RunOrder(kind="blocked", seed=int(seed), runs=runs, versions=list(versions))

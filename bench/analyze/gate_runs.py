@@ -1,0 +1,220 @@
+"""The interleaved gate's comparison: baseline and candidate code in one blocked sweep, paired by block, runs
+as the unit (:func:`paired_comparison`).
+
+Each block of an interleaved gate sweep (:func:`bench.spec.plan.interleaved_order`) holds one run of every
+cell under each code version, in random order. Per cell and block with both runs ok, the **block's log
+ratio** is ``d = log(v_cand) - log(v_base)`` with ``v`` a run's value (:func:`bench.model.run_value`, the
+median of its timed steps): steps of one run are never treated as independent samples. Over the ``n``
+blocks: estimate ``exp(mean d) - 1``, interval ``mean d +- t(1 - alpha/2, n - 1) * sd(d) / sqrt(n)``
+(Kalibera & Jones 2020, "Quantifying performance changes with effect size confidence intervals": runs as
+the unit, the ratio on the log scale; the paired t interval because both versions share each block's
+machine state), p from the paired t test.
+
+**Speed probe, checked before use** (:func:`probe_check`): the probe's block log ratios ``d_probe`` are
+computed like ``d``; the correction ``d - d_probe`` is applied only when, in this sweep, the probe tracks
+the step time: Pearson correlation of ``d`` and ``d_probe`` over all (cell, block) pairs after removing each
+cell's mean, one-sided ``p < PROBE_ALPHA``, and the corrected ratios vary less than the raw ones. Otherwise
+the raw ratios are used, with the test's figures in a note.
+
+Verdict per cell: **regression** when the estimate is worse than ``threshold`` and ``p < alpha``;
+**improvement** likewise the other way; else **unchanged** when the gate could see a change of ``max_mde``
+(:func:`bench.analyze.power.gate_mde` <= ``max_mde``) and the interval excludes a slowdown of ``max_mde``
+(so a real slowdown of that size passes with probability under ``alpha / 2``), else **noisy** ("cannot
+judge", with the blocks that would let it judge: :func:`bench.analyze.power.blocks_needed`). With the
+sequential intervals of :func:`bench.analyze.sequential.decide` the error rate is controlled across the looks
+of a sweep that stops when every cell is decided: the rules are applied to its repeated confidence interval
+instead of the fixed-sample one (regression: the interval above 0 and the estimate beyond the threshold;
+unchanged: the interval below ``max_mde`` and :func:`bench.analyze.power.gate_mde` <= ``max_mde``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import numpy as np
+from scipy import stats as sps
+
+from bench.analyze.power import blocks_needed, gate_mde
+from bench.model import run_value
+from bench.speed import PROBE_METRIC
+
+#: one-sided level of the probe-tracking test
+PROBE_ALPHA = 0.05
+
+
+def _timed(rec: dict[str, Any]) -> tuple[list[float], list[float]]:
+    """A run's timed step times and probe times (probes empty unless every timed step has one)."""
+    summ = rec.get("summary") or {}
+    steps = rec.get("steps") or {}
+    timed = [int(s) for s in summ.get("timed_steps") or []]
+    st = [float(x) for x in summ.get("step_time_samples_s") or [] if x is not None]
+    if not st:
+        st = [float(v) for v in ((steps.get(str(s)) or {}).get("timing_s/step") for s in timed) if v is not None]
+    pr = [(steps.get(str(s)) or {}).get(PROBE_METRIC) for s in timed]
+    pr = [float(v) for v in pr] if pr and all(v is not None and v > 0 for v in pr) else []
+    return st, pr
+
+
+def block_pairs(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per cell id: ``label`` and ``pairs`` = per block with both versions ok, ``(block, log step ratio, log
+    probe ratio or None)``, plus ``failed`` (runs not ok, with version and block)."""
+    runs: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
+    out: dict[str, dict[str, Any]] = {}
+    for r in records:
+        v = r.get("code_version")
+        if v not in ("baseline", "candidate"):
+            continue
+        cell = out.setdefault(r["cell_id"], {"label": r.get("label") or r["cell_id"], "pairs": [], "failed": []})
+        if r.get("status") != "ok":
+            cell["failed"].append({"version": v, "block": r["repeat"], "kind": r.get("failure_kind"),
+                                   "reason": (r.get("reason") or "")[:300]})
+            continue
+        runs.setdefault(r["cell_id"], {}).setdefault(r["repeat"], {})[v] = r
+    for cid, blocks in runs.items():
+        for k in sorted(blocks):
+            pair = blocks[k]
+            if len(pair) < 2:
+                continue
+            (sb, pb), (sc, pc) = _timed(pair["baseline"]), _timed(pair["candidate"])
+            vb, vc = run_value(sb), run_value(sc)
+            if not vb or not vc:
+                continue
+            dp = math.log(run_value(pc) / run_value(pb)) if pb and pc else None
+            out[cid]["pairs"].append((k, math.log(vc / vb), dp))
+    return out
+
+
+def probe_check(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Whether the speed probe tracks the step time in this sweep (module text): ``apply`` (bool), ``r``,
+    ``p`` (one-sided Pearson), ``sd_raw`` / ``sd_corrected`` (of the cell-centred block ratios), ``n`` pairs,
+    and ``note`` (why it is or is not applied)."""
+    xs, ys = [], []
+    for c in cells.values():
+        pairs = [(d, dp) for _, d, dp in c["pairs"] if dp is not None]
+        if len(pairs) < 2 or len(pairs) != len(c["pairs"]):
+            continue
+        d, dp = np.array(pairs, float).T
+        xs += list(d - d.mean())
+        ys += list(dp - dp.mean())
+    out: dict[str, Any] = {"apply": False, "n": len(xs), "r": None, "p": None, "sd_raw": None, "sd_corrected": None}
+    if len(xs) < 4:
+        out["note"] = f"speed probe not used: {len(xs)} block pairs with a probe (need 4 to test that it tracks)"
+        return out
+    x, y = np.array(xs), np.array(ys)
+    out["sd_raw"], out["sd_corrected"] = float(np.std(x)), float(np.std(x - y))
+    if np.std(y) == 0 or np.std(x) == 0:
+        out["note"] = "speed probe not used: no spread to correlate"
+        return out
+    res = sps.pearsonr(x, y, alternative="greater")
+    out["r"], out["p"] = float(res.statistic), float(res.pvalue)
+    out["apply"] = bool(out["p"] < PROBE_ALPHA and out["sd_corrected"] < out["sd_raw"])
+    fig = (f"r = {out['r']:+.2f}, one-sided p = {out['p']:.3g} over {len(x)} block pairs; spread of the block "
+           f"ratios {out['sd_raw']:.2%} raw, {out['sd_corrected']:.2%} corrected")
+    out["note"] = (f"speed probe applied: it tracks the step time in this sweep ({fig})" if out["apply"] else
+                   f"speed probe NOT applied, raw run values compared: it does not track the step time in this "
+                   f"sweep ({fig}; needs p < {PROBE_ALPHA} and a smaller corrected spread)")
+    return out
+
+
+def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha: float,
+                      max_mde: float | None = None, normalize: bool = True, look: int | None = None,
+                      max_looks: int | None = None, decide: Callable[..., Any] | None = None) -> dict[str, Any]:
+    """Compare the two code versions of an interleaved gate sweep, per cell, paired by block (module text).
+
+    Args:
+        records: run records of the sweep (both versions; ``code_version`` and ``repeat`` = block).
+        threshold: smallest relative change that counts (0.05 = 5 %).
+        alpha: two-sided level of the test and ``1 - alpha`` intervals.
+        max_mde: judge "unchanged" only when the gate can see this change (default ``2 * threshold``).
+        normalize: use the speed probe where :func:`probe_check` accepts it.
+        look, max_looks, decide: sequential intervals (:func:`bench.analyze.sequential.decide`: the repeated
+            confidence interval ``lo``/``hi`` at ``look`` (complete blocks) of ``max_looks``, O'Brien-Fleming
+            spending) instead of the fixed-sample t interval; the gate's rules are applied to that interval.
+
+    Returns:
+        ``{"rows": [...], "probe": probe_check(...), "notes", "counts", "verdict", "exit_code"}``; each row has
+        ``cell``, ``cell_id``, ``blocks``, ``change`` (fraction), ``ci_low``/``ci_high``, ``p_value``,
+        ``sd_pair`` (log), ``mde`` (:func:`bench.analyze.power.gate_mde`), ``blocks_needed``, ``verdict``,
+        ``reason``.
+    """
+    max_mde = 2 * threshold if max_mde is None else max_mde
+    cells = block_pairs(records)
+    probe = probe_check(cells) if normalize else {"apply": False, "note": "--normalize off: raw run values"}
+    rows = []
+    for cid, c in cells.items():
+        row: dict[str, Any] = {"cell": c["label"], "cell_id": cid, "metric": "step_time", "blocks": len(c["pairs"]),
+                               "normalized": probe["apply"], "verdict": "cannot judge", "reason": ""}
+        rows.append(row)
+        if c["failed"]:
+            cand_fail = [f for f in c["failed"] if f["version"] == "candidate"]
+            base_fail = [f for f in c["failed"] if f["version"] == "baseline"]
+            row["verdict"] = "failed" if cand_fail and not base_fail else "cannot judge"
+            row["reason"] = "; ".join(f"{f['version']} block {f['block']} {f['kind']}: {f['reason']}"
+                                      for f in c["failed"])
+            continue
+        d = np.array([x - (dp if probe["apply"] else 0.0) for _, x, dp in c["pairs"]], float)
+        n = len(d)
+        if n < 2:
+            row["reason"] = f"{n} complete block(s): a paired comparison needs 2 or more"
+            continue
+        mean, sd = float(d.mean()), float(d.std(ddof=1))
+        se, df = sd / math.sqrt(n), n - 1
+        row["sd_pair"], row["se"], row["df"] = sd, se, df
+        row["change"] = math.expm1(mean)
+        row["raw_change"] = math.expm1(float(np.mean([x for _, x, _ in c["pairs"]])))
+        row["mde"] = gate_mde(sd, n, alpha=alpha, threshold=threshold)
+        row["blocks_needed"] = blocks_needed(sd, alpha=alpha, threshold=threshold, max_mde=max_mde)
+        if se > 0:
+            t = mean / se
+            row["p_value"] = float(2 * sps.t.sf(abs(t), df))
+            h = float(sps.t.ppf(1 - alpha / 2, df)) * se
+        else:
+            row["p_value"], h = (0.0 if mean else 1.0), 0.0
+        row["ci_low"], row["ci_high"] = math.expm1(mean - h), math.expm1(mean + h)
+        thr, lim = math.log1p(threshold), math.log1p(max_mde)
+        hi, sig = mean + h, row["p_value"] < alpha
+        if decide is not None and look is not None:  # repeated confidence interval: error rate over all looks
+            dec = decide(mean, se, df, threshold=threshold, alpha=alpha, look=look, max_looks=max_looks or look,
+                         name=c["label"])
+            row["method"] = dec.method
+            if dec.lo is None:
+                hi, sig = math.inf, False
+            else:
+                hi, sig = dec.hi, dec.lo > 0 or dec.hi < 0
+                row["ci_low"], row["ci_high"] = dec.change_lo, dec.change_hi  # clipped at exp(+-50)
+            row["decision"] = dec.to_dict()
+        if sig and abs(mean) > thr:
+            row["verdict"] = "regression" if mean > 0 else "improvement"
+        elif row["mde"] is not None and row["mde"] <= max_mde and hi < lim and (not sig or abs(mean) <= thr):
+            row["verdict"] = "unchanged"
+        else:
+            row["verdict"] = "noisy"
+        if "decision" in row:  # the look's decision in the sequential vocabulary, as the gate decided it
+            row["decision"]["verdict"] = {"regression": "slower", "improvement": "faster",
+                                          "unchanged": "no_change"}.get(row["verdict"], "undecided")
+        if row["verdict"] == "noisy":
+            more = row["blocks_needed"]
+            row["reason"] = (f"cannot judge yet: with {n} blocks the gate sees a change of {row['mde']:.1%} or more "
+                             f"(limit {max_mde:.0%}), upper bound {row['ci_high']:+.1%}; at this noise (SD of a "
+                             f"block's log ratio {sd:.3f}) "
+                             + (f"{more} blocks would do ({max(more - n, 1)} more)" if more else
+                                f"no number of blocks gets under {max_mde:.0%}: quieten the machine"))
+    counts = {v: sum(r["verdict"] == v for r in rows)
+              for v in ("regression", "failed", "improvement", "unchanged", "noisy", "cannot judge")}
+    if counts["regression"] or counts["failed"]:
+        verdict, code = "regression", 1
+    elif counts["noisy"] or counts["cannot judge"] or not rows:
+        verdict, code = "cannot judge", 3
+    else:
+        verdict, code = "pass", 0
+    return {"rows": rows, "probe": probe, "notes": [probe["note"]], "counts": counts, "verdict": verdict,
+            "exit_code": code}
+
+
+def gate_figure(records: list[dict[str, Any]], *, threshold: float, alpha: float) -> float | None:
+    """The gate's "smallest change it can see" on an interleaved gate sweep: the largest :func:`gate_mde` over
+    its cells, exactly as :func:`paired_comparison` computes it (the report shows this figure)."""
+    res = paired_comparison(records, threshold=threshold, alpha=alpha)
+    vals = [r["mde"] for r in res["rows"] if r.get("mde") is not None]
+    return max(vals) if vals else None

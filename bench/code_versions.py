@@ -1,0 +1,134 @@
+"""Code versions of an interleaved gate sweep: the baseline's checkout and the executor that runs each run
+with its own version's code.
+
+* :func:`baseline_checkout`: a git revision checked out into a temporary ``git worktree`` (detached, removed
+  at the end, also on an error or Ctrl-C), or a folder holding another checkout of the harness as it is.
+* :class:`VersionedExecutor`: one executor per version; a run goes to the one its launch names
+  (``BENCH_CODE_VERSION``). The fork server imports the harness's own code before forking, so each version
+  gets its own server, started in and importing from that version's checkout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from bench.errors import BenchError
+from bench.executors import REPO_ROOT, ExecResult, Executor, ResolvedLaunch
+
+#: the two versions of an interleaved gate sweep
+BASELINE, CANDIDATE = "baseline", "candidate"
+
+
+def _git(repo: Path, *args: str) -> str:
+    res = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
+    if res.returncode != 0:
+        raise BenchError(f"git {' '.join(args)} in {repo}: {(res.stderr or res.stdout).strip().splitlines()[-1:]}")
+    return res.stdout.strip()
+
+
+def candidate_version(repo: Path = REPO_ROOT) -> dict[str, Any]:
+    """The candidate: this checkout's working tree. ``commit`` = HEAD's sha (``None`` outside git), ``dirty``:
+    whether the working tree differs from it (the runs then execute uncommitted code)."""
+    try:
+        commit = _git(repo, "rev-parse", "HEAD")
+        dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no"))
+    except (BenchError, OSError, subprocess.TimeoutExpired):
+        commit, dirty = None, None
+    return {"root": Path(repo).resolve(), "commit": commit, "dirty": dirty, "ref": "working tree"}
+
+
+@contextlib.contextmanager
+def baseline_checkout(ref: str, repo: Path = REPO_ROOT) -> Iterator[dict[str, Any]]:
+    """The baseline's code for the duration of the block: ``{"root", "commit", "ref", "kind"}``.
+
+    ``ref``: a folder holding a checkout of the harness (``bench/`` inside; used as it is, ``kind`` ``path``),
+    else a git revision of ``repo`` (``HEAD``, ``main``, a sha ...; ``kind`` ``git``), checked out detached
+    into a temporary ``git worktree`` that is removed (``git worktree remove --force`` and ``prune``) when the
+    block ends, however it ends.
+
+    Raises:
+        BenchError: neither a harness folder nor a revision of ``repo`` (the git message).
+    """
+    path = Path(ref).expanduser()
+    if path.is_dir() and (path / "bench" / "__init__.py").is_file():
+        try:
+            commit = _git(path, "rev-parse", "HEAD")
+        except (BenchError, OSError):
+            commit = None
+        yield {"root": path.resolve(), "commit": commit, "ref": str(ref), "kind": "path"}
+        return
+    try:
+        commit = _git(repo, "rev-parse", "--verify", f"{ref}^{{commit}}")
+    except BenchError as exc:
+        raise BenchError(f"--interleave {ref}: neither a harness checkout folder nor a git revision of {repo} "
+                         f"({exc})") from None
+    tmp = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
+    tree = tmp / "tree"
+    try:
+        _git(repo, "worktree", "add", "--detach", str(tree), commit)
+        yield {"root": tree.resolve(), "commit": commit, "ref": ref, "kind": "git"}
+    finally:
+        with contextlib.suppress(BenchError, OSError, subprocess.TimeoutExpired):
+            _git(repo, "worktree", "remove", "--force", str(tree))
+        shutil.rmtree(tmp, ignore_errors=True)
+        with contextlib.suppress(BenchError, OSError, subprocess.TimeoutExpired):
+            _git(repo, "worktree", "prune")
+
+
+def gate_fingerprint(fp: str, code_versions: dict[str, dict[str, Any]]) -> str:
+    """Fingerprint of an interleaved gate sweep (the one a rerun resumes): the matrix's ``fp`` plus each
+    version's name and commit, so it never resumes a plain sweep or one against another baseline; ``fp`` itself
+    for a plain sweep (no versions)."""
+    if not code_versions:
+        return fp
+    blob = json.dumps([fp, sorted((k, v.get("commit")) for k, v in code_versions.items())])
+    return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def version_meta(code_versions: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """What ``sweep.json`` keeps of each code version (``commit``, ``ref``, ``dirty``): no machine path."""
+    return {k: {x: v.get(x) for x in ("commit", "ref", "dirty") if x in v} for k, v in code_versions.items()}
+
+
+class VersionedExecutor:
+    """Sends each run to its code version's executor (by the launch's ``BENCH_CODE_VERSION``).
+
+    Args:
+        make: ``make(root) -> Executor`` for a version's checkout (a fork server importing that checkout, or a
+            plain local executor); called once per version, on its first run.
+        roots: version name -> checkout folder.
+    """
+
+    name = "versioned"
+
+    def __init__(self, make: Callable[[Path], Executor], roots: dict[str, Path]):
+        self.make, self.roots = make, roots
+        self.executors: dict[str, Executor] = {}
+
+    def execute(self, launch: ResolvedLaunch) -> ExecResult:
+        """Run ``launch`` with the executor of its version.
+
+        Raises:
+            BenchError: the launch names no known version (a plain launch has no place in a gate sweep).
+        """
+        version = launch.env.get("BENCH_CODE_VERSION")
+        if version not in self.roots:
+            raise BenchError(f"run {launch.run_dir}: code version {version!r} unknown (known: {sorted(self.roots)})")
+        if version not in self.executors:
+            self.executors[version] = self.make(self.roots[version])
+        return self.executors[version].execute(launch)
+
+    def close(self) -> None:
+        """Close every version's executor (fork servers end)."""
+        for ex in self.executors.values():
+            close = getattr(ex, "close", None)
+            if close is not None:
+                close()
+        self.executors.clear()

@@ -1,0 +1,144 @@
+"""``run_bench.py gate --interleave REV MATRIX``: the interleaved gate (:func:`run_interleaved_gate`).
+
+The baseline's code (a git revision checked out into a temporary ``git worktree``, removed at the end, or a
+folder with another checkout: :func:`bench.code_versions.baseline_checkout`) and the candidate's code (this
+working tree) run in ONE blocked sweep of the matrix: each block holds a run of every cell under each version,
+in random order (:func:`bench.spec.plan.interleaved_order`), so machine drift hits both alike (asv
+``continuous --interleave-rounds``). Every run executes its own version's code: ``PYTHONPATH`` and ``{repo}``
+name that version's checkout, and each version has its own fork server (or process) started in it
+(:class:`bench.code_versions.VersionedExecutor`). Cell ids do not change: the version is a run attribute
+(``code_version`` in the record, folder ``r<k>-baseline`` for the baseline's runs). Both versions' records
+stay in the one gate sweep; rerunning the same command resumes an interrupted one (same matrix, same baseline
+commit), ``--force`` starts a new one.
+
+The comparison is run-level and paired by block (:func:`bench.analyze.gate_runs.paired_comparison`). With
+``--blocks N`` the sweep plans ``N`` blocks; after each complete block the stop rule
+(:class:`GateStopRule`, run by the sweep's block loop :func:`bench.blocks.run_blocks`) compares what has run
+on the repeated confidence intervals of :func:`bench.analyze.sequential.decide`, and the sweep stops as soon as
+every cell is pass or regression, else after the ``N`` blocks (the budget). Where it still cannot decide, each
+row says how many blocks would let it (:func:`bench.analyze.power.blocks_needed`).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.analyze.gate_markdown import append_step_summary, render_interleaved
+from bench.analyze.gate_runs import paired_comparison
+from bench.analyze.sequential import Decision, Look, decide
+from bench.code_versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
+from bench.errors import BenchError
+from bench.results import atomic_write_json, atomic_write_text, load_records
+
+#: blocks an interleaved gate plans when neither ``--blocks`` nor the matrix says more
+DEFAULT_BLOCKS = 8
+
+
+class GateStopRule:
+    """The gate's stop rule (the verdict helper's ``StopRule``, called by the sweep's block loop
+    :func:`bench.blocks.run_blocks` after each complete block): compares the blocks so far
+    (:func:`bench.analyze.gate_runs.paired_comparison` with the sequential intervals of
+    :func:`bench.analyze.sequential.decide`, so the error rate holds over all looks) and stops once every cell
+    is pass or regression (never before ``min_blocks``) or the planned blocks are done."""
+
+    def __init__(self, *, threshold: float, alpha: float, max_mde: float | None, normalize: bool,
+                 max_blocks: int, min_blocks: int = 3):
+        self.threshold, self.alpha, self.max_mde, self.normalize = threshold, alpha, max_mde, normalize
+        self.max_looks, self.min_blocks = max_blocks, min_blocks
+
+    def compare(self, records: list[dict[str, Any]], look: int) -> dict[str, Any]:
+        """The gate's comparison at ``look`` (``paired_comparison`` result)."""
+        return paired_comparison(records, threshold=self.threshold, alpha=self.alpha, max_mde=self.max_mde,
+                                 normalize=self.normalize, look=look, max_looks=self.max_looks, decide=decide)
+
+    def after_block(self, records: list[dict[str, Any]], look: int) -> Look:
+        """Compare the blocks so far; stop when no cell is left undecided (or the planned blocks are done)."""
+        res = self.compare(records, look)
+        undecided = [r["cell"] for r in res["rows"] if r["verdict"] in ("noisy", "cannot judge")]
+        done = look >= self.min_blocks and not undecided
+        stop = done or look >= self.max_looks
+        reason = ("every cell decided" if done else f"planned blocks done; undecided: {', '.join(undecided)}"
+                  if stop else f"undecided: {', '.join(undecided) or 'too few blocks'}")
+        line = f"gate look {look}/{self.max_looks}: {res['verdict']}; " + ", ".join(
+            f"{r['cell']} {r['verdict']}" + (f" {r['change']:+.1%}" if r.get("change") is not None else "")
+            for r in res["rows"])
+        return Look(look=look, max_looks=self.max_looks, stop=stop, reason=reason,
+                    decisions=[Decision(**r["decision"]) for r in res["rows"] if r.get("decision")], line=line,
+                    more_blocks={r["cell"]: (max(r["blocks_needed"] - look, 1) if r.get("blocks_needed") else None)
+                                 for r in res["rows"] if r["cell"] in undecided},
+                    runs=len(records))
+
+
+def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path, tracking_uri: str,
+                         overrides: list[str] | None = None, blocks: int | None = None, threshold: float,
+                         alpha: float, max_mde: float | None = None, normalize: bool = True, force: bool = False,
+                         spawn: bool = False, order_seed: int | None = None, out: Path | None = None,
+                         on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Run the interleaved gate sweep and judge it; returns the result (``exit_code``, ``verdict``, ``rows``,
+    ``files``, ``sweep``, ``wall_s``). Thresholds are fractions.
+
+    Raises:
+        BenchError: bad matrix, unknown revision, bad flags.
+    """
+    from bench.engines import engine_class
+    from bench.executors import LocalExecutor
+    from bench.spec.loading import load_matrix
+    from bench.spec.plan import make_plan
+    from bench.sweep import Sweep
+
+    if not 0 <= threshold < 1:
+        raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
+    if not 0 < alpha < 0.5:
+        raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
+    t0 = time.time()
+    matrix = load_matrix(matrix_path, overrides)
+    plan = make_plan(matrix)
+    n_blocks = blocks if blocks is not None else max(matrix.repeats, DEFAULT_BLOCKS)
+    if n_blocks < 2:
+        raise BenchError(f"--blocks {n_blocks}: a paired comparison needs 2 or more blocks")
+    plan.repeats = n_blocks
+    cand = candidate_version()
+    fork = plan.platform in engine_class(matrix.engine).forkserver_platforms and not spawn
+
+    def make(root: Path):
+        if fork:
+            from bench.forkserver import ForkServerExecutor
+
+            return ForkServerExecutor(repo_root=root)
+        return LocalExecutor()
+
+    rule = GateStopRule(threshold=threshold, alpha=alpha, max_mde=max_mde, normalize=normalize, max_blocks=n_blocks)
+    with baseline_checkout(baseline_ref) as base:
+        versions = {BASELINE: base, CANDIDATE: cand}
+        executor = VersionedExecutor(make, {k: Path(v["root"]) for k, v in versions.items()})
+        outcome = Sweep(matrix, plan, results, tracking_uri, executor=executor, force=force, on_event=on_event,
+                        order_seed=order_seed, stop_rule=rule, code_versions=versions).run()
+    records = load_records(outcome.sweep_dir)
+    look = max((r["repeat"] for r in records), default=-1) + 1
+    res = rule.compare(records, look)
+    result: dict[str, Any] = {
+        "format": "grpo-bench-gate", "format_version": 2, "kind": "interleaved", "created_at": time.time(),
+        "settings": {"threshold": threshold, "alpha": alpha, "max_mde": 2 * threshold if max_mde is None else max_mde,
+                     "normalize": "auto" if normalize else "off", "blocks_planned": n_blocks,
+                     "estimate": "exp(mean over blocks of log(run value cand / run value base)) - 1; run value = "
+                                 "median timed step",
+                     "ci": "paired t over blocks (Kalibera & Jones 2020), repeated confidence interval at this look "
+                           "(bench.analyze.sequential: O'Brien-Fleming spending over the planned blocks)"},
+        "baseline": {"ref": base["ref"], "commit": base.get("commit"), "kind": base.get("kind")},
+        "candidate": {"ref": cand["ref"], "commit": cand.get("commit"), "dirty": cand.get("dirty"),
+                      "sweep": str(outcome.sweep_dir), "matrix": matrix.name, "engine": plan.engine,
+                      "platform": plan.platform},
+        "sweep": str(outcome.sweep_dir), "blocks_run": look, "wall_s": time.time() - t0,
+        **res,
+    }
+    out = Path(out) if out is not None else outcome.sweep_dir / "gate"
+    md = render_interleaved(result)
+    atomic_write_text(out / "gate.md", md)
+    atomic_write_json(out / "gate.json", result)
+    result["files"] = [str(out / "gate.md"), str(out / "gate.json")]
+    err = append_step_summary(md + "\n")
+    if err is not None:
+        result.setdefault("warnings", []).append(f"$GITHUB_STEP_SUMMARY not written: {err}")
+    return result

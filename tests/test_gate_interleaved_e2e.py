@@ -1,0 +1,141 @@
+"""The interleaved gate end to end, as a user runs it (the CLI), with two real code versions: a temporary git
+repository holding this harness with two commits, the second one slower (a sleep in the embedded engine's
+update phase) and leaving a marker file in its run folder. ``gate --interleave HEAD~1`` runs both in one
+blocked sweep; the first invocation is interrupted after its first runs and the same command resumes it.
+
+Checks: each run executed its own version's code (the marker is in every candidate run folder and in no
+baseline one: the baseline's fork server imported the baseline's checkout), both versions of the cell in every
+block, the temporary worktree is gone after the interruption and at the end, the resumed sweep is the same
+sweep and kept the first invocation's records, the candidate is slower in the paired estimate (a direction,
+not a timing figure), and the report of the gate sweep shows the gate's own "smallest change it can see".
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MATRIX = """name: gate_e2e
+engine: embedded
+platform: cpu
+base:
+  steps: 3
+  warmup_steps: 1
+  profile_steps: []
+  train_batch_size: 4
+  n: 2
+  ppo_mini_batch_size: 4
+  micro_batch_size_per_gpu: 2
+  max_prompt_length: 160
+  max_response_length: 24
+  timeout_s: 300
+  seed: 0
+  env: {OMP_NUM_THREADS: "1", MKL_NUM_THREADS: "1"}
+factors:
+  dynamic_bsz: [on]
+repeats: 2
+"""
+
+SLOW_PATCH = (
+    '    with phase(timing, "update_actor", tr.device):\n',
+    '    with phase(timing, "update_actor", tr.device):\n'
+    '        import pathlib as _pl\n'
+    '        _pl.Path("code_marker_slow_commit").write_text(__file__)\n'
+    '        time.sleep(0.6)\n',
+)
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+
+def _make_repo(dst: Path) -> Path:
+    """This harness (tracked and untracked-but-not-ignored files) in a fresh git repo: commit 1 as it is,
+    commit 2 slower with a marker."""
+    files = _git(ROOT, "ls-files", "-co", "--exclude-standard").split("\n")
+    for f in filter(None, files):
+        src = ROOT / f
+        if src.is_symlink() or not src.is_file():
+            continue
+        (dst / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dst / f)
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+    os.environ.update(env)
+    _git(dst, "init", "-q")
+    _git(dst, "add", "-A")
+    _git(dst, "commit", "-qm", "fast")
+    step = dst / "bench/engines/embedded/step.py"
+    text = step.read_text()
+    assert text.count(SLOW_PATCH[0]) == 1
+    step.write_text(text.replace(*SLOW_PATCH))
+    _git(dst, "commit", "-qam", "slow")
+    return dst
+
+
+@pytest.mark.slow
+def test_interleaved_gate_with_a_git_revision_as_baseline_resumes(tmp_path):
+    repo = _make_repo(tmp_path / "repo")
+    (tmp_path / "m.yaml").write_text(MATRIX)
+    results, ml = tmp_path / "results", f"sqlite:///{tmp_path / 'ml.db'}"
+    cmd = [sys.executable, "run_bench.py", "gate", "--results", str(results), "--tracking-uri", ml,
+           "--interleave", "HEAD~1", "--matrix", str(tmp_path / "m.yaml"), "--blocks", "2", "--order-seed", "3"]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    # 1st invocation: interrupted (Ctrl-C) once two runs have finished
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 400
+        while len(list(results.glob("gate_e2e/2*/*/r*/record.json"))) < 2 and time.time() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out1, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, out1
+    assert len(_git(repo, "worktree", "list").strip().splitlines()) == 1, "temporary worktree left behind"
+    (sweep,) = [p for p in (results / "gate_e2e").iterdir() if p.name[0].isdigit()]
+    first = {p: p.read_text() for p in sweep.glob("*/r*/record.json")}
+    assert len(first) >= 2
+    # 2nd invocation, same command: resumes the same sweep
+    res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=900)
+    assert res.returncode in (1, 3), res.stdout + res.stderr  # slower: regression, or too few blocks to judge
+    assert len(_git(repo, "worktree", "list").strip().splitlines()) == 1
+    assert [p for p in (results / "gate_e2e").iterdir() if p.name[0].isdigit()] == [sweep]
+    for p, text in first.items():
+        assert p.read_text() == text, f"{p} rerun on resume"
+    meta = json.loads((sweep / "sweep.json").read_text())
+    assert meta["code_versions"]["baseline"]["commit"] == _git(repo, "rev-parse", "HEAD~1").strip()
+    assert len(meta["invocations"]) == 1 and meta["status"] == "complete"
+    recs = [json.loads(p.read_text()) for p in sweep.glob("*/r*/record.json")]
+    assert sorted((r["repeat"], r["code_version"]) for r in recs) == [
+        (0, "baseline"), (0, "candidate"), (1, "baseline"), (1, "candidate")]
+    assert all(r["status"] == "ok" for r in recs)
+    # every run executed its own version's code
+    for r in recs:
+        marker = Path(r["_dir"] if "_dir" in r else sweep / r["cell_id"] /
+                      (f"r{r['repeat']}" + ("-baseline" if r["code_version"] == "baseline" else ""))) \
+            / "code_marker_slow_commit"
+        assert marker.exists() == (r["code_version"] == "candidate"), (r["code_version"], marker)
+        if marker.exists():
+            assert str(repo) in marker.read_text()
+    gate = json.loads((sweep / "gate" / "gate.json").read_text())
+    (row,) = gate["rows"]
+    assert row["blocks"] == 2 and row["raw_change"] > 0.2, row  # 0.6 s more per ~0.5 s step
+    # the report of the gate sweep: its "smallest change the gate can see" is the gate's own figure
+    rep = subprocess.run([sys.executable, "run_bench.py", "report", "--results", str(results), "--tracking-uri", ml,
+                          str(sweep)], cwd=repo, env=env, capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stdout + rep.stderr
+    data = json.loads(next(sweep.glob("report/report.json")).read_text())
+    assert data["mde"]["gate"] == pytest.approx(row["mde"], rel=1e-12)
