@@ -73,7 +73,7 @@ def test_toys_run_through_sweep_report_and_compare(tmp_path):
     (tmp_path / "toy.yaml").write_text(MATRIX)
     db = f"sqlite:///{tmp_path / 'mlflow.db'}"
     common = ["--results", str(tmp_path / "results"), "--tracking-uri", db]
-    dry = bench("run", "toy.yaml", "--dry-run", "--order-seed", "1", *common, cwd=tmp_path)
+    dry = bench("run", "toy.yaml", "--dry-run", "--verbose", "--order-seed", "1", *common, cwd=tmp_path)
     assert dry.returncode == 0, dry.stderr
     assert "toy_opt=1" in dry.stdout and "run_config.yaml" in dry.stdout  # shows_config: the toy's config
 
