@@ -74,7 +74,9 @@ def record_problem(rec: Any, folder: Path | None = None) -> str | None:
     if rec.get("status") not in STATUSES:
         return f"status: {rec.get('status')!r} (allowed: {', '.join(STATUSES)})"
     if folder is not None:
-        if folder.name != f"r{rec['repeat']}" or folder.parent.name != rec["cell_id"]:
+        version = rec.get("code_version")  # an interleaved gate's baseline run: r<k>-baseline (results.run_dir)
+        suffix = f"-{version}" if isinstance(version, str) and version and version != "candidate" else ""
+        if folder.name != f"r{rec['repeat']}{suffix}" or folder.parent.name != rec["cell_id"]:
             return (f"cell_id {rec['cell_id']!r} repeat {rec['repeat']} does not match its folder "
                     f"{folder.parent.name}/{folder.name}")
     for key in ("summary", "steps", "free_ratio"):

@@ -115,8 +115,7 @@ class EmbeddedEngine:
             if key in _BASE_OWNED:
                 raise ValueError(f"base.embedded.{key}: set by the harness from {_BASE_OWNED[key]}; not allowed here")
         config = {k: getattr(base, k) for k in _SHARED_KEYS}
-        if base.profile_steps is not None:
-            config["profile_steps"] = list(base.profile_steps)
+        config["profile_steps"] = default_profile_steps(base)  # what build() gives the run
         config.update(base.embedded)
         try:
             RunConfig.model_validate(config)
