@@ -17,6 +17,24 @@ from bench.cli import main
 
 #: seconds one bad-input case may take (refusals happen before anything runs)
 CAP_S = 30.0
+
+#: a valid small embedded matrix the bad-input cases start from (also tests/test_bad_inputs.py's)
+GOOD = """\
+name: t
+engine: embedded
+platform: cpu
+base:
+  steps: 3
+  warmup_steps: 1
+  train_batch_size: 4
+  n: 2
+  ppo_mini_batch_size: 4
+  micro_batch_size_per_gpu: 2
+  max_prompt_length: 128
+  max_response_length: 24
+factors:
+  dynamic_bsz: [off, on]
+"""
 #: fragments that only a library's own wording would contain (never shown to the user)
 LIBRARY_TEXT = ("Unable to extract tag", "Input should be a valid dictionary", "Generators are not valid",
                 "exceeded maximum size", "validation error for", "pydantic", "For further information visit",

@@ -17,28 +17,12 @@ import time
 from pathlib import Path
 
 import pytest
+from _badinput import GOOD
 
 from bench.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 SMOKE = (ROOT / "matrix" / "smoke.yaml").read_text()
-
-GOOD = """\
-name: t
-engine: embedded
-platform: cpu
-base:
-  steps: 3
-  warmup_steps: 1
-  train_batch_size: 4
-  n: 2
-  ppo_mini_batch_size: 4
-  micro_batch_size_per_gpu: 2
-  max_prompt_length: 128
-  max_response_length: 24
-factors:
-  dynamic_bsz: [off, on]
-"""
 
 
 def _base(**kv: object) -> str:
