@@ -83,16 +83,7 @@ def start_head(auth: dict[str, str], ray_bin: Path | None = None, cpus: int = 2,
                 time.sleep(0.5)
         yield address
     finally:
-        proc.send_signal(signal.SIGTERM)  # `ray start --block` shuts its processes down
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # whatever is left of the group this test started
-        except ProcessLookupError:
-            pass
-        proc.wait()
+        _stop(proc, timeout_s=30)
         log.close()
         shutil.rmtree(temp, ignore_errors=True)
 
@@ -103,10 +94,12 @@ def _agent_ports() -> list[str]:
                                                  "node-manager-port", "object-manager-port")]
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)  # `ray start --block` drains and shuts its processes down
+def _stop(proc: subprocess.Popen, timeout_s: float = 45) -> None:
+    """SIGTERM a `ray start --block` process (it drains and shuts its processes down), wait up to ``timeout_s``
+    seconds, then SIGKILL whatever is left of the process group the test started."""
+    proc.send_signal(signal.SIGTERM)
     try:
-        proc.wait(timeout=45)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         pass
     try:
