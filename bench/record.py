@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.executors import ExecResult
+from bench.execution.executors import ExecResult
 from bench.measure import MeasureError, collect, summarize
 from bench.measure._common import iqr, mean, median
 from bench.results import RECORD, atomic_write_json, is_record, read_json

@@ -1,6 +1,6 @@
 """Synthetic sweeps for the gate, baseline and report tests (and a check of the writer itself).
 
-:func:`make_sweep` writes a results folder exactly as :mod:`bench.sweep` does (``sweep.json`` with the
+:func:`make_sweep` writes a results folder exactly as :mod:`bench.execution.sweep` does (``sweep.json`` with the
 plan, ``<cell>/r<k>/record.json`` measured by :func:`bench.measure.summarize`, ``latest``), with step
 times drawn from a function of the cell's levels, so tests know the true effects.
 """

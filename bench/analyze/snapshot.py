@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchError
+from bench.figures import METRICS, SUMMARY_STEP_TIME, Snapshot
 from bench.measure import PHASES
-from bench.model import METRICS, SUMMARY_STEP_TIME, Snapshot
 from bench.results import SWEEP, load_records, read_json
 from bench.spec.optimizations import FACTOR_KEYS
 from bench.speed import PROBE_METRIC, probe_spec
@@ -147,7 +147,7 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
     for rec in records:
         by_cell.setdefault(rec["cell_id"], []).append(rec)
     plan = meta.get("plan") or {}
-    # a sequential sweep that stopped after block k has k repeats per cell (bench.blocks)
+    # a sequential sweep that stopped after block k has k repeats per cell (bench.execution.blocks)
     repeats = int((meta.get("sequential") or {}).get("stopped_after") or plan.get("repeats") or 1)
     cells = []
     for spec in plan.get("runs", []):
@@ -197,7 +197,7 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
 
 
 def check_snapshot(data: dict[str, Any], where: str) -> Snapshot:
-    """Validate a snapshot or baseline dict against :class:`bench.model.Snapshot`; returns the typed model.
+    """Validate a snapshot or baseline dict against :class:`bench.figures.Snapshot`; returns the typed model.
 
     Raises:
         BenchError: one line naming ``where``, the first offending key and the problem.
