@@ -24,10 +24,10 @@ EXECUTION = "bench.execution"
 SPEC_LAYER = "bench.spec"
 ENGINE_INTERFACE = ("bench.engines", "bench.engines.base")
 #: the most lines a module of bench/ may have
-MAX_LINES = 420
+MAX_LINES = 400
 #: modules other work is editing now, allowed over MAX_LINES until it is merged (then split them, and
 #: empty this set)
-OVERSIZE_ALLOWED: set[str] = set()
+OVERSIZE_ALLOWED: set[str] = {"bench/spec/optimizations.py"}  # split one file per optimization (seams)
 
 
 def _modules() -> dict[str, Path]:

@@ -10,8 +10,9 @@ from typing import ClassVar
 class Command:
     """One subcommand.
 
-    Class attributes: ``name`` (the word on the command line), ``help`` (one line for ``--help``), ``order``
-    (position in the help's list; ``run``, the default subcommand, first).
+    Class attributes, given as class keywords (``class Gate(Command, name="gate", help="...", order=20)``):
+    ``name`` (the word on the command line), ``help`` (one line for ``--help``), ``order`` (position in the
+    help's list; ``run``, the default subcommand, first).
 
     Subclasses implement :meth:`setup_arguments` and :meth:`run`; the shared options (``--results``,
     ``--tracking-uri``) and the error boundary are :mod:`bench.cli`'s.
@@ -20,6 +21,10 @@ class Command:
     name: ClassVar[str] = ""
     help: ClassVar[str] = ""
     order: ClassVar[int] = 100
+
+    def __init_subclass__(cls, name: str = "", help: str = "", order: int = 100, **kw) -> None:
+        super().__init_subclass__(**kw)
+        cls.name, cls.help, cls.order = name or cls.name, help or cls.help, order
 
     @staticmethod
     def setup_arguments(parser: argparse.ArgumentParser) -> None:

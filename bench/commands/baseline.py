@@ -7,11 +7,8 @@ from bench.baseline import add_arguments, main
 from bench.commands.base import Command
 
 
-class Baseline(Command):
+class Baseline(Command, name="baseline", order=50,
+               help="store a sweep as a named baseline for the gate"):
     """``baseline``: :func:`bench.baseline.add_arguments`, :func:`bench.baseline.main`."""
 
-    name = "baseline"
-    help = "store a sweep as a named baseline for the gate"
-    order = 50
-    setup_arguments = staticmethod(add_arguments)
-    run = staticmethod(main)
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

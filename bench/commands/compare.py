@@ -55,11 +55,8 @@ def main(args: argparse.Namespace) -> int:
 __all__ = ["add_arguments", "main"]
 
 
-class Compare(Command):
+class Compare(Command, name="compare", order=40,
+              help="compare two sweeps directly (no saved baseline): gate's verdicts and exit codes"):
     """``compare``: :func:`add_arguments`, :func:`main`."""
 
-    name = "compare"
-    help = "compare two sweeps directly (no saved baseline): gate's verdicts and exit codes"
-    order = 40
-    setup_arguments = staticmethod(add_arguments)
-    run = staticmethod(main)
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

@@ -183,11 +183,8 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
     return int(result["exit_code"])
 
 
-class Gate(Command):
+class Gate(Command, name="gate", order=20,
+           help="compare a sweep against a baseline; exit 1 on a real slowdown"):
     """``gate``: :func:`add_arguments`, :func:`main`."""
 
-    name = "gate"
-    help = "compare a sweep against a baseline; exit 1 on a real slowdown"
-    order = 20
-    setup_arguments = staticmethod(add_arguments)
-    run = staticmethod(main)
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

@@ -196,11 +196,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-class Report(Command):
+class Report(Command, name="report", order=30,
+             help="effects, interactions, confidence intervals and plots of a sweep"):
     """``report``: :func:`add_arguments`, :func:`main`."""
 
-    name = "report"
-    help = "effects, interactions, confidence intervals and plots of a sweep"
-    order = 30
-    setup_arguments = staticmethod(add_arguments)
-    run = staticmethod(main)
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

@@ -380,11 +380,8 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
 __all__ = ["add_arguments", "main", "plain_table", "select_cells", "print_plan", "print_summary", "smoke_main"]
 
 
-class Run(Command):
+class Run(Command, name="run", order=0,
+          help="run the sweep of a matrix file (default subcommand)"):
     """``run``: :func:`add_arguments`, :func:`main`."""
 
-    name = "run"
-    help = "run the sweep of a matrix file (default subcommand)"
-    order = 0
-    setup_arguments = staticmethod(add_arguments)
-    run = staticmethod(main)
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

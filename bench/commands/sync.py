@@ -53,11 +53,8 @@ def main(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
-class Sync(Command):
+class Sync(Command, name="sync", order=60,
+           help="upload to MLflow what an outage of the tracking server left queued (idempotent)"):
     """``sync``: :func:`add_arguments`, :func:`main`."""
 
-    name = "sync"
-    help = "upload to MLflow what an outage of the tracking server left queued (idempotent)"
-    order = 60
-    setup_arguments = staticmethod(add_arguments)
-    run = staticmethod(main)
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

@@ -189,11 +189,8 @@ def main(args: argparse.Namespace) -> int:
     return 0 if out.summary.get("best") else 1
 
 
-class Tune(Command):
+class Tune(Command, name="tune", order=10,
+           help="Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"):
     """``tune``: :func:`add_arguments`, :func:`main`."""
 
-    name = "tune"
-    help = "Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"
-    order = 10
-    setup_arguments = staticmethod(add_arguments)
-    run = staticmethod(main)
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

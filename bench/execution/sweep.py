@@ -44,7 +44,7 @@ from bench.results import (
 )
 from bench.run_record import corrupt_records
 from bench.spec.matrix import Matrix
-from bench.spec.plan import Plan, RunOrder, RunSpec, interleaved_order, new_order_seed, run_order
+from bench.spec.plan import Plan, RunSpec, interleaved_order, new_order_seed, planned_order, run_order
 from bench.summary import cell_rows, parent_cells, plan_summary, sweep_header, write_summary
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
 from bench.tracking.records import log_record, parent_description, summary_metrics
@@ -392,14 +392,3 @@ class Sweep:
                                                   f"`run_bench.py sync {sweep_dir}` fills it in later"})
         return SweepOutcome(sweep_dir, meta["parent_run_id"], rows, executed, skipped, failed, wall, in_step,
                             overhead, experiment_id=getattr(tracker, "experiment_id", None))
-
-
-def planned_order(meta: dict[str, Any]) -> RunOrder:
-    """The run order recorded in a sweep's ``sweep.json`` (key ``order``); a sweep written before run
-    orders existed ran sequentially (plan order, every repeat of a spec in turn)."""
-    if meta.get("order"):
-        return RunOrder.model_validate(meta["order"])
-    plan = meta.get("plan") or {}
-    return run_order([c["cell_id"] for c in plan.get("runs", [])], int(plan.get("repeats") or 1), "sequential")
-
-
