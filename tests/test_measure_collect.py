@@ -64,12 +64,24 @@ def test_collect_gpu_run(tmp_path):
 
 
 def test_summarize_collect_result(tmp_path):
-    s = summarize(collect(_gpu_run(tmp_path)), warmup_steps=1)
+    """Time figures over the timed steps (measured, not profiled: step 2 here), the Free ratio over the
+    profiled measured steps (3, 4); without profiled steps every measured step is timed."""
+    got = collect(_gpu_run(tmp_path))
+    s = summarize(got, warmup_steps=1)
     assert s["n_steps"] == 4
     assert s["warmup_steps"] == 1
     assert s["measured_steps"] == [2, 3, 4]
     assert s["profiled_steps"] == [3, 4]
     assert s["profiled_measured_steps"] == [3, 4]
+    assert s["timed_steps"] == [2] and s["step_time_samples_s"] == [4.0]
+    assert (s["step_time_median_s"], s["step_time_iqr_s"], s["rollout_share_median"]) == (4.0, 0.0, 0.5)
+    assert (s["throughput_median"], s["response_length_mean"], s["response_length_max"]) == (1000.0, 64.0, 128.0)
+    assert s["phase_median_s"]["gen"] == 2.0 and s["phase_median_s"]["update_actor"] == 0.75
+    assert s["peak_memory_gb"] == 10.5  # over the measured steps; the warm-up step's 12.5 is excluded
+    assert s["free_ratio_median"] == 0.45875
+    json.dumps(s)
+    s = summarize(got, warmup_steps=1, profiled_steps=[])
+    assert s["timed_steps"] == [2, 3, 4] and s["step_time_samples_s"] == [4.0, 5.0, 4.5]
     assert s["step_time_median_s"] == 4.5
     assert s["step_time_iqr_s"] == 0.5
     assert s["step_time_mean_s"] == 4.5
@@ -84,15 +96,14 @@ def test_summarize_collect_result(tmp_path):
     }
     assert s["rollout_share_median"] == 0.5
     assert s["throughput_median"] == 1100.0
-    assert s["peak_memory_gb"] == 10.5  # the warm-up step's 12.5 is excluded
+    assert s["peak_memory_gb"] == 10.5
     assert s["peak_memory_source"] == "perf/max_memory_allocated_gb"
     assert s["response_length_mean"] == 80.0
     assert s["response_length_max"] == (128.0 + 128.0 + 160.0) / 3
     assert s["response_length_min"] == (16.0 + 32.0 + 8.0) / 3
     assert s["response_clip_ratio"] == 0.25
     assert s["long_tail_waste_median"] == 0.5
-    assert s["free_ratio_median"] == 0.45875
-    json.dumps(s)
+    assert s["free_ratio_median"] is None  # no profiled step among the measured ones
 
 
 def test_summarize_inputs_and_edge_cases():
