@@ -92,6 +92,11 @@ def test_every_figure_is_the_same_in_every_place(tmp_path, capsys, monkeypatch):
                                 ("peak_memory_gb", "peak_memory_gb", "peak_memory_gb")):
             assert summ[skey] == pytest.approx(want[fig], rel=1e-12), (key, fig, "record")
             assert child[_key(ckey)] == pytest.approx(want[fig], rel=1e-9), (key, fig, "MLflow child")
+        # the console's line of this run: its raw step time, rollout share and Free ratio (3 decimals)
+        label = "all-off" if not rec["levels"].get("dynamic_bsz") else "dynamic_bsz"
+        line = f"ok       {label:34} {key[1]:>3} " + " ".join(
+            f"{want[f]:.3f}".rjust(w) for f, w in (("step_time", 8), ("rollout_share", 8), ("free_ratio", 6)))
+        assert line in console, (key, line)
 
     summary = {r["label"]: r for r in csv.DictReader((sweep / "summary.csv").open())}
     md = (sweep / "summary.md").read_text()
