@@ -1,5 +1,5 @@
-"""Command line: ``python run_bench.py [run] MATRIX.yaml`` and the ``tune``, ``gate``, ``compare``,
-``report``, ``baseline`` subcommands.
+"""Command line: ``python run_bench.py [run] MATRIX.yaml`` and the other subcommands of :mod:`bench.commands`
+(``tune``, ``gate``, ``report``, ``compare``, ``baseline``, ``sync``).
 
 Exit codes: 0 success; 1 a sweep with failed cells, a gate regression, a full disk or an unexpected
 error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 3 the gate
