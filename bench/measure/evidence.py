@@ -92,7 +92,7 @@ def _call(check, level: int, run: FinishedRun) -> tuple[str, str]:
     return check(level, run)
 
 
-def factor_evidence(run_dir: str | Path, levels: dict[str, int | None], engine: str = "verl",
+def factor_evidence(run_dir: str | Path, levels: dict[str, int | None], engine: str,
                     platform: str = "*") -> dict[str, dict[str, str]]:
     """Per factor of ``levels``: ``{"verdict": confirmed|missing|contradicted|n/a, "detail": str}``, from the
     check each factor's registry entry names for ``engine``/``platform``; ``missing`` where it names none."""

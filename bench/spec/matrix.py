@@ -356,6 +356,13 @@ def engine_options_keys() -> set[str]:
     return options_keys()
 
 
+def base_params(base: dict[str, Any]) -> dict[str, Any]:
+    """The ``base`` settings logged as MLflow params ``base.<key>`` (sweep, tune and sync alike): every key
+    but ``env``, ``overrides`` and the engines' own sub-blocks (:func:`engine_options_keys`)."""
+    skip = {"env", "overrides", *engine_options_keys()}
+    return {f"base.{k}": v for k, v in base.items() if k not in skip}
+
+
 def _engine_options(matrix: Matrix) -> Any:
     """The engine's check of its own ``base`` sub-block (``check_options(base)``, raising ValueError), if it has one."""
     from bench.engines import engine_class  # the registry of engines (loaded on first use)
