@@ -43,8 +43,8 @@ from bench.analyze.snapshot import (
     snapshot,
 )
 from bench.errors import BenchError
+from bench.figures import METRICS
 from bench.metadata import machine
-from bench.model import METRICS
 from bench.results import atomic_write_json, find_sweep, read_json
 
 BASELINES = "baselines"

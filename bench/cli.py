@@ -9,14 +9,13 @@ cannot judge (too noisy, too few samples: :data:`bench.analyze.gate.EXIT_CANNOT_
 Error boundary (every subcommand): a :class:`~bench.errors.BenchError` is printed as one line; any other
 exception as one line naming the step in progress (:class:`bench.errors.doing`) and the path of a log
 holding the full traceback (``<results>/logs/error-*.log``). No Python traceback reaches the terminal.
-Each subcommand other than ``run`` lives in its own module exposing ``add_arguments(parser)`` and
-``main(args) -> int``.
+Each subcommand is a :class:`bench.commands.base.Command` subclass in its own module of :mod:`bench.commands`
+(``setup_arguments(parser)``, ``run(args) -> int``), found by :func:`bench.commands.commands`.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os
 import signal
@@ -28,15 +27,14 @@ from pathlib import Path
 
 from bench.errors import BenchError, Terminated, current_step
 
-SUBCOMMANDS = {
-    "run": ("bench.cli_run", "run the sweep of a matrix file (default subcommand)"),
-    "tune": ("bench.commands.tune", "Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"),
-    "gate": ("bench.commands.gate", "compare a sweep against a baseline; exit 1 on a real slowdown"),
-    "report": ("bench.report", "effects, interactions, confidence intervals and plots of a sweep"),
-    "compare": ("bench.compare", "compare two sweeps directly (no saved baseline): gate's verdicts and exit codes"),
-    "baseline": ("bench.baseline", "store a sweep as a named baseline for the gate"),
-    "sync": ("bench.sync", "upload to MLflow what an outage of the tracking server left queued (idempotent)"),
-}
+
+def subcommands() -> dict[str, type]:
+    """``{name: Command subclass}``: every subcommand of :mod:`bench.commands` (found by scanning it)."""
+    from bench.commands import commands
+
+    return commands()
+
+
 
 #: Allowed ranges of numeric command-line flags (argparse dest -> (low, high, low inclusive)); checked for
 #: every subcommand that has the flag. Non-finite values are always refused.
@@ -140,12 +138,13 @@ def order_argv(argv: list[str]) -> list[str]:
     the shared options (``--results DIR gate ...``) moved to the front, so an option placed before the
     matrix or subcommand is never read as the subcommand."""
     argv = list(argv)
-    if not argv or argv[0] in SUBCOMMANDS or argv[0] in ("-h", "--help", "--version"):
+    names = subcommands()
+    if not argv or argv[0] in names or argv[0] in ("-h", "--help", "--version"):
         return argv
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         i += 1 if "=" in argv[i] or argv[i] not in _VALUED else 2
-    if i < len(argv) and argv[i] in SUBCOMMANDS:
+    if i < len(argv) and argv[i] in names:
         return [argv[i], *argv[:i], *argv[i + 1:]]
     return ["run", *argv]
 
@@ -177,18 +176,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action=_VersionAction,
                         help="print the package version and the git short sha of the code, then exit")
-    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(SUBCOMMANDS) + "}")
-    for name, (module, help_text) in SUBCOMMANDS.items():
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            continue
-        p = sub.add_parser(name, help=help_text, description=help_text)
+    names = subcommands()
+    sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(names) + "}")
+    for name, command in names.items():
+        p = sub.add_parser(name, help=command.help, description=command.help)
         add_common(p)
-        mod.add_arguments(p)
-        p.set_defaults(_module=mod)
+        command.setup_arguments(p)
+        p.set_defaults(_command=command)
     return parser
 
 
@@ -237,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.tracking_uri is None:
             args.tracking_uri = default_tracking_uri(args.results)
         check_paths_and_uri(args)
-        return int(args._module.main(args) or 0)
+        return int(args._command.run(args) or 0)
     except BenchError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code

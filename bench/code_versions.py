@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bench.errors import BenchError
-from bench.executors import REPO_ROOT, ExecResult, Executor, ResolvedLaunch
+from bench.execution.executors import REPO_ROOT, ExecResult, Executor, ResolvedLaunch
 
 #: the two versions of an interleaved gate sweep
 BASELINE, CANDIDATE = "baseline", "candidate"

@@ -13,7 +13,7 @@ commit), ``--force`` starts a new one.
 
 The comparison is run-level and paired by block (:func:`bench.analyze.gate_runs.paired_comparison`). With
 ``--blocks N`` the sweep plans ``N`` blocks; after each complete block the stop rule
-(:class:`GateStopRule`, run by the sweep's block loop :func:`bench.blocks.run_blocks`) compares what has run
+(:class:`GateStopRule`, run by the sweep's block loop :func:`bench.execution.blocks.run_blocks`) compares what has run
 on the repeated confidence intervals of :func:`bench.analyze.sequential.decide`, and the sweep stops as soon as
 every cell is pass or regression, else after the ``N`` blocks (the budget). Where it still cannot decide, each
 row says how many blocks would let it (:func:`bench.analyze.power.blocks_needed`).
@@ -38,7 +38,7 @@ DEFAULT_BLOCKS = 8
 
 class GateStopRule:
     """The gate's stop rule (the verdict helper's ``StopRule``, called by the sweep's block loop
-    :func:`bench.blocks.run_blocks` after each complete block): compares the blocks so far
+    :func:`bench.execution.blocks.run_blocks` after each complete block): compares the blocks so far
     (:func:`bench.analyze.gate_runs.paired_comparison` with the sequential intervals of
     :func:`bench.analyze.sequential.decide`, so the error rate holds over all looks) and stops once every cell
     is pass or regression (never before ``min_blocks``) or the planned blocks are done."""
@@ -83,10 +83,10 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
         BenchError: bad matrix, unknown revision, bad flags.
     """
     from bench.engines import engine_class
-    from bench.executors import LocalExecutor
+    from bench.execution.executors import LocalExecutor
+    from bench.execution.sweep import Sweep
     from bench.spec.loading import load_matrix
     from bench.spec.plan import make_plan
-    from bench.sweep import Sweep
 
     if not 0 <= threshold < 1:
         raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
@@ -104,7 +104,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
 
     def make(root: Path):
         if fork:
-            from bench.forkserver import ForkServerExecutor
+            from bench.execution.forkserver import ForkServerExecutor
 
             return ForkServerExecutor(repo_root=root)
         return LocalExecutor()

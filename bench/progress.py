@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 from rich.console import Console
 
-#: what a fork server does before its first run (:class:`bench.forkserver.ForkServerExecutor`)
+#: what a fork server does before its first run (:class:`bench.execution.forkserver.ForkServerExecutor`)
 FORKSERVER_STARTING = "starting fork server (importing torch, transformers, verl)"
 
 

@@ -4,9 +4,9 @@ A record holds the run's status (``ok`` / ``failed`` with a kind and a one-line 
 its log), the per-step metrics of the verl JSONL, the per-step Free ratio, the summary statistics of
 :func:`bench.measure.summarize`, and the evidence that each factor took effect.
 
-Step-time statistics use the *timed* steps: the measured (non-warm-up) steps that ran without the
+Every time figure uses the *timed* steps: the measured (non-warm-up) steps that ran without the
 profiler when there are any, else all measured steps (the summary says which: profiling perturbs
-timing). The Free ratio comes from the profiled steps.
+timing); the Free ratio comes from the profiled steps (:mod:`bench.measure.run_summary`, computed once).
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.executors import ExecResult
+from bench.execution.executors import ExecResult
 from bench.measure import MeasureError, collect, summarize
-from bench.measure._common import iqr, mean, median
 from bench.results import RECORD, atomic_write_json, is_record, read_json
+from bench.run_record import SCHEMA_VERSION, RunRecord
 
-SCHEMA_VERSION = 1
 LOG_TAIL_LINES = 30
 
 
@@ -92,7 +91,6 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
         rec["warnings"].extend(got["warnings"])
         if got["metrics"]:
             rec["summary"] = summarize(got, warmup_steps)
-            _timed_stats(rec["summary"], got["metrics"])
     _registry_evidence(run_dir, rec)  # every engine: the checks the registry names for its target
     if res.returncode != 0 or res.timed_out:
         rec["status"] = "failed"
@@ -133,21 +131,15 @@ def _registry_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
         atomic_write_json(run_dir / "evidence.json", {"factors": ev})
 
 
-def _timed_stats(summary: dict[str, Any], metrics: dict[int, dict[str, float]]) -> None:
-    """Recompute step-time statistics over the timed (unprofiled, measured) steps, in place."""
-    measured = summary["measured_steps"]
-    prof = set(summary["profiled_steps"])
-    timed = [s for s in measured if s not in prof] or list(measured)
-    times = [metrics[s].get("timing_s/step") for s in timed]
-    summary["timed_steps"] = timed
-    summary["step_time_samples_s"] = [t for t in times if t is not None]
-    summary["step_time_median_s"] = median(times)
-    summary["step_time_iqr_s"] = iqr(times)
-    summary["step_time_mean_s"] = mean(times)
-
-
 def write_record(run_dir: Path, record: dict[str, Any]) -> None:
-    """Write ``record.json`` atomically (last file of a run: its presence marks the run measured)."""
+    """Write ``record.json`` atomically (last file of a run: its presence marks the run measured), after
+    validating it as a :class:`~bench.run_record.RunRecord` (a record that its own loader would refuse is
+    never written).
+
+    Raises:
+        pydantic.ValidationError: ``record`` is not a valid run record (a harness bug, not bad input).
+    """
+    RunRecord.model_validate(record)
     atomic_write_json(Path(run_dir) / RECORD, record)
 
 

@@ -1,12 +1,21 @@
-"""Reading run records: the single entry point through which every reader gets a ``record.json``.
+"""The run record (``record.json``): its typed, versioned model and the single loader every reader goes through.
 
-:func:`read_record` reads one file (bounded: :func:`bench.inputs.read_bytes`) and checks the shape every
-reader relies on (:func:`record_problem`); a file that is not JSON, truncated, of the wrong types, with a
-non-finite or negative time, or that contradicts its folder raises :class:`RecordError` naming the file and
-what is wrong. ``report``, ``gate``, ``compare`` and ``baseline save`` stop on it (exit 2); ``sync`` uploads
-the rest, then names it (exit 2, the queue kept); a resumed sweep names it and runs that repeat again.
+:class:`RunRecord` (pydantic) is what :mod:`bench.record` writes (validated before it is written) and what
+:func:`read_record` reads back (bounded: :func:`bench.inputs.read_bytes`; validated on load). A file that is not
+JSON, truncated, of the wrong types, with a non-finite or negative time, of an unknown ``schema_version``, or
+that contradicts its folder raises :class:`RecordError` naming the file and what is wrong, on one line.
+``report``, ``gate``, ``compare`` and ``baseline save`` stop on it (exit 2); ``sync`` uploads the rest, then
+names it (exit 2, the queue kept); a resumed sweep names it and runs that repeat again.
 
-(Issue 20 plans a typed pydantic run record; it replaces :func:`record_problem` behind :func:`read_record`.)
+Versions (:data:`SCHEMA_VERSION`; docs/results.md): every version this project has written is loaded,
+converted to the current one by :data:`MIGRATIONS`:
+
+* 1 (and a record without ``schema_version``, as tests write them): the hand-built dict of the first
+  harness. Its step-time figures are over the timed steps, but its other time figures (rollout share,
+  throughput, phases, response lengths) were over every measured step, the profiled ones included; the
+  loader recomputes the summary from the record's own per-step metrics (:func:`bench.measure.summarize`),
+  so a v1 run shows the same figures as a v2 run.
+* 2: the typed record; every time figure over the timed steps (:mod:`bench.measure.run_summary`).
 """
 
 from __future__ import annotations
@@ -14,119 +23,216 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Callable
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
 from bench.errors import BenchError
 from bench.inputs import read_bytes
 
 RECORD = "record.json"
+#: the version :mod:`bench.record` writes
+SCHEMA_VERSION = 2
 #: largest record file read (a record holds per-step metrics and a log tail)
 MAX_RECORD_BYTES = 64 << 20
 #: statuses a record may have
 STATUSES = ("ok", "failed")
 #: per-step metric prefixes whose numbers must be finite and not negative (times, sizes, throughput)
 _TIMED_PREFIXES = ("timing_s/", "perf/", "response_length/", "prompt_length/")
-#: summary keys holding lists of step numbers
-_STEP_LISTS = ("timed_steps", "measured_steps", "profiled_steps", "profiled_measured_steps")
 
 
 class RecordError(BenchError):
     """A ``record.json`` that exists but cannot be used: the message names the file and what is wrong."""
 
 
-def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _finite(v: float) -> float:
+    if not math.isfinite(v):
+        raise ValueError(f"{v} is not a finite number")
+    return v
 
 
-def _is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def _not_negative(v: float) -> float:
+    if v < 0:
+        raise ValueError(f"{v} is negative")
+    return v
 
 
-def _bad_number(value: Any, where: str, *, allow_negative: bool = False) -> str | None:
-    """A problem text when ``value`` (None allowed) is not a finite number (>= 0 unless allowed)."""
-    if value is None:
-        return None
-    if not _is_num(value):
-        return f"{where}: expected a number, got {type(value).__name__} {str(value)[:40]!r}"
-    if not math.isfinite(value):
-        return f"{where}: {value} is not a finite number"
-    if value < 0 and not allow_negative:
-        return f"{where}: {value} is negative"
-    return None
+#: a finite number (any sign); a finite number >= 0 (seconds, GiB, tokens/s)
+Finite = Annotated[float, AfterValidator(_finite)]
+Seconds = Annotated[float, AfterValidator(_finite), AfterValidator(_not_negative)]
+Steps = list[StrictInt]
+
+
+class RunSummary(BaseModel):
+    """A run's statistics (:func:`bench.measure.summarize`): seconds, GiB and tokens/s as verl logs them; time
+    figures over ``timed_steps``, the Free ratio over ``profiled_measured_steps``; ``None`` = not measured.
+    Further keys (an engine's own) are kept; their numbers must be finite (``*_s`` keys not negative)."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    n_steps: StrictInt | None = None
+    warmup_steps: StrictInt | None = None
+    measured_steps: Steps = Field(default_factory=list)
+    profiled_steps: Steps = Field(default_factory=list)
+    profiled_measured_steps: Steps | None = None
+    timed_steps: Steps = Field(default_factory=list)
+    step_time_samples_s: list[Seconds] = Field(default_factory=list)
+    step_time_median_s: Seconds | None = None
+    step_time_iqr_s: Seconds | None = None
+    step_time_mean_s: Seconds | None = None
+    rollout_share_median: Finite | None = None
+    throughput_median: Seconds | None = None
+    phase_median_s: dict[str, Finite | None] = Field(default_factory=dict)
+    peak_memory_gb: Seconds | None = None
+    peak_memory_source: str | None = None
+    free_ratio_median: Finite | None = None
+    long_tail_waste_median: Finite | None = None
+
+    @model_validator(mode="after")
+    def _extras_finite(self) -> RunSummary:
+        for key, value in (self.model_extra or {}).items():
+            values = value.items() if isinstance(value, dict) else [("", value)]
+            for sub, v in values:
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    where = f"{key}.{sub}" if sub else key
+                    if not math.isfinite(v):
+                        raise ValueError(f"{where}: {v} is not a finite number")
+                    if v < 0 and key.endswith("_s") and not sub:
+                        raise ValueError(f"{where}: {v} is negative")
+        return self
+
+
+def _check_steps(steps: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    for step, metrics in steps.items():
+        for key, value in metrics.items():
+            if key.startswith(_TIMED_PREFIXES) and value is not None:
+                if isinstance(value, bool) or not isinstance(value, (int, float)):
+                    raise ValueError(f"{step}.{key}: expected a number, got {type(value).__name__}")
+                if not math.isfinite(value) or value < 0:
+                    raise ValueError(f"{step}.{key}: {value} is not a finite number >= 0")
+    return steps
+
+
+class RunRecord(BaseModel):
+    """One run of one cell (``<sweep>/<cell id>/r<repeat>/record.json``), schema :data:`SCHEMA_VERSION`.
+
+    ``status`` ``ok``/``failed`` (then ``failure_kind`` and a one-line ``reason``, ``log_tail``); ``steps``:
+    per step (key: the step number as text) the verl metrics it logged; ``free_ratio``: per profiled step;
+    ``summary``: :class:`RunSummary`; ``wall_s``, ``started_at``/``finished_at`` (epoch seconds); ``node``: the
+    Ray node (``None`` locally); ``evidence``: per factor, whether it took effect. Further keys an engine or
+    the harness adds (``timing``, ``host_load``, ``code_version``...) are kept as they are.
+    """
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    schema_version: StrictInt = SCHEMA_VERSION
+    cell_id: str
+    repeat: Annotated[StrictInt, Field(ge=0)]
+    status: str
+    levels: dict[str, int | None] = Field(default_factory=dict)
+    engine: str | None = None
+    platform: str | None = None
+    started_at: Finite | None = None
+    finished_at: Finite | None = None
+    wall_s: Seconds | None = None
+    returncode: int | None = None
+    failure_kind: str | None = None
+    reason: str = ""
+    log_tail: str = ""
+    steps: Annotated[dict[str, dict[str, Any]], AfterValidator(_check_steps)] = Field(default_factory=dict)
+    free_ratio: dict[str, Seconds | None] = Field(default_factory=dict)
+    summary: RunSummary = Field(default_factory=RunSummary)
+    warnings: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _status(self) -> RunRecord:
+        if not self.cell_id:
+            raise ValueError("cell_id: empty (the cell's id expected)")
+        if self.status not in STATUSES:
+            raise ValueError(f"status: {self.status!r} (allowed: {', '.join(STATUSES)})")
+        median = self.summary.step_time_median_s
+        if self.status == "ok" and median is not None and median <= 0:
+            raise ValueError(f"status ok but summary.step_time_median_s is {median!r} (a positive number of seconds "
+                             "expected)")
+        return self
+
+
+def _migrate_v1(rec: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: the summary recomputed over the timed steps from the record's per-step metrics."""
+    from bench.measure.run_summary import summarize
+
+    old = rec.get("summary")
+    steps = rec.get("steps")
+    if isinstance(old, dict) and old and isinstance(steps, dict) and steps and \
+            all(isinstance(v, dict) for v in steps.values()) and isinstance(old.get("warmup_steps"), int):
+        try:
+            new = summarize({int(k): v for k, v in steps.items()}, old["warmup_steps"],
+                            {int(k): v for k, v in (rec.get("free_ratio") or {}).items()},
+                            old.get("profiled_steps"))
+        except (TypeError, ValueError):
+            new = None  # not convertible: validated as it is (and named if wrong)
+        if new is not None:
+            rec["summary"] = {**old, **new}
+    rec["schema_version"] = 2
+    return rec
+
+
+#: schema version -> conversion to the next version
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _migrate_v1}
+
+
+def _one_line(exc: ValidationError) -> str:
+    """``key: what is wrong`` of the first error, in the harness's words
+    (:func:`bench.spec.loading.format_validation_error`)."""
+    from bench.spec.loading import format_validation_error
+
+    return format_validation_error(RECORD, exc, model=RunRecord).removeprefix(f"{RECORD}: ")
+
+
+def parse_record(rec: Any, folder: Path | None = None) -> RunRecord:
+    """The typed record of a parsed ``record.json`` of any known version (converted to :data:`SCHEMA_VERSION`).
+
+    Raises:
+        ValueError: one line naming the key and what is wrong (an unknown version included); ``folder``
+            given, also when ``cell_id``/``repeat`` do not match the ``<cell id>/r<k>`` folder.
+    """
+    if not isinstance(rec, dict):
+        raise ValueError(f"expected a JSON object, got {type(rec).__name__}")
+    version = rec.get("schema_version", 1)
+    if isinstance(version, bool) or not isinstance(version, int) or not (1 <= version <= SCHEMA_VERSION):
+        known = ", ".join(str(v) for v in range(1, SCHEMA_VERSION + 1))
+        raise ValueError(f"schema_version {version!r} is not one this harness knows ({known}); written by a newer "
+                         "version of the harness?")
+    try:
+        model = RunRecord.model_validate(rec)  # every version so far has this shape: what it holds is checked
+        while version < SCHEMA_VERSION:
+            rec = MIGRATIONS[version](dict(rec))
+            version = rec["schema_version"]
+            model = RunRecord.model_validate(rec)
+    except ValidationError as exc:
+        raise ValueError(_one_line(exc)) from None
+    if folder is not None:
+        code = model.model_extra.get("code_version") if model.model_extra else None
+        suffix = f"-{code}" if isinstance(code, str) and code and code != "candidate" else ""  # r<k>-baseline
+        if folder.name != f"r{model.repeat}{suffix}" or folder.parent.name != model.cell_id:
+            raise ValueError(f"cell_id {model.cell_id!r} repeat {model.repeat} does not match its folder "
+                             f"{folder.parent.name}/{folder.name}")
+    return model
 
 
 def record_problem(rec: Any, folder: Path | None = None) -> str | None:
-    """What is wrong with a parsed record, or ``None`` when every reader can use it.
-
-    Checked: a JSON object; ``cell_id`` a non-empty string and ``repeat`` a non-negative integer (matching the
-    ``<cell id>/r<k>`` folder when ``folder`` is given); ``status`` ``ok`` or ``failed``; ``summary``, ``steps``,
-    ``free_ratio`` objects; every number of ``summary`` finite (times not negative); step lists of integers;
-    ``step_time_samples_s`` finite non-negative numbers; per-step times, throughput and lengths finite and not
-    negative; an ``ok`` record's ``summary.step_time_median_s``, when present, is positive (one without it is
-    reported by the readers as a cell "without step-time samples").
-    """
-    if not isinstance(rec, dict):
-        return f"expected a JSON object, got {type(rec).__name__}"
-    if not isinstance(rec.get("cell_id"), str) or not rec["cell_id"]:
-        return "cell_id: missing or not a string"
-    if not _is_int(rec.get("repeat")) or rec["repeat"] < 0:
-        return f"repeat: expected a non-negative integer, got {rec.get('repeat')!r}"
-    if rec.get("status") not in STATUSES:
-        return f"status: {rec.get('status')!r} (allowed: {', '.join(STATUSES)})"
-    if folder is not None:
-        version = rec.get("code_version")  # an interleaved gate's baseline run: r<k>-baseline (results.run_dir)
-        suffix = f"-{version}" if isinstance(version, str) and version and version != "candidate" else ""
-        if folder.name != f"r{rec['repeat']}{suffix}" or folder.parent.name != rec["cell_id"]:
-            return (f"cell_id {rec['cell_id']!r} repeat {rec['repeat']} does not match its folder "
-                    f"{folder.parent.name}/{folder.name}")
-    for key in ("summary", "steps", "free_ratio"):
-        if not isinstance(rec.get(key, {}), dict):
-            return f"{key}: expected an object, got {type(rec[key]).__name__}"
-    summary = rec.get("summary") or {}
-    for key, value in summary.items():
-        if key in _STEP_LISTS:
-            if not isinstance(value, list) or not all(_is_int(s) for s in value):
-                return f"summary.{key}: expected a list of step numbers"
-        elif key == "step_time_samples_s":
-            if not isinstance(value, list):
-                return f"summary.{key}: expected a list of seconds"
-            for i, v in enumerate(value):
-                bad = _bad_number(v, f"summary.{key}[{i}]") if v is not None else None
-                if bad:
-                    return bad
-        elif _is_num(value) or isinstance(value, float):
-            bad = _bad_number(value, f"summary.{key}", allow_negative=not key.endswith("_s"))
-            if bad:
-                return bad
-        elif isinstance(value, dict):
-            for k, v in value.items():
-                bad = _bad_number(v, f"summary.{key}.{k}", allow_negative=True) if _is_num(v) else None
-                if bad:
-                    return bad
-    for step, metrics in (rec.get("steps") or {}).items():
-        if not isinstance(metrics, dict):
-            return f"steps.{step}: expected an object of metrics"
-        for key, value in metrics.items():
-            if key.startswith(_TIMED_PREFIXES):
-                bad = _bad_number(value, f"steps.{step}.{key}")
-                if bad:
-                    return bad
-    for step, value in (rec.get("free_ratio") or {}).items():
-        bad = _bad_number(value, f"free_ratio.{step}")
-        if bad:
-            return bad
-    median = summary.get("step_time_median_s")
-    if rec["status"] == "ok" and median is not None and median <= 0:  # absent: readers say "without samples"
-        return f"status ok but summary.step_time_median_s is {median!r} (a positive number of seconds expected)"
+    """What is wrong with a parsed record (:func:`parse_record`), or ``None`` when every reader can use it."""
+    try:
+        parse_record(rec, folder)
+    except ValueError as exc:
+        return str(exc)
     return None
 
 
-def read_record(path: str | Path) -> dict[str, Any] | None:
-    """The record at ``path`` (a ``record.json``), or ``None`` when there is none.
+def load_run_record(path: str | Path) -> RunRecord | None:
+    """The typed record at ``path`` (a ``record.json``), or ``None`` when there is none.
 
     Raises:
-        RecordError: the file exists but is unreadable, not JSON (e.g. truncated), or fails
-            :func:`record_problem` (message: ``<path>: not a usable run record: <what>``).
+        RecordError: the file exists but is unreadable, not JSON (e.g. truncated), of an unknown version or
+            not valid (message: ``<path>: not a usable run record: <what>``).
     """
     path = Path(path)
     if not path.exists() and not path.is_symlink():
@@ -141,10 +247,21 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
         what = "empty file" if not data.strip() else f"not JSON ({getattr(exc, 'msg', 'nested too deeply')}" + \
             (f" at line {exc.lineno}, truncated?)" if getattr(exc, "lineno", None) else ")")
         raise RecordError(f"{path}: not a usable run record: {what}") from None
-    problem = record_problem(rec, path.parent)
-    if problem:
-        raise RecordError(f"{path}: not a usable run record: {problem}")
-    return rec
+    try:
+        return parse_record(rec, path.parent)
+    except ValueError as exc:
+        raise RecordError(f"{path}: not a usable run record: {exc}") from None
+
+
+def read_record(path: str | Path) -> dict[str, Any] | None:
+    """The record at ``path`` as a dict (:func:`load_run_record`, dumped: the current version's keys, the
+    file's extra keys kept), or ``None`` when there is none.
+
+    Raises:
+        RecordError: as :func:`load_run_record`.
+    """
+    model = load_run_record(path)
+    return None if model is None else model.model_dump(exclude_unset=True) | {"schema_version": SCHEMA_VERSION}
 
 
 def load_records(sweep: str | Path) -> list[dict[str, Any]]:

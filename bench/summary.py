@@ -9,8 +9,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.figures import SUMMARY_PEAK_MEM, Snapshot, cell_stats
 from bench.measure._common import iqr
-from bench.model import SUMMARY_PEAK_MEM, Snapshot, cell_stats
 from bench.results import atomic_write_text
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, compact_label
 from bench.spec.plan import Plan
@@ -25,14 +25,15 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
 
     When the snapshot was speed-normalized (:func:`bench.speed.normalize_snapshot`) every value is at
     the sweep's median machine speed; ``step_time_raw_s`` keeps the measured seconds. Values come from
-    :mod:`bench.model` (the report and MLflow use the same functions): ``step_time_s`` = geometric mean
+    :mod:`bench.figures` (the report and MLflow use the same functions): ``step_time_s`` = geometric mean
     over the ok repeats of each run's median timed step (s); ``speedup`` = all-off cell's value / this
     cell's (> 1 = faster); rollout share, Free ratio and throughput likewise per run, then over runs.
 
     Columns: cell_id, label, one per factor, merged (design cells represented), repeats_ok, repeats,
     step_time_s, step_time_raw_s, step_time_iqr_s (of the pooled timed steps), speedup, rollout_share,
     free_ratio, throughput, peak_memory_gb, status, reason, all_off, startup_s, steps_s, harness_s (means over
-    the ok runs of :func:`bench.runner.run_timing`: start-up, all GRPO steps, the harness's own time; seconds),
+    the ok runs of :func:`bench.execution.runner.run_timing`: start-up, all GRPO steps, the harness's own time;
+    seconds),
     nodes (the Ray node of each repeat, ``r0 1a2b3c4d; r1 ...``: first 8 hex digits of the node id; empty for
     local runs).
     """
@@ -72,7 +73,7 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _timing(cell: Any) -> dict[str, float | None]:
     """Per cell, the mean over its ok runs of each run's ``startup_s``, ``steps_s`` and ``harness_s``
-    (:func:`bench.runner.run_timing`; ``None`` for runs recorded before it existed)."""
+    (:func:`bench.execution.runner.run_timing`; ``None`` for runs recorded before it existed)."""
     out: dict[str, float | None] = {}
     for key in ("startup_s", "steps_s", "harness_s"):
         v = [float(r.timing[key]) for r in cell.ok_repeats() if isinstance(getattr(r, "timing", None), dict)

@@ -72,7 +72,7 @@ def bench_matrix(path: Path, levels: int, high: float, steps: int, search_runs: 
 
 def executor(settings):
     """The executor ``run_bench.py tune`` would use (the fork server for embedded CPU runs)."""
-    from bench.cli_run import make_executor
+    from bench.commands.run import make_executor
 
     return make_executor(argparse.Namespace(spawn=False, ray_address=None), settings.matrix.engine, settings.platform)
 
@@ -169,7 +169,7 @@ def norm_value(rec: dict, key: str, ref: float | None) -> float | None:
 def recheck(settings, points: dict[str, tuple[int, int]], repeats: int, out_dir: Path,
             ref: float | None = None) -> dict[str, list]:
     """Interleaved re-runs (A, B, A, B ...) of a few points: the same drift and contention hit both."""
-    from bench.runner import execute_spec
+    from bench.execution.runner import execute_spec
     from bench.tune import trial_spec
 
     ex = executor(settings)

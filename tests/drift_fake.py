@@ -24,7 +24,7 @@ import yaml
 
 from bench.analyze.snapshot import levels_key
 from bench.engines.embedded.speed_probe import spec as probe_kernel
-from bench.executors import ExecResult, ResolvedLaunch
+from bench.execution.executors import ExecResult, ResolvedLaunch
 from bench.spec.plan import RunOrder
 from bench.speed import PROBE_METRIC
 

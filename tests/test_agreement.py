@@ -1,6 +1,6 @@
 """One sweep, one set of numbers (issue 11): the console table, ``summary.csv``/``summary.md``,
 ``report.json``/``report.md`` and the MLflow parent run give every cell the same step time and speedup
-(all from :mod:`bench.model`), and the tune's best value is the same statistic of its run.
+(all from :mod:`bench.figures`), and the tune's best value is the same statistic of its run.
 
 The sweep is ``matrix/full.yaml`` (4 runs x 3 repeats, blocked order) on the drifting fake machine of
 :mod:`drift_fake` with a speed probe, so the values are speed-normalized on every path.
@@ -25,7 +25,7 @@ def test_console_summary_report_and_mlflow_agree_on_every_speedup(tmp_path, caps
     from mlflow import MlflowClient
 
     fake = DriftExecutor(12, seed=4, probe=True, effects={"dynamic_bsz": math.log(1.2)})
-    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake)
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake)
     monkeypatch.setenv("COLUMNS", "240")  # one console line per table row
     path = small_full(tmp_path)
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
@@ -63,13 +63,13 @@ def test_console_summary_report_and_mlflow_agree_on_every_speedup(tmp_path, caps
 
 
 def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
-    """The tune's objective of a trial = :func:`bench.model.run_value` of its record's (normalized) samples."""
+    """The tune's objective of a trial = :func:`bench.figures.run_value` of its record's (normalized) samples."""
     import optuna
     from test_tune import load, make, tune
     from test_tune_fake import FakeExecutor
 
     from bench.analyze.snapshot import record_samples
-    from bench.model import run_value
+    from bench.figures import run_value
     from bench.results import read_json
     from bench.speed import normalize
 

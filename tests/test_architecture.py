@@ -13,18 +13,21 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parents[1]
 #: cycles through lazy imports owned by other work, each with its reason (empty this set as they go)
 KNOWN_CYCLES: set[frozenset[str]] = set()
-#: modules that must not import from bench.engines or a command module (bench.cli*)
-LOWER_LAYERS = ("bench.measure", "bench.analyze", "bench.report", "bench.gate", "bench.model", "bench.speed",
-                "bench.expect", "bench.metadata", "bench.tracking", "bench.summary")
+#: modules that must not import from bench.engines or a command module (bench.cli, bench.commands.*)
+LOWER_LAYERS = ("bench.measure", "bench.analyze", "bench.gate", "bench.figures", "bench.speed",
+                "bench.expect", "bench.metadata", "bench.tracking", "bench.summary", "bench.record",
+                "bench.run_record", "bench.results")
+#: execution (sweep loop, executors, runner, fork server, Ray): never imports a command
+EXECUTION = "bench.execution"
 #: what to run (matrix, plan, ...): no command, and engines only through their registry and interface
 #: (``bench.engines``, ``bench.engines.base``: the plan asks the matrix's engine to build each launch)
 SPEC_LAYER = "bench.spec"
 ENGINE_INTERFACE = ("bench.engines", "bench.engines.base")
 #: the most lines a module of bench/ may have
-MAX_LINES = 420
+MAX_LINES = 400
 #: modules other work is editing now, allowed over MAX_LINES until it is merged (then split them, and
 #: empty this set)
-OVERSIZE_ALLOWED: set[str] = set()
+OVERSIZE_ALLOWED: set[str] = {"bench/spec/optimizations.py"}  # split one file per optimization (seams)
 
 
 def _modules() -> dict[str, Path]:
@@ -110,7 +113,7 @@ def test_lower_layers_import_no_engine_and_no_command():
 def test_graph_sees_imports():
     """The walker is not blind: known edges are found (a lazy one inside a function included)."""
     g = import_graph()
-    assert g.has_edge("bench.cli_run", "bench.engines")
+    assert g.has_edge("bench.commands.run", "bench.engines")
     assert g.has_edge("bench.spec.plan", "bench.engines.base")
     assert g.has_edge("bench.spec.matrix", "bench.engines")  # lazy: the registry of engine names
     assert not g.has_edge("bench.engines", "bench.engines.base")  # TYPE_CHECKING only
@@ -131,7 +134,8 @@ def test_spec_imports_no_command_and_no_concrete_engine():
 def test_new_layers_are_checked():
     """The packages of the layout exist and are covered by the layer rules above."""
     mods = _modules()
-    for pkg in ("bench.analyze", "bench.spec", "bench.measure", "bench.engines.verl"):
+    for pkg in ("bench.analyze", "bench.spec", "bench.measure", "bench.engines.verl", "bench.execution",
+                "bench.commands"):
         assert pkg in mods and any(m.startswith(pkg + ".") for m in mods), pkg
     assert {"bench.analyze", "bench.measure"} <= set(LOWER_LAYERS)
 
@@ -208,3 +212,35 @@ def test_no_module_over_the_size_limit():
     sizes = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in (ROOT / "bench").rglob("*.py")}
     over = {f: n for f, n in sizes.items() if n > MAX_LINES and f not in OVERSIZE_ALLOWED}
     assert over == {}, f"modules over {MAX_LINES} lines: {over}"
+
+
+def test_execution_imports_no_command():
+    g = import_graph()
+    bad = [f"{mod} -> {target}" for mod in g.nodes if _in(mod, EXECUTION) for target in g.successors(mod)
+           if target.startswith(("bench.cli", "bench.commands"))]
+    assert bad == []
+
+
+def test_every_command_is_a_command_module():
+    """Every subcommand is a ``Command`` subclass in its own module of ``bench/commands/`` (found by scanning
+    the package, asv-style), and no module outside ``bench/commands/`` (but the dispatcher ``bench.cli``)
+    defines a command's ``add_arguments``/``setup_arguments``."""
+    from bench.commands import commands
+
+    found = commands()
+    assert {"run", "tune", "gate", "report", "compare", "baseline", "sync"} <= set(found)
+    assert list(found)[0] == "run"
+    for name, cls in found.items():
+        assert cls.__module__.startswith("bench.commands."), (name, cls.__module__)
+    modules = {cls.__module__ for cls in found.values()}
+    assert len(modules) == len(found), "one module per subcommand"
+    outside = []
+    for mod, path in _modules().items():
+        if mod.startswith("bench.commands") or mod == "bench.cli":
+            continue
+        tree = ast.parse(path.read_text())
+        outside += [f"{mod}.{n.name}" for n in tree.body if isinstance(n, ast.FunctionDef)
+                    and n.name in ("setup_arguments", "add_arguments")]
+    # bench.baseline keeps its argument code until the gate's work on it is merged (bench.commands.baseline
+    # is the command); empty this set then
+    assert set(outside) <= {"bench.baseline.add_arguments"}, outside

@@ -388,7 +388,7 @@ def test_entry_point_bad_input_is_one_line_and_no_late_fork_server_traceback(tmp
 
 def test_unexpected_error_is_one_line_with_a_traceback_log(tmp_path, monkeypatch, capsys):
     """A bug (here: a failing import of a subcommand's helper) -> exit 1, one line naming the step and a log."""
-    import bench.cli_run as cli_run
+    import bench.commands.run as cli_run
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "m.yaml").write_text(GOOD)

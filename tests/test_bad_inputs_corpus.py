@@ -366,7 +366,7 @@ def test_corrupt_record_is_named(sweep_box, capsys, case, command):
 def test_bad_queue_file_is_kept_aside_and_named(sweep_box, capsys):
     """An unreadable ``mlflow_queue.json`` is renamed beside itself and named; the sweep still syncs."""
     from bench.cli import main
-    from bench.sync import QUEUE
+    from bench.tracking.upload_queue import QUEUE
 
     sweep = (sweep_box / "res" / "synth" / "latest").resolve()
     meta = json.loads((sweep / "sweep.json").read_text())

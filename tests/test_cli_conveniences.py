@@ -65,7 +65,7 @@ def _row(label: str, **kw) -> dict:
 
 
 def test_plain_table_keeps_every_label_whole_on_one_line():
-    from bench.cli_run import plain_table
+    from bench.commands.run import plain_table
 
     long = "rmsnorm_fused+dynamic_bsz+" + "x" * 180
     lines = plain_table([_row("all-off", rmsnorm_fused="0"), _row(long, dynamic_bsz="1")])
@@ -81,7 +81,7 @@ def test_rich_table_at_80_columns_would_wrap_the_label():
 
     from rich.console import Console
 
-    from bench.cli_run import summary_table
+    from bench.commands.run import summary_table
 
     buf = io.StringIO()
     Console(file=buf, width=80).print(summary_table([_row("all-off"), _row("rmsnorm_fused+dynamic_bsz")]))
@@ -189,7 +189,7 @@ def test_cells_matching_nothing_is_one_line_exit_2(tmp_path, capsys, pattern, ex
 
 
 def test_a_subset_is_its_own_sweep():
-    from bench.cli_run import select_cells
+    from bench.commands.run import select_cells
     from bench.spec.loading import load_matrix
     from bench.spec.plan import make_plan
 

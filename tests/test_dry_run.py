@@ -58,7 +58,7 @@ def _readable_parts(text: str) -> list[list[str]]:
 
 
 def _launch_keys(launch: dict, with_config: bool) -> dict[str, str]:
-    """Independent of bench.dry_run: overrides (argv tokens after ``-m MODULE`` holding ``=``), env,
+    """Independent of bench.commands.dry_run: overrides (argv tokens after ``-m MODULE`` holding ``=``), env,
     patches by name, run-config keys."""
     argv = launch["argv"]
     after = argv.index("-m") + 2 if "-m" in argv else 0

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from bench.executors import kill_strays
+from bench.execution.executors import kill_strays
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -245,7 +245,8 @@ def test_run_and_fork_server_killed_and_a_run_over_its_timeout(box):
 
 def _is_server_of(p: psutil.Process, harness_pid: int) -> bool:
     try:
-        return "bench.forkserver" in " ".join(p.cmdline()) and p.environ().get("BENCH_HARNESS_PID") == str(harness_pid)
+        return ("bench.execution.forkserver" in " ".join(p.cmdline())
+                and p.environ().get("BENCH_HARNESS_PID") == str(harness_pid))
     except (psutil.Error, OSError):
         return False
 

@@ -1,6 +1,6 @@
 """Synthetic sweeps for the gate, baseline and report tests (and a check of the writer itself).
 
-:func:`make_sweep` writes a results folder exactly as :mod:`bench.sweep` does (``sweep.json`` with the
+:func:`make_sweep` writes a results folder exactly as :mod:`bench.execution.sweep` does (``sweep.json`` with the
 plan, ``<cell>/r<k>/record.json`` measured by :func:`bench.measure.summarize`, ``latest``), with step
 times drawn from a function of the cell's levels, so tests know the true effects.
 """
@@ -18,8 +18,8 @@ import numpy as np
 
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.measure import summarize
-from bench.record import _timed_stats
 from bench.results import SWEEP, ResultsDir, atomic_write_json, run_dir
+from bench.run_record import SCHEMA_VERSION
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
 from bench.speed import PROBE_METRIC
 
@@ -137,11 +137,9 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
                 metrics = {s: {kk: vv for kk, vv in m.items() if kk != "timing_s/step"} for s, m in metrics.items()}
             free = {steps: 0.25 + 0.02 * rng.normal()}
             summ = summarize(metrics, warmup, free, [steps])
-            if (i, k) not in no_samples:
-                _timed_stats(summ, metrics)
             status = "failed" if (i, k) in failed else "ok"
             rec = {
-                "schema_version": 1,
+                "schema_version": SCHEMA_VERSION,
                 "cell_id": cid,
                 "repeat": k,
                 "engine": engine,

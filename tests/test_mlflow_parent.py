@@ -42,7 +42,7 @@ def _four_digits(v) -> bool:
 
 
 def test_cells_json_is_rounded_and_carries_the_reports_speedup_intervals(tmp_path, monkeypatch):
-    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: DriftExecutor(8, seed=7))
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: DriftExecutor(8, seed=7))
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
     common = ["--results", str(tmp_path / "res"), "--tracking-uri", uri]
     assert main(["run", str(small_full(tmp_path, repeats=2)), "--order-seed", "3", *common]) == 0
@@ -74,7 +74,7 @@ def test_sync_after_an_outage_closes_the_parent_as_an_undisturbed_sweep(tmp_path
     from bench.tracking import Tracker
 
     path = small_full(tmp_path, repeats=2)
-    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: DriftExecutor(8, seed=7))
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: DriftExecutor(8, seed=7))
     calm = f"sqlite:///{(tmp_path / 'calm.db').as_posix()}"
     assert main(["run", str(path), "--order-seed", "3", "--results", str(tmp_path / "calm"),
                  "--tracking-uri", calm]) == 0

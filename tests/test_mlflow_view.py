@@ -5,7 +5,7 @@
   description a user edited in the UI is kept;
 - every run has MLflow's system tags (User, Source, Git commit) and a markdown description;
 - a child's Created and Duration are those of the run it mirrors (also when ``sync`` logs it later into
-  another store), its headline metrics are the run values of :mod:`bench.model` (the numbers of
+  another store), its headline metrics are the run values of :mod:`bench.figures` (the numbers of
   ``summary.csv``), and its description shows those same numbers;
 - the parent's description holds the sweep's summary table; a failed child says why on its own page.
 
@@ -63,12 +63,12 @@ def _records(sweep: Path) -> dict[tuple[str, int], dict]:
 
 def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_path, monkeypatch):
     from bench.analyze.snapshot import record_samples
-    from bench.model import run_value
-    from bench.sync import MLFLOW_MARK, sync_sweep
+    from bench.figures import run_value
     from bench.tracking.records import run_start
+    from bench.tracking.upload_queue import MLFLOW_MARK, sync_sweep
 
     fake = DriftExecutor(4, seed=3)  # no speed probe: summary.csv holds the raw values too
-    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake)
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake)
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
     path = small_full(tmp_path, repeats=1)
     assert main(["run", str(path), "--order-seed", "5", "--results", str(tmp_path / "res"), "--tracking-uri", uri]) == 0
@@ -100,7 +100,7 @@ def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_pa
         assert (
             _client(uri).get_metric_history(child.info.run_id, "step_time_median_s")[0].timestamp == child.info.end_time
         )
-        # the run values of bench.model, = summary.csv's (one repeat: the cell value is the run value)
+        # the run values of bench.figures, = summary.csv's (one repeat: the cell value is the run value)
         samples = record_samples(rec)
         row = summary[tags["cell_id"]]
         for metric, column in (("step_time_median_s", "step_time_s"), ("rollout_share", "rollout_share"),
@@ -211,9 +211,9 @@ def test_a_failed_child_says_why_on_its_own_page(tmp_path):
 
 
 def test_an_interrupted_sweep_says_so_and_shows_running_again_when_resumed(tmp_path):
+    from bench.execution.sweep import Sweep
     from bench.spec.loading import load_matrix
     from bench.spec.plan import make_plan
-    from bench.sweep import Sweep
 
     path = small_full(tmp_path, repeats=1)
     matrix, uri = load_matrix(path), f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
@@ -260,7 +260,7 @@ def test_names_cells_table_step_series_report_page_gate_run_and_system_metrics(t
             time.sleep(0.4)
             return super().execute(launch)
 
-    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: Slow(4, seed=4))
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: Slow(4, seed=4))
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
     path = small_full(tmp_path, repeats=1)
     common = ["--results", str(tmp_path / "res"), "--tracking-uri", uri]

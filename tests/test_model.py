@@ -15,7 +15,7 @@ from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
 from bench.analyze.snapshot import snapshot
 from bench.baseline import load_baseline
 from bench.errors import BenchError
-from bench.model import Snapshot, cell_stats, cell_value, run_value, speedup
+from bench.figures import Snapshot, cell_stats, cell_value, run_value, speedup
 
 
 def test_run_value_cell_value_and_speedup():

@@ -126,7 +126,7 @@ def test_cli_plans_from_a_finished_sweep_and_records_the_plan(tmp_path, monkeypa
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
     common = ["--results", str(tmp_path / "res"), "--tracking-uri", uri]
     fake = DriftExecutor(12, seed=5, probe=True, run_sd=0.02, step_sd=0.05)
-    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake)
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake)
     assert main(["run", str(path), "--order-seed", "1", *common]) == 0
     capsys.readouterr()
     assert main(["run", str(path), "--precision", "0.05", "--dry-run", *common]) == 0
@@ -134,7 +134,7 @@ def test_cli_plans_from_a_finished_sweep_and_records_the_plan(tmp_path, monkeypa
     assert "goal: precision +-5.00%; reached" in out and "predicted wall time" in out
     assert "model from 12 run(s) of 1 finished sweep(s)" in out and "sequential stopping: after each of up to" in out
     fake2 = DriftExecutor(200, seed=6, probe=True, run_sd=0.02, step_sd=0.05)
-    monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake2)
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake2)
     assert main(["run", str(path), "--budget", "10m", "--order-seed", "2", *common]) in (0, 1)
     metas = [json.loads(p.read_text()) for p in (tmp_path / "res" / "full").glob("2*/sweep.json")]
     planned = next(m for m in metas if m.get("planning"))

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from bench.errors import BenchError
-from bench.executors import resolve_launch
-from bench.ray_executor import RayJobExecutor, submission_id_for
+from bench.execution.executors import resolve_launch
+from bench.execution.ray_executor import RayJobExecutor, submission_id_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -178,9 +178,9 @@ def test_embedded_sweep_through_ray_lands_in_mlflow(ray_head, tmp_path):
     """A small sweep with the embedded engine as the job entrypoint: records, run.log and MLflow as locally."""
     from mlflow import MlflowClient
 
+    from bench.execution.sweep import Sweep
     from bench.spec.loading import load_matrix
     from bench.spec.plan import make_plan
-    from bench.sweep import Sweep
 
     matrix = load_matrix(ROOT / "matrix" / "smoke.yaml")
     matrix = matrix.model_copy(update={"factors": {"dynamic_bsz": [1]}})  # one cell keeps the test short
@@ -224,7 +224,7 @@ def test_token_auth_cluster(ray_head_token, tmp_path, monkeypatch):
     assert res.returncode == 0, (res.reason, (launch.run_dir / "run.log").read_text())
     assert "job ran" in (launch.run_dir / "run.log").read_text()
     assert TOKEN not in json.dumps(ex.runtime_env(launch))
-    from bench.ray_parallel import cluster_nodes  # --parallel lists the nodes with the same token
+    from bench.execution.ray_parallel import cluster_nodes  # --parallel lists the nodes with the same token
 
     (node,) = cluster_nodes(ray_head_token)
     assert node.is_head and len(node.id) == 56

@@ -25,9 +25,9 @@ import pytest
 from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
 
 from bench.errors import BenchError
-from bench.executors import resolve_launch
-from bench.ray_executor import RayJobExecutor
-from bench.ray_parallel import ClusterNode, RayNodesExecutor, parallel_slots, split_blocks, usable_nodes
+from bench.execution.executors import resolve_launch
+from bench.execution.ray_executor import RayJobExecutor
+from bench.execution.ray_parallel import ClusterNode, RayNodesExecutor, parallel_slots, split_blocks, usable_nodes
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -165,7 +165,7 @@ def test_node_factor_keeps_a_faster_node_from_posing_as_an_effect(tmp_path):
     from bench.analyze.snapshot import snapshot
     from bench.analyze.tables import _log_runs, effects
     from bench.cli import main
-    from bench.model import Snapshot
+    from bench.figures import Snapshot
 
     base = log_normal_times(sd=0.01, run_sd=0.01)
 
@@ -279,7 +279,7 @@ def _records(results: Path) -> list[dict]:
 def test_parallel_sweep_on_two_ray_nodes(two_nodes, tmp_path):
     from mlflow import MlflowClient
 
-    from bench.ray_parallel import cluster_nodes
+    from bench.execution.ray_parallel import cluster_nodes
 
     matrix = tmp_path / "raypar.yaml"
     matrix.write_text(MATRIX)

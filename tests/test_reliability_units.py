@@ -13,7 +13,7 @@ import time
 import pytest
 
 from bench.errors import BenchError
-from bench.executors import kill_strays, signal_reason
+from bench.execution.executors import kill_strays, signal_reason
 from bench.results import atomic_write_json, atomic_write_text, is_no_space
 
 
@@ -37,7 +37,7 @@ def test_sigkill_is_labelled_by_signal_not_as_oom():
 
 
 def test_oom_only_with_cgroup_evidence(monkeypatch):
-    import bench.executors as ex
+    import bench.execution.executors as ex
 
     monkeypatch.setattr(ex, "oom_kills", lambda: 3)
     assert "out of memory (cgroup oom_kill counter 2 -> 3)" in ex.signal_reason(signal.SIGKILL, 2)
@@ -104,7 +104,7 @@ def test_flag_ranges():
 
 def test_sync_without_store_changes_keeps_the_queue(tmp_path):
     """A queued sweep synced against a store that fails stays queued; against a working store it is emptied."""
-    from bench.sync import QUEUE, queue_upload
+    from bench.tracking.upload_queue import QUEUE, queue_upload
 
     queue_upload(tmp_path, "sqlite:///x.db", "server down", {"metrics": {"sweep_wall_s": 3.0}, "tags": {},
                                                              "status": "FINISHED"})
@@ -124,7 +124,7 @@ class _FakeExecutor:
         import shutil
         from pathlib import Path
 
-        from bench.executors import ExecResult
+        from bench.execution.executors import ExecResult
 
         fixture = Path(__file__).parent / "fixtures" / "measure" / "verl09_metrics.jsonl"
         shutil.copy(fixture, launch.run_dir / "metrics.jsonl")
@@ -132,9 +132,9 @@ class _FakeExecutor:
 
 
 def _sweep(tmp_path, uri, steps):
+    from bench.execution.sweep import Sweep
     from bench.spec.matrix import Matrix
     from bench.spec.plan import make_plan
-    from bench.sweep import Sweep
 
     m = Matrix.model_validate({"name": "q", "engine": "embedded", "platform": "cpu",
                                "base": {"steps": steps, "train_batch_size": 4, "n": 2, "ppo_mini_batch_size": 4,
@@ -150,8 +150,8 @@ def test_uploads_queued_in_an_outage_are_synced_by_the_next_run(tmp_path, monkey
     (another sweep) uploads them first; `sync` afterwards has nothing left to do."""
     from mlflow import MlflowClient
 
-    from bench.sync import QUEUE
     from bench.tracking import Tracker
+    from bench.tracking.upload_queue import QUEUE
 
     uri = f"sqlite:///{tmp_path / 'm.db'}"
     real = Tracker.log_child

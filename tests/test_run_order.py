@@ -13,9 +13,9 @@ from drift_fake import DriftExecutor
 
 from bench.cli import main
 from bench.errors import BenchError
+from bench.execution.sweep import Sweep
 from bench.spec.loading import load_matrix
 from bench.spec.plan import make_plan, run_order
-from bench.sweep import Sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 

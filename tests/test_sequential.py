@@ -119,7 +119,7 @@ def test_sequential_sweep_stops_early_and_resumes_in_the_middle(tmp_path, monkey
 
     def sweep(name, stop_after=None):
         fake = DriftExecutor(24, seed=3, stop_after=stop_after, **model)
-        monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake)
+        monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake)
         uri = f"sqlite:///{(tmp_path / (name + '.db')).as_posix()}"
         return main(["run", str(path), "--sequential", "--order-seed", "2", "--results", str(tmp_path / name),
                      "--tracking-uri", uri]), fake

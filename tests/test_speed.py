@@ -108,7 +108,7 @@ def test_normalize_formula_and_kernel_mismatch():
 
 def test_report_reads_cells_at_one_machine_speed(tmp_path, uri):
     # dynamic_bsz makes steps 20 % faster, but its cells ran while the machine was 25 % slower
-    from bench.report import build
+    from bench.commands.report import build
 
     times = log_normal_times(effects={"dynamic_bsz": math.log(0.8)}, sd=0.01)
     sweep = make_sweep(tmp_path, "rep", EMBEDDED_CELLS, repeats=2, steps=8, times=times, seed=6, same_work=True,

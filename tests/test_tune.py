@@ -474,7 +474,7 @@ class BadInput(FakeExecutor):
     def execute(self, launch):
         import json as _json
 
-        from bench.executors import ExecResult
+        from bench.execution.executors import ExecResult
 
         self.calls.append(None)
         (Path(launch.run_dir) / "failure.json").write_text(_json.dumps(

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from bench.engines.embedded.speed_probe import spec as probe_kernel
-from bench.executors import ExecResult, ResolvedLaunch
+from bench.execution.executors import ExecResult, ResolvedLaunch
 from bench.speed import PROBE_METRIC
 
 SEQ = 160  # P+R of the test matrices

@@ -102,9 +102,11 @@ def test_release_config_is_cached_in_repo():
 
 def test_fsdp2_forward_prefetch_evidence_per_release():
     """verl 0.6.1's FSDP2 wrapper ignores forward_prefetch; the installed 0.9.x honours it (PR 6317)."""
-    assert vc.fsdp2_honours_forward_prefetch(vc.read_release_file("utils/fsdp_utils.py", "0.6.1")) is False
-    assert vc.fsdp2_honours_forward_prefetch(vc.read_release_file("utils/fsdp_utils.py")) is True
-    assert vc.fsdp2_honours_forward_prefetch(None) is None
+    from bench.engines.verl.notes import fsdp2_honours_forward_prefetch
+
+    assert fsdp2_honours_forward_prefetch(vc.read_release_file("utils/fsdp_utils.py", "0.6.1")) is False
+    assert fsdp2_honours_forward_prefetch(vc.read_release_file("utils/fsdp_utils.py")) is True
+    assert fsdp2_honours_forward_prefetch(None) is None
 
 
 @pytest.mark.parametrize("raw", ["/data/plain.parquet", "/data/with space/x.parquet", "/d/a,b'c${HOME}.parquet"])

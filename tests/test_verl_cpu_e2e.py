@@ -42,7 +42,7 @@ def _matrix(tmp_path: Path) -> Path:
 def test_real_verl_sweep_on_cpu(tmp_path):
     from mlflow import MlflowClient
 
-    from bench.executors import run_processes
+    from bench.execution.executors import run_processes
 
     results = tmp_path / "results"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

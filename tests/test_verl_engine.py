@@ -310,7 +310,7 @@ def test_preflight_on_this_cpu_machine(tmp_path, monkeypatch):
 
 def test_resolve_launch_fills_only_its_placeholders(tmp_path):
     """Hydra overrides may hold braces (interpolations, dicts): only {python} and {run_dir} are filled."""
-    from bench.executors import resolve_launch
+    from bench.execution.executors import resolve_launch
 
     argv = ["{python}", "-m", "verl.trainer.main_ppo", "global_profiler.save_path='{run_dir}/profile'",
             "+x.y=${oc.env:HOME}", "+z={a:1}"]

@@ -1,4 +1,4 @@
-"""``report.md``: the report's data (:func:`bench.analyze.tables.analyze` and :func:`bench.report.build`)
+"""``report.md``: the report's data (:func:`bench.analyze.tables.analyze` and :func:`bench.commands.report.build`)
 rendered as markdown (:func:`render`)."""
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ placement, machine state) and ``e_s ~ N(0, sd_step^2)`` (step to step within a r
 between time blocks, spread ``sd_block``. This is the random-effects model over the levels of a benchmark
 of Kalibera & Jones, "Rigorous Benchmarking in Reasonable Time" (ISMM 2013), with the block of a
 randomized complete block design on top. A run's value is the median of its ``n`` timed steps
-(:func:`bench.model.run_value`), whose variance is ``sd_run^2 + kappa(n) sd_step^2 / n`` with
+(:func:`bench.figures.run_value`), whose variance is ``sd_run^2 + kappa(n) sd_step^2 / n`` with
 ``kappa = pi / 2`` for ``n >= 3`` (the asymptotic variance of a sample median of normal data; 1 for
 ``n <= 2``, where the median is a mean).
 

@@ -34,7 +34,7 @@ With ``m`` comparisons decided together each gets ``alpha / m`` (Bonferroni), so
 decision of a sweep is wrong stays below ``alpha``.
 
 The sweep side: :class:`StopRule` (``after_block(records, look) -> Look``) is called by
-:mod:`bench.sweep` after each complete block; :class:`EffectsStopRule` decides the main effects of
+:mod:`bench.execution.sweep` after each complete block; :class:`EffectsStopRule` decides the main effects of
 the run-level model of :func:`bench.analyze.effects.fit_effects`.
 """
 
@@ -281,7 +281,7 @@ def probed(records: Sequence[dict[str, Any]]) -> bool:
 def run_observations(records: Sequence[dict[str, Any]]
                      ) -> tuple[list[dict[str, Any]], list[float], list[int], list[str]]:
     """Per ok record with timed steps: its factor levels, the log of its run value (median timed step,
-    :func:`bench.model.run_value`; speed-normalized when every run has the probe, :func:`probed`), its block
+    :func:`bench.figures.run_value`; speed-normalized when every run has the probe, :func:`probed`), its block
     (= repeat) and its node (Ray node id, ``"None"`` for a local run; a blocking factor of the model when the
     runs ran on several nodes, ``--parallel``)."""
     norm = probed(records)

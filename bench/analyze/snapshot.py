@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchError
-from bench.measure import PHASES
-from bench.model import METRICS, SUMMARY_STEP_TIME, Snapshot
+from bench.figures import METRICS, SUMMARY_STEP_TIME, Snapshot
+from bench.measure import step_samples
 from bench.results import SWEEP, load_records, read_json
 from bench.spec.optimizations import factor_keys
 from bench.speed import PROBE_METRIC, probe_spec
@@ -52,39 +52,22 @@ def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     ``phase_share/<phase>``: each phase's share of the step time at each timed step (``other`` = the
     rest of the step), so that a phase breakdown describes the same steps as the step time."""
     summ = rec.get("summary") or {}
-    steps = rec.get("steps") or {}
+    by_step = {int(k): v for k, v in (rec.get("steps") or {}).items() if isinstance(v, dict)}
     timed = [int(s) for s in summ.get("timed_steps") or []]
-
-    def at(step: int, key: str) -> float | None:
-        return _num((steps.get(str(step)) or {}).get(key))
-
-    st = [v for v in (_num(x) for x in summ.get("step_time_samples_s") or []) if v is not None]  # timed steps
-    if not st:
-        st = [v for v in (at(s, "timing_s/step") for s in timed) if v is not None]
-    tp = [v for v in (at(s, "perf/throughput") for s in timed) if v is not None]
-    rs = []
-    for s in timed:
-        gen, step = at(s, "timing_s/gen"), at(s, "timing_s/step")
-        if gen is not None and step:
-            rs.append(gen / step)
+    got = step_samples(by_step, timed)  # the same function, steps and order as the record's summary
     fr_steps = summ.get("profiled_measured_steps")
     fr_map = rec.get("free_ratio") or {}
     if fr_steps is None:
         fr_steps = [int(k) for k in fr_map]
     fr = [v for v in (_num(fr_map.get(str(s))) for s in fr_steps) if v is not None]
     # the machine-speed probe of each timed step (bench.speed); kept only when every timed step has one
-    pr = [at(s, PROBE_METRIC) for s in timed]
+    pr = [_num((by_step.get(s) or {}).get(PROBE_METRIC)) for s in timed]
     pr = pr if pr and all(v is not None and v > 0 for v in pr) else []
-    shares: dict[str, list[float]] = {f"phase_share/{p}": [] for p in (*PHASES, "other")}
-    for s in timed:
-        step = at(s, "timing_s/step")
-        if not step:
-            continue
-        parts = {p: at(s, m) or 0.0 for p, m in PHASES.items()}
-        for p, v in parts.items():
-            shares[f"phase_share/{p}"].append(v / step)
-        shares["phase_share/other"].append(max(0.0, 1.0 - sum(parts.values()) / step))
-    return {"step_time": st, "throughput": tp, "rollout_share": rs, "free_ratio": fr, "speed_probe": pr, **shares}
+    shares = {k: v for k, v in got.items() if k.startswith("phase_share/")}
+    # a record without per-step metrics: the samples its summary kept (step_samples at measuring time)
+    st = got["step_time"] or [v for v in (_num(x) for x in summ.get("step_time_samples_s") or []) if v is not None]
+    return {"step_time": st, "throughput": got["throughput"], "rollout_share": got["rollout_share"],
+            "free_ratio": fr, "speed_probe": pr, **shares}
 
 
 #: per-step metrics that identify the work a step did (same values = same prompts and responses)
@@ -147,7 +130,7 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
     for rec in records:
         by_cell.setdefault(rec["cell_id"], []).append(rec)
     plan = meta.get("plan") or {}
-    # a sequential sweep that stopped after block k has k repeats per cell (bench.blocks)
+    # a sequential sweep that stopped after block k has k repeats per cell (bench.execution.blocks)
     repeats = int((meta.get("sequential") or {}).get("stopped_after") or plan.get("repeats") or 1)
     cells = []
     for spec in plan.get("runs", []):
@@ -197,7 +180,7 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
 
 
 def check_snapshot(data: dict[str, Any], where: str) -> Snapshot:
-    """Validate a snapshot or baseline dict against :class:`bench.model.Snapshot`; returns the typed model.
+    """Validate a snapshot or baseline dict against :class:`bench.figures.Snapshot`; returns the typed model.
 
     Raises:
         BenchError: one line naming ``where``, the first offending key and the problem.

@@ -2,7 +2,7 @@
 article rows, minimal detectable effects and the ``expect`` claims judged on the runs (:func:`analyze`).
 
 Pure: no files, no MLflow; the markdown is :mod:`bench.analyze.markdown`, the plots :mod:`bench.analyze.plots`,
-the command ``report`` is :mod:`bench.report`.
+the command ``report`` is :mod:`bench.commands.report`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from bench.analyze.gate import DEFAULT_ALPHA as GATE_ALPHA
 from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.analyze.power import gate_mde, mde_from_se, noise_components
 from bench.errors import BenchError
-from bench.model import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
+from bench.figures import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys
 
 #: the article's end-to-end claim (summary)
@@ -75,7 +75,7 @@ def replication(m: Snapshot) -> dict[str, Any]:
 
 
 def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]], str | None]:
-    """Per cell: values of :mod:`bench.model` (step time, speedup vs the all-off cell, rollout share, Free
+    """Per cell: values of :mod:`bench.figures` (step time, speedup vs the all-off cell, rollout share, Free
     ratio, throughput), the speedup's interval and p value from the runs (:func:`bench.analyze.effects.run_contrast`
     with the pooled residual SD of :func:`replication`), phases and long tail. Returns (rows, reference label).
 
@@ -135,7 +135,7 @@ def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]]
 def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> dict[str, Any]:
     """Main effects and interactions with the run as the unit of replication, plus the design's alias structure.
 
-    One observation per finished run: the log of its value (:func:`bench.model.run_value`: median timed
+    One observation per finished run: the log of its value (:func:`bench.figures.run_value`: median timed
     step, speed-normalized when the snapshot is); the time block (= repeat) is a fixed factor when the
     sweep ran blocked, and the node each run ran on when the runs ran on more than one node
     (:func:`bench.analyze.effects.fit_effects`).

@@ -13,6 +13,7 @@ from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT
 from bench.analyze.gate import CANNOT_JUDGE, DEFAULT_THRESHOLD, EXIT_CANNOT_JUDGE, EXIT_CODES
 from bench.analyze.gate_markdown import append_step_summary, render_markdown
 from bench.analyze.snapshot import METRICS
+from bench.commands.base import Command
 from bench.errors import BenchError
 from bench.gate import run_gate
 
@@ -180,3 +181,10 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
         print("gate: cannot judge: " + " | ".join(f"{r['cell']}: {r['reason']}" for r in result["rows"]
                                                   if r["verdict"] in (CANNOT_JUDGE, "noisy")), file=sys.stderr)
     return int(result["exit_code"])
+
+
+class Gate(Command, name="gate", order=20,
+           help="compare a sweep against a baseline; exit 1 on a real slowdown"):
+    """``gate``: :func:`add_arguments`, :func:`main`."""
+
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

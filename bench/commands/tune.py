@@ -7,6 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from bench.commands.base import Command
 from bench.results import check_writable
 from bench.spec.loading import load_matrix
 from bench.spec.tune_space import limits_of
@@ -175,7 +176,7 @@ def main(args: argparse.Namespace) -> int:
     check_writable(args.results)
     if settings.storage_url == default_storage(args.results):
         Path(args.results).mkdir(parents=True, exist_ok=True)
-    from bench.cli_run import make_executor
+    from bench.commands.run import make_executor
 
     executor = make_executor(args, matrix.engine, settings.platform)
     view = ConsoleView(executor=executor, steps=matrix.base.steps, engine=matrix.engine, direction=settings.direction)
@@ -186,3 +187,10 @@ def main(args: argparse.Namespace) -> int:
         view.stop()
     print_result(out, settings, view)
     return 0 if out.summary.get("best") else 1
+
+
+class Tune(Command, name="tune", order=10,
+           help="Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"):
+    """``tune``: :func:`add_arguments`, :func:`main`."""
+
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

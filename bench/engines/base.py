@@ -2,7 +2,7 @@
 
 An engine turns one planned cell (the matrix ``base`` block plus the merged :class:`Mechanism` of its
 factor levels) into a :class:`Launch`: the argv, environment, patches and config file of one run. It
-never runs anything itself; executors do (:mod:`bench.executors`). Both engines write verl's
+never runs anything itself; executors do (:mod:`bench.execution.executors`). Both engines write verl's
 file-logger JSONL into the run folder, so measuring (:mod:`bench.measure`) is shared.
 
 Placeholders in ``argv`` / ``env`` / ``config``: ``{run_dir}`` (the run folder, absolute) and

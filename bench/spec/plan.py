@@ -306,6 +306,14 @@ def run_order(cell_ids: list[str], repeats: int, kind: str = "blocked", seed: in
     return RunOrder(kind=kind, seed=int(seed), runs=runs)
 
 
+def planned_order(meta: dict[str, Any]) -> RunOrder:
+    """The run order recorded in a sweep's ``sweep.json`` (key ``order``); a sweep written before run
+    orders existed ran sequentially (plan order, every repeat of a spec in turn)."""
+    if meta.get("order"):
+        return RunOrder.model_validate(meta["order"])
+    plan = meta.get("plan") or {}
+    return run_order([c["cell_id"] for c in plan.get("runs", [])], int(plan.get("repeats") or 1), "sequential")
+
 def interleaved_order(cell_ids: list[str], versions: list[str], blocks: int, seed: int) -> RunOrder:
     """A blocked order in which block ``k`` holds repeat ``k`` of every run spec under every code version.
 

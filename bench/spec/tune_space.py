@@ -40,7 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from bench.errors import BenchError
-from bench.model import SUMMARY_STEP_TIME, SUMMARY_THROUGHPUT
+from bench.figures import SUMMARY_STEP_TIME, SUMMARY_THROUGHPUT
 from bench.spec.loading import format_validation_error
 from bench.spec.matrix import Base, Matrix, parse_cell
 

@@ -28,7 +28,7 @@ Uses :class:`mlflow.MlflowClient` with ``log_batch`` (one round trip per child),
 MLflow is a best-effort mirror of the results folder (the source of truth): HTTP calls get a short timeout
 and retry budget (:data:`HTTP_DEFAULTS`, seconds; each can be overridden by setting the MLflow variable),
 the first failure of an invocation marks the tracker *down* (later calls are skipped at once), and what
-was not uploaded is queued on disk and uploaded by ``run_bench.py sync`` (:mod:`bench.sync`).
+was not uploaded is queued on disk and uploaded by ``run_bench.py sync`` (:mod:`bench.tracking.upload_queue`).
 
 The package: :class:`Tracker` here; :mod:`bench.tracking.store` (the store behind a URI: HTTP settings, the
 URI check), :mod:`bench.tracking.naming` (run names, descriptions, system tags, links, the report page),

@@ -4,8 +4,8 @@ A trial = the fixed factor levels of the matrix's ``tune`` block (dynamic bsz on
 ``ppo_max_token_len_per_gpu`` / ``log_prob_max_token_len_per_gpu``. The harness builds the trial's
 :class:`~bench.spec.plan.RunSpec` exactly as a sweep does (a copy of the matrix whose ``base`` carries the
 limits and whose design is the one fixed cell, through :func:`bench.spec.plan.make_plan`), runs it with
-:func:`bench.runner.execute_spec` into ``results/<matrix>/tune/<study>/trial-<n>/`` and takes the
-objective from the run record: the run's value (:func:`bench.model.run_value`, the median over its
+:func:`bench.execution.runner.execute_spec` into ``results/<matrix>/tune/<study>/trial-<n>/`` and takes the
+objective from the run record: the run's value (:func:`bench.figures.run_value`, the median over its
 timed steps of the step time, minimized, or of the throughput, maximized; the same statistic a sweep
 reports per run), speed-normalized when the run timed the machine-speed probe
 (:meth:`Tuner.speed_normalized`, :mod:`bench.speed`; the tune block's ``normalize: false`` turns it

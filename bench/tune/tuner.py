@@ -1,5 +1,5 @@
 """The tuner: runs an Optuna study of a :class:`~bench.tune.settings.TuneSettings` (public Optuna API only),
-one trial = one run (:func:`bench.runner.execute_spec`), its outcome told to the study as described in
+one trial = one run (:func:`bench.execution.runner.execute_spec`), its outcome told to the study as described in
 :mod:`bench.tune`; MLflow: :class:`bench.tracking.tune.TuneTracking`."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 from typing import Any, Callable
 
 from bench.errors import BenchError
-from bench.executors import Executor
+from bench.execution.executors import Executor
 from bench.results import ResultsDir, atomic_write_json
 from bench.spec.tune_space import PARAMS, limits_of, rule_of_thumb, tune_fingerprint
 from bench.tracking.tune import TuneTracking
@@ -50,7 +50,7 @@ class Tuner(TuneTracking):
 
     def __init__(self, settings: TuneSettings, executor: Executor | None = None,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None):
-        from bench.executors import LocalExecutor
+        from bench.execution.executors import LocalExecutor
 
         self.s = settings
         self.executor = executor or LocalExecutor()
@@ -178,7 +178,7 @@ class Tuner(TuneTracking):
         """
         import optuna
 
-        from bench.runner import execute_spec
+        from bench.execution.runner import execute_spec
 
         s = self.s
         params = {name: trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log) for name, d in s.space.items()}
@@ -201,7 +201,7 @@ class Tuner(TuneTracking):
         atomic_write_json(rdir / "trial.json", {"study": s.study_name, "number": trial.number, "limits": limits,
                                                 "storage": redact(s.storage_url)})
         from bench.analyze.snapshot import record_samples
-        from bench.model import run_value
+        from bench.figures import run_value
 
         value = run_value(record_samples(rec)[s.block.objective]) if rec["status"] == "ok" else None
         if rec["status"] == "ok" and value is not None:

@@ -386,18 +386,3 @@ def read_release_file(relpath: str, version: str | None = None, *, cache_dir: Pa
         return path.read_text()
     except OSError:
         return None
-
-
-def fsdp2_honours_forward_prefetch(fsdp_utils_source: str | None) -> bool | None:
-    """Whether verl's FSDP2 wrapper (``apply_fsdp2`` in ``verl/utils/fsdp_utils.py``) reads ``forward_prefetch``.
-
-    FSDP1 takes ``forward_prefetch`` as a constructor argument in every verl release; FSDP2's
-    ``fully_shard`` has no such argument, and verl ignored the setting there until it started calling
-    ``set_modules_to_forward_prefetch`` (verl PR 6317). ``None`` when the source is unavailable.
-    """
-    if not fsdp_utils_source:
-        return None
-    m = re.search(r"^def apply_fsdp2\(.*?(?=^def |\Z)", fsdp_utils_source, re.S | re.M)
-    if not m:
-        return None
-    return "forward_prefetch" in m.group(0)

@@ -231,7 +231,7 @@ class VerlEngine(EngineBase):
         Raises:
             BenchError: one line naming what is missing or refused.
         """
-        from bench.executors import fill_placeholders
+        from bench.execution.executors import fill_placeholders
 
         where = matrix.source or matrix.name
         python = sys.executable

@@ -22,14 +22,24 @@ def _fsdp_strategy(overrides: list[str]) -> str:
     return strategy
 
 
+def fsdp2_honours_forward_prefetch(fsdp_utils_source: str | None) -> bool | None:
+    """Whether verl's FSDP2 wrapper (``apply_fsdp2`` in ``verl/utils/fsdp_utils.py``) reads ``forward_prefetch``.
+
+    FSDP1 takes ``forward_prefetch`` as a constructor argument in every verl release; FSDP2's
+    ``fully_shard`` has no such argument, and verl ignored the setting there until it started calling
+    ``set_modules_to_forward_prefetch`` (verl PR 6317). ``None`` when the source is unavailable.
+    """
+    if not fsdp_utils_source:
+        return None
+    m = re.search(r"^def apply_fsdp2\(.*?(?=^def |\Z)", fsdp_utils_source, re.S | re.M)
+    if not m:
+        return None
+    return "forward_prefetch" in m.group(0)
+
+
 def forward_prefetch_note(overrides: list[str], verl_version: str | None = None) -> str | None:
     """Why ``forward_prefetch`` would do nothing with this verl and these overrides, or ``None``."""
-    from bench.engines.verl.config import (
-        VerlConfigError,
-        fsdp2_honours_forward_prefetch,
-        installed_verl_version,
-        read_release_file,
-    )
+    from bench.engines.verl.config import VerlConfigError, installed_verl_version, read_release_file
 
     if _fsdp_strategy(overrides) != "fsdp2":
         return None

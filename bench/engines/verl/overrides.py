@@ -162,6 +162,6 @@ def overrides_of(argv: list[str]) -> list[str]:
 def fill_run_dir(overrides: list[str], run_dir: str = "/tmp/bench-run") -> list[str]:
     """Overrides with ``{run_dir}`` and the machine placeholders replaced (to check them before the run
     folder exists)."""
-    from bench.executors import fill_placeholders
+    from bench.execution.executors import fill_placeholders
 
     return [fill_placeholders(o.replace(RUN_DIR_PLACEHOLDER, run_dir)) for o in overrides]

@@ -167,10 +167,10 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     ``evidence`` holds only the factors whose evidence is missing or contradicted, among those the CPU
     target can exercise (:func:`not_exercised` lists the others). ``smoke.json`` in the folder holds the list.
     """
-    from bench.executors import LocalExecutor
+    from bench.execution.executors import LocalExecutor
+    from bench.execution.runner import execute_spec
     from bench.measure.patch_reports import patch_evidence
     from bench.results import atomic_write_json
-    from bench.runner import execute_spec
 
     cells = smoke_cells(matrix, plan, steps)
     inert_factors = not_exercised(plan)

@@ -17,6 +17,7 @@ import argparse
 from pathlib import Path
 
 from bench.analyze.gate import EXIT_CODES
+from bench.commands.base import Command
 from bench.commands.gate import add_comparison_arguments, metric_list, print_result
 from bench.gate import run_gate
 from bench.results import find_sweep
@@ -52,3 +53,10 @@ def main(args: argparse.Namespace) -> int:
 
 
 __all__ = ["add_arguments", "main"]
+
+
+class Compare(Command, name="compare", order=40,
+              help="compare two sweeps directly (no saved baseline): gate's verdicts and exit codes"):
+    """``compare``: :func:`add_arguments`, :func:`main`."""
+
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

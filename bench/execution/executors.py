@@ -9,10 +9,10 @@ run behind; SIGTERM/SIGINT unwind the harness, which kills the run's process gro
 first ends whatever still runs in its folders (:func:`kill_strays`). A run killed by a signal is
 labelled with it ("killed by signal 9 (SIGKILL)"); "out of memory" only with evidence: the cgroup's
 ``oom_kill`` counter rose during the run (:func:`oom_kills`).
-- :class:`bench.ray_executor.RayJobExecutor`: a job on an existing Ray cluster (``--ray-address``).
+- :class:`bench.execution.ray_executor.RayJobExecutor`: a job on an existing Ray cluster (``--ray-address``).
 
 Runs go one after another: benchmark runs must not share devices. The one exception,
-:class:`bench.ray_parallel.RayNodesExecutor` (``--parallel``), runs the runs of one block at once on
+:class:`bench.execution.ray_parallel.RayNodesExecutor` (``--parallel``), runs the runs of one block at once on
 distinct nodes of a Ray cluster, one run per node.
 """
 
@@ -200,7 +200,7 @@ def kill_strays(folder: Path, grace_s: float = 3.0) -> list[int]:
     the PIDs ended.
 
     A run process is one whose environment has ``BENCH_RUN_DIR`` inside ``folder`` (runs started by
-    :class:`LocalExecutor` and their children), or a fork-server child (command line ``bench.forkserver``)
+    :class:`LocalExecutor` and their children), or a fork-server child (command line ``bench.execution.forkserver``)
     working inside ``folder``. Anything else (a shell ``cd``-ed into the folder), processes of other
     users, and this process and its ancestors are never touched.
     """
@@ -212,7 +212,7 @@ def kill_strays(folder: Path, grace_s: float = 3.0) -> list[int]:
         return bool(path) and (path == root or path.startswith(root + os.sep))
 
     found = _scan(lambda proc, env_dir: inside(env_dir) or (
-        inside(proc.cwd()) and "bench.forkserver" in " ".join(proc.cmdline())))
+        inside(proc.cwd()) and "bench.execution.forkserver" in " ".join(proc.cmdline())))
     mine = {os.getpid(), *(p.pid for p in psutil.Process().parents())}
     for proc in found:
         try:

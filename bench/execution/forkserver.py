@@ -14,7 +14,7 @@ Each run is still its own process and sees pristine modules (the server never ru
 imports). Limits, stated in each run's ``launcher.json``: variables read *at import time* of the
 preloaded modules (``OMP_NUM_THREADS``, ``TASK_QUEUE_ENABLE`` for torch_npu ...) keep the server's
 values, so :class:`ForkServerExecutor` is used only for CPU runs of the embedded engine, where the engine
-sets its thread count itself; everything else goes through :class:`~bench.executors.LocalExecutor`.
+sets its thread count itself; everything else goes through :class:`~bench.execution.executors.LocalExecutor`.
 
 Protocol (JSON lines): request ``{"module", "args", "env", "cwd", "log"}`` on the server's stdin; the
 server answers ``{"pid": N}`` after forking, then ``{"pid": N, "status": waitstatus}`` when it ends.
@@ -32,7 +32,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.executors import (
+from bench.execution.executors import (
     REPO_ROOT,
     ExecResult,
     LocalExecutor,
@@ -98,7 +98,7 @@ def _child(req: dict) -> None:
 
 
 def serve(preload: list[str]) -> None:
-    """Server loop (``python -m bench.forkserver MODULE...``): import, then fork per request line.
+    """Server loop (``python -m bench.execution.forkserver MODULE...``): import, then fork per request line.
 
     The server dies with the harness (parent-death signal) and ends quietly when the harness closes its
     pipes (``BrokenPipeError``/EOF): it never prints a traceback after the harness has gone.
@@ -163,7 +163,7 @@ class ForkServerExecutor:
         env["PYTHONPATH"] = os.pathsep.join([str(self.repo_root)] +
                                             ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["BENCH_HARNESS_PID"] = str(os.getpid())
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.forkserver", *self.preload],
+        self.proc = subprocess.Popen([sys.executable, "-m", "bench.execution.forkserver", *self.preload],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
                                      cwd=str(self.repo_root),
                                      start_new_session=True, preexec_fn=_child_setup(os.getpid()))

@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from bench.executors import Executor, resolve_launch
+from bench.execution.executors import Executor, resolve_launch
 from bench.metadata import host_load
 from bench.record import build_record, write_record
 from bench.results import atomic_write_text

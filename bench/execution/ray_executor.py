@@ -1,6 +1,6 @@
 """Run each launch as a job on an existing Ray cluster, through Ray's Job Submission API.
 
-:class:`RayJobExecutor` implements :class:`bench.executors.Executor`: one job per run, one after
+:class:`RayJobExecutor` implements :class:`bench.execution.executors.Executor`: one job per run, one after
 another (benchmark runs must not share devices). For each run it
 
 - submits the argv (joined with :func:`shlex.join`, run from the run folder: ``cd RUN_DIR && exec ...``)
@@ -19,7 +19,7 @@ inside the job merges with the job's environment instead of failing on a shared 
 Where the job ran: the result names the node its driver ran on (``driver_node_id`` of the job's info) and
 Ray's start/end times of the job. :meth:`RayJobExecutor.pinned` gives an executor whose jobs run on one
 given node (``entrypoint_label_selector`` on the node's ``ray.io/node-id`` label; Ray 2.60 has it), which
-:mod:`bench.ray_parallel` uses to run the runs of a block at once on distinct nodes; ``cancel`` (a
+:mod:`bench.execution.ray_parallel` uses to run the runs of a block at once on distinct nodes; ``cancel`` (a
 :class:`threading.Event`) stops a job that a thread is waiting for when the sweep is interrupted.
 
 Token authentication (Ray >= 2.52; on by default for new local clusters in Ray 2.60): the job client
@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.errors import BenchError
-from bench.executors import ExecResult, ResolvedLaunch
+from bench.execution.executors import ExecResult, ResolvedLaunch
 
 _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 #: What a head answers while its job agent is not up yet (retried for ``submit_retry_s`` seconds).

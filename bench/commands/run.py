@@ -11,10 +11,11 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.cli_planning import add_planning_arguments, prepare, print_planning
-from bench.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
+from bench.commands.base import Command
+from bench.commands.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
+from bench.commands.run_planning import add_planning_arguments, prepare, print_planning
 from bench.engines import engine_class, engines_with, get_engine
-from bench.model import SUMMARY_STEP_TIME
+from bench.figures import SUMMARY_STEP_TIME
 from bench.results import check_writable
 from bench.spec.loading import load_matrix
 from bench.spec.optimizations import FACTOR_KEYS
@@ -161,7 +162,7 @@ class ConsoleView:
                 self.live.set_status("writing the summary and closing the MLflow run")
         elif kind == "warn":
             self.live.print(f"warning: {data['message']}", markup=False)
-        elif kind == "look":  # a sequential sweep's decisions after a block (bench.blocks)
+        elif kind == "look":  # a sequential sweep's decisions after a block (bench.execution.blocks)
             self.live.print(data["line"] + ("" if not data["stop"] else f" -> stop: {data['reason']}"),
                             markup=False, soft_wrap=True)
 
@@ -227,18 +228,18 @@ def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""
 
         raise BenchError(f"--parallel {args.parallel}: needs --ray-address (the Ray cluster whose nodes run the runs)")
     if getattr(args, "ray_address", None):
-        from bench.ray_executor import RayJobExecutor
+        from bench.execution.ray_executor import RayJobExecutor
 
         if getattr(args, "parallel", None) is not None:
-            from bench.ray_parallel import RayNodesExecutor
+            from bench.execution.ray_parallel import RayNodesExecutor
 
             return RayNodesExecutor(args.ray_address, args.parallel)
         return RayJobExecutor(args.ray_address)
     if engine and platform in engine_class(engine).forkserver_platforms and not getattr(args, "spawn", False):
-        from bench.forkserver import ForkServerExecutor
+        from bench.execution.forkserver import ForkServerExecutor
 
         return ForkServerExecutor()
-    from bench.executors import LocalExecutor
+    from bench.execution.executors import LocalExecutor
 
     return LocalExecutor()
 
@@ -277,7 +278,7 @@ def main(args: argparse.Namespace) -> int:
         return 0
     get_engine(matrix.engine).preflight(matrix, [r.launch for r in plan.runs], plan.platform)
     check_writable(args.results)
-    from bench.sweep import Sweep
+    from bench.execution.sweep import Sweep
 
     executor = make_executor(args, matrix.engine, plan.platform)
     if hasattr(executor, "describe"):  # --parallel: how many runs at once, on which nodes
@@ -377,3 +378,10 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
 
 
 __all__ = ["add_arguments", "main", "plain_table", "select_cells", "print_plan", "print_summary", "smoke_main"]
+
+
+class Run(Command, name="run", order=0,
+          help="run the sweep of a matrix file (default subcommand)"):
+    """``run``: :func:`add_arguments`, :func:`main`."""
+
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

@@ -1,6 +1,6 @@
 """Run the runs of one block at once on distinct nodes of an existing Ray cluster (``--parallel``).
 
-:class:`RayNodesExecutor` runs each run as a Ray job (:class:`bench.ray_executor.RayJobExecutor`) pinned
+:class:`RayNodesExecutor` runs each run as a Ray job (:class:`bench.execution.ray_executor.RayJobExecutor`) pinned
 to one node of the cluster:
 
 - **one run per node, never two on one node**: a block's runs are split among the nodes
@@ -13,7 +13,7 @@ to one node of the cluster:
 - **blocks stay sequential**: :meth:`RayNodesExecutor.run_block` returns when every run of a block has
   ended, so a time block still means "these runs ran at the same time", and the next block starts after
   it. Cells rotate over the nodes from block to block (a Latin square when there are as many cells as
-  nodes); the node of every run is recorded (:attr:`bench.executors.ExecResult.node`, Ray's
+  nodes); the node of every run is recorded (:attr:`bench.execution.executors.ExecResult.node`, Ray's
   ``driver_node_id``) and enters the report's model as a blocking factor beside the time block
   (:func:`bench.analyze.effects.fit_effects`), so a faster node cannot pose as an effect.
 - **the harness stays sequential**: the node threads share one lock, let go only while a thread waits
@@ -36,10 +36,10 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
-from bench.blocks import split_blocks
 from bench.errors import BenchError
-from bench.executors import ExecResult, ResolvedLaunch
-from bench.ray_executor import RayJobExecutor, resolve_auth_token
+from bench.execution.blocks import split_blocks
+from bench.execution.executors import ExecResult, ResolvedLaunch
+from bench.execution.ray_executor import RayJobExecutor, resolve_auth_token
 
 #: custom Ray resource that marks a node for benchmark runs (one unit per node); optional
 SLOT_RESOURCE = "bench_node"
@@ -66,7 +66,7 @@ class ClusterNode:
 def cluster_nodes(address: str) -> list[ClusterNode]:
     """The alive nodes of the cluster whose dashboard is at ``address`` (Ray's state API), head first.
 
-    The token of :func:`bench.ray_executor.resolve_auth_token` is sent as with job submission.
+    The token of :func:`bench.execution.ray_executor.resolve_auth_token` is sent as with job submission.
 
     Raises:
         BenchError: the state API cannot be reached or answers with an error.

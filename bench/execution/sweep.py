@@ -11,8 +11,8 @@ wall time and overhead are those of its first finished invocation; a resume reco
 ``invocations`` (and ``resume_*`` metrics) and never overwrites them.
 
 Faults: the results lock is taken before MLflow is touched; MLflow failures queue the upload on disk
-(:mod:`bench.sync`) and never stop the sweep; a resume first ends processes a killed harness left in the
-sweep's folders; a full disk records the current run as failed when it can, closes the sweep and its
+(:mod:`bench.tracking.upload_queue`) and never stop the sweep; a resume first ends processes a killed harness
+left in the sweep's folders; a full disk records the current run as failed when it can, closes the sweep and its
 parent run as failed and stops with :class:`~bench.errors.DiskFullError`; SIGTERM/Ctrl-C close them as
 interrupted.
 """
@@ -25,10 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.blocks import plan_params, run_blocks, sequential_header, sequential_tags
 from bench.code_versions import gate_fingerprint, version_meta
 from bench.errors import DiskFullError, doing
-from bench.executors import Executor, LocalExecutor, kill_strays
+from bench.execution.blocks import plan_params, run_blocks, sequential_header, sequential_tags
+from bench.execution.executors import Executor, LocalExecutor, kill_strays
+from bench.execution.runner import execute_spec
 from bench.record import is_finished
 from bench.results import (
     SWEEP,
@@ -42,13 +43,12 @@ from bench.results import (
     run_dir,
 )
 from bench.run_record import corrupt_records
-from bench.runner import execute_spec
 from bench.spec.matrix import Matrix, base_params
-from bench.spec.plan import Plan, RunOrder, RunSpec, interleaved_order, new_order_seed, run_order
+from bench.spec.plan import Plan, RunSpec, interleaved_order, new_order_seed, planned_order, run_order
 from bench.summary import cell_rows, parent_cells, plan_summary, sweep_header, write_summary
-from bench.sync import QUEUE, queue_upload, read_queue, sync_matrix
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
 from bench.tracking.records import log_record, parent_description, summary_metrics
+from bench.tracking.upload_queue import QUEUE, queue_upload, read_queue, sync_matrix
 
 MLFLOW_MARK = "mlflow.json"
 
@@ -92,7 +92,7 @@ class Sweep:
         order: run order of a new sweep, ``blocked`` (default) or ``sequential`` (:func:`bench.spec.plan.run_order`);
             a resumed sweep keeps the order it planned.
         order_seed: shuffle seed of a blocked order (default: a fresh random one, recorded in ``sweep.json``).
-        stop_rule: decide after each complete block whether to stop (:mod:`bench.blocks`); ``None``: run all.
+        stop_rule: decide after each complete block whether to stop (:mod:`bench.execution.blocks`); ``None``: run all.
         planning: the plan of ``--precision``/``--budget`` (:mod:`bench.analyze.planning`), kept in ``sweep.json``.
         code_versions: an interleaved gate sweep's code versions (:mod:`bench.interleaved`, :mod:`bench.code_versions`).
     """
@@ -164,9 +164,10 @@ class Sweep:
             raise
 
     def _loop(self, tracker: Tracker, sweep_dir: Path, meta: dict[str, Any], todo: list, counts: dict) -> None:
-        """Run or skip every (spec, repeat) of ``todo`` block by block (:func:`bench.blocks.run_blocks`: the stop
-        rule may end the sweep after a block; ``--parallel`` runs a block's runs at once on distinct Ray nodes,
-        :meth:`bench.ray_parallel.RayNodesExecutor.run_block`), updating ``counts`` as runs finish."""
+        """Run or skip every (spec, repeat) of ``todo`` block by block
+        (:func:`bench.execution.blocks.run_blocks`: the stop rule may end the sweep after a block; ``--parallel``
+        runs a block's runs at once on distinct Ray nodes,
+        :meth:`bench.execution.ray_parallel.RayNodesExecutor.run_block`), updating ``counts`` as runs finish."""
         par = getattr(self.executor, "run_block", None) if planned_order(meta).blocked() else None
         run_blocks(todo, lambda spec, k: self._one(tracker, sweep_dir, meta, spec, k, counts),
                    stop_rule=self.stop_rule, sweep_dir=sweep_dir, meta=meta, on_event=self.on_event,
@@ -391,14 +392,3 @@ class Sweep:
                                                   f"`run_bench.py sync {sweep_dir}` fills it in later"})
         return SweepOutcome(sweep_dir, meta["parent_run_id"], rows, executed, skipped, failed, wall, in_step,
                             overhead, experiment_id=getattr(tracker, "experiment_id", None))
-
-
-def planned_order(meta: dict[str, Any]) -> RunOrder:
-    """The run order recorded in a sweep's ``sweep.json`` (key ``order``); a sweep written before run
-    orders existed ran sequentially (plan order, every repeat of a spec in turn)."""
-    if meta.get("order"):
-        return RunOrder.model_validate(meta["order"])
-    plan = meta.get("plan") or {}
-    return run_order([c["cell_id"] for c in plan.get("runs", [])], int(plan.get("repeats") or 1), "sequential")
-
-

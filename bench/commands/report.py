@@ -6,10 +6,10 @@ under ``report/``, effect metrics, tag ``bench.report``):
 * ``report.md``: the tables below, with the plots linked; ``report.json``: the same numbers;
   ``effects.csv``: the model terms;
 * the unit of replication is the **run**: each finished run is summarized by its value
-  (:func:`bench.model.run_value`: median of its timed steps, speed-normalized when every run timed the
+  (:func:`bench.figures.run_value`: median of its timed steps, speed-normalized when every run timed the
   probe) and every interval and p value below is computed from run values, never from steps as if they
   were independent samples; the time block (repeat ``k`` of a blocked sweep) is a fixed factor;
-* per cell: speedup vs the all-off cell (:func:`bench.model.speedup` of the cells' geometric-mean run
+* per cell: speedup vs the all-off cell (:func:`bench.figures.speedup` of the cells' geometric-mean run
   values, the same number as ``summary.md``) with a t interval and p value from the log run values and
   the pooled residual SD of the cell-means model (:func:`bench.analyze.effects.run_contrast`) -> ``speedup.png``;
 * main effects and two-factor interactions: OLS (statsmodels) of the log run values, factors coded +-1
@@ -45,6 +45,7 @@ from bench.analyze.markdown import render
 from bench.analyze.plots import plot_article, plot_effects, plot_long_tail, plot_phases, plot_speedup
 from bench.analyze.snapshot import snapshot
 from bench.analyze.tables import analyze, claims_on_runs
+from bench.commands.base import Command
 from bench.errors import BenchError
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 from bench.speed import normalize_snapshot
@@ -193,3 +194,10 @@ def main(args: argparse.Namespace) -> int:
     elif args.tracking_uri:
         print(f"MLflow: logged under report/ on parent run {data['sweep']['parent_run_id']}")
     return 0
+
+
+class Report(Command, name="report", order=30,
+             help="effects, interactions, confidence intervals and plots of a sweep"):
+    """``report``: :func:`add_arguments`, :func:`main`."""
+
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

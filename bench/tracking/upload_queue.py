@@ -1,4 +1,5 @@
-"""``run_bench.py sync [SWEEP]``: upload to MLflow what a tracking-store outage left queued.
+"""The upload queue: what a tracking-store outage left for MLflow, and its upload (``run_bench.py sync``,
+:mod:`bench.commands.sync`).
 
 The results folder is the source of truth; MLflow mirrors it. When an MLflow call fails during a sweep
 the harness keeps going and queues the upload on disk:
@@ -15,7 +16,6 @@ the sweeps of its matrix at start (:func:`sync_matrix`), so the next invocation 
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.errors import BenchError, doing
-from bench.results import SWEEP, atomic_write_json, find_sweep, is_no_space, read_json, run_dir
+from bench.results import SWEEP, atomic_write_json, is_no_space, read_json, run_dir
 from bench.spec.matrix import base_params
 
 #: the queue file of a sweep folder
@@ -97,7 +97,7 @@ def pending(sweep_dir: Path) -> bool:
 
 def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tags, params) of a sweep's parent run, from its ``sweep.json``: those the sweep gives it when it starts
-    (:meth:`bench.sweep.Sweep._start_parent`), for a parent that ``sync`` creates after an outage."""
+    (:meth:`bench.execution.sweep.Sweep._start_parent`), for a parent that ``sync`` creates after an outage."""
     from bench.tracking import git_commit, versions
 
     m = meta.get("matrix") or {}
@@ -269,46 +269,5 @@ def sync_matrix(base: Path, tracker, skip: Path | None = None,
     return total
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Arguments of ``sync``."""
-    p.add_argument("sweep", nargs="?", default=None,
-                   help="the sweep: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>; "
-                        "default: every sweep under --results with uploads pending")
-
-
-def main(args: argparse.Namespace) -> int:
-    """Sync one sweep (or every pending sweep); 0 when MLflow holds everything, 1 when the store is still
-    unreachable (the queue stays), 2 on bad input."""
-    from bench.tracking import Tracker, check_tracking_uri
-
-    if args.sweep is not None:
-        sweeps = [find_sweep(args.sweep, args.results)]
-    else:
-        root = Path(args.results)
-        sweeps = (
-            sorted(p.parent for p in root.glob(f"*/*/{QUEUE}") if not p.parent.is_symlink()) if root.is_dir() else []
-        )
-        if not sweeps:
-            print(f"nothing to sync under {root}")
-            return 0
-    done = {"children": 0, "parents": 0, "closed": 0}
-    left = 0
-    for sweep in sweeps:
-        meta = read_json(sweep / SWEEP) or {}
-        uri = args.tracking_uri if getattr(args, "tracking_uri_given", False) else (
-            meta.get("tracking_uri") or args.tracking_uri)
-        check_tracking_uri(uri)
-        check_sweep_files(sweep)  # before the store is opened: a bad file is refused with nothing written
-        tracker = Tracker(uri, meta.get("matrix_name") or sweep.parent.name)
-        warn = lambda kind, d: print(f"warning: {d['message']}", file=sys.stderr)  # noqa: E731
-        for k, v in sync_sweep(sweep, tracker, warn).items():
-            done[k] += v
-        left += pending(sweep)
-        print(f"{sweep}: {uri}: " + ("still pending" if pending(sweep) else "in sync"))
-    print(f"logged {done['children']} child run(s), created {done['parents']} parent run(s), "
-          f"closed {done['closed']} parent run(s); {left} sweep(s) still pending")
-    return 1 if left else 0
-
-
 __all__ = ["QUEUE", "MLFLOW_MARK", "read_queue", "queue_upload", "pending", "sync_sweep", "sync_matrix",
-           "add_arguments", "main"]
+           "check_sweep_files"]

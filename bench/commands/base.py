@@ -1,0 +1,41 @@
+"""The small base every subcommand of ``run_bench.py`` derives from (as asv's ``Command``): a subclass in a
+module of :mod:`bench.commands` is a subcommand; :func:`bench.commands.commands` finds it, no list to edit."""
+
+from __future__ import annotations
+
+import argparse
+from typing import ClassVar
+
+
+class Command:
+    """One subcommand.
+
+    Class attributes, given as class keywords (``class Gate(Command, name="gate", help="...", order=20)``):
+    ``name`` (the word on the command line), ``help`` (one line for ``--help``), ``order`` (position in the
+    help's list; ``run``, the default subcommand, first).
+
+    Subclasses implement :meth:`setup_arguments` and :meth:`run`; the shared options (``--results``,
+    ``--tracking-uri``) and the error boundary are :mod:`bench.cli`'s.
+    """
+
+    name: ClassVar[str] = ""
+    help: ClassVar[str] = ""
+    order: ClassVar[int] = 100
+
+    def __init_subclass__(cls, name: str = "", help: str = "", order: int = 100, **kw) -> None:
+        super().__init_subclass__(**kw)
+        cls.name, cls.help, cls.order = name or cls.name, help or cls.help, order
+
+    @staticmethod
+    def setup_arguments(parser: argparse.ArgumentParser) -> None:
+        """Add this subcommand's arguments to ``parser``."""
+        raise NotImplementedError
+
+    @staticmethod
+    def run(args: argparse.Namespace) -> int:
+        """Do the subcommand with the parsed ``args``; returns the exit code (see :mod:`bench.cli`).
+
+        Raises:
+            bench.errors.BenchError: bad input (printed as one line by :func:`bench.cli.main`).
+        """
+        raise NotImplementedError

@@ -1,0 +1,60 @@
+"""``run_bench.py sync [SWEEP]``: upload to MLflow what a tracking-store outage left queued (the queue and its
+upload: :mod:`bench.tracking.upload_queue`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from bench.commands.base import Command
+from bench.results import SWEEP, find_sweep, read_json
+from bench.tracking.upload_queue import QUEUE, check_sweep_files, pending, sync_sweep
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``sync``."""
+    p.add_argument("sweep", nargs="?", default=None,
+                   help="the sweep: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>; "
+                        "default: every sweep under --results with uploads pending")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Sync one sweep (or every pending sweep); 0 when MLflow holds everything, 1 when the store is still
+    unreachable (the queue stays), 2 on bad input."""
+    from bench.tracking import Tracker, check_tracking_uri
+
+    if args.sweep is not None:
+        sweeps = [find_sweep(args.sweep, args.results)]
+    else:
+        root = Path(args.results)
+        sweeps = (
+            sorted(p.parent for p in root.glob(f"*/*/{QUEUE}") if not p.parent.is_symlink()) if root.is_dir() else []
+        )
+        if not sweeps:
+            print(f"nothing to sync under {root}")
+            return 0
+    done = {"children": 0, "parents": 0, "closed": 0}
+    left = 0
+    for sweep in sweeps:
+        meta = read_json(sweep / SWEEP) or {}
+        uri = args.tracking_uri if getattr(args, "tracking_uri_given", False) else (
+            meta.get("tracking_uri") or args.tracking_uri)
+        check_tracking_uri(uri)
+        check_sweep_files(sweep)  # before the store is opened: a bad file is refused with nothing written
+        tracker = Tracker(uri, meta.get("matrix_name") or sweep.parent.name)
+        warn = lambda kind, d: print(f"warning: {d['message']}", file=sys.stderr)  # noqa: E731
+        for k, v in sync_sweep(sweep, tracker, warn).items():
+            done[k] += v
+        left += pending(sweep)
+        print(f"{sweep}: {uri}: " + ("still pending" if pending(sweep) else "in sync"))
+    print(f"logged {done['children']} child run(s), created {done['parents']} parent run(s), "
+          f"closed {done['closed']} parent run(s); {left} sweep(s) still pending")
+    return 1 if left else 0
+
+
+class Sync(Command, name="sync", order=60,
+           help="upload to MLflow what an outage of the tracking server left queued (idempotent)"):
+    """``sync``: :func:`add_arguments`, :func:`main`."""
+
+    setup_arguments, run = staticmethod(add_arguments), staticmethod(main)
