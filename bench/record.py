@@ -51,8 +51,10 @@ def _failure(run_dir: Path, res: ExecResult) -> tuple[str, str]:
 
 
 def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat: int, warmup_steps: int,
-                 started_at: float) -> dict[str, Any]:
-    """Measure ``run_dir`` after the executor returned ``res``; the record as a JSON-ready dict."""
+                 started_at: float, classify_failure: Any = None) -> dict[str, Any]:
+    """Measure ``run_dir`` after the executor returned ``res``; the record as a JSON-ready dict.
+    ``classify_failure``: the engine's reading of a failed run's log
+    (:meth:`bench.engines.base.EngineBase.classify_failure`), or ``None``."""
     run_dir = Path(run_dir)
     rec: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -95,12 +97,10 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
     if res.returncode != 0 or res.timed_out:
         rec["status"] = "failed"
         rec["failure_kind"], rec["reason"] = _failure(run_dir, res)
-        from bench.engines.base import capability
-
-        got = capability(spec["engine"], "classify_failure")(
+        got = classify_failure and classify_failure(
             run_dir, log_tail(run_dir / "run.log", 400), timed_out=res.timed_out, steps_done=len(rec["steps"]),
             returncode=res.returncode, argv=spec["launch"]["argv"])
-        if got is not None:
+        if got:
             rec["failure_kind"], rec["reason"] = got
     elif not rec["summary"] or rec["summary"].get("step_time_median_s") is None:
         rec["status"] = "failed"
