@@ -165,9 +165,10 @@ def test_cell_ids_survive_a_new_optimization_and_config_field(repo, tmp_path, ma
 
 
 def test_plugin_package_works_with_the_unchanged_cli(tmp_path):
-    site = tmp_path / "site"
+    site, src = tmp_path / "site", tmp_path / "plugin_pkg"
+    shutil.copytree(PLUGIN, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
     pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                          "--no-index", "--target", str(site), str(PLUGIN)],
+                          "--no-index", "--target", str(site), str(src)],
                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert pip.returncode == 0, pip.stderr[-2000:]
     assert next(site.glob("grpo_bench_toy-*.dist-info"))
