@@ -9,9 +9,10 @@ Groups (``[project.entry-points."<group>"]`` of a ``pyproject.toml``), each entr
 
 The harness's own entries come from the ``pyproject.toml`` beside the ``bench`` package when the harness runs
 from a source tree (so a checkout, or a copy of it, sees exactly its own registration lines whatever copy is
-pip-installed), else from its installed distribution's metadata. Every other installed distribution
-(``importlib.metadata``: site-packages, a ``--target`` folder on ``sys.path``, an editable install) adds its
-entries after them: a plugin package works with the unchanged ``python run_bench.py``.
+pip-installed; Python >= 3.11, whose ``tomllib`` reads it), else from its installed distribution's
+metadata. Every other installed distribution (``importlib.metadata``: site-packages, a ``--target`` folder
+on ``sys.path``, an editable install) adds its entries after them: a plugin package works with the
+unchanged ``python run_bench.py``.
 """
 
 from __future__ import annotations
@@ -33,11 +34,9 @@ def _norm(name: str) -> str:
 
 
 def _own_entries(group: str) -> list[md.EntryPoint]:
-    if SOURCE_PYPROJECT.is_file():
-        if sys.version_info >= (3, 11):
-            import tomllib
-        else:  # pragma: no cover - Python 3.10
-            import tomli as tomllib
+    if SOURCE_PYPROJECT.is_file() and sys.version_info >= (3, 11):  # tomllib; Python 3.10 reads the metadata
+        import tomllib
+
         project = tomllib.loads(SOURCE_PYPROJECT.read_text()).get("project", {})
         if _norm(project.get("name", "")) == DIST:
             table = project.get("entry-points", {}).get(group, {})
