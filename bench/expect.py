@@ -11,7 +11,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from bench.figures import METRICS
-from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.optimizations import REGISTRY, factor_keys
 
 
 class Expect(BaseModel):
@@ -42,7 +42,7 @@ class Expect(BaseModel):
     @classmethod
     def _factor(cls, v: str) -> str:
         if v != "all" and v not in REGISTRY:
-            raise ValueError(f"unknown factor {v!r} (allowed: all, {', '.join(FACTOR_KEYS)})")
+            raise ValueError(f"unknown factor {v!r} (allowed: all, {', '.join(factor_keys())})")
         return v
 
     @field_validator("level")

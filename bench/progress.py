@@ -69,25 +69,11 @@ def steps_done(run_dir: Path) -> int:
 
 
 def startup_text(engine: str, launch: Any) -> str:
-    """What a run does before its first step: for the embedded engine, building the tiny model when its
-    cache folder has none yet, else loading it; for verl, starting Ray, the workers and the rollout."""
-    if engine != "embedded":
-        return "starting up (Ray, workers, rollout engine) before step 1"
-    try:
-        import os
+    """What a run does before its first step, as the engine says (:meth:`bench.engines.base.EngineBase.startup_text`:
+    the embedded engine building or loading its tiny model; verl starting Ray, the workers and the rollout)."""
+    from bench.engines.base import capability
 
-        from bench.engines.embedded.model import default_cache_dir, resolve_model_path
-
-        cfg = getattr(launch, "config", None) or {}
-        env = getattr(launch, "env", None) or {}
-        cache = Path(env["BENCH_CACHE_DIR"]) if env.get("BENCH_CACHE_DIR") else (
-            Path(os.environ["BENCH_CACHE_DIR"]) if os.environ.get("BENCH_CACHE_DIR") else default_cache_dir())
-        _, needs_build = resolve_model_path(str(cfg.get("model", "builtin:qwen3vl-tiny")), cache)
-        if needs_build:
-            return "building the tiny model (first use; cached for later runs)"
-    except Exception:
-        pass
-    return "loading the model and data, then step 1"
+    return capability(engine, "startup_text")(launch)
 
 
 def run_status(run_dir: Path, steps: int, engine: str, launch: Any, executor: Any = None) -> str:

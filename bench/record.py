@@ -51,8 +51,10 @@ def _failure(run_dir: Path, res: ExecResult) -> tuple[str, str]:
 
 
 def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat: int, warmup_steps: int,
-                 started_at: float) -> dict[str, Any]:
-    """Measure ``run_dir`` after the executor returned ``res``; the record as a JSON-ready dict."""
+                 started_at: float, classify_failure: Any = None) -> dict[str, Any]:
+    """Measure ``run_dir`` after the executor returned ``res``; the record as a JSON-ready dict.
+    ``classify_failure``: the engine's reading of a failed run's log
+    (:meth:`bench.engines.base.EngineBase.classify_failure`), or ``None``."""
     run_dir = Path(run_dir)
     rec: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
@@ -91,21 +93,15 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
         rec["warnings"].extend(got["warnings"])
         if got["metrics"]:
             rec["summary"] = summarize(got, warmup_steps)
-    if spec["engine"] == "verl":
-        _verl_evidence(run_dir, rec)
-    else:  # other engines: the registry's evidence checks for this engine, where an entry names one
-        _registry_evidence(run_dir, rec)
+    _registry_evidence(run_dir, rec)  # every engine: the checks the registry names for its target
     if res.returncode != 0 or res.timed_out:
         rec["status"] = "failed"
         rec["failure_kind"], rec["reason"] = _failure(run_dir, res)
-        if spec["engine"] == "verl" and not (run_dir / "failure.json").exists():
-            from bench.measure.verl_failure import classify
-
-            argv = spec["launch"]["argv"]
-            got = classify(log_tail(run_dir / "run.log", 400), timed_out=res.timed_out, steps_done=len(rec["steps"]),
-                           returncode=res.returncode, overrides=[a for a in argv[1:] if "=" in a])
-            if got is not None:
-                rec["failure_kind"], rec["reason"] = got
+        got = classify_failure and classify_failure(
+            run_dir, log_tail(run_dir / "run.log", 400), timed_out=res.timed_out, steps_done=len(rec["steps"]),
+            returncode=res.returncode, argv=spec["launch"]["argv"])
+        if got:
+            rec["failure_kind"], rec["reason"] = got
     elif not rec["summary"] or rec["summary"].get("step_time_median_s") is None:
         rec["status"] = "failed"
         rec["failure_kind"], rec["reason"] = "no_metrics", "the run exited 0 but wrote no step metrics"
@@ -114,29 +110,15 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
     return rec
 
 
-def _verl_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
-    """Per-factor evidence of a verl run (:mod:`bench.measure.verl_evidence`) into the record and
-    ``evidence.json``; factors whose evidence is missing or contradicted become warnings."""
-    from bench.measure.verl_evidence import factor_evidence, flagged
-
-    ev = factor_evidence(run_dir, rec["levels"], "verl", rec["platform"])
-    rec["evidence"] = {**rec["evidence"], **{k: f"{v['verdict']}: {v['detail']}" for k, v in ev.items()}}
-    rec["evidence_verdicts"] = {k: v["verdict"] for k, v in ev.items()}
-    rec["evidence_flagged"] = flagged(ev)
-    for key in rec["evidence_flagged"]:
-        rec["warnings"].append(f"factor {key}: evidence {ev[key]['verdict']}: {ev[key]['detail']}")
-    atomic_write_json(run_dir / "evidence.json", {"factors": ev})
-
-
 def _registry_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
-    """Evidence of the factors whose registry entry names a check for this engine/platform
-    (:attr:`bench.spec.optimizations.Optimization.evidence_checks`), into the record; ``evidence.json`` (the
-    engine's own) is left as written. Missing or contradicted evidence becomes a warning."""
-    from bench.measure.verl_evidence import factor_evidence, flagged
-    from bench.spec.optimizations import REGISTRY, evidence_check
+    """Evidence of every applicable factor from the check its registry entry names for this engine/platform
+    (:attr:`bench.spec.optimizations.Optimization.evidence_checks`, :mod:`bench.measure.evidence`; ``missing``
+    where it names none), into the record, and into ``evidence.json`` (``{"factors": ...}``) unless the run wrote
+    its own there. Missing or contradicted evidence becomes a warning."""
+    from bench.measure.evidence import factor_evidence, flagged
+    from bench.spec.optimizations import registry
 
-    levels = {k: v for k, v in rec["levels"].items()
-              if v is not None and k in REGISTRY and evidence_check(k, rec["engine"], rec["platform"]) is not None}
+    levels = {k: v for k, v in rec["levels"].items() if v is not None and k in registry()}
     if not levels:
         return
     ev = factor_evidence(run_dir, levels, rec["engine"], rec["platform"])
@@ -145,6 +127,8 @@ def _registry_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
     rec["evidence_flagged"] = flagged(ev)
     for key in rec["evidence_flagged"]:
         rec["warnings"].append(f"factor {key}: evidence {ev[key]['verdict']}: {ev[key]['detail']}")
+    if not (run_dir / "evidence.json").exists():
+        atomic_write_json(run_dir / "evidence.json", {"factors": ev})
 
 
 def write_record(run_dir: Path, record: dict[str, Any]) -> None:

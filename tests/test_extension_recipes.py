@@ -1,20 +1,30 @@
-"""The four recipes of CONTRIBUTING.md, each proved with a toy (tests/extension_toys.py): a new engine,
-a new profiler format, a new optimization with its evidence and article figure, a new statistical test.
+"""The four recipes of CONTRIBUTING.md applied literally, and the same four extensions as a plugin package.
 
-The end-to-end test runs the real harness in child processes that register the toys first (as a plugin
-would): two real sweeps of the toy engine, the report of one and a compare of both with the toy test.
+Recipes: a copy of the repository gets, for each recipe, its one new file (the files of the toy plugin,
+``tests/plugin_pkg/grpo_bench_toy/``, copied where the recipe says) and its one line under the recipe's
+entry-point group in ``pyproject.toml``; then, on that copy, through the CLI: two sweeps of the toy engine
+(the toy reader's Free ratio, the toy optimization's evidence), a report (the article figure beside ours), a
+gate with the toy statistical test, the architecture and engine-name tests; and a new embedded config field
+at its default plus the new optimization leave every shipped matrix's cell ids as pinned.
+
+Plugin: ``tests/plugin_pkg`` installed with pip into a temporary folder (``--target``), found through its
+entry points by the unchanged ``python run_bench.py`` of this checkout.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+PLUGIN = ROOT / "tests" / "plugin_pkg"
+PINS = ROOT / "tests" / "fixtures" / "launch_pins.json"
 MATRIX = """name: toy
 engine: toy
 platform: cpu
@@ -26,60 +36,78 @@ factors:
   toy_opt: [0, 1]
 repeats: 2
 """
-PLUGIN = ("import sys, extension_toys; extension_toys.register_all(); from bench.cli import main; "
-          "sys.exit(main(sys.argv[1:]))")
+#: (file of the toy plugin, where its recipe puts it, the recipe's entry-point group, the registration line)
+RECIPES = [
+    ("engine.py", "bench/engines/toy.py", "grpo_bench.engines", 'toy = "bench.engines.toy:ToyEngine"'),
+    ("reader.py", "bench/measure/toytrace.py", "grpo_bench.readers",
+     'toytrace = "bench.measure.toytrace:ToyTraceReader"'),
+    ("optimization.py", "bench/spec/optimizations/toy_opt.py", "grpo_bench.optimizations",
+     'toy_opt = "bench.spec.optimizations.toy_opt:OPTIMIZATION"'),
+    ("welch.py", "bench/analyze/toy_welch.py", "grpo_bench.stat_tests",
+     'toy_welch = "bench.analyze.toy_welch:ToyWelchTest"'),
+]
+NEW_CONFIG_FIELD = "    toy_field: int = 0  # a new run-config field (recipe test)\n"
 
 
-def bench(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-c", PLUGIN, *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+def add_entry_point(pyproject: str, group: str, line: str) -> str:
+    """``pyproject`` with ``line`` appended to the table ``[project.entry-points."<group>"]`` (as a person adds it)."""
+    head = f'[project.entry-points."{group}"]\n'
+    start = pyproject.index(head) + len(head)
+    end = pyproject.find("\n\n", start)
+    end = len(pyproject) if end < 0 else end
+    return pyproject[:end] + "\n" + line + pyproject[end:]
 
 
-def test_registrations_are_undone():
-    """Registering the toys adds them to each registry; unregister_all removes every one."""
-    import extension_toys as toys
-
-    from bench.analyze import stat_tests as stats
-    from bench.engines import engine_names
-    from bench.measure import READERS
-    from bench.spec import optimizations
-
-    before = (engine_names(), [r.name for r in READERS], optimizations.FACTOR_KEYS, list(stats.TESTS))
-    toys.register_all()
-    try:
-        assert "toy" in engine_names() and engine_names()[:2] == ["embedded", "verl"]
-        assert [r.name for r in READERS][-1] == "toytrace"
-        assert optimizations.FACTOR_KEYS[-1] == "toy_opt"
-        assert ("toy_opt", 1) == optimizations.article_factors()[0]  # largest article gain first
-        assert stats.compare([[1.0, 1.1, 1.2]], [[2.0, 2.1, 2.2]], test="toy welch").test == "toy welch"
-    finally:
-        toys.unregister_all()
-    assert (engine_names(), [r.name for r in READERS], optimizations.FACTOR_KEYS, list(stats.TESTS)) == before
+def _copy_repo(dest: Path) -> None:
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    for rel in files:
+        src = ROOT / rel
+        if src.is_file() and not src.is_symlink():
+            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / rel)
 
 
-def test_unknown_engine_is_one_line_naming_the_allowed_ones(tmp_path):
-    (tmp_path / "m.yaml").write_text(MATRIX.replace("engine: toy", "engine: sglang"))
-    proc = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "m.yaml", "--dry-run"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    assert (
-        proc.stderr.strip().splitlines()[-1].endswith("m.yaml:2: engine: allowed: 'embedded' or 'verl', got 'sglang'")
-    )
-    assert len(proc.stderr.strip().splitlines()) == 1
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory) -> Path:
+    """A copy of the repository with the four recipes applied literally (and one new embedded config field)."""
+    dest = tmp_path_factory.mktemp("repo")
+    _copy_repo(dest)
+    pyproject = (dest / "pyproject.toml").read_text()
+    for src, target, group, line in RECIPES:
+        shutil.copy2(PLUGIN / "grpo_bench_toy" / src, dest / target)
+        pyproject = add_entry_point(pyproject, group, line)
+    (dest / "pyproject.toml").write_text(pyproject)
+    config = dest / "bench" / "engines" / "embedded" / "config.py"
+    text = config.read_text()
+    anchor = "    seed: int = Field(0, ge=0, le=2**32 - 1, strict=True)\n"
+    assert anchor in text
+    config.write_text(text.replace(anchor, anchor + NEW_CONFIG_FIELD))
+    return dest
 
 
-def test_toys_run_through_sweep_report_and_compare(tmp_path):
-    (tmp_path / "toy.yaml").write_text(MATRIX)
-    db = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    common = ["--results", str(tmp_path / "results"), "--tracking-uri", db]
-    dry = bench("run", "toy.yaml", "--dry-run", "--verbose", "--order-seed", "1", *common, cwd=tmp_path)
+def bench(*args: str, cwd: Path, pythonpath: list[Path]) -> subprocess.CompletedProcess:
+    """``python run_bench.py ARGS`` of the checkout ``pythonpath[0]``, run in ``cwd``."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, pythonpath))}
+    return subprocess.run([sys.executable, str(pythonpath[0] / "run_bench.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def sweep_report_gate(work: Path, pythonpath: list[Path]) -> None:
+    """Two toy sweeps, a report and a gate with the toy test, through the CLI; asserts what each extension adds."""
+    (work / "toy.yaml").write_text(MATRIX)
+    common = ["--results", str(work / "results"), "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}"]
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return bench(*args, cwd=work, pythonpath=pythonpath)
+
+    dry = run("run", "toy.yaml", "--dry-run", "--verbose", "--order-seed", "1", *common)
     assert dry.returncode == 0, dry.stderr
     assert "toy_opt=1" in dry.stdout and "run_config.yaml" in dry.stdout  # shows_config: the toy's config
 
-    first = bench("run", "toy.yaml", *common, cwd=tmp_path)
+    first = run("run", "toy.yaml", *common)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    sweep_a = (tmp_path / "results" / "toy" / "latest").resolve()
+    sweep_a = (work / "results" / "toy" / "latest").resolve()
     records = [json.loads(p.read_text()) for p in sweep_a.rglob("record.json")]
     assert len(records) == 4 and all(r["status"] == "ok" for r in records)
     for rec in records:  # the toy format's Free ratio, the toy optimization's evidence from the registry
@@ -87,22 +115,117 @@ def test_toys_run_through_sweep_report_and_compare(tmp_path):
         assert rec["evidence_verdicts"] == {"toy_opt": "confirmed"}
         assert rec["summary"]["free_ratio_median"] == (0.25 if rec["levels"]["toy_opt"] else 0.4)
 
-    rep = bench("report", str(sweep_a), *common, cwd=tmp_path)
+    rep = run("report", str(sweep_a), *common)
     assert rep.returncode == 0, rep.stderr[-2000:]
     md = next(sweep_a.rglob("report.md")).read_text()
     row = next(line for line in md.splitlines() if line.startswith("| Toy optimization (9.9)"))
     assert row.split(" | ")[1] == "+50.0%"  # the article figure of the registry entry, beside ours
 
-    second = bench("run", "toy.yaml", "--force", *common, cwd=tmp_path)
+    second = run("run", "toy.yaml", "--force", *common)
     assert second.returncode == 0, second.stderr[-2000:]
-    sweep_b = (tmp_path / "results" / "toy" / "latest").resolve()
+    sweep_b = (work / "results" / "toy" / "latest").resolve()
     assert sweep_b != sweep_a
-    cmp = bench("compare", str(sweep_a), str(sweep_b), "--test", "toy welch", "--bootstrap", "200", *common,
-                cwd=tmp_path)
-    assert cmp.returncode in (0, 1, 3), cmp.stderr[-2000:]
-    gate = json.loads(next((sweep_b / "compare").glob("*.json")).read_text())
-    assert gate["settings"]["test"] == "toy welch t (two-sided)"
-    assert {r["test"] for r in gate["rows"] if r.get("test")} == {"toy welch"}
+    out = work / "gate-out"
+    gate = run("gate", "--baseline", str(sweep_a), "--candidate", str(sweep_b), "--test", "toy welch",
+               "--bootstrap", "200", "--out", str(out), *common)
+    assert gate.returncode in (0, 1, 3), gate.stdout[-2000:] + gate.stderr[-2000:]
+    result = json.loads(next(p for p in sorted(out.rglob("*.json"))).read_text())
+    assert result["settings"]["test"] == "toy welch t (two-sided)"
+    assert {r["test"] for r in result["rows"] if r.get("test")} == {"toy welch"}
 
-    bad = bench("compare", str(sweep_a), str(sweep_b), "--test", "no such test", *common, cwd=tmp_path)
+    bad = run("gate", "--baseline", str(sweep_a), "--candidate", str(sweep_b), "--test", "no such test", *common)
     assert bad.returncode == 2 and "--test no such test: unknown test (allowed: mann-whitney u" in bad.stderr
+    assert "toy welch" in bad.stderr
+
+
+def test_recipes_applied_literally_run_through_the_cli(repo, tmp_path):
+    sweep_report_gate(tmp_path, [repo])
+
+
+def test_architecture_holds_on_the_copy(repo):
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
+                           "tests/test_architecture.py", "tests/test_engine_names.py"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+
+@pytest.mark.parametrize("matrix", ["full.yaml", "ablation.yaml", "verl_cpu.yaml"])
+def test_cell_ids_survive_a_new_optimization_and_config_field(repo, tmp_path, matrix):
+    """With ``toy_opt`` registered (it applies to the embedded engine: an env var at its off level) and a new
+    embedded run-config field at its default, every cell keeps its pinned id."""
+    proc = bench("run", str(repo / "matrix" / matrix), "--dry-run", "--json", "--order-seed", "0",
+                 cwd=tmp_path, pythonpath=[repo])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = json.loads(proc.stdout)
+    if plan["engine"] == "embedded":  # the additions reached the launches, so the test is not blind
+        assert all(r["launch"]["config"]["toy_field"] == 0 and r["launch"]["env"]["TOY_OPT"] == "0"
+                   for r in plan["runs"])
+    assert sorted(r["cell_id"] for r in plan["runs"]) == sorted(json.loads(PINS.read_text())[matrix]["runs"])
+
+
+def test_plugin_package_works_with_the_unchanged_cli(tmp_path):
+    site, src = tmp_path / "site", tmp_path / "plugin_pkg"
+    shutil.copytree(PLUGIN, src, ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+    pip = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
+                          "--no-index", "--target", str(site), str(src)],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert pip.returncode == 0, pip.stderr[-2000:]
+    assert next(site.glob("grpo_bench_toy-*.dist-info"))
+    sweep_report_gate(tmp_path, [ROOT, site])
+
+
+def test_unknown_engine_is_one_line_naming_the_allowed_ones(tmp_path):
+    from bench.engines import engine_names
+
+    names = engine_names()
+    allowed = " or ".join(repr(n) for n in names) if len(names) <= 2 else \
+        ", ".join(repr(n) for n in names[:-1]) + f" or {names[-1]!r}"
+    (tmp_path / "m.yaml").write_text(MATRIX.replace("engine: toy", "engine: sglang"))
+    proc = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "m.yaml", "--dry-run"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].endswith(f"m.yaml:2: engine: allowed: {allowed}, got 'sglang'")
+    assert len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_registering_after_import_is_seen_everywhere():
+    """Registries are read through functions: an optimization, reader, test and engine registered after the
+    planner, the measuring code and the gate were imported are seen by them; unregistering removes them."""
+    sys.path.insert(0, str(PLUGIN))
+    try:
+        from grpo_bench_toy.engine import ToyEngine
+        from grpo_bench_toy.optimization import OPTIMIZATION
+        from grpo_bench_toy.reader import ToyTraceReader
+        from grpo_bench_toy.welch import ToyWelchTest
+    finally:
+        sys.path.remove(str(PLUGIN))
+    from bench.analyze import stat_tests as stats
+    from bench.engines import engine_names, register, unregister
+    from bench.measure import READERS, readers
+    from bench.spec import optimizations
+    from bench.spec.loading import load_matrix
+    from bench.spec.optimizations import FACTOR_KEYS, factor_keys
+    from bench.spec.plan import make_plan
+
+    before = (engine_names(), [r.name for r in readers()], factor_keys(), list(stats.tests()))
+    optimizations.register_optimization(OPTIMIZATION)
+    stats.register_test(ToyWelchTest())
+    from bench.measure.formats import register_reader, unregister_reader
+
+    register_reader(ToyTraceReader())
+    register(ToyEngine)
+    try:
+        assert engine_names()[: len(before[0])] == before[0] and engine_names()[-1] == "toy"
+        assert [r.name for r in READERS][-1] == "toytrace"
+        assert FACTOR_KEYS[-1] == "toy_opt" and "toy_opt" in FACTOR_KEYS  # the live view, imported before
+        assert ("toy_opt", 1) == optimizations.article_factors()[0]  # largest article gain first
+        assert stats.compare([[1.0, 1.1, 1.2]], [[2.0, 2.1, 2.2]], test="toy welch").test == "toy welch"
+        plan = make_plan(load_matrix(ROOT / "matrix" / "smoke.yaml"), "cpu", strict=False)
+        assert all(r.levels["toy_opt"] == 0 for r in plan.runs)
+    finally:
+        unregister("toy")
+        unregister_reader("toytrace")
+        optimizations.unregister_optimization("toy_opt")
+        stats.unregister_test("toy welch")
+    assert (engine_names(), [r.name for r in readers()], factor_keys(), list(stats.tests())) == before

@@ -90,22 +90,23 @@ def test_factor_evidence_verdicts(tmp_path):
     }
     _report(tmp_path, "ray-worker", 1, {"verl_evidence": ev, "cpu_rmsnorm": rms})
     got = factor_evidence(tmp_path, {"dynamic_bsz": 1, "forward_prefetch": 1, "graph_mode": 1, "rmsnorm_fused": 1,
-                                     "mc2": None})
+                                     "mc2": None}, "verl")
     assert {k: v["verdict"] for k, v in got.items()} == {
         "dynamic_bsz": "confirmed", "forward_prefetch": "confirmed", "graph_mode": "confirmed",
         "rmsnorm_fused": "confirmed", "mc2": "n/a"}
     assert got["dynamic_bsz"]["detail"] == "3 passes split 24 sequences into 5 token-budget micro-batches"
     # the same run judged against the other levels: every factor is contradicted; nothing recorded: missing
-    other = factor_evidence(tmp_path, {"dynamic_bsz": 0, "forward_prefetch": 0, "graph_mode": 0})
+    other = factor_evidence(tmp_path, {"dynamic_bsz": 0, "forward_prefetch": 0, "graph_mode": 0}, "verl")
     assert {v["verdict"] for v in other.values()} == {"contradicted"} and flagged(other) == list(other)
     empty = tmp_path / "empty"
     empty.mkdir()
-    none = factor_evidence(empty, {"dynamic_bsz": 1, "forward_prefetch": 1, "graph_mode": 1, "rmsnorm_fused": 1})
+    none = factor_evidence(empty, {"dynamic_bsz": 1, "forward_prefetch": 1, "graph_mode": 1, "rmsnorm_fused": 1},
+                           "verl")
     assert {v["verdict"] for v in none.values()} == {"missing"}
     # a silent no-op: prefetch on, FSDP2, but no module got a prefetch target
     (empty / "hydra" / ".hydra").mkdir(parents=True)
     (empty / "hydra" / ".hydra" / "config.yaml").write_text("actor_rollout_ref:\n  actor:\n    strategy: fsdp2\n")
-    assert "did nothing" in factor_evidence(empty, {"forward_prefetch": 1})["forward_prefetch"]["detail"]
+    assert "did nothing" in factor_evidence(empty, {"forward_prefetch": 1}, "verl")["forward_prefetch"]["detail"]
 
 
 def test_trace_step_from_verl_file_names():

@@ -18,7 +18,7 @@ from bench.errors import BenchError
 from bench.figures import METRICS, SUMMARY_STEP_TIME, Snapshot
 from bench.measure import step_samples
 from bench.results import SWEEP, load_records, read_json
-from bench.spec.optimizations import FACTOR_KEYS
+from bench.spec.optimizations import factor_keys
 from bench.speed import PROBE_METRIC, probe_spec
 
 #: format of a snapshot and of a baseline file (a saved snapshot)
@@ -35,7 +35,7 @@ _SUMMARY_KEYS = (SUMMARY_STEP_TIME, "step_time_iqr_s", "step_time_mean_s", "roll
 
 def levels_key(levels: dict[str, Any]) -> str:
     """Canonical text of a cell's factor levels (``n/a`` = not applicable); the gate's matching key."""
-    return ",".join(f"{k}={'n/a' if levels.get(k) is None else levels[k]}" for k in FACTOR_KEYS if k in levels)
+    return ",".join(f"{k}={'n/a' if levels.get(k) is None else levels[k]}" for k in factor_keys() if k in levels)
 
 
 def _num(v: Any) -> float | None:

@@ -1,7 +1,6 @@
 """The two-sample tests of the gate as registered objects, and the comparison built on them.
 
 Two-sample comparison (gate, per-cell speedups of the report): :func:`compare`
-Two-sample comparison (gate, per-cell speedups of the report): :func:`compare`
     ``base`` and ``cand`` are per-step samples grouped by repeat (one array per run).
 
     * **unpaired** (default): relative change ``exp(HL) - 1`` where ``HL`` is the Hodges-Lehmann
@@ -24,6 +23,7 @@ Two-sample comparison (gate, per-cell speedups of the report): :func:`compare`
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -80,8 +80,8 @@ class StatTest:
 
     Inputs are the per-repeat sample groups of each side (non-empty float arrays), the ``scale``
     (``log``: strictly positive values, change = ``exp(shift of logs) - 1``; ``linear``: shift / baseline
-    median) and ``med_b``, the median of all baseline samples. Register a new test with
-    :func:`register_test`; the gate looks tests up by name (:func:`get_test`).
+    median) and ``med_b``, the median of all baseline samples. A new test is one module with a
+    subclass and one entry point line (``grpo_bench.stat_tests``); the gate looks tests up by name (:func:`get_test`).
 
     Attributes:
         name: the registry key, written into every comparison (``Comparison.test``).
@@ -180,28 +180,51 @@ class WilcoxonPairedTest(StatTest):
         return np.array([self._stat(boot_draw(diffs, rng), scale) for _ in range(n_boot)])
 
 
-#: the registry of two-sample tests, by name
-TESTS: dict[str, StatTest] = {}
+GROUP = "grpo_bench.stat_tests"
+_TESTS: dict[str, StatTest] = {}
+_loaded = False
+
+
+def tests() -> dict[str, StatTest]:
+    """The registered two-sample tests by name: entry points first (``grpo_bench.stat_tests``, :mod:`bench.plugins`:
+    the built-ins, then plugins), then :func:`register_test` calls. Read it, do not change it."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from bench.plugins import instance, load
+
+        early = dict(_TESTS)
+        _TESTS.clear()
+        for _name, obj in load(GROUP):
+            _put(instance(obj))
+        for test in early.values():
+            _put(test)
+    return _TESTS
+
+
+def _put(test: StatTest) -> StatTest:
+    if not test.name:
+        raise ValueError(f"{type(test).__name__} has no name")
+    held = _TESTS.get(test.name)
+    if held is not None and type(held) is not type(test):
+        raise ValueError(f"test name {test.name!r} is already registered by {type(held).__name__}")
+    _TESTS[test.name] = test
+    return test
 
 
 def register_test(test: StatTest) -> StatTest:
-    """Add ``test`` to :data:`TESTS` under ``test.name`` (returns it).
+    """Add ``test`` under ``test.name`` (returns it); seen by every later lookup whenever it is called.
 
     Raises:
         ValueError: empty name, or the name is taken by another test.
     """
-    if not test.name:
-        raise ValueError(f"{type(test).__name__} has no name")
-    held = TESTS.get(test.name)
-    if held is not None and type(held) is not type(test):
-        raise ValueError(f"test name {test.name!r} is already registered by {type(held).__name__}")
-    TESTS[test.name] = test
-    return test
+    tests()
+    return _put(test)
 
 
 def unregister_test(name: str) -> None:
     """Remove the test called ``name`` (tests that register a toy test undo it with this)."""
-    TESTS.pop(name, None)
+    tests().pop(name, None)
 
 
 def get_test(name: str) -> StatTest:
@@ -210,11 +233,26 @@ def get_test(name: str) -> StatTest:
     Raises:
         KeyError: unknown name.
     """
-    return TESTS[name]
+    return tests()[name]
 
 
-UNPAIRED = register_test(MannWhitneyTest()).name
-PAIRED = register_test(WilcoxonPairedTest()).name
+class _TestsView(Mapping[str, StatTest]):
+    """:data:`TESTS`: a live read-only mapping over :func:`tests`."""
+
+    def __getitem__(self, name: str) -> StatTest:
+        return tests()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(tests()))
+
+    def __len__(self) -> int:
+        return len(tests())
+
+
+#: the registry of two-sample tests by name, live (kept for ``from ... import TESTS``; :func:`tests` is the lookup)
+TESTS: Mapping[str, StatTest] = _TestsView()
+UNPAIRED = MannWhitneyTest.name
+PAIRED = WilcoxonPairedTest.name
 
 
 def compare(base_groups: Sequence[Sequence[float]], cand_groups: Sequence[Sequence[float]], *,

@@ -18,7 +18,7 @@ from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.analyze.power import gate_mde, mde_from_se, noise_components
 from bench.errors import BenchError
 from bench.figures import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
-from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, applicability, article_factors
+from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys
 
 #: the article's end-to-end claim (summary)
 ARTICLE_E2E = 0.30
@@ -30,7 +30,7 @@ def _ok_cells(m: Snapshot) -> list[CellResult]:
 
 def _varied(cells: list[CellResult]) -> list[str]:
     """Applicable factors that take more than one level among the cells, registry order."""
-    return [k for k in FACTOR_KEYS if len({c.levels.get(k) for c in cells if c.levels.get(k) is not None}) > 1]
+    return [k for k in factor_keys() if len({c.levels.get(k) for c in cells if c.levels.get(k) is not None}) > 1]
 
 
 def _log_runs(m: Snapshot, metric: str = "step_time") -> dict[str, list[tuple[int, float]]]:

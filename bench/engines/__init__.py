@@ -1,27 +1,26 @@
 """Engines turn a planned cell into a launch; this package holds their registry (name -> engine class).
 
-Built-in engines: ``embedded`` (one-process GRPO, :mod:`bench.engines.embedded_launch`) and ``verl``
-(``verl.trainer.main_ppo``, :mod:`bench.engines.verl`). Each engine module registers its class with the
-:func:`register` decorator (one line); the modules listed in :data:`ENGINE_MODULES` are imported on the
-first lookup, so importing this package stays free of torch, verl and the engines' own imports.
+Engines are found by lookup: the entry points of the group ``grpo_bench.engines`` (:mod:`bench.plugins`:
+the built-ins in ``pyproject.toml``, then those of installed plugin packages) are loaded on the first
+lookup, so importing this package stays free of torch, verl and the engines' own imports; :func:`register`
+adds a class at run time (a decorator). Every question about an engine is asked of its class (the
+capabilities of :class:`bench.engines.base.Engine`), never of its name.
 
-Adding an engine: one module with a class implementing :class:`bench.engines.base.Engine`, decorated
-with ``@register``, and its module name appended to :data:`ENGINE_MODULES` (see ``CONTRIBUTING.md``).
+Adding an engine: one module with a class implementing :class:`bench.engines.base.Engine` and one entry
+point line (see ``CONTRIBUTING.md``).
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, TypeVar
 
 if TYPE_CHECKING:
     from bench.engines.base import Engine
 
-#: modules of the built-in engines, imported on the first lookup (each registers its engine class)
-ENGINE_MODULES: list[str] = ["bench.engines.embedded_launch", "bench.engines.verl.launch"]
-
+GROUP = "grpo_bench.engines"
 _ENGINES: dict[str, type] = {}
-_loaded: list[str] = []
+_order: list[str] = []  # names found through entry points, in entry-point order
+_loaded = False
 E = TypeVar("E", bound=type)
 
 
@@ -47,19 +46,25 @@ def unregister(name: str) -> None:
 
 
 def _load_builtin() -> None:
-    for module in ENGINE_MODULES:
-        if module not in _loaded:
-            importlib.import_module(module)
-            _loaded.append(module)
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True  # before loading: an engine module may look the registry up while it is imported
+    from bench.plugins import load
+
+    for _name, cls in load(GROUP):
+        register(cls)
+        if cls.name not in _order:
+            _order.append(cls.name)
 
 
 def engine_names() -> list[str]:
-    """Names of the registered engines, built-in ones first (in :data:`ENGINE_MODULES` order)."""
+    """Names of the registered engines: those of entry points first (built-ins, then plugins), then those
+    registered at run time (:func:`register`)."""
     _load_builtin()
 
     def rank(name: str) -> int:
-        module = _ENGINES[name].__module__
-        return ENGINE_MODULES.index(module) if module in ENGINE_MODULES else len(ENGINE_MODULES)
+        return _order.index(name) if name in _order else len(_order)
 
     return sorted(_ENGINES, key=rank)  # stable: registered order within each rank
 
@@ -75,7 +80,7 @@ def engine_class(name: str) -> type:
 
 
 def get_engine(name: str) -> Engine:
-    """A new instance of the engine called ``name`` (``embedded``, ``verl`` or a registered one).
+    """A new instance of the engine called ``name`` (any registered one).
 
     Raises:
         KeyError: unknown engine name.
@@ -86,3 +91,18 @@ def get_engine(name: str) -> Engine:
 def engines_with(capability: str) -> list[str]:
     """Names of the registered engines whose class attribute ``capability`` is true (e.g. ``supports_smoke``)."""
     return [n for n in engine_names() if getattr(_ENGINES[n], capability, False)]
+
+
+def engine_classes() -> list[type]:
+    """The registered engine classes, in :func:`engine_names` order."""
+    return [_ENGINES[n] for n in engine_names()]
+
+
+def default_engine() -> str:
+    """The engine a matrix without ``engine:`` uses: the first registered one (the first entry point)."""
+    return engine_names()[0]
+
+
+def options_keys() -> set[str]:
+    """The keys under a matrix's ``base`` that hold some engine's own settings (:attr:`Engine.options_key`)."""
+    return {c.options_key for c in engine_classes() if getattr(c, "options_key", None)}

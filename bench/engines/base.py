@@ -12,6 +12,7 @@ launch) does not depend on where results are written.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -44,19 +45,29 @@ class Launch(BaseModel):
 class Engine(Protocol):
     """An engine: ``build`` a launch for one cell; ``preflight`` checks before a real sweep.
 
-    Class attributes (capabilities the commands read instead of testing the engine's name):
+    Every question the harness has about an engine is asked of its class, never of its name;
+    :class:`EngineBase` gives each capability its default, so an engine class states only what differs.
+
+    Class attributes:
         name: the ``engine:`` value of a matrix file.
         options_key: the key under ``base`` holding this engine's own settings (``embedded``), or ``None``.
         shows_config: ``--dry-run`` prints the run config the launch writes (the embedded run config).
         forkserver_platforms: platforms on which runs may fork from a warm server (``--spawn`` turns it off).
+        forkserver_preload: modules that server imports once before forking runs of this engine.
         supports_smoke: ``run --smoke`` can exercise this engine's launches on a CPU.
         has_speed_probe: runs log the machine-speed probe (:mod:`bench.speed`) next to each step.
+
+    Methods with a default in :class:`EngineBase`: ``id_config`` (the run config as it names a cell),
+    ``placeholders`` (launch placeholders this engine's launches hold, filled on the machine that runs them),
+    ``startup_text`` (what a run does before its first step, for the progress line) and ``classify_failure``
+    (the kind and reason of a failed run read from its folder, for the record).
     """
 
     name: str
     options_key: str | None
     shows_config: bool
     forkserver_platforms: tuple[str, ...]
+    forkserver_preload: tuple[str, ...]
     supports_smoke: bool
     has_speed_probe: bool
 
@@ -84,6 +95,52 @@ class Engine(Protocol):
             BenchError: with what is missing.
         """
         ...
+
+
+class EngineBase:
+    """The defaults of every capability of :class:`Engine` (subclass it and override what differs)."""
+
+    name: str = ""
+    options_key: str | None = None
+    shows_config: bool = False
+    forkserver_platforms: tuple[str, ...] = ()
+    forkserver_preload: tuple[str, ...] = ()
+    supports_smoke: bool = False
+    has_speed_probe: bool = False
+
+    @staticmethod
+    def id_config(config: dict[str, Any]) -> dict[str, Any]:
+        """The run config as it names a cell (:func:`bench.spec.plan.cell_id_of`); default: all of it."""
+        return config
+
+    @staticmethod
+    def placeholders() -> dict[str, str]:
+        """``{name: value}`` of the placeholders (``{name}``) this engine's launches may hold that name the
+        machine (an interpreter, a cache folder); filled at launch time, so cell ids do not depend on it."""
+        return {}
+
+    @staticmethod
+    def startup_text(launch: Any) -> str:
+        """What a run does before its first step (the progress line while no step is logged)."""
+        return "starting up before step 1"
+
+    @staticmethod
+    def classify_failure(run_dir: Path, log_tail: str, *, timed_out: bool, steps_done: int, returncode: int,
+                         argv: list[str]) -> tuple[str, str] | None:
+        """``(failure_kind, reason)`` of a failed run read from its log, or ``None`` (the generic reason)."""
+        return None
+
+
+def capability(engine: str, attr: str, default: Any = None) -> Any:
+    """``attr`` of the engine class registered as ``engine`` (an :class:`EngineBase` default when the class
+    does not define it, else ``default``); ``default`` too for an engine no longer registered."""
+    from bench.engines import engine_class
+
+    try:
+        cls = engine_class(engine)
+    except KeyError:
+        return default
+    return getattr(cls, attr, getattr(EngineBase, attr, default))
 
 
 def get_engine(name: str) -> Engine:

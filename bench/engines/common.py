@@ -1,4 +1,4 @@
-"""Pieces the engines share (neutral ground, so no engine imports another): profiled steps, devices.
+"""Pieces the engines share (neutral ground, so no engine imports another): profiled steps, devices, cache.
 
 Nothing here imports torch at module level: planning and ``--dry-run`` stay light.
 """
@@ -6,8 +6,17 @@ Nothing here imports torch at module level: planning and ``--dry-run`` stay ligh
 from __future__ import annotations
 
 import importlib.util
+import os
+from pathlib import Path
 
 from bench.spec.matrix import Base
+
+
+def default_cache_dir() -> Path:
+    """Where engines build and cache models and data: ``$BENCH_CACHE_DIR``, else ``<repo root>/.cache``
+    (git-ignored); the ``{bench_cache}`` launch placeholder."""
+    env = os.environ.get("BENCH_CACHE_DIR")
+    return Path(env).expanduser() if env else Path(__file__).resolve().parents[2] / ".cache"
 
 
 def default_profile_steps(base: Base) -> list[int]:

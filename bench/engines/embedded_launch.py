@@ -8,8 +8,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from bench.engines import register
-from bench.engines.base import Launch
+from bench.engines.base import EngineBase, Launch
 from bench.engines.common import default_profile_steps, device_available
 from bench.errors import BenchError
 from bench.spec.loading import expand_env
@@ -32,6 +31,16 @@ _SHARED_KEYS = (
     "seed",
 )
 
+
+#: the run config fields of the first cell ids: each names a cell whatever its value; a field added later names
+#: a cell only when it differs from its default (so a new field keeps every existing cell id)
+ID_FIELDS = frozenset({
+    "model", "data", "device", "steps", "warmup_steps", "profile_steps", "train_batch_size", "n",
+    "ppo_mini_batch_size", "micro_batch_size_per_gpu", "log_prob_micro_batch_size_per_gpu", "use_dynamic_bsz",
+    "ppo_max_token_len_per_gpu", "log_prob_max_token_len_per_gpu", "max_prompt_length", "max_response_length",
+    "temperature", "use_kl_loss", "kl_loss_coef", "kl_loss_type", "clip_ratio", "lr", "rmsnorm_fused",
+    "update_delay_s", "speed_probe", "seed",
+})
 
 #: run config keys the harness sets itself (from the named matrix setting); ``base.embedded`` may not set them
 _BASE_OWNED = {"device": "platform", "ppo_max_token_len_per_gpu": "base.ppo_max_token_len",
@@ -80,16 +89,54 @@ def _fill(value: Any, ctx: dict[str, Any]) -> Any:
     return value
 
 
-@register
-class EmbeddedEngine:
+class EmbeddedEngine(EngineBase):
     """Builds launches of the embedded one-process GRPO engine (:mod:`bench.engines.embedded`)."""
 
     name = "embedded"
     options_key = "embedded"
     shows_config = True
     forkserver_platforms = ("cpu",)
+    #: what an embedded run imports first (several seconds on 2 cores), imported once by the fork server
+    forkserver_preload = ("torch", "transformers", "verl.trainer.ppo.core_algos", "verl.utils.seqlen_balancing",
+                          "verl.utils.tracking", "bench.engines.embedded.run")
     supports_smoke = False
     has_speed_probe = True
+
+    @staticmethod
+    def placeholders() -> dict[str, str]:
+        """``{bench_cache}``: where the tiny model and the built-in data are built (:func:`default_cache_dir`)."""
+        from bench.engines.common import default_cache_dir
+
+        return {"bench_cache": str(default_cache_dir())}
+
+    @staticmethod
+    def startup_text(launch: Any) -> str:
+        """Building the tiny model when its cache folder has none yet, else loading the model and data."""
+        try:
+            import os
+            from pathlib import Path
+
+            from bench.engines.embedded.model import default_cache_dir, resolve_model_path
+
+            cfg = getattr(launch, "config", None) or {}
+            env = getattr(launch, "env", None) or {}
+            cache = Path(env["BENCH_CACHE_DIR"]) if env.get("BENCH_CACHE_DIR") else (
+                Path(os.environ["BENCH_CACHE_DIR"]) if os.environ.get("BENCH_CACHE_DIR") else default_cache_dir())
+            _, needs_build = resolve_model_path(str(cfg.get("model", "builtin:qwen3vl-tiny")), cache)
+            if needs_build:
+                return "building the tiny model (first use; cached for later runs)"
+        except Exception:
+            pass
+        return "loading the model and data, then step 1"
+
+    @staticmethod
+    def id_config(config: dict[str, Any]) -> dict[str, Any]:
+        """The run config as it names a cell: the :data:`ID_FIELDS`, and any later field off its default."""
+        from bench.engines.embedded.config import RunConfig
+
+        fields = RunConfig.model_fields
+        return {k: v for k, v in config.items() if k in ID_FIELDS or k not in fields
+                or v != fields[k].get_default(call_default_factory=True)}
 
     @staticmethod
     def check_options(base: Base) -> None:

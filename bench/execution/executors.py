@@ -78,14 +78,15 @@ class Executor(Protocol):
 
 def machine_placeholders(python: str = sys.executable) -> dict[str, str]:
     """The placeholders a launch may hold that name this machine, filled at launch time so that a cell id
-    (a hash of the launch) is the same everywhere: ``{python}`` (the harness's interpreter),
-    ``{verl_python}`` (the verl CPU stack's, :func:`bench.engines.verl_cpu.target.verl_python`),
-    ``{bench_cache}`` (models and data built locally) and ``{repo}`` (this checkout)."""
-    from bench.engines.embedded.model import default_cache_dir
-    from bench.engines.verl_cpu.target import verl_python
+    (a hash of the launch) is the same everywhere: ``{python}`` (the harness's interpreter), ``{repo}`` (this
+    checkout) and those of every registered engine (:meth:`bench.engines.base.EngineBase.placeholders`, e.g.
+    ``{verl_python}``, ``{bench_cache}``)."""
+    from bench.engines import engine_classes
 
-    return {"python": python, "verl_python": verl_python(), "bench_cache": str(default_cache_dir()),
-            "repo": str(REPO_ROOT)}
+    out: dict[str, str] = {}
+    for cls in engine_classes():
+        out.update(getattr(cls, "placeholders", dict)())
+    return {"python": python, **out, "repo": str(REPO_ROOT)}
 
 
 def fill_placeholders(text: str, python: str = sys.executable) -> str:

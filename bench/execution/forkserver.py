@@ -44,9 +44,16 @@ from bench.execution.executors import (
     signal_reason,
 )
 
-#: modules the server imports before forking (what an embedded run imports first).
-PRELOAD = ("torch", "transformers", "verl.trainer.ppo.core_algos", "verl.utils.seqlen_balancing",
-           "verl.utils.tracking", "bench.engines.embedded.run")
+
+def preload_modules() -> tuple[str, ...]:
+    """Modules the server imports before forking: what the runs of the engines that fork import first
+    (:attr:`bench.engines.base.Engine.forkserver_preload` of every registered engine, in registry order)."""
+    from bench.engines import engine_classes
+
+    out: list[str] = []
+    for cls in engine_classes():
+        out += [m for m in getattr(cls, "forkserver_preload", ()) if m not in out]
+    return tuple(out)
 
 
 def _child(req: dict) -> None:
@@ -142,8 +149,8 @@ class ForkServerExecutor:
 
     name = "forkserver"
 
-    def __init__(self, preload: tuple[str, ...] = PRELOAD, eager: bool = True, repo_root: Path | None = None):
-        self.preload = preload
+    def __init__(self, preload: tuple[str, ...] | None = None, eager: bool = True, repo_root: Path | None = None):
+        self.preload = preload_modules() if preload is None else preload
         self.repo_root = Path(repo_root).resolve() if repo_root is not None else REPO_ROOT
         self.proc: subprocess.Popen | None = None
         self.ready = False

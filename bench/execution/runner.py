@@ -11,6 +11,7 @@ from typing import Any
 
 import yaml
 
+from bench.engines.base import capability
 from bench.execution.executors import Executor, resolve_launch
 from bench.metadata import host_load
 from bench.record import build_record, write_record
@@ -47,7 +48,7 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     res = executor.execute(launch_res)
     t_ran = time.time()
     rec = build_record(rdir, res, spec=spec.model_dump(mode="json"), repeat=repeat, warmup_steps=warmup_steps,
-                       started_at=started)
+                       started_at=started, classify_failure=capability(spec.engine, "classify_failure"))
     rec["host_load"] = {"before": load0, "after": host_load()}  # the gate reports contention from it
     rec["label"] = spec.label
     rec["all_off"] = spec.is_all_off()

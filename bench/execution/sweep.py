@@ -43,7 +43,7 @@ from bench.results import (
     run_dir,
 )
 from bench.run_record import corrupt_records
-from bench.spec.matrix import Matrix
+from bench.spec.matrix import Matrix, base_params
 from bench.spec.plan import Plan, RunSpec, interleaved_order, new_order_seed, planned_order, run_order
 from bench.summary import cell_rows, parent_cells, plan_summary, sweep_header, write_summary
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
@@ -268,7 +268,7 @@ class Sweep:
                   "order": order.kind, "order_seed": "none" if order.seed is None else order.seed,
                   "design_cells": self.plan.design_cells, "factors": ",".join(self.plan.varied),
                   **plan_params(meta.get("planning")),
-                  **{f"base.{k}": v for k, v in m.base.model_dump(exclude={"env", "overrides", "embedded"}).items()}}
+                  **base_params(m.base.model_dump())}
         return tracker.start_parent(sweep_run_name(m.name, meta.get("created_at"), meta.get("git_commit")), tags,
                                     params, start_time=meta.get("created_at"),
                                     description=parent_description(meta))

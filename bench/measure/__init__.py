@@ -5,8 +5,9 @@
 * :func:`summarize` (:mod:`bench.measure.run_summary`) turns per-step metrics (+ Free ratio) into the run's
   statistics over its timed steps (:func:`step_samples`: the per-step samples of the same figures).
 
-Formats: one :class:`~bench.measure.formats.Reader` each, asked in the order of :data:`READERS`
-(registered below, one line per format): :mod:`bench.measure.jsonl` (verl file-logger JSONL),
+Formats: one :class:`~bench.measure.formats.Reader` each, asked in the order of
+:func:`~bench.measure.formats.readers` (entry points ``grpo_bench.readers``): :mod:`bench.measure.jsonl`
+(verl file-logger JSONL),
 :mod:`bench.measure.torch_reader` (Free ratio from the torch chrome traces, parsed in parallel and
 cached), :mod:`bench.measure.ascend`
 (``step_trace_time.csv`` / ``analysis.db`` of torch_npu).
@@ -22,30 +23,31 @@ import numpy as np
 from bench.measure._common import MeasureError
 from bench.measure.ascend import (
     AscendFree,
-    AscendReader,
     analyse_raw,
     ensure_analysed,
     find_ascend_profiles,
     read_ascend_free,
 )
 from bench.measure.ascend_step_trace import read_step_trace_csv, read_step_trace_db
-from bench.measure.formats import READERS, Measurements, Reader, ReadOptions, register_reader, unregister_reader
+from bench.measure.formats import (
+    READERS,
+    Measurements,
+    Reader,
+    ReadOptions,
+    readers,
+    register_reader,
+    unregister_reader,
+)
 from bench.measure.jsonl import (
-    JsonlReader,
     MetricsLog,
     StepMetrics,
     find_metrics_file,
     read_metrics_jsonl,
 )
 from bench.measure.run_summary import PHASES, STEP_TIME, step_samples, summarize, timed_steps
-from bench.measure.torch_reader import TRACE_DIRS, TorchTraceReader, find_torch_traces, step_from_path
+from bench.measure.torch_reader import TRACE_DIRS, find_torch_traces, step_from_path
 from bench.measure.torch_trace import StepFree, TraceFree, parse_trace_free
 from bench.measure.trace_pool import parse_traces
-
-#: the formats collect() reads, in this order (their warnings appear in this order): one line each
-register_reader(JsonlReader())
-register_reader(TorchTraceReader())
-register_reader(AscendReader())
 
 __all__ = [
     "PHASES",
@@ -72,6 +74,7 @@ __all__ = [
     "read_metrics_jsonl",
     "read_step_trace_csv",
     "read_step_trace_db",
+    "readers",
     "register_reader",
     "step_from_path",
     "summarize",
@@ -140,7 +143,7 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
     per_step: dict[int, list[dict]] = {}
     missing_by_step: dict[int, list[int]] = {}
     options = ReadOptions(expected_ranks=expected_ranks, analyse=analyse)
-    for reader in READERS:
+    for reader in readers():
         reader.prepare(root, options)
         if not reader.detect(root):
             if reader.when_absent:

@@ -3,16 +3,21 @@
 Each format is a :class:`Reader` in its own module (:mod:`bench.measure.jsonl` for verl's file-logger
 JSONL, :mod:`bench.measure.torch_reader` for torch chrome traces, :mod:`bench.measure.ascend` for the
 Ascend profiler's ``step_trace_time.csv`` / ``analysis.db`` / ``kernel_details``); :func:`bench.measure.collect`
-asks every reader of :data:`READERS` in order whether it finds its files (``detect``) and merges what
-it reads (``read``). Adding a format: one module with a ``Reader`` subclass and one ``register_reader``
-line (see ``CONTRIBUTING.md``).
+asks every reader of :func:`readers` in order whether it finds its files (``detect``) and merges what
+it reads (``read``). Readers are found by lookup: the entry points of the group ``grpo_bench.readers``
+(:mod:`bench.plugins`; the built-ins in ``pyproject.toml``, in the order of their warnings), loaded on the
+first lookup. Adding a format: one module with a ``Reader`` subclass and one entry point line (see
+``CONTRIBUTING.md``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+GROUP = "grpo_bench.readers"
 
 
 @dataclass
@@ -75,26 +80,66 @@ class Reader:
         raise NotImplementedError
 
 
-#: the readers, in the order collect() asks them (their warnings appear in this order)
-READERS: list[Reader] = []
+_READERS: list[Reader] = []
+_loaded = False
+
+
+def readers() -> list[Reader]:
+    """The readers, in the order :func:`bench.measure.collect` asks them (their warnings appear in this
+    order): entry points first (built-ins, then plugins), then :func:`register_reader` calls."""
+    global _loaded
+    if not _loaded:
+        _loaded = True
+        from bench.plugins import instance, load
+
+        early = list(_READERS)
+        _READERS.clear()
+        for _name, obj in load(GROUP):
+            _put(instance(obj))
+        for reader in early:
+            _put(reader)
+    return list(_READERS)
+
+
+def _put(reader: Reader) -> Reader:
+    if not reader.name:
+        raise ValueError(f"{type(reader).__name__} has no name")
+    for i, held in enumerate(_READERS):
+        if held.name == reader.name:
+            _READERS[i] = reader
+            return reader
+    _READERS.append(reader)
+    return reader
 
 
 def register_reader(reader: Reader) -> Reader:
-    """Append ``reader`` to :data:`READERS` (replacing one of the same name in place); returns it.
+    """Append ``reader`` to the readers (replacing one of the same name in place); returns it.
 
     Raises:
         ValueError: the reader has no name.
     """
-    if not reader.name:
-        raise ValueError(f"{type(reader).__name__} has no name")
-    for i, held in enumerate(READERS):
-        if held.name == reader.name:
-            READERS[i] = reader
-            return reader
-    READERS.append(reader)
-    return reader
+    readers()
+    return _put(reader)
 
 
 def unregister_reader(name: str) -> None:
     """Remove the reader called ``name`` (tests that register a toy format undo it with this)."""
-    READERS[:] = [r for r in READERS if r.name != name]
+    readers()
+    _READERS[:] = [r for r in _READERS if r.name != name]
+
+
+class _ReadersView(Sequence[Reader]):
+    """:data:`READERS`: a live read-only sequence over :func:`readers`."""
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return readers()[i]
+
+    def __len__(self) -> int:
+        return len(readers())
+
+    def __iter__(self) -> Iterator[Reader]:
+        return iter(readers())
+
+
+#: the readers, live (kept for ``from bench.measure import READERS``; :func:`readers` is the lookup)
+READERS: Sequence[Reader] = _ReadersView()

@@ -1,4 +1,4 @@
-"""Evidence, read from a finished verl run, that each factor did what its level says.
+"""The evidence checks of the verl engine (``check(level, run)``, :mod:`bench.measure.evidence`).
 
 A factor can be on in the launch and do nothing in the run (FSDP2 ignored ``forward_prefetch`` in verl
 releases before PR 6317; a patch may be refused in the process that matters). The verdict of each factor
@@ -16,36 +16,17 @@ not apply here). Each comes with a one-line detail.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from bench.spec.optimizations import REGISTRY, evidence_check
-
-#: Verdict words, in order of concern.
-VERDICTS = ("contradicted", "missing", "confirmed", "n/a")
-HYDRA_CONFIG = Path("hydra") / ".hydra" / "config.yaml"
-
-
-def load_reports(run_dir: str | Path) -> list[dict[str, Any]]:
-    """The per-process patch reports of a run (unreadable files skipped)."""
-    out = []
-    for path in sorted(Path(run_dir, "patches").glob("*.json")):
-        try:
-            out.append(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            continue
-    return out
-
-
-def load_config(run_dir: str | Path) -> dict[str, Any] | None:
-    """The config verl composed for the run (Hydra's ``.hydra/config.yaml``), or ``None``."""
-    import yaml
-
-    try:
-        return yaml.safe_load(Path(run_dir, HYDRA_CONFIG).read_text())
-    except (OSError, ValueError, yaml.YAMLError):
-        return None
+from bench.measure.evidence import (  # noqa: F401  (re-exported: where these lived before)
+    HYDRA_CONFIG,
+    VERDICTS,
+    FinishedRun,
+    factor_evidence,
+    flagged,
+    load_config,
+    load_reports,
+)
 
 
 def _select(cfg: dict[str, Any] | None, dotted: str) -> Any:
@@ -88,8 +69,9 @@ def _vllm_config(reports: list[dict]) -> dict[str, Any] | None:
     return None
 
 
-def dynamic_bsz(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, str]:
+def dynamic_bsz(level: int, run: FinishedRun) -> tuple[str, str]:
     """Micro-batches per pass: token budget (``rearrange_micro_batches``) vs fixed size."""
+    reports = run.reports
     dyn, fixed = _counter(reports, "dynamic_bsz"), _counter(reports, "fixed_bsz")
     want, other = (dyn, fixed) if level else (fixed, dyn)
     kind = "token-budget" if level else "fixed-size"
@@ -107,8 +89,9 @@ def dynamic_bsz(level: int, reports: list[dict], cfg: dict | None) -> tuple[str,
     return "missing", "no pass of verl's prepare_micro_batches was counted (verl_evidence patch not reached)"
 
 
-def forward_prefetch(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, str]:
+def forward_prefetch(level: int, run: FinishedRun) -> tuple[str, str]:
     """FSDP2 ``set_modules_to_forward_prefetch`` calls (``apply_fsdp2`` honouring the setting)."""
+    reports, cfg = run.reports, run.composed_config
     c = _counter(reports, "forward_prefetch")
     strategy = _select(cfg, "actor_rollout_ref.actor.strategy")
     if level:
@@ -124,8 +107,9 @@ def forward_prefetch(level: int, reports: list[dict], cfg: dict | None) -> tuple
     return "confirmed", "no FSDP module had forward prefetch set"
 
 
-def graph_mode(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, str]:
+def graph_mode(level: int, run: FinishedRun) -> tuple[str, str]:
     """vLLM's resolved ``enforce_eager`` / compilation mode, else verl's composed rollout config."""
+    reports, cfg = run.reports, run.composed_config
     vc = _vllm_config(reports)
     want_eager = not level
     if vc is not None and vc.get("enforce_eager") is not None:
@@ -138,8 +122,9 @@ def graph_mode(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, 
     return verdict, f"verl config rollout.enforce_eager={eager} (vLLM's own config not recorded)"
 
 
-def rmsnorm_fused(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, str]:
+def rmsnorm_fused(level: int, run: FinishedRun) -> tuple[str, str]:
     """The RMSNorm patch of the platform applied in the training processes (and vLLM's, where present)."""
+    reports, cfg = run.reports, run.composed_config
     mode = "on" if level else "off"
     for name in ("cpu_rmsnorm", "qwen3vl_npu_fused"):
         if not any(f"{name}:{mode}" in (r.get("requested") or []) for r in reports):
@@ -159,34 +144,3 @@ def rmsnorm_fused(level: int, reports: list[dict], cfg: dict | None) -> tuple[st
     if liger is not None:
         return ("confirmed" if bool(liger) == bool(level) else "contradicted"), f"verl config model.use_liger={liger}"
     return "missing", "no RMSNorm patch report and no use_liger in the composed config"
-
-
-def factor_evidence(run_dir: str | Path, levels: dict[str, int | None], engine: str = "verl",
-                    platform: str = "*") -> dict[str, dict[str, str]]:
-    """Per factor of ``levels``: ``{"verdict": confirmed|missing|contradicted|n/a, "detail": str}``.
-
-    The check of each factor is the one its registry entry names for ``engine``/``platform``
-    (:attr:`bench.spec.optimizations.Optimization.evidence_checks`; the functions above for verl).
-    Factors without a check (``task_queue``, ``mc2``, ``mrope_cache``: environment variables and
-    vLLM-Ascend patches, NPU only) are judged from the patch reports' requested list where they are
-    patches, else reported ``n/a`` when not applicable and ``missing`` otherwise.
-    """
-    reports = load_reports(run_dir)
-    cfg = load_config(run_dir)
-    out: dict[str, dict[str, str]] = {}
-    for key, level in levels.items():
-        if level is None:
-            out[key] = {"verdict": "n/a", "detail": "not applicable on this target"}
-            continue
-        check = evidence_check(key, engine, platform) if key in REGISTRY else None
-        if check is None:
-            out[key] = {"verdict": "missing", "detail": f"no evidence reader for this factor on {engine} yet"}
-            continue
-        verdict, detail = check(int(level), reports, cfg)
-        out[key] = {"verdict": verdict, "detail": detail}
-    return out
-
-
-def flagged(evidence: dict[str, dict[str, str]]) -> list[str]:
-    """Factors whose evidence is ``missing`` or ``contradicted`` (what the harness warns about)."""
-    return [k for k, v in evidence.items() if v.get("verdict") in ("missing", "contradicted")]

@@ -22,7 +22,7 @@ import numpy as np
 
 from bench.errors import BenchError
 from bench.spec.matrix import ExplicitDesign, FractionalDesign, Matrix, OneAtATimeDesign
-from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.optimizations import REGISTRY, factor_keys
 
 Cell = dict[str, int]
 
@@ -74,7 +74,7 @@ def check_generators(generators: str, varied: list[str], source: str) -> None:
 
 def _levels(matrix: Matrix) -> dict[str, list[int]]:
     """Levels of every registry factor: the matrix's, or the first level held fixed."""
-    return {k: list(matrix.factors.get(k, [REGISTRY[k].off])) for k in FACTOR_KEYS}
+    return {k: list(matrix.factors.get(k, [REGISTRY[k].off])) for k in factor_keys()}
 
 
 def full(matrix: Matrix) -> DesignResult:
@@ -171,7 +171,7 @@ def explicit(matrix: Matrix, design: ExplicitDesign) -> DesignResult:
     levels = _levels(matrix)
     base = {k: v[0] for k, v in levels.items()}
     cells = [{**base, **c} for c in design.cells]
-    varied = [k for k in FACTOR_KEYS if len({c[k] for c in cells}) > 1]
+    varied = [k for k in factor_keys() if len({c[k] for c in cells}) > 1]
     return DesignResult(cells=cells, varied=varied)
 
 

@@ -21,7 +21,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 
 from bench.expect import ExpectBlock
-from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.optimizations import REGISTRY, factor_keys
 
 #: upper bounds of matrix numbers (a typo such as ``repeats: 1000000000000`` is refused, not planned)
 MAX_STEPS = 100_000
@@ -73,8 +73,8 @@ def parse_cell(raw: dict[str, Any], where: str = "") -> dict[str, int]:
     out: dict[str, int] = {}
     for key, value in raw.items():
         if key not in REGISTRY:
-            raise ValueError(f"{prefix}unknown factor {key!r}{did_you_mean(key, FACTOR_KEYS)} "
-                             f"(allowed: {', '.join(FACTOR_KEYS)})")
+            raise ValueError(f"{prefix}unknown factor {key!r}{did_you_mean(key, factor_keys())} "
+                             f"(allowed: {', '.join(factor_keys())})")
         try:
             out[key] = _level(key, value)
         except ValueError as exc:
@@ -173,7 +173,7 @@ class Base(BaseModel):
     def context(self) -> dict[str, Any]:
         """Values the registry's override templates and requirements refer to (P, R, token limits ...)."""
         seq = self.max_prompt_length + self.max_response_length
-        ctx = self.model_dump(exclude={"overrides", "env", "embedded"})
+        ctx = self.model_dump(exclude={"overrides", "env", *engine_options_keys()})
         ctx.update(
             P=self.max_prompt_length,
             R=self.max_response_length,
@@ -242,7 +242,7 @@ class Matrix(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_NAME)
-    engine: str = "embedded"
+    engine: str = Field(default_factory=lambda: _default_engine())
     platform: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     base: Base = Field(default_factory=Base)
     factors: dict[str, list[int]] = Field(default_factory=dict)
@@ -292,8 +292,8 @@ class Matrix(BaseModel):
         out: dict[str, list[int]] = {}
         for key, levels in raw.items():
             if not isinstance(key, str) or key not in REGISTRY:
-                raise ValueError(f"unknown factor {key!r}{did_you_mean(key, FACTOR_KEYS)} "
-                                 f"(allowed: {', '.join(FACTOR_KEYS)})")
+                raise ValueError(f"unknown factor {key!r}{did_you_mean(key, factor_keys())} "
+                                 f"(allowed: {', '.join(factor_keys())})")
             if levels is None:
                 levels = list(REGISTRY[key].default_levels)
             elif isinstance(levels, dict):
@@ -341,6 +341,26 @@ class Matrix(BaseModel):
             data["selected_cells"] = sorted(self.selected_cells)
         blob = json.dumps(data, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
+
+
+def _default_engine() -> str:
+    from bench.engines import default_engine  # the registry of engines (loaded on first use)
+
+    return default_engine()
+
+
+def engine_options_keys() -> set[str]:
+    """The keys of ``base`` that hold an engine's own settings (left out of the settings logged as ``base.*``)."""
+    from bench.engines import options_keys  # the registry of engines (loaded on first use)
+
+    return options_keys()
+
+
+def base_params(base: dict[str, Any]) -> dict[str, Any]:
+    """The ``base`` settings logged as MLflow params ``base.<key>`` (sweep, tune and sync alike): every key
+    but ``env``, ``overrides`` and the engines' own sub-blocks (:func:`engine_options_keys`)."""
+    skip = {"env", "overrides", *engine_options_keys()}
+    return {f"base.{k}": v for k, v in base.items() if k not in skip}
 
 
 def _engine_options(matrix: Matrix) -> Any:

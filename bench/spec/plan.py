@@ -8,7 +8,10 @@ For each design cell, in order:
 4. cells whose applicable levels are equal are *merged* into one run, reported for each cell.
 
 Each run becomes a :class:`RunSpec`; its ``cell_id`` is a stable hash of the resolved launch (engine,
-platform, argv, env, patches, config), so the same configuration always maps to the same folder.
+platform, argv, env, patches, config), so the same configuration always maps to the same folder. Ids stay
+stable under additions: a factor registered after :data:`ID_BASIS_FACTORS` enters the hash only where the
+matrix lists it or sets it off its off level, and an engine reduces its run config to what names a cell
+(:attr:`bench.engines.base.Engine.id_config`: the embedded engine leaves out a new field at its default).
 """
 
 from __future__ import annotations
@@ -19,11 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bench.engines import engine_class
 from bench.engines.base import Launch, get_engine
 from bench.errors import BenchError
 from bench.spec.design import Cell, DesignResult, expand
 from bench.spec.matrix import Matrix
-from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, Mechanism, applicability, conflicts_of, resolve
+from bench.spec.optimizations import REGISTRY, Mechanism, applicability, conflicts_of, factor_keys, resolve
 
 
 class RunSpec(BaseModel):
@@ -122,12 +126,29 @@ def merge_mechanisms(mechs: list[Mechanism]) -> Mechanism:
     return Mechanism(env=env, config=config, overrides=tuple(overrides), patches=tuple(patches))
 
 
+#: the factors whose off level has named every cell since cell ids began; a factor registered later enters a
+#: cell's id only where the matrix lists it or the cell sets it off its off level (so adding an optimization
+#: keeps the id of every existing cell: old sweeps resume, baselines match)
+ID_BASIS_FACTORS = frozenset({"rmsnorm_fused", "task_queue", "dynamic_bsz", "forward_prefetch", "mc2", "mrope_cache",
+                              "graph_mode"})
+
+
 def cell_id_of(engine: str, platform: str, launch: Launch) -> str:
-    """Stable 12-hex-digit SHA-256 of the resolved launch (independent of results folder and machine)."""
-    blob = json.dumps(
-        {"engine": engine, "platform": platform, **launch.model_dump(exclude={"notes"})}, sort_keys=True, default=str
-    )
+    """Stable 12-hex-digit SHA-256 of the resolved launch (independent of results folder and machine); the run
+    config as the engine's ``id_config`` reduces it (default: all of it)."""
+    reduce = getattr(engine_class(engine), "id_config", None)
+    data = launch.model_dump(exclude={"notes"})
+    if reduce is not None:
+        data["config"] = reduce(data["config"])
+    blob = json.dumps({"engine": engine, "platform": platform, **data}, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def _id_levels(levels: dict[str, int | None], listed: set[str]) -> dict[str, int | None]:
+    """The levels that name a cell (see :data:`ID_BASIS_FACTORS`)."""
+    reg = REGISTRY
+    return {k: v for k, v in levels.items()
+            if v is None or k in ID_BASIS_FACTORS or k in listed or (k in reg and v != reg[k].off)}
 
 
 def _matches(cell: Cell, when: dict[str, int]) -> bool:
@@ -150,7 +171,7 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
     design: DesignResult = expand(matrix)
     engine = get_engine(matrix.engine)
     ctx = matrix.base.context()
-    na = {k: applicability(k, matrix.engine, platform, ctx) for k in FACTOR_KEYS}
+    na = {k: applicability(k, matrix.engine, platform, ctx) for k in factor_keys()}
 
     dropped: list[Dropped] = []
     groups: dict[tuple, list[Cell]] = {}
@@ -163,20 +184,25 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
         if rule is not None:
             dropped.append(Dropped(cell=cell, kind="excluded", reason=rule.reason))
             continue
-        effective = tuple((k, None if na[k] else cell[k]) for k in FACTOR_KEYS)
+        effective = tuple((k, None if na[k] else cell[k]) for k in factor_keys())
         groups.setdefault(effective, []).append(cell)
 
     runs: list[RunSpec] = []
     for effective, cells in groups.items():
         levels = dict(effective)
         mech = merge_mechanisms([resolve(k, v, matrix.engine, platform) for k, v in levels.items() if v is not None])
+        id_levels = _id_levels(levels, set(matrix.factors))
         try:
             launch = engine.build(matrix.base, mech, platform, levels, strict=strict)
+            id_launch = launch if id_levels == levels else engine.build(
+                matrix.base, merge_mechanisms([resolve(k, v, matrix.engine, platform)
+                                               for k, v in id_levels.items() if v is not None]),
+                platform, id_levels, strict=strict)
         except BenchError as exc:
             raise BenchError(f"{matrix.source}: {exc}") from None
         runs.append(
             RunSpec(
-                cell_id=cell_id_of(matrix.engine, platform, launch),
+                cell_id=cell_id_of(matrix.engine, platform, id_launch),
                 engine=matrix.engine,
                 platform=platform,
                 levels=levels,

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.results import atomic_write_json, read_json
+from bench.spec.matrix import base_params
 from bench.spec.plan import RunSpec
 from bench.spec.tune_space import PARAMS
 from bench.tune_report import CONSTRAINT, verl_overrides
@@ -63,7 +64,7 @@ class TuneTracking:
             "seq_len_P_plus_R": s.seq,
             **{f"space.{k}": d.describe() for k, d in s.space.items()},
             **{f"fixed.{k}": v for k, v in s.cell.items()},
-            **{f"base.{k}": v for k, v in s.matrix.base.model_dump(exclude={"env", "overrides", "embedded"}).items()},
+            **base_params(s.matrix.base.model_dump()),
         }
         self.parent_id = self.tracker.start_parent(f"tune-{s.study_name}", tags, params)
         study.set_user_attr(PARENT_ATTR, self.parent_id)

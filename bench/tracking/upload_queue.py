@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from bench.errors import BenchError, doing
 from bench.results import SWEEP, atomic_write_json, is_no_space, read_json, run_dir
+from bench.spec.matrix import base_params
 
 #: the queue file of a sweep folder
 QUEUE = "mlflow_queue.json"
@@ -113,7 +114,7 @@ def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
               "cells": len(plan.get("runs") or []), "order": order.get("kind"),
               "order_seed": "none" if seed is None else seed, "design_cells": plan.get("design_cells"),
               "factors": ",".join(plan.get("varied") or []),
-              **{f"base.{k}": v for k, v in (m.get("base") or {}).items() if k not in ("env", "overrides", "embedded")}}
+              **base_params(m.get("base") or {})}
     return tags, params
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from bench.errors import BenchError
 from bench.spec.matrix import ExplicitDesign, Matrix
-from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
+from bench.spec.optimizations import REGISTRY, factor_keys
 from bench.spec.plan import RunSpec, make_plan
 from bench.spec.tune_space import PARAMS, TuneBlock
 
@@ -22,7 +22,7 @@ class TrialFailed(Exception):
 
 def fixed_cell(matrix: Matrix, block: TuneBlock) -> dict[str, int]:
     """The factor levels of every trial: ``tune.fixed``, else the matrix's first level (dynamic bsz on)."""
-    cell = {k: matrix.factors.get(k, [REGISTRY[k].off])[0] for k in FACTOR_KEYS}
+    cell = {k: matrix.factors.get(k, [REGISTRY[k].off])[0] for k in factor_keys()}
     cell.update(block.fixed)
     cell["dynamic_bsz"] = 1
     return cell

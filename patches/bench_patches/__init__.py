@@ -126,6 +126,10 @@ class PatchRecord(dict):
         self._report.write()
 
 
+#: environment variables that are a factor's whole mechanism (task_queue, mc2): each report records them
+ENV_EVIDENCE = ("TASK_QUEUE_ENABLE", "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE")
+
+
 class Report:
     """The per-process patch report written to ``$BENCH_RUN_DIR/patches/``."""
 
@@ -159,6 +163,8 @@ class Report:
             "updated": time.time(),
             "requested": self.requested,
             "patches": {k: dict(v) for k, v in self.patches.items()},
+            # the factors' environment switches as this process saw them (evidence of env-only factors)
+            "env": {k: os.environ[k] for k in ENV_EVIDENCE if k in os.environ},
         }
 
     def write(self) -> None:

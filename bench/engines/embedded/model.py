@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.engines.common import default_cache_dir  # noqa: F401  (re-exported: the models' cache)
 from bench.errors import BenchError
 
 from . import data as data_mod
@@ -52,12 +53,6 @@ CHAT_TEMPLATE = (
 )
 
 log = logging.getLogger("bench.embedded")
-
-
-def default_cache_dir() -> Path:
-    """``$BENCH_CACHE_DIR``, else ``<repo root>/.cache`` (git-ignored)."""
-    env = os.environ.get("BENCH_CACHE_DIR")
-    return Path(env).expanduser() if env else Path(__file__).resolve().parents[3] / ".cache"
 
 
 def tiny_recipe() -> dict[str, Any]:

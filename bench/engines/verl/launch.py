@@ -32,9 +32,9 @@ import importlib.metadata
 import importlib.util
 import sys
 from pathlib import Path
+from typing import Any
 
-from bench.engines import register
-from bench.engines.base import Launch
+from bench.engines.base import EngineBase, Launch
 from bench.engines.verl.notes import forward_prefetch_note, mc2_note
 from bench.engines.verl.overrides import (
     DEVICES,
@@ -67,8 +67,8 @@ REWARD_FILE = "bench/engines/verl_cpu/reward.py"
 
 def _ensure_cpu_assets(launches: list[Launch]) -> None:
     """Build the tiny model and the data set the ``verl:cpu`` launches name (once; cached)."""
+    from bench.engines.common import default_cache_dir
     from bench.engines.embedded import data as data_mod
-    from bench.engines.embedded.model import default_cache_dir
     from bench.engines.verl_cpu import assets
 
     cache = default_cache_dir()
@@ -79,8 +79,7 @@ def _ensure_cpu_assets(launches: list[Launch]) -> None:
         if any(("{bench_cache}/" + data_mod.builtin_relpath(name)) in p for p in paths):
             data_mod.builtin_path(name, cache)
 
-@register
-class VerlEngine:
+class VerlEngine(EngineBase):
     """Builds ``verl.trainer.main_ppo`` launches; checks the machine before a real sweep.
 
     Args:
@@ -94,6 +93,32 @@ class VerlEngine:
     forkserver_platforms = ()
     supports_smoke = True
     has_speed_probe = False
+
+    @staticmethod
+    def placeholders() -> dict[str, str]:
+        """``{verl_python}`` (the verl CPU stack's interpreter) and ``{bench_cache}`` (models and data built
+        locally)."""
+        from bench.engines.common import default_cache_dir
+        from bench.engines.verl_cpu.target import verl_python
+
+        return {"verl_python": verl_python(), "bench_cache": str(default_cache_dir())}
+
+    @staticmethod
+    def startup_text(launch: Any) -> str:
+        """Ray, the workers and the rollout engine start before step 1."""
+        return "starting up (Ray, workers, rollout engine) before step 1"
+
+    @staticmethod
+    def classify_failure(run_dir: Path, log_tail: str, *, timed_out: bool, steps_done: int, returncode: int,
+                         argv: list[str]) -> tuple[str, str] | None:
+        """The kind of a failed verl run from its log (:func:`bench.measure.verl_failure.classify`), unless the
+        run wrote its own ``failure.json``."""
+        if (Path(run_dir) / "failure.json").exists():
+            return None
+        from bench.measure.verl_failure import classify
+
+        return classify(log_tail, timed_out=timed_out, steps_done=steps_done, returncode=returncode,
+                        overrides=[a for a in argv[1:] if "=" in a])
 
     def __init__(self, verl_version: str | None = None) -> None:
         self.verl_version = verl_version

@@ -1,0 +1,32 @@
+"""The optimizations of the article, as data: one module per built-in optimization, one registry.
+
+Source: the seed article "基于昇腾的多模态模型VeRL训练性能优化实践" (Qwen3-VL-8B GRPO on Atlas 800T A2,
+verl 0.6.1, vLLM-Ascend 0.11.0), sections 2.5, 3.1.1-3.3.2 and the summary; mechanisms checked against
+verl's ``ppo_trainer.yaml`` and vllm-ascend's ``envs.py`` (see ``FIELD_NOTES.md``).
+
+:mod:`~bench.spec.optimizations.base` holds the model (:class:`Optimization`, :class:`Mechanism` ...),
+:mod:`~bench.spec.optimizations.registry` the lookup (:func:`registry`, :func:`factor_keys`, :func:`resolve`
+...), and each built-in its own module (``rmsnorm_fused.py`` ...), registered by an entry point
+(``grpo_bench.optimizations`` in ``pyproject.toml``).
+"""
+
+from bench.spec.optimizations.base import Conflict, Mechanism, Optimization, Requirement
+from bench.spec.optimizations.registry import (
+    CONFLICTS,
+    FACTOR_KEYS,
+    REGISTRY,
+    applicability,
+    article_factors,
+    compact_label,
+    conflicts_of,
+    evidence_check,
+    factor_keys,
+    register_optimization,
+    registry,
+    resolve,
+    unregister_optimization,
+)
+
+__all__ = ["CONFLICTS", "FACTOR_KEYS", "REGISTRY", "Conflict", "Mechanism", "Optimization", "Requirement",
+           "applicability", "article_factors", "compact_label", "conflicts_of", "evidence_check", "factor_keys",
+           "register_optimization", "registry", "resolve", "unregister_optimization"]

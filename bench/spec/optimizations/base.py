@@ -1,0 +1,108 @@
+"""The data model of an optimization (a factor of the experiment design): what each level sets per target.
+
+Targets are written ``"<engine>:<platform>"`` (``"verl:npu"``), with ``"<engine>:*"`` as a fallback.
+Override strings may hold ``{placeholders}`` that the planner fills from the matrix ``base`` block and
+derived values (``P`` = max prompt length, ``R`` = max response length, ``ppo_max_token_len`` ...).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Mechanism(BaseModel):
+    """What one level of one optimization sets for a run.
+
+    Attributes:
+        env: environment variables for every process of the run (names -> string values).
+        overrides: Hydra overrides for ``verl.trainer.main_ppo`` (``key=value``; may contain
+            ``{placeholders}`` filled by the planner).
+        patches: runtime patch specs from ``patches/`` (``name`` or ``name:mode``) loaded in every process.
+        config: keys of the embedded engine's run configuration (:class:`bench.engines.embedded.config.RunConfig`).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    env: dict[str, str] = Field(default_factory=dict)
+    overrides: tuple[str, ...] = ()
+    patches: tuple[str, ...] = ()
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+class Requirement(BaseModel):
+    """A condition on the run settings below which a factor is *not applicable* (not invalid).
+
+    ``setting`` names a key of the planner's context (e.g. ``rollout_tp``); the factor applies when
+    ``context[setting] >= minimum``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    setting: str
+    minimum: float
+    reason: str
+
+
+class Optimization(BaseModel):
+    """One optimization of the article: a factor of the experiment design.
+
+    Attributes:
+        key: factor name used in matrix files.
+        title: human title.
+        section: article section the optimization comes from.
+        acts: where it acts: ``rollout`` (vLLM generation), ``training`` (FSDP actor/ref) or ``host``.
+        levels: allowed levels; the first is "off".
+        default_levels: levels used when a matrix lists the factor without levels.
+        article_gain: end-to-end gain the article reports (fraction, e.g. 0.15), ``None`` if not stated.
+        mechanisms: per target, per level, what the level sets.
+        not_applicable: per target, why the factor cannot be applied there.
+        requires: settings the factor needs; unmet -> not applicable with the reason.
+        evidence: how a run shows the factor took effect (prose).
+        evidence_checks: per target, the check that reads a finished run and judges whether the level
+            took effect, as ``"module:function"`` (imported when a run is measured); the function takes
+            ``(level, run)`` with ``run`` a :class:`bench.measure.evidence.FinishedRun` (the run folder, its
+            patch reports, run config and composed config) and returns ``(verdict, detail)`` with verdict in
+            ``confirmed | missing | contradicted | n/a`` (see :mod:`bench.measure.evidence`).
+        article_level: the level whose gain the article reports; the report puts that level's gain
+            beside the article's (table and ``article.png``); ``None``: no article figure.
+        code: a short code (a few letters, e.g. ``dbsz``) for compact cell labels (:func:`compact_label`:
+            MLflow run names, whose list column shows only about 13 characters); default: ``key``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    key: str
+    title: str
+    section: str
+    acts: Literal["rollout", "training", "host"]
+    levels: tuple[int, ...] = (0, 1)
+    default_levels: tuple[int, ...] = (0, 1)
+    article_gain: float | None = None
+    mechanisms: dict[str, dict[int, Mechanism]] = Field(default_factory=dict)
+    not_applicable: dict[str, str] = Field(default_factory=dict)
+    requires: tuple[Requirement, ...] = ()
+    evidence: str = ""
+    evidence_checks: dict[str, str] = Field(default_factory=dict)
+    article_level: int | None = None
+    code: str = ""
+
+    @property
+    def short(self) -> str:
+        """The factor's short code (:attr:`code`, else :attr:`key`)."""
+        return self.code or self.key
+
+    @property
+    def off(self) -> int:
+        """The level that means "optimization off" (the first level)."""
+        return self.levels[0]
+
+
+class Conflict(BaseModel):
+    """A combination of levels that must never run together (the cell is dropped as invalid)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    when: dict[str, int]
+    reason: str
+
+
+#: a reason shared by the rollout factors that the one-process embedded engine cannot have
+EMBEDDED_NO_VLLM = "the embedded engine generates with Hugging Face generate in one process: there is no vLLM"

@@ -1,0 +1,56 @@
+"""Built-in optimization ``dynamic_bsz``, article section 3.2.1:
+Dynamic batch size (token-budget micro-batches).
+
+Registered by one line of ``pyproject.toml``, group ``grpo_bench.optimizations``:
+``dynamic_bsz = "bench.spec.optimizations.dynamic_bsz:OPTIMIZATION"``.
+"""
+
+from __future__ import annotations
+
+from bench.spec.optimizations.base import Mechanism as M
+from bench.spec.optimizations.base import Optimization
+
+_DYN_ON_OVERRIDES = (
+    "actor_rollout_ref.actor.use_dynamic_bsz=true",
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu={ppo_max_token_len}",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=true",
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu={log_prob_max_token_len}",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=true",
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu={log_prob_max_token_len}",
+)
+_DYN_OFF_OVERRIDES = (
+    "actor_rollout_ref.actor.use_dynamic_bsz=false",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro_batch_size_per_gpu}",
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=false",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu={log_prob_micro_batch_size_per_gpu}",
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={log_prob_micro_batch_size_per_gpu}",
+)
+
+OPTIMIZATION = Optimization(
+    key="dynamic_bsz",
+    code="dbsz",
+    title="Dynamic batch size (token-budget micro-batches)",
+    section="3.2.1",
+    acts="training",
+    article_gain=0.15,
+    article_level=1,
+    mechanisms={
+        "verl:*": {0: M(overrides=_DYN_OFF_OVERRIDES), 1: M(overrides=_DYN_ON_OVERRIDES)},
+        "embedded:*": {
+            0: M(config={"use_dynamic_bsz": False}),
+            1: M(
+                config={
+                    "use_dynamic_bsz": True,
+                    "ppo_max_token_len_per_gpu": "{ppo_max_token_len}",
+                    "log_prob_max_token_len_per_gpu": "{log_prob_max_token_len}",
+                }
+            ),
+        },
+    },
+    evidence="micro-batches formed per pass and padded vs real tokens (perf/*micro_batches*)",
+    evidence_checks={
+        "verl:*": "bench.measure.verl_evidence:dynamic_bsz",
+        "embedded:*": "bench.engines.embedded.evidence:dynamic_bsz",
+    },
+)

@@ -1,0 +1,207 @@
+"""The registry of optimizations, read through functions: :func:`registry` and :func:`factor_keys`.
+
+The built-in optimizations are one module each in this package (like optuna's samplers); each is registered
+by one line of the group ``grpo_bench.optimizations`` in ``pyproject.toml``, and a plugin package registers
+its own the same way (:mod:`bench.plugins`). The entry points are loaded on the first lookup, so the order
+of imports never matters: :func:`register_optimization` after any import is seen by every later lookup.
+
+Nothing outside this package knows what an optimization does: the planner asks :func:`resolve` for the
+:class:`Mechanism` of one factor level on one engine/platform target and merges what it gets back.
+:data:`REGISTRY` and :data:`FACTOR_KEYS` are live read-only views of the registry (never copies), kept for
+``from bench.spec.optimizations import REGISTRY``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from bench.spec.optimizations.base import Conflict, Mechanism, Optimization
+
+GROUP = "grpo_bench.optimizations"
+_REGISTRY: dict[str, Optimization] = {}
+_loaded = False
+
+CONFLICTS: tuple[Conflict, ...] = (
+    Conflict(
+        when={"graph_mode": 1, "task_queue": 2},
+        reason="graph mode (enforce_eager=false) cannot run with TASK_QUEUE_ENABLE=2; use level 1 "
+        "(verl Ascend performance-tuning guide)",
+    ),
+)
+
+
+def _load() -> dict[str, Optimization]:
+    global _loaded
+    if not _loaded:
+        _loaded = True  # before loading: an entry point's module may itself look the registry up
+        from bench.plugins import load
+
+        found = {}
+        for name, opt in load(GROUP):
+            if not isinstance(opt, Optimization):
+                from bench.errors import BenchError
+
+                raise BenchError(f"entry point {GROUP}: {name}: not an Optimization ({type(opt).__name__})")
+            found[opt.key] = opt
+        # registrations made before the first lookup come after the entry points
+        early = dict(_REGISTRY)
+        _REGISTRY.clear()
+        _REGISTRY.update(found)
+        _REGISTRY.update({k: v for k, v in early.items() if k not in found})
+    return _REGISTRY
+
+
+def registry() -> dict[str, Optimization]:
+    """Every registered optimization by key, in order: entry points (built-ins first), then
+    :func:`register_optimization` calls. The dict is the registry itself: read it, do not change it."""
+    return _load()
+
+
+def factor_keys() -> tuple[str, ...]:
+    """The factor keys, in registry order (the column order of summaries and the order of a cell's levels)."""
+    return tuple(_load())
+
+
+def register_optimization(opt: Optimization) -> Optimization:
+    """Add ``opt`` to the registry (returns it); seen by every later lookup whenever it is called. A plugin
+    package registers with an entry point instead (``CONTRIBUTING.md``).
+
+    Raises:
+        ValueError: the key is taken.
+    """
+    if opt.key in _load():
+        raise ValueError(f"optimization {opt.key!r} is already registered")
+    _REGISTRY[opt.key] = opt
+    return opt
+
+
+def unregister_optimization(key: str) -> None:
+    """Remove the optimization ``key`` (tests undo a toy with it)."""
+    _load().pop(key, None)
+
+
+class _RegistryView(Mapping[str, Optimization]):
+    """:data:`REGISTRY`: a live read-only mapping over :func:`registry`."""
+
+    def __getitem__(self, key: str) -> Optimization:
+        return _load()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(_load()))
+
+    def __len__(self) -> int:
+        return len(_load())
+
+    def __repr__(self) -> str:
+        return f"REGISTRY({', '.join(_load())})"
+
+
+class _KeysView(Sequence[str]):
+    """:data:`FACTOR_KEYS`: a live read-only sequence over :func:`factor_keys` (compares equal to the tuple)."""
+
+    def __getitem__(self, i):  # type: ignore[override]
+        return factor_keys()[i]
+
+    def __len__(self) -> int:
+        return len(_load())
+
+    def __eq__(self, other: object) -> bool:
+        return tuple(self) == (tuple(other) if isinstance(other, (tuple, list, _KeysView)) else other)
+
+    def __hash__(self) -> int:
+        return hash(factor_keys())
+
+    def __repr__(self) -> str:
+        return repr(factor_keys())
+
+
+REGISTRY: Mapping[str, Optimization] = _RegistryView()
+FACTOR_KEYS: Sequence[str] = _KeysView()
+
+
+def compact_label(levels: dict[str, int | None]) -> str:
+    """A cell's compact label from its factor levels: the short codes (:attr:`Optimization.short`) of the
+    factors not at their off level, joined by ``+`` in registry order, with ``=<level>`` for factors of more
+    than two levels (``rms+tq=1+dbsz``); ``all-off`` when none. Not-applicable (``None``) factors and
+    factors not in :data:`REGISTRY` (unknown keys are shown by key) are handled; used for MLflow run names,
+    where labels must differ early (``summary.md`` keeps the full labels)."""
+    parts = []
+    for k in [k for k in REGISTRY if k in levels] + [k for k in levels if k not in REGISTRY]:
+        v, opt = levels[k], REGISTRY.get(k)
+        if v is None or (opt is not None and v == opt.off) or (opt is None and not v):
+            continue
+        code = opt.short if opt is not None else k
+        parts.append(code if opt is not None and opt.levels == (0, 1) else f"{code}={v}")
+    return "+".join(parts) if parts else "all-off"
+
+
+def applicability(key: str, engine: str, platform: str, context: dict[str, Any]) -> str | None:
+    """Why factor ``key`` is not applicable on ``engine``/``platform`` with these settings, or ``None``.
+
+    Args:
+        key: a factor key of :data:`REGISTRY`.
+        engine: ``embedded`` or ``verl``.
+        platform: ``cpu``, ``cuda`` or ``npu``.
+        context: planner context; requirement settings (e.g. ``rollout_tp``) are read from it.
+
+    Raises:
+        KeyError: unknown factor key.
+    """
+    opt = REGISTRY[key]
+    for target in (f"{engine}:{platform}", f"{engine}:*"):
+        if target in opt.not_applicable:
+            return opt.not_applicable[target]
+        if target in opt.mechanisms:
+            break
+    else:
+        return f"{opt.title} has no mechanism on the {engine} engine on {platform}"
+    for req in opt.requires:
+        value = context.get(req.setting)
+        if value is None or float(value) < req.minimum:
+            return f"{req.reason} (here {req.setting}={value})"
+    return None
+
+
+def resolve(key: str, level: int, engine: str, platform: str) -> Mechanism:
+    """The :class:`Mechanism` for ``key`` at ``level`` on ``engine``/``platform``.
+
+    Raises:
+        KeyError: unknown key, or no mechanism for that target/level (call :func:`applicability` first).
+    """
+    opt = REGISTRY[key]
+    for target in (f"{engine}:{platform}", f"{engine}:*"):
+        if target in opt.mechanisms:
+            return opt.mechanisms[target][level]
+    raise KeyError(f"{key} has no mechanism on {engine}:{platform}")
+
+
+def evidence_check(key: str, engine: str, platform: str):
+    """The evidence check of factor ``key`` on ``engine``/``platform`` (a callable, see
+    :attr:`Optimization.evidence_checks`), or ``None`` when the registry names none.
+
+    Raises:
+        KeyError: unknown factor key.
+        ImportError / AttributeError: the named module or function does not exist.
+    """
+    import importlib
+
+    opt = REGISTRY[key]
+    for target in (f"{engine}:{platform}", f"{engine}:*"):
+        if target in opt.evidence_checks:
+            module, _, func = opt.evidence_checks[target].partition(":")
+            return getattr(importlib.import_module(module), func)
+    return None
+
+
+def article_factors() -> list[tuple[str, int]]:
+    """``(factor, level)`` of the optimizations with an article figure (:attr:`Optimization.article_level`),
+    largest article gain first: the rows of the report's comparison with the article."""
+    opts = [o for o in REGISTRY.values() if o.article_level is not None]
+    opts.sort(key=lambda o: -(o.article_gain or 0.0))
+    return [(o.key, o.article_level) for o in opts]
+
+
+def conflicts_of(levels: dict[str, int]) -> list[str]:
+    """Reasons why this combination of factor levels is invalid (empty list when valid)."""
+    return [c.reason for c in CONFLICTS if all(levels.get(k) == v for k, v in c.when.items())]
