@@ -161,15 +161,49 @@ def rmsnorm_fused(level: int, reports: list[dict], cfg: dict | None) -> tuple[st
     return "missing", "no RMSNorm patch report and no use_liger in the composed config"
 
 
+#: The MRoPE patches and the names of their counters: (per-forward computations, cache hits).
+MROPE_PATCHES = {"vllm_mrope_cache": ("forwards", "hits"), "vllm_ascend_mrope_cache": ("computed", "reused")}
+
+
+def mrope_cache(level: int, reports: list[dict], cfg: dict | None) -> tuple[str, str]:
+    """The MRoPE patch's counters in the vLLM processes: cos/sin computations (one per forward) and the
+    layers that reused them (cache hits; ``off`` counts vLLM's own per-layer computation, no hits)."""
+    for name, (computed_key, hits_key) in MROPE_PATCHES.items():
+        states = [((r.get("patches") or {}).get(name) or {}) for r in reports]
+        if not any(st for st in states):
+            continue
+        counted = [st["counters"] for st in states if (st.get("counters") or {}).get(computed_key)]
+        forwards = sum(int(c.get(computed_key, 0)) for c in counted)
+        hits = sum(int(c.get(hits_key, 0)) for c in counted)
+        calls = sum(int(c.get("layer_calls", 0)) for c in counted) or forwards + hits
+        where = (f"{name}: {forwards} forwards, {hits} of {calls} layer calls reused the forward's cos/sin, "
+                 f"in {len(counted)} vLLM process(es)")
+        if counted and level:
+            return ("confirmed" if hits else "missing"), where + ("" if hits else ": no layer reused them")
+        if counted:
+            return ("contradicted" if hits else "confirmed"), where + (": vLLM's own MRoPE in every layer"
+                                                                       if not hits else "")
+        refused = [st.get("reason", "") for st in states if st.get("status") in ("refused", "error")]
+        if refused:
+            return "missing", f"{name} refused: {refused[0][:160]}"
+        vc = _vllm_config(reports) or {}
+        why = (f"vLLM compiled the model ({vc.get('compilation_mode')}): the compiled graph runs vLLM's own MRoPE"
+               if vc.get("enforce_eager") is False else "the model has no MRoPE or no forward ran")
+        armed = sum(bool(st) for st in states)
+        return "missing", f"{name} armed in {armed} process(es), no MRoPE forward counted: {why}"
+    if not level:
+        return "confirmed", "no MRoPE cache patch requested"
+    return "missing", "no MRoPE cache patch report in the run"
+
+
 def factor_evidence(run_dir: str | Path, levels: dict[str, int | None], engine: str = "verl",
                     platform: str = "*") -> dict[str, dict[str, str]]:
     """Per factor of ``levels``: ``{"verdict": confirmed|missing|contradicted|n/a, "detail": str}``.
 
     The check of each factor is the one its registry entry names for ``engine``/``platform``
     (:attr:`bench.spec.optimizations.Optimization.evidence_checks`; the functions above for verl).
-    Factors without a check (``task_queue``, ``mc2``, ``mrope_cache``: environment variables and
-    vLLM-Ascend patches, NPU only) are judged from the patch reports' requested list where they are
-    patches, else reported ``n/a`` when not applicable and ``missing`` otherwise.
+    Factors without a check (``task_queue``, ``mc2``: environment variables read on NPU only) are
+    reported ``missing`` ("no evidence reader"); a factor at level ``None`` (not applicable) is ``n/a``.
     """
     reports = load_reports(run_dir)
     cfg = load_config(run_dir)

@@ -42,13 +42,15 @@ class Requirement(BaseModel):
     """A condition on the run settings below which a factor is *not applicable* (not invalid).
 
     ``setting`` names a key of the planner's context (e.g. ``rollout_tp``); the factor applies when
-    ``context[setting] >= minimum``.
+    ``context[setting] >= minimum``; ``targets`` limits the condition to those ``engine:platform`` targets
+    (empty: every target).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     setting: str
     minimum: float
     reason: str
+    targets: tuple[str, ...] = ()
 
 
 class Optimization(BaseModel):
@@ -257,17 +259,21 @@ REGISTRY: dict[str, Optimization] = {
             acts="rollout",
             mechanisms={
                 "verl:npu": {0: M(), 1: M(patches=("vllm_ascend_mrope_cache",))},
+                "verl:cpu": {0: M(patches=("vllm_mrope_cache:off",)), 1: M(patches=("vllm_mrope_cache:on",))},
             },
             not_applicable={
                 "verl:cuda": "the patch targets vLLM-Ascend's MRotaryEmbedding (npu_rotary_mul); "
                 "CUDA vLLM is not patched",
-                "verl:cpu": "the verl CPU target serves a text Qwen3 (no MRoPE): vLLM's CPU build pins torch "
-                "2.13.0+cpu and no torchvision that loads beside it is reachable, and transformers' Qwen3-VL "
-                "processor needs torchvision",
                 "embedded:*": "Hugging Face Qwen3-VL already computes the rotary cos/sin once per forward and shares "
                 "them across layers; there is no per-layer recomputation to cache",
             },
-            evidence="patch report of the vLLM worker processes",
+            requires=(
+                Requirement(setting="multimodal", minimum=1, targets=("verl:cpu",), reason="MRoPE exists only in "
+                            "multimodal models: use builtin:qwen3vl-tiny with builtin:vl data (or data.image_key)"),
+            ),
+            evidence="the patch's counters in each vLLM process: forwards served, layers that reused the "
+            "forward's cos/sin (cache hits)",
+            evidence_checks={"verl:*": "bench.measure.verl_evidence:mrope_cache"},
         ),
         Optimization(
             key="graph_mode",
@@ -361,7 +367,7 @@ def applicability(key: str, engine: str, platform: str, context: dict[str, Any])
             break
     else:
         return f"{opt.title} has no mechanism on the {engine} engine on {platform}"
-    for req in opt.requires:
+    for req in (r for r in opt.requires if not r.targets or f"{engine}:{platform}" in r.targets):
         value = context.get(req.setting)
         if value is None or float(value) < req.minimum:
             return f"{req.reason} (here {req.setting}={value})"
