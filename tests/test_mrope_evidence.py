@@ -74,3 +74,23 @@ def test_mrope_cache_evidence_from_vllm_process_reports(tmp_path):
         "mode": None, "status": "refused", "actions": [], "reason": "needs torch_npu for npu_rotary_mul"}}))
     got = factor_evidence(refused, {"mrope_cache": 1}, "verl", "npu")["mrope_cache"]
     assert got["verdict"] == "missing" and "needs torch_npu" in got["detail"]
+
+
+def test_forward_key_of_the_cache_tracks_in_place_updates_and_inference_tensors():
+    import sys
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "patches"))
+    from bench_patches.vllm_mrope_cache import _same_forward, version_of
+
+    ctx, positions = object(), torch.arange(6).expand(3, 6).clone()
+    entry = (ctx, positions, version_of(positions))
+    assert _same_forward(entry, ctx, positions)
+    positions[0, 0] = 5  # vLLM refills its positions buffer in place between forwards
+    assert not _same_forward(entry, ctx, positions)
+    assert not _same_forward((ctx, positions, version_of(positions)), object(), positions)  # a new forward
+    assert not _same_forward((ctx, positions, version_of(positions)), ctx, positions.clone())
+    with torch.inference_mode():
+        frozen = torch.arange(4)
+    assert version_of(frozen) is None and _same_forward((ctx, frozen, None), ctx, frozen)

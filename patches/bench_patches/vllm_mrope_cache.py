@@ -144,10 +144,19 @@ def _rotate(rope: Any, x: Any, num_tokens: int, cos: Any, sin: Any) -> Any:
     return torch.cat((rot, x[..., rope.rotary_dim:]), dim=-1).reshape(shape)
 
 
+def version_of(tensor: Any) -> int | None:
+    """The tensor's version counter (bumped by every in-place update); ``None`` for an inference tensor
+    (``torch.inference_mode``), which has none: the forward context and the tensor object then key alone."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
+
+
 def _same_forward(entry: tuple | None, ctx: Any, positions: Any) -> bool:
     """Whether the cache ``entry`` (``(ctx, positions, version, ...)``) was made in this forward."""
     return (entry is not None and entry[0] is ctx and entry[1] is positions
-            and entry[2] == positions._version)
+            and entry[2] == version_of(positions))
 
 
 def cached_cos_sin(rope: Any, positions: Any, query: Any) -> tuple[Any, Any, bool]:
@@ -157,7 +166,7 @@ def cached_cos_sin(rope: Any, positions: Any, query: Any) -> tuple[Any, Any, boo
     if _same_forward(entry, ctx, positions) and entry[3] == query.dtype and entry[4] == query.device:
         return entry[5], entry[6], True
     cos, sin = cos_sin(rope, positions, query)
-    rope.__dict__[CACHE_ATTR] = (ctx, positions, positions._version, query.dtype, query.device, cos, sin)
+    rope.__dict__[CACHE_ATTR] = (ctx, positions, version_of(positions), query.dtype, query.device, cos, sin)
     return cos, sin, False
 
 
@@ -166,7 +175,7 @@ def _new_forward_seen(rope: Any, positions: Any) -> bool:
     ctx = _forward_context()
     if _same_forward(rope.__dict__.get(CACHE_ATTR), ctx, positions):
         return False
-    rope.__dict__[CACHE_ATTR] = (ctx, positions, positions._version)
+    rope.__dict__[CACHE_ATTR] = (ctx, positions, version_of(positions))
     return True
 
 
