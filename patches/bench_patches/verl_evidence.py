@@ -63,12 +63,14 @@ def _flush_at_exit() -> None:
         _flush(force=True)
 
 
-def _bump(group: str, **values: int) -> None:
+def _bump(group: str, _force: bool = False, **values: int) -> None:
+    """Add ``values`` to the counters of ``group``; ``_force`` writes the report now (for rare events in
+    processes that are killed at the end of a run, e.g. vLLM's engine core, where no exit hook runs)."""
     with _LOCK:
         c = _counters().setdefault(group, {})
         for k, v in values.items():
             c[k] = c.get(k, 0) + int(v)
-    _flush()
+    _flush(_force)
 
 
 def _install_micro_batches(module: ModuleType) -> None:
@@ -136,7 +138,8 @@ def _install_vllm_requests(module: ModuleType) -> None:
             try:
                 feats = list(getattr(request, "mm_features", None) or [])
                 images = [f for f in feats if getattr(f, "modality", "") == "image"]
-                _bump("vllm_requests", requests=1, prompt_tokens=int(getattr(request, "num_prompt_tokens", 0) or 0),
+                _bump("vllm_requests", _force=True, requests=1,
+                      prompt_tokens=int(getattr(request, "num_prompt_tokens", 0) or 0),
                       mm_items=len(feats), images=len(images),
                       image_tokens=sum(int(f.mm_position.get_num_embeds()) for f in images))
             except Exception as exc:  # evidence must never break the rollout
@@ -154,7 +157,8 @@ def _install_vision(module: ModuleType) -> None:
     def make(original: Any) -> Any:
         def forward(self: Any, hidden_states: Any, grid_thw: Any, *args: Any, **kwargs: Any) -> Any:
             try:
-                _bump("vision_forwards", calls=1, images=int(grid_thw.shape[0]), patches=int(hidden_states.shape[0]))
+                _bump("vision_forwards", _force=True, calls=1, images=int(grid_thw.shape[0]),
+                      patches=int(hidden_states.shape[0]))
             except Exception as exc:
                 _bump("errors", **{type(exc).__name__: 1})
             return original(self, hidden_states, grid_thw, *args, **kwargs)
