@@ -67,6 +67,11 @@ def test_mrope_cache_evidence_from_vllm_process_reports(tmp_path):
     graph = _reports(tmp_path / "graph", ("mp-child", {"vllm_mrope_cache": _rec("on", "armed"), "verl_evidence": ev}))
     got = factor_evidence(graph, {"mrope_cache": 1})["mrope_cache"]
     assert got["verdict"] == "missing" and "vLLM compiled the model (VLLM_COMPILE)" in got["detail"]
+    # the off level in a graph-mode run: vLLM's own MRoPE, compiled: nothing cached, as asked
+    graph_off = _reports(tmp_path / "graph_off", ("mp-child", {"vllm_mrope_cache": _rec("off", "armed"),
+                                                               "verl_evidence": ev}))
+    got = factor_evidence(graph_off, {"mrope_cache": 0})["mrope_cache"]
+    assert got["verdict"] == "confirmed" and "compiled graph runs vLLM's own MRoPE" in got["detail"]
     nothing = _reports(tmp_path / "none", ("driver", {"verl_cpu": _rec("on")}))
     assert factor_evidence(nothing, {"mrope_cache": 1})["mrope_cache"]["verdict"] == "missing"
     assert factor_evidence(nothing, {"mrope_cache": 0})["mrope_cache"]["verdict"] == "confirmed"

@@ -184,13 +184,12 @@ def mrope_cache(level: int, reports: list[dict], cfg: dict | None) -> tuple[str,
             return ("contradicted" if hits else "confirmed"), where + (": vLLM's own MRoPE in every layer"
                                                                        if not hits else "")
         refused = [st.get("reason", "") for st in states if st.get("status") in ("refused", "error")]
-        if refused:
-            return "missing", f"{name} refused: {refused[0][:160]}"
         vc = _vllm_config(reports) or {}
-        why = (f"vLLM compiled the model ({vc.get('compilation_mode')}): the compiled graph runs vLLM's own MRoPE"
+        why = (f"{name} refused: {refused[0][:160]}" if refused else
+               f"vLLM compiled the model ({vc.get('compilation_mode')}): the compiled graph runs vLLM's own MRoPE"
                if vc.get("enforce_eager") is False else "the model has no MRoPE or no forward ran")
-        armed = sum(bool(st) for st in states)
-        return "missing", f"{name} armed in {armed} process(es), no MRoPE forward counted: {why}"
+        # nothing cached: what the off level asks; the on level did nothing
+        return ("missing" if level else "confirmed"), f"no MRoPE forward counted by {name}: {why}"
     if not level:
         return "confirmed", "no MRoPE cache patch requested"
     return "missing", "no MRoPE cache patch report in the run"
