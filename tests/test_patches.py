@@ -345,6 +345,12 @@ def test_mrope_cache_matches_native_and_computes_once_per_forward(fake_vllm_asce
         assert ctx.is_first_layer is False
     assert mrope.STATS["computed"] == 2 and mrope.STATS["reused"] == 4  # once per forward, reused in layers 2-3
     assert importlib.import_module("torch_npu").CALLS["npu_rotary_mul"] == 12  # one per q and per k in every layer
+    # the counters reach the process report, and the run's evidence check reads them from there
+    mrope._report_stats(force=True)
+    from bench.measure.verl_evidence import factor_evidence
+
+    got = factor_evidence(tmp_path, {"mrope_cache": 1}, "verl", "npu")["mrope_cache"]
+    assert got["verdict"] == "confirmed" and "2 forwards, 4 of 6 layer calls reused" in got["detail"], got
     # text-only positions (1-D) and no first-layer flag: still correct, computed in every layer
     del ctx.is_first_layer
     pos1 = torch.randint(0, 64, (7,))

@@ -217,6 +217,9 @@ def test_patch_reports_name_each_workaround(tmp_path):
     import verl.utils.distributed, verl.workers.engine.fsdp.transformer_impl, verl.trainer.ppo.v1.replay_buffer
     import vllm.model_executor.layers.utils
     import ray
+    import importlib.util
+    if importlib.util.find_spec("torchvision"):
+        import torchvision
     ray.init.__wrapped__ = lambda *a, **k: None
     os.environ["RAY_ADDRESS"] = "127.0.0.1:6379"
     ray.init(num_cpus=8)
@@ -228,4 +231,52 @@ def test_patch_reports_name_each_workaround(tmp_path):
     done = {a.split(":", 1)[0] for a in actions}
     from bench_patches.verl_cpu import WORKAROUNDS
 
-    assert done == set(WORKAROUNDS)
+    expected = set(WORKAROUNDS) - (set() if _HAS_TORCHVISION else {"torchvision_op_schemas"})
+    assert done == expected
+
+
+@pytest.fixture(scope="module")
+def tiny_vl_processor_dir() -> Path:
+    """``builtin:qwen3vl-tiny`` (model + processor), built in this (the harness's) environment, cached."""
+    from bench.engines.embedded.model import default_cache_dir
+    from bench.engines.verl_cpu import assets
+
+    return assets.ensure_vl_model(default_cache_dir())
+
+
+_HAS_TORCHVISION = Path(PY).exists() and subprocess.run(
+    [PY, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)"],
+    capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _HAS_TORCHVISION, reason="torchvision is not installed in the verl CPU stack "
+                    "(tools/install_verl_cpu.sh installs it with --no-deps)")
+def test_torchvision_op_schemas(tmp_path, tiny_vl_processor_dir):
+    """torchvision 0.28 (a CUDA build beside torch 2.13.0+cpu) imports, resizes and serves the Qwen3-VL
+    processor with the declared schemas; without them ``import torchvision`` fails on ``torchvision::nms``."""
+    code = f"""
+    import json, torch
+    try:
+        import torchvision
+        from torchvision.transforms.v2 import functional as F
+        shape = list(F.resize(torch.rand(3, 64, 48), [32, 24]).shape)
+        from transformers import AutoProcessor
+        proc = AutoProcessor.from_pretrained({str(tiny_vl_processor_dir)!r})
+        from PIL import Image
+        out = proc(text=["<|vision_start|><|image_pad|><|vision_end|>hi"], images=[Image.new("RGB", (64, 64))],
+                   return_tensors="pt")
+        got = {{"ok": True, "shape": shape, "processor": type(proc).__name__,
+                "grid": out["image_grid_thw"].tolist(), "tokens": int(out["input_ids"].shape[1]),
+                "text_tokens": len(proc.tokenizer("hi")["input_ids"])}}
+    except Exception as exc:
+        got = {{"ok": False, "error": f"{{type(exc).__name__}}: {{exc}}"}}
+    print(json.dumps(got))
+    """
+    with_schemas = _json(_run(code, tmp_path))
+    assert with_schemas["ok"], with_schemas
+    assert with_schemas["shape"] == [3, 32, 24] and with_schemas["processor"] == "Qwen3VLProcessor"
+    assert with_schemas["grid"] == [[1, 4, 4]]  # 64x64 px in 16-px patches; 2x2 merge -> 4 image tokens
+    # <|image_pad|> expanded to 4 image tokens, plus vision start/end and the tokens of "hi"
+    assert with_schemas["tokens"] == 4 + 2 + with_schemas["text_tokens"]
+    without = _json(_run(code, tmp_path, patches="verl_cpu:off"))
+    assert not without["ok"] and "torchvision::nms does not exist" in without["error"]

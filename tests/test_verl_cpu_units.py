@@ -168,6 +168,34 @@ def test_builtin_assets_and_unknown_names(tmp_path, monkeypatch):
     assert (path / "tokenizer.json").is_file() and assets.ensure_model(tmp_path) == path  # cached
 
 
+def test_builtin_vl_model_and_data_for_verl_cpu(tmp_path):
+    """builtin:qwen3vl-tiny is the embedded engine's tiny Qwen3-VL folder (one builder, one cache entry);
+    builtin:vl is verl's multimodal RL parquet: an ``images`` column and ``<image>`` in the user message."""
+    import pyarrow.parquet as pq
+
+    from bench.engines.embedded import data as data_mod
+    from bench.engines.embedded.model import BUILTIN_MODEL as EMBEDDED_VL
+    from bench.engines.embedded.model import resolve_model_path
+    from bench.engines.verl.overrides import builtin_data_path, builtin_model_path
+    from bench.engines.verl_cpu import assets
+
+    shared = resolve_model_path(EMBEDDED_VL, tmp_path)[0]
+    rel = shared.relative_to(tmp_path).as_posix()
+    assert builtin_model_path("builtin:qwen3vl-tiny", "cpu") == "{bench_cache}/" + rel
+    assert assets.vl_model_dir(tmp_path) == shared
+    with pytest.raises(BenchError, match="tiny CPU model; on npu"):
+        builtin_model_path("builtin:qwen3vl-tiny", "npu")
+    assert builtin_data_path("builtin:vl", "cpu") == "{bench_cache}/" + data_mod.builtin_relpath("builtin:vl")
+    table = pq.read_table(data_mod.builtin_path("builtin:vl", tmp_path)).to_pylist()
+    assert len(table) == data_mod.BUILTIN_SIZE
+    for row in table[:20]:
+        assert row["data_source"] == "bench/vl" and len(row["images"]) == 1
+        assert row["images"][0]["bytes"][:8] == b"\x89PNG\r\n\x1a\n"
+        (msg,) = row["prompt"]
+        assert msg["role"] == "user" and msg["content"].count("<image>") == 1
+        assert row["reward_model"]["ground_truth"].isdigit()
+
+
 def test_embedded_rollout_never_samples_vision_placeholders():
     """A sampled <|image_pad|> in a response made the next Qwen3-VL training forward fail ("Image features
     and image tokens do not match", seen in matrix/full.yaml at step 4): generation suppresses them."""

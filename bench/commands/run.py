@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -327,7 +328,7 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
         plan = select_cells(plan, args.cells, args.matrix)
     cells = smoke_cells(matrix, plan, args.smoke_steps)
     if args.dry_run:
-        kw = {"matrix_name": matrix.name, "steps": args.smoke_steps, "not_exercised": not_exercised(plan)}
+        kw = {"matrix_name": matrix.name, "steps": args.smoke_steps, "not_exercised": not_exercised(plan, matrix)}
         if getattr(args, "json", False):
             print(json.dumps(smoke_json(cells, **kw), indent=1))
         elif getattr(args, "verbose", False):
@@ -354,9 +355,11 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
                 line += f"; {res['failure_kind']}: {res['reason']}"
             console.print(line, markup=False, style=None if res["status"] == "ran" else "red")
 
+    started = time.monotonic()
     folder, results = run_smoke(matrix, plan, args.results, steps=args.smoke_steps, on_cell=on_cell)
-    console.print(f"\nsmoke run of {args.matrix} on this CPU ({args.smoke_steps} step(s) per cell, tiny model):")
-    for key, why in not_exercised(plan).items():
+    console.print(f"\nsmoke run of {args.matrix} on this CPU ({args.smoke_steps} step(s) per cell, tiny model "
+                  f"{base.model}): {len(results)} cell(s) in {time.monotonic() - started:.0f} s", markup=False)
+    for key, why in not_exercised(plan, matrix).items():
         console.print(f"not exercised on CPU: {key}: {why} (its variables and patches are still launched)",
                       markup=False)
     for r in results:

@@ -164,8 +164,3 @@ def patch_check(name: str, level: int, run: FinishedRun, where: str = "") -> tup
     if not run.reports:
         return "missing", "no patch report in the run"
     return "missing", f"patch {name} applied in none of {len(requested)} process(es) that requested it"
-
-
-def mrope_cache(level: int, run: FinishedRun) -> tuple[str, str]:
-    """The MRoPE cos/sin cache patch applied in a vLLM process."""
-    return patch_check("vllm_ascend_mrope_cache", level, run)

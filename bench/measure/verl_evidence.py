@@ -144,3 +144,39 @@ def rmsnorm_fused(level: int, run: FinishedRun) -> tuple[str, str]:
     if liger is not None:
         return ("confirmed" if bool(liger) == bool(level) else "contradicted"), f"verl config model.use_liger={liger}"
     return "missing", "no RMSNorm patch report and no use_liger in the composed config"
+
+
+#: The MRoPE patches and the names of their counters: (per-forward computations, cache hits).
+MROPE_PATCHES = {"vllm_mrope_cache": ("forwards", "hits"), "vllm_ascend_mrope_cache": ("computed", "reused")}
+
+
+def mrope_cache(level: int, run: FinishedRun) -> tuple[str, str]:
+    """The MRoPE patch's counters in the vLLM processes: cos/sin computations (one per forward) and the
+    layers that reused them (cache hits; ``off`` counts vLLM's own per-layer computation, no hits)."""
+    reports = run.reports
+    for name, (computed_key, hits_key) in MROPE_PATCHES.items():
+        states = [((r.get("patches") or {}).get(name) or {}) for r in reports]
+        if not any(st for st in states):
+            continue
+        counted = [st["counters"] for st in states if (st.get("counters") or {}).get(computed_key)]
+        forwards = sum(int(c.get(computed_key, 0)) for c in counted)
+        hits = sum(int(c.get(hits_key, 0)) for c in counted)
+        calls = sum(int(c.get("layer_calls", 0)) for c in counted) or forwards + hits
+        where = (f"{name}: {forwards} forwards, {hits} of {calls} layer calls reused the forward's cos/sin, "
+                 f"in {len(counted)} vLLM process(es)")
+        if counted and level:
+            return ("confirmed" if hits else "missing"), where + ("" if hits else ": no layer reused them")
+        if counted:
+            return ("contradicted" if hits else "confirmed"), where + (": vLLM's own MRoPE in every layer"
+                                                                       if not hits else "")
+        refused = [st.get("reason", "") for st in states if st.get("status") in ("refused", "error")]
+        vc = _vllm_config(reports) or {}
+        why = (f"{name} refused: {refused[0][:160]}" if refused else
+               f"vLLM compiled the model ({vc.get('compilation_mode')}): the compiled graph runs vLLM's own MRoPE"
+               if vc.get("enforce_eager") is False else "the model has no MRoPE or no forward ran")
+        # nothing cached: what the off level asks; the on level did nothing
+        return ("missing" if level else "confirmed"), f"no MRoPE forward counted by {name}: {why}"
+    if not level:
+        return "confirmed", "no MRoPE cache patch requested"
+    return "missing", "no MRoPE cache patch report in the run"
+

@@ -34,6 +34,10 @@ MAX_NAME = 100
 RESERVED_NAMES = ("logs", "baselines", "mlartifacts", "mlflow.db", "optuna.db", "latest")
 #: suffix of the folder of ``run --smoke`` (``<matrix>-smoke``), which a matrix name must not end with
 SMOKE_SUFFIX = "-smoke"
+#: builtin model and data names of the multimodal (Qwen3-VL) targets (see :meth:`Base.is_multimodal`)
+MULTIMODAL_BUILTINS = ("builtin:qwen3vl-tiny", "builtin:vl")
+#: verl data keys that feed images or videos to the model (``data.image_key=images``)
+MULTIMODAL_DATA_KEYS = ("data.image_key", "data.video_key")
 
 
 def did_you_mean(word: Any, allowed: Any) -> str:
@@ -175,12 +179,21 @@ class Base(BaseModel):
         seq = self.max_prompt_length + self.max_response_length
         ctx = self.model_dump(exclude={"overrides", "env", *engine_options_keys()})
         ctx.update(
+            multimodal=int(self.is_multimodal()),
             P=self.max_prompt_length,
             R=self.max_response_length,
             ppo_max_token_len=self.ppo_max_token_len or 2 * seq,
             log_prob_max_token_len=self.log_prob_max_token_len or 4 * seq,
         )
         return ctx
+
+    def is_multimodal(self) -> bool:
+        """Whether the runs feed images or videos to a VL model (context ``multimodal``, which ``mrope_cache``
+        requires): a builtin of :data:`MULTIMODAL_BUILTINS` as model or data, or one of verl's
+        :data:`MULTIMODAL_DATA_KEYS` set in ``overrides``."""
+        if self.model in MULTIMODAL_BUILTINS or self.data in MULTIMODAL_BUILTINS:
+            return True
+        return any(o.lstrip("+~").split("=", 1)[0].strip() in MULTIMODAL_DATA_KEYS for o in self.overrides)
 
 
 class FullDesign(BaseModel):

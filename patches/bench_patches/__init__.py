@@ -35,6 +35,7 @@ ENV_RUN_DIR = "BENCH_RUN_DIR"
 KNOWN_PATCHES = {
     "qwen3vl_npu_fused": "bench_patches.qwen3vl_npu_fused",
     "vllm_ascend_mrope_cache": "bench_patches.vllm_ascend_mrope_cache",
+    "vllm_mrope_cache": "bench_patches.vllm_mrope_cache",
     "verl_file_logger": "bench_patches.verl_file_logger",
     "verl_cpu": "bench_patches.verl_cpu",
     "verl_evidence": "bench_patches.verl_evidence",

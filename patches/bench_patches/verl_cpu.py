@@ -43,6 +43,16 @@ target (the driver, the Ray workers, vLLM's engine and its workers) and reports 
     ("When connecting to an existing cluster, num_cpus and num_gpus must not be provided"). When
     ``RAY_ADDRESS`` is set, ``ray.init`` drops ``num_cpus``, ``num_gpus`` and ``include_dashboard``: the
     cluster's own resources apply (it needs ``GPU`` slots for the ranks, e.g. ``ray start --num-gpus=1``).
+``torchvision_op_schemas``
+    transformers' Qwen-VL processors need torchvision; the only torchvision wheel paired with torch 2.13
+    reachable here (PyPI's 0.28.0, installed with ``--no-deps``) is a CUDA build whose compiled ops cannot
+    load beside ``torch==2.13.0+cpu``, and ``import torchvision`` then dies in ``torchvision/
+    _meta_registrations.py`` ("operator torchvision::nms does not exist": it registers fake kernels for ops
+    that were never declared). Right after ``torchvision.extension`` ran (it tried to load the ops), when
+    ``_has_ops()`` is false, torchvision's operator schemas (:data:`TORCHVISION_SCHEMAS`, the signatures of
+    its ``TORCH_LIBRARY_FRAGMENT`` blocks) are declared with ``torch.library``: the import then works and
+    image preprocessing (``transforms.v2`` on CPU tensors) never calls the ops themselves (calling one raises
+    torch's "no kernel" error). Where the compiled ops load, nothing is declared.
 
 Mode: ``on`` (default). Each hook records one action in the process's patch report.
 """
@@ -58,7 +68,7 @@ from bench_patches import PatchRecord, PatchRefused, replace, when_imported
 
 NAME = "verl_cpu"
 WORKAROUNDS = ("vllm_dist_alias", "gloo_backend", "vllm_linear_keep_weight", "no_pin_memory", "replay_buffer_poll",
-               "ray_init_existing")
+               "ray_init_existing", "torchvision_op_schemas")
 #: Poll interval of verl's ReplayBuffer on the CPU target, seconds (``$BENCH_VERL_POLL_S``).
 DEFAULT_POLL_S = 0.1
 _STATE: dict[str, Any] = {"record": None}
@@ -237,6 +247,80 @@ def _install_ray_init(module: ModuleType) -> None:
     replace(module, "init", make, NAME)
 
 
+# ---------------------------------------------------------------------- torchvision_op_schemas
+
+#: torchvision 0.28's operator schemas (``torchvision/csrc/ops/*.cpp``; arguments as in its
+#: ``_meta_registrations.py``).
+TORCHVISION_SCHEMAS: tuple[str, ...] = (
+    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
+    "int sampling_ratio, bool aligned) -> Tensor",
+    "_roi_align_backward(Tensor grad, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
+    "SymInt batch_size, SymInt channels, SymInt height, SymInt width, int sampling_ratio, bool aligned) -> Tensor",
+    "qroi_align(Tensor input, Tensor rois, float input_scale, int input_zero_point, float rois_scale, "
+    "int rois_zero_point, float spatial_scale, SymInt pooled_height, SymInt pooled_width, int sampling_ratio, "
+    "bool aligned) -> Tensor",
+    "ps_roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width, "
+    "int sampling_ratio) -> (Tensor, Tensor)",
+    "_ps_roi_align_backward(Tensor grad, Tensor rois, Tensor channel_mapping, float spatial_scale, "
+    "SymInt pooled_height, SymInt pooled_width, int sampling_ratio, SymInt batch_size, SymInt channels, "
+    "SymInt height, SymInt width) -> Tensor",
+    "roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) "
+    "-> (Tensor, Tensor)",
+    "_roi_pool_backward(Tensor grad, Tensor rois, Tensor argmax, float spatial_scale, SymInt pooled_height, "
+    "SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, SymInt width) -> Tensor",
+    "ps_roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) "
+    "-> (Tensor, Tensor)",
+    "_ps_roi_pool_backward(Tensor grad, Tensor rois, Tensor channel_mapping, float spatial_scale, "
+    "SymInt pooled_height, SymInt pooled_width, SymInt batch_size, SymInt channels, SymInt height, "
+    "SymInt width) -> Tensor",
+    "deform_conv2d(Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, SymInt stride_h, "
+    "SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, SymInt groups, "
+    "SymInt offset_groups, bool use_mask) -> Tensor",
+    "_deform_conv2d_backward(Tensor grad, Tensor input, Tensor weight, Tensor offset, Tensor mask, Tensor bias, "
+    "SymInt stride_h, SymInt stride_w, SymInt pad_h, SymInt pad_w, SymInt dilation_h, SymInt dilation_w, "
+    "SymInt groups, SymInt offset_groups, bool use_mask) -> (Tensor, Tensor, Tensor, Tensor, Tensor)",
+)
+_LIBS: list[Any] = []  # the torch.library.Library objects must stay alive, or the declarations go
+
+
+def declare_torchvision_schemas() -> list[str]:
+    """Declare each schema of :data:`TORCHVISION_SCHEMAS` not already known to torch; the names declared."""
+    import torch
+
+    lib = torch.library.Library("torchvision", "FRAGMENT")
+    declared = []
+    for schema in TORCHVISION_SCHEMAS:
+        name = schema.split("(", 1)[0]
+        if _op_exists(name):
+            continue
+        lib.define(schema)
+        declared.append(name)
+    _LIBS.append(lib)
+    return declared
+
+
+def _op_exists(name: str) -> bool:
+    import torch
+
+    try:
+        torch._C._dispatch_find_schema_or_throw(f"torchvision::{name}", "")
+        return True
+    except RuntimeError:
+        return False
+
+
+def _install_tv_schemas(module: ModuleType) -> None:
+    has_ops = getattr(module, "_has_ops", None)
+    if has_ops is None or has_ops():
+        return
+    declared = declare_torchvision_schemas()
+    if declared:
+        _action(f"torchvision_op_schemas: torchvision's compiled ops did not load; declared {len(declared)} "
+                f"operator schemas (torchvision::{', '.join(declared[:3])}, ...) so import torchvision works")
+
+
 # ------------------------------------------------------------------------------------------ apply
 
 
@@ -247,7 +331,7 @@ def _action(text: str) -> None:
 
 
 def apply(mode: str | None, record: PatchRecord) -> None:
-    """Arm the six workarounds (mode ``on``, the default); ``off`` leaves the process as it is."""
+    """Arm the seven workarounds (mode ``on``, the default); ``off`` leaves the process as it is."""
     mode = (mode or "on").lower()
     if mode not in ("on", "off"):
         raise PatchRefused(f"unknown mode {mode!r} (allowed: on, off)")
@@ -263,5 +347,6 @@ def apply(mode: str | None, record: PatchRecord) -> None:
     when_imported("verl.workers.engine.fsdp.transformer_impl", _install_no_pin)
     when_imported("verl.trainer.ppo.v1.replay_buffer", _install_poll)
     when_imported("ray", _install_ray_init)
+    when_imported("torchvision.extension", _install_tv_schemas)
     if record["status"] == "pending":
         record.status("armed")

@@ -13,6 +13,14 @@ before PR 6317). This patch counts, in the processes where the work happens, wha
 ``vllm_config``
     in vLLM's processes, the engine configuration as vLLM resolved it: ``enforce_eager``, the compilation
     mode and the custom ops (graph mode = ``enforce_eager=false`` -> vLLM compiles with inductor).
+``vllm_requests``
+    in vLLM's engine core, every request ``EngineCore.add_request`` receives (``vllm/v1/engine/core.py``):
+    requests, prompt tokens, multimodal items (``Request.mm_features``) and the placeholder tokens they
+    fill (``mm_position.get_num_embeds()``), so a VL run shows that its images reached the rollout.
+``vision_forwards``
+    every forward of transformers' ``Qwen3VLVisionModel`` (the vision tower of the actor and ref, or of a
+    Hugging Face rollout): calls, images (rows of ``grid_thw``) and patches, so a VL run shows that its
+    images reached training too.
 
 Counters live in the process's patch report (``counters``), rewritten at most once per second and at exit.
 """
@@ -55,12 +63,14 @@ def _flush_at_exit() -> None:
         _flush(force=True)
 
 
-def _bump(group: str, **values: int) -> None:
+def _bump(group: str, _force: bool = False, **values: int) -> None:
+    """Add ``values`` to the counters of ``group``; ``_force`` writes the report now (for rare events in
+    processes that are killed at the end of a run, e.g. vLLM's engine core, where no exit hook runs)."""
     with _LOCK:
         c = _counters().setdefault(group, {})
         for k, v in values.items():
             c[k] = c.get(k, 0) + int(v)
-    _flush()
+    _flush(_force)
 
 
 def _install_micro_batches(module: ModuleType) -> None:
@@ -122,6 +132,44 @@ def _install_vllm_config(module: ModuleType) -> None:
         replace(cls, "__post_init__", make, NAME)
 
 
+def _install_vllm_requests(module: ModuleType) -> None:
+    def make(original: Any) -> Any:
+        def add_request(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                feats = list(getattr(request, "mm_features", None) or [])
+                images = [f for f in feats if getattr(f, "modality", "") == "image"]
+                _bump("vllm_requests", _force=True, requests=1,
+                      prompt_tokens=int(getattr(request, "num_prompt_tokens", 0) or 0),
+                      mm_items=len(feats), images=len(images),
+                      image_tokens=sum(int(f.mm_position.get_num_embeds()) for f in images))
+            except Exception as exc:  # evidence must never break the rollout
+                _bump("errors", **{type(exc).__name__: 1})
+            return original(self, request, *args, **kwargs)
+
+        return add_request
+
+    cls = getattr(module, "EngineCore", None)
+    if cls is not None and replace(cls, "add_request", make, NAME):
+        _action("vllm EngineCore.add_request counted (requests, prompt tokens, images, image tokens)")
+
+
+def _install_vision(module: ModuleType) -> None:
+    def make(original: Any) -> Any:
+        def forward(self: Any, hidden_states: Any, grid_thw: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                _bump("vision_forwards", _force=True, calls=1, images=int(grid_thw.shape[0]),
+                      patches=int(hidden_states.shape[0]))
+            except Exception as exc:
+                _bump("errors", **{type(exc).__name__: 1})
+            return original(self, hidden_states, grid_thw, *args, **kwargs)
+
+        return forward
+
+    cls = getattr(module, "Qwen3VLVisionModel", None)
+    if cls is not None and replace(cls, "forward", make, NAME):
+        _action("Qwen3VLVisionModel.forward counted (vision tower calls, images, patches)")
+
+
 def _action(text: str) -> None:
     rec: PatchRecord | None = _STATE["record"]
     if rec is not None:
@@ -140,6 +188,8 @@ def apply(mode: str | None, record: PatchRecord) -> None:
     when_imported("verl.workers.engine.utils", _install_micro_batches)
     when_imported("verl.utils.fsdp_utils", _install_prefetch)
     when_imported("vllm.config", _install_vllm_config)
+    when_imported("vllm.v1.engine.core", _install_vllm_requests)
+    when_imported("transformers.models.qwen3_vl.modeling_qwen3_vl", _install_vision)
     atexit.register(_flush_at_exit)
     if record["status"] == "pending":
         record.status("armed")

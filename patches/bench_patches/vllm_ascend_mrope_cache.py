@@ -18,13 +18,15 @@ The patched ``forward_oot``:
 Left to the original method: non-NeoX layouts, ``mrope_section == [16, 24, 24]`` without interleaving
 (vllm-ascend's fused ``npu_mrope`` path for Qwen2.5-VL), and tensors not on an NPU. The patch must be
 in place before vLLM builds the model (``forward_oot`` is bound when each layer is created), which the
-import hook guarantees.
+import hook guarantees. The counters (:data:`STATS`) go into the process's patch report as ``counters``.
 """
 
 from __future__ import annotations
 
+import atexit
 import importlib.util
 import sys
+import time
 from types import ModuleType
 from typing import Any, Callable
 
@@ -37,7 +39,19 @@ TARGET_CLASS = "AscendMRotaryEmbedding"
 FUSED_DEVICE_TYPES = {"npu"}
 #: Counters of the patched path (evidence; tests).
 STATS = {"computed": 0, "reused": 0, "fallback": 0}
-_STATE: dict[str, Any] = {"record": None, "no_flag_noted": False}
+_STATE: dict[str, Any] = {"record": None, "no_flag_noted": False, "last_write": 0.0}
+
+
+def _report_stats(force: bool = False) -> None:
+    """Copy :data:`STATS` into the patch report as ``counters`` (at most once a second, and at exit): the
+    evidence ``bench.measure.verl_evidence.mrope_cache`` reads."""
+    rec: PatchRecord | None = _STATE["record"]
+    now = time.monotonic()
+    if rec is None or not (force or now - _STATE["last_write"] >= 1.0):
+        return
+    _STATE["last_write"] = now
+    rec["counters"] = dict(STATS)
+    rec._report.write()
 
 
 def _torch_npu():
@@ -138,6 +152,7 @@ def make_forward_oot(original: Callable) -> Callable:
                                "(npu_rotary_mul still used)")
         else:
             STATS["reused"] += 1
+        _report_stats()
         cos, sin = cached
         return _rotate(self, query, num_tokens, cos, sin), _rotate(self, key, num_tokens, cos, sin)
 
@@ -181,5 +196,6 @@ def apply(mode: str | None, record: PatchRecord) -> None:
         raise PatchRefused(f"vllm-ascend is not installed for {sys.executable}: no MRotaryEmbedding to patch")
     _STATE["record"] = record
     when_imported(TARGET_MODULE, _install)
+    atexit.register(lambda: STATS["computed"] and _report_stats(force=True))
     if record["status"] == "pending":
         record.status("armed")

@@ -10,6 +10,9 @@ Builtin sets (generated once, cached as parquet under the cache folder):
 - ``builtin:shapes``: rendered images of coloured circles/squares/triangles with a counting or
   counting-plus-arithmetic question; image sizes 64..128 px so prompts carry 4..16 image tokens.
 - ``builtin:text``: text-only arithmetic word problems.
+- ``builtin:vl``: the ``builtin:shapes`` recipe under ``data_source`` ``bench/vl``: one image per prompt, the
+  ``<image>`` placeholder in the user message and the ``images`` column, as verl's multimodal examples
+  write it; the image + text data of the ``verl:cpu`` VL target.
 
 Questions and reference answers come in several phrasings, so prompt and answer lengths vary.
 Only numpy/pyarrow/PIL are imported here; ``transformers`` is touched only through the processor
@@ -162,7 +165,15 @@ def _text_row(i: int, rng: random.Random) -> dict[str, Any]:
     }
 
 
-BUILTINS = {"builtin:shapes": _shapes_row, "builtin:text": _text_row}
+def _vl_row(i: int, rng: random.Random) -> dict[str, Any]:
+    """A ``builtin:vl`` row: a ``builtin:shapes`` image question under its own ``data_source`` (the multimodal
+    RL parquet of the ``verl:cpu`` target; same layout as verl's ``examples/data_preprocess/geo3k.py``)."""
+    row = _shapes_row(i, rng)
+    row["data_source"] = "bench/vl"
+    return row
+
+
+BUILTINS = {"builtin:shapes": _shapes_row, "builtin:text": _text_row, "builtin:vl": _vl_row}
 
 
 def generate_rows(name: str, n: int = BUILTIN_SIZE, seed: int = 0) -> list[dict[str, Any]]:

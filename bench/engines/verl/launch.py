@@ -73,8 +73,10 @@ def _ensure_cpu_assets(launches: list[Launch]) -> None:
 
     cache = default_cache_dir()
     paths = [p for launch in launches for p in (launch.config.get("paths") or {}).values()]
-    if any("{bench_cache}/models/" in p for p in paths):
+    if any(("{bench_cache}/" + assets.model_relpath(assets.BUILTIN_MODEL)) in p for p in paths):
         assets.ensure_model(cache)
+    if any(("{bench_cache}/" + assets.model_relpath(assets.BUILTIN_VL_MODEL)) in p for p in paths):
+        assets.ensure_vl_model(cache)
     for name in data_mod.BUILTINS:
         if any(("{bench_cache}/" + data_mod.builtin_relpath(name)) in p for p in paths):
             data_mod.builtin_path(name, cache)

@@ -8,7 +8,6 @@ from an argv (:func:`overrides_of`, :func:`fill_run_dir`). The order of the whol
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 from bench.engines.common import default_profile_steps
@@ -62,8 +61,9 @@ def key_of(override: str) -> str:
 
 
 def builtin_model_path(spec: str | None, platform: str) -> str | None:
-    """``{bench_cache}/models/qwen3-tiny-<hash>`` for ``builtin:qwen3-tiny`` (or no model) on ``cpu``; ``None``
-    for a real path. The placeholder is filled at launch, so the cell id does not name this machine.
+    """``{bench_cache}/models/<name>-<hash>`` for ``builtin:qwen3-tiny`` (or no model) or ``builtin:qwen3vl-tiny``
+    on ``cpu``; ``None`` for a real path. The placeholder is filled at launch, so the cell id does not name
+    this machine.
 
     Raises:
         BenchError: a ``builtin:`` model on an accelerator platform, or an unknown builtin name.
@@ -74,13 +74,10 @@ def builtin_model_path(spec: str | None, platform: str) -> str | None:
         spec = assets.BUILTIN_MODEL
     if spec is None or not spec.startswith("builtin:"):
         return None
-    if spec != assets.BUILTIN_MODEL:
-        raise BenchError(
-            f"base.model: unknown builtin model {spec!r} for engine verl (allowed: {assets.BUILTIN_MODEL})"
-        )
+    relpath = assets.model_relpath(spec)
     if platform != "cpu":
         raise BenchError(f"base.model: {spec} is the tiny CPU model; on {platform} give a checkpoint path")
-    return "{bench_cache}/" + assets.model_dir(Path("")).as_posix()
+    return "{bench_cache}/" + relpath
 
 
 def builtin_data_path(spec: str | None, platform: str, default: str | None = "builtin:text") -> str | None:

@@ -3,13 +3,18 @@
 ``builtin:qwen3-tiny``: a randomly initialised 2-layer ``Qwen3ForCausalLM`` (hidden 128, 2 heads of 64,
 fp32) with the byte-level BPE tokenizer and chat template of the embedded engine's tiny model
 (:func:`bench.engines.embedded.model._train_tokenizer`), trained on the builtin arithmetic prompts.
-Why text and not Qwen3-VL: vLLM's CPU build pins ``torch==2.13.0+cpu``, and the only torchvision wheels
-reachable here are CUDA builds that do not load beside it; transformers' Qwen3-VL processor needs
-torchvision, so vLLM cannot serve the tiny Qwen3-VL in this environment.
+
+``builtin:qwen3vl-tiny``: the embedded engine's tiny Qwen3-VL (4 layers, hidden 128, interleaved MRoPE,
+a 2-block vision tower), built by the same builder (:func:`bench.engines.embedded.model.build_tiny`, in
+the harness's environment) into the same cache folder, with its ``Qwen3VLProcessor`` saved beside it.
+verl and vLLM load it in the verl CPU stack, where transformers' processor needs torchvision: the stack
+gets torchvision 0.28.0 with ``--no-deps`` and the ``torchvision_op_schemas`` workaround
+(:mod:`bench_patches.verl_cpu`).
 
 ``builtin:text`` data: the embedded engine's arithmetic prompts (:mod:`bench.engines.embedded.data`),
 already in verl's RL parquet format (``data_source``, ``prompt`` chat messages, ``ability``,
-``reward_model.ground_truth``, ``extra_info``).
+``reward_model.ground_truth``, ``extra_info``). ``builtin:vl``: image + text prompts in verl's multimodal
+RL parquet (the ``images`` column, ``<image>`` in the user message).
 
 Both live under the bench cache (``$BENCH_CACHE_DIR`` or ``<repo>/.cache``) in folders named by a hash
 of their recipe; a file lock makes concurrent builders wait for one build.
@@ -27,7 +32,10 @@ from typing import Any
 from bench.errors import BenchError
 
 BUILTIN_MODEL = "builtin:qwen3-tiny"
+BUILTIN_VL_MODEL = "builtin:qwen3vl-tiny"
+BUILTIN_MODELS = (BUILTIN_MODEL, BUILTIN_VL_MODEL)
 BUILTIN_DATA = "builtin:text"
+BUILTIN_VL_DATA = "builtin:vl"
 RECIPE: dict[str, Any] = {
     "architecture": "Qwen3ForCausalLM",
     "hidden_size": 128,
@@ -120,6 +128,46 @@ def ensure_model(cache_dir: Path) -> Path:
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return path
+
+
+def vl_model_dir(cache_dir: Path) -> Path:
+    """Where ``builtin:qwen3vl-tiny`` lives in ``cache_dir`` (the embedded engine's folder of the same model)."""
+    from bench.engines.embedded.model import BUILTIN_MODEL as EMBEDDED_VL
+    from bench.engines.embedded.model import resolve_model_path
+
+    return resolve_model_path(EMBEDDED_VL, Path(cache_dir))[0]
+
+
+def ensure_vl_model(cache_dir: Path) -> Path:
+    """Path of ``builtin:qwen3vl-tiny`` (model + processor) in ``cache_dir``, built first when absent.
+
+    Raises:
+        BenchError: the build failed (message says why).
+    """
+    from bench.engines.embedded.model import ensure_builtin
+
+    path = vl_model_dir(cache_dir)
+    try:
+        ensure_builtin(path, Path(cache_dir))
+    except BenchError:
+        raise
+    except Exception as exc:
+        raise BenchError(f"model: building {BUILTIN_VL_MODEL} failed: {type(exc).__name__}: {exc}") from None
+    return path
+
+
+def model_relpath(spec: str) -> str:
+    """``models/<name>-<hash>`` of a builtin model inside the cache folder (POSIX path).
+
+    Raises:
+        BenchError: an unknown builtin name.
+    """
+    if spec == BUILTIN_MODEL:
+        return model_dir(Path("")).as_posix()
+    if spec == BUILTIN_VL_MODEL:
+        return vl_model_dir(Path("")).as_posix()
+    raise BenchError(f"base.model: unknown builtin model {spec!r} for engine verl "
+                     f"(allowed: {', '.join(BUILTIN_MODELS)})")
 
 
 def ensure_data(cache_dir: Path) -> Path:

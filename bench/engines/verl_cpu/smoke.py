@@ -8,8 +8,14 @@ launches each cell's own verl launch on the ``verl:cpu`` target for a couple of 
 - kept from the cell: its factor overrides (filled with the smoke lengths), its environment (factor and
   ``base.env``), its patches (an NPU patch then reports in each process whether it applied or why it
   refused), and ``base.overrides``;
-- replaced: model and data (the tiny ``builtin:qwen3-tiny`` and ``builtin:text``), lengths, batch sizes,
-  ``n``, steps, ranks and rollout TP (one CPU rank), the device (``cpu``) and the profiler (off);
+- replaced: model and data (the tiny ``builtin:qwen3-tiny`` and ``builtin:text``; for a multimodal
+  matrix, :meth:`bench.spec.matrix.Base.is_multimodal`, the tiny Qwen3-VL ``builtin:qwen3vl-tiny`` and the
+  image prompts ``builtin:vl``, so the matrix's image key, processor and multimodal data settings meet a
+  VL model), lengths, batch sizes, ``n``, steps, ranks and rollout TP (one CPU rank), the device (``cpu``)
+  and the profiler (off);
+- added: the CPU counterpart of a factor's patch where the CPU target has one (``mrope_cache`` ->
+  ``vllm_mrope_cache``, ``rmsnorm_fused`` -> ``cpu_rmsnorm``), beside the cell's own patch (an NPU patch
+  refuses on CPU and says why in its report), so the factor's idea runs and its evidence is checked;
 - left out, with the reason: overrides that only make sense on an accelerator
   (:data:`ACCELERATOR_ONLY`), and the accelerator platform's profiler settings.
 
@@ -29,7 +35,7 @@ from typing import Any
 from bench.engines.verl.launch import VerlEngine
 from bench.engines.verl.overrides import key_of
 from bench.spec.matrix import Base, Matrix
-from bench.spec.optimizations import resolve
+from bench.spec.optimizations import REGISTRY, resolve
 from bench.spec.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
 
 #: Key patterns of overrides that only make sense on an accelerator, with the reason they are left out.
@@ -75,6 +81,9 @@ SMOKE_BASE: dict[str, Any] = {
     "ppo_max_token_len": None, "log_prob_max_token_len": None, "rollout_tp": 1, "n_gpus_per_node": 1,
     "nnodes": 1, "gpu_memory_utilization": 0.5, "profile_steps": [], "warmup_steps": 0, "timeout_s": 900,
 }
+#: What a multimodal matrix's smoke run sets on top of :data:`SMOKE_BASE`: the tiny Qwen3-VL and image prompts
+#: (the prompt holds the image's tokens: longer prompts).
+SMOKE_VL: dict[str, Any] = {"model": "builtin:qwen3vl-tiny", "data": "builtin:vl", "max_prompt_length": 128}
 
 
 def accelerator_only(override: str) -> str | None:
@@ -91,22 +100,25 @@ def accelerator_only(override: str) -> str | None:
     return None
 
 
-def not_exercised(plan: Plan) -> dict[str, str]:
+def not_exercised(plan: Plan, matrix: Matrix | None = None) -> dict[str, str]:
     """Factors the plan varies whose mechanism has no effect on the CPU target, with the reason (their
-    environment variables and patches still go into the smoke launches)."""
+    environment variables and patches still go into the smoke launches). ``matrix`` gives the smoke
+    settings' context (a multimodal matrix's smoke run serves the tiny Qwen3-VL)."""
     from bench.spec.optimizations import applicability
 
+    ctx = smoke_base(matrix)[0].context() if matrix is not None else {"rollout_tp": 1}
     out = {}
     for key in plan.varied:
-        why = applicability(key, "verl", "cpu", {"rollout_tp": 1})
+        why = applicability(key, "verl", "cpu", ctx)
         if why:
             out[key] = why
     return out
 
 
 def smoke_base(matrix: Matrix, steps: int = 2) -> tuple[Base, list[str]]:
-    """The matrix's ``base`` with the smoke settings (:data:`SMOKE_BASE`, ``steps``), its accelerator-only
-    overrides removed; returns it and the removed overrides as ``"override: why"``."""
+    """The matrix's ``base`` with the smoke settings (:data:`SMOKE_BASE`, ``steps``; :data:`SMOKE_VL` too for a
+    multimodal matrix), its accelerator-only overrides removed; returns it and the removed overrides as
+    ``"override: why"``."""
     kept, left = [], []
     for o in matrix.base.overrides:
         why = accelerator_only(o)
@@ -114,7 +126,32 @@ def smoke_base(matrix: Matrix, steps: int = 2) -> tuple[Base, list[str]]:
             left.append(f"{o}: {why}")
         else:
             kept.append(o)
-    return Base(**{**matrix.base.model_dump(), **SMOKE_BASE, "steps": steps, "overrides": kept}), left
+    vl = SMOKE_VL if matrix.base.is_multimodal() else {}
+    return Base(**{**matrix.base.model_dump(), **SMOKE_BASE, **vl, "steps": steps, "overrides": kept}), left
+
+
+def cpu_counterparts(levels: dict[str, int | None], platform: str, context: dict[str, Any]) -> tuple[list, list]:
+    """The patches of the ``verl:cpu`` mechanism of each factor level that the cell's own (``platform``)
+    mechanism lacks, where the factor applies on CPU; returns them and one note per factor."""
+    from bench.spec.optimizations import applicability
+
+    patches, notes = [], []
+    if platform == "cpu":
+        return patches, notes
+    for key, level in levels.items():
+        if level is None or applicability(key, "verl", "cpu", context):
+            continue
+        own = resolve(key, level, "verl", platform).patches
+        extra = [p for p in resolve(key, level, "verl", "cpu").patches if p not in own]
+        if extra:
+            patches += extra
+            # one text for every level of the factor (the dry run shows a note common to all cells once)
+            opt = REGISTRY[key]
+            names = lambda target: sorted({p.split(":")[0] for lv in opt.levels  # noqa: E731
+                                           for p in resolve(key, lv, "verl", target).patches})
+            mine = f" beside the cell's own {', '.join(names(platform))} ({platform} only)" if names(platform) else ""
+            notes.append(f"smoke: {key} runs its CPU counterpart {', '.join(names('cpu'))}{mine}")
+    return patches, notes
 
 
 @dataclass
@@ -136,6 +173,8 @@ def smoke_cells(matrix: Matrix, plan: Plan, steps: int = 2) -> list[SmokeCell]:
     engine = VerlEngine()
     out = []
     base, left_user = smoke_base(matrix, steps)
+    ctx = base.context()
+    vl_note = [f"smoke: multimodal matrix: {base.model} with {base.data} image prompts"] if ctx["multimodal"] else []
     for run in plan.runs:
         levels = dict(run.levels)
         mechs = [resolve(k, v, "verl", plan.platform) for k, v in levels.items() if v is not None]
@@ -148,8 +187,10 @@ def smoke_cells(matrix: Matrix, plan: Plan, steps: int = 2) -> list[SmokeCell]:
                 left.append(f"factor override {o}: {why}")
             else:
                 kept_factor.append(o)
-        mech = mech.model_copy(update={"overrides": tuple(kept_factor)})
+        extra, notes = cpu_counterparts(levels, plan.platform, ctx)
+        mech = mech.model_copy(update={"overrides": tuple(kept_factor), "patches": mech.patches + tuple(extra)})
         launch = engine.build(base, mech, "cpu", levels, strict=False)
+        launch = launch.model_copy(update={"notes": launch.notes + vl_note + notes})
         inert = [f"{k}={v}: {INERT_ENV[k]} (kept, no effect on CPU)" for k, v in launch.env.items() if k in INERT_ENV]
         spec = RunSpec(cell_id=cell_id_of("verl", "cpu", launch), engine="verl", platform="cpu", levels=levels,
                        cells=run.cells, not_applicable=run.not_applicable, launch=launch, timeout_s=base.timeout_s)
@@ -173,7 +214,7 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     from bench.results import atomic_write_json
 
     cells = smoke_cells(matrix, plan, steps)
-    inert_factors = not_exercised(plan)
+    inert_factors = not_exercised(plan, matrix)
     folder = Path(results_root) / f"{matrix.name}-smoke" / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     executor = executor or LocalExecutor()
@@ -201,4 +242,5 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     return folder, results
 
 
-__all__ = ["ACCELERATOR_ONLY", "SmokeCell", "accelerator_only", "run_smoke", "smoke_cells"]
+__all__ = ["ACCELERATOR_ONLY", "SMOKE_VL", "SmokeCell", "accelerator_only", "cpu_counterparts", "run_smoke",
+           "smoke_cells"]

@@ -34,13 +34,15 @@ class Requirement(BaseModel):
     """A condition on the run settings below which a factor is *not applicable* (not invalid).
 
     ``setting`` names a key of the planner's context (e.g. ``rollout_tp``); the factor applies when
-    ``context[setting] >= minimum``.
+    ``context[setting] >= minimum``; ``targets`` limits the condition to those ``engine:platform`` targets
+    (empty: every target).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     setting: str
     minimum: float
     reason: str
+    targets: tuple[str, ...] = ()
 
 
 class Optimization(BaseModel):

@@ -8,7 +8,7 @@ Registered by one line of ``pyproject.toml``, group ``grpo_bench.optimizations``
 from __future__ import annotations
 
 from bench.spec.optimizations.base import Mechanism as M
-from bench.spec.optimizations.base import Optimization
+from bench.spec.optimizations.base import Optimization, Requirement
 
 OPTIMIZATION = Optimization(
     key="mrope_cache",
@@ -18,16 +18,19 @@ OPTIMIZATION = Optimization(
     acts="rollout",
     mechanisms={
         "verl:npu": {0: M(), 1: M(patches=("vllm_ascend_mrope_cache",))},
+        "verl:cpu": {0: M(patches=("vllm_mrope_cache:off",)), 1: M(patches=("vllm_mrope_cache:on",))},
     },
     not_applicable={
         "verl:cuda": "the patch targets vLLM-Ascend's MRotaryEmbedding (npu_rotary_mul); "
         "CUDA vLLM is not patched",
-        "verl:cpu": "the verl CPU target serves a text Qwen3 (no MRoPE): vLLM's CPU build pins torch "
-        "2.13.0+cpu and no torchvision that loads beside it is reachable, and transformers' Qwen3-VL "
-        "processor needs torchvision",
         "embedded:*": "Hugging Face Qwen3-VL already computes the rotary cos/sin once per forward and shares "
         "them across layers; there is no per-layer recomputation to cache",
     },
-    evidence="patch report of the vLLM worker processes",
-    evidence_checks={"verl:npu": "bench.measure.evidence:mrope_cache"},
+    requires=(
+        Requirement(setting="multimodal", minimum=1, targets=("verl:cpu",), reason="MRoPE exists only in "
+                    "multimodal models: use builtin:qwen3vl-tiny with builtin:vl data (or data.image_key)"),
+    ),
+    evidence="the patch's counters in each vLLM process: forwards served, layers that reused the "
+    "forward's cos/sin (cache hits)",
+    evidence_checks={"verl:*": "bench.measure.verl_evidence:mrope_cache"},
 )

@@ -156,7 +156,7 @@ def applicability(key: str, engine: str, platform: str, context: dict[str, Any])
             break
     else:
         return f"{opt.title} has no mechanism on the {engine} engine on {platform}"
-    for req in opt.requires:
+    for req in (r for r in opt.requires if not r.targets or f"{engine}:{platform}" in r.targets):
         value = context.get(req.setting)
         if value is None or float(value) < req.minimum:
             return f"{req.reason} (here {req.setting}={value})"

@@ -1,0 +1,105 @@
+"""A real VL verl run on this CPU (CI's VL run): ``run_bench.py matrix/verl_cpu_vl.yaml`` launches
+``verl.trainer.main_ppo`` on the tiny Qwen3-VL (``builtin:qwen3vl-tiny``) with image prompts (``builtin:vl``),
+through the runner, the patches, verl's file logger and profiler, the measurements, MLflow and the report.
+
+How the test knows the images took part (the evidence counters of ``bench_patches.verl_evidence``):
+
+- rollout: vLLM's engine core received requests carrying image items, and their prompt token counts include
+  the image placeholder tokens those items fill (``vllm_requests``);
+- training: the Qwen3-VL vision tower ran forwards over the images in the actor/ref worker
+  (``vision_forwards``).
+
+Needs the verl CPU stack with torchvision (``tools/install_verl_cpu.sh``; ``.ci/run`` installs it); about
+6-8 minutes on 2 cores (one run: start-up about 3-4 minutes, then 3 steps).
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bench.engines.verl_cpu.target import verl_python
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = verl_python()
+_READY = Path(PY).exists() and subprocess.run(
+    [PY, "-c", "import importlib.util as u, verl, vllm; assert u.find_spec('torchvision')"], capture_output=True
+).returncode == 0
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not _READY, reason="the verl CPU stack with torchvision is not installed "
+                                          "(bash tools/install_verl_cpu.sh)"),
+]
+
+
+def _counters(rdir: Path) -> list[tuple[str, dict]]:
+    out = []
+    for path in (rdir / "patches").glob("*.json"):
+        rep = json.loads(path.read_text())
+        out.append((rep["role"], rep["patches"].get("verl_evidence", {}).get("counters") or {}))
+    return out
+
+
+def test_real_vl_verl_run_on_cpu(tmp_path):
+    from mlflow import MlflowClient
+
+    from bench.executors import run_processes
+
+    m = yaml.safe_load((ROOT / "matrix" / "verl_cpu_vl.yaml").read_text())
+    m["name"] = "verl_cpu_vl_ci"
+    m["factors"] = {"rmsnorm_fused": ["off"]}  # one run: the all-off reference of the VL matrix
+    m["design"] = "full"
+    matrix = tmp_path / "verl_cpu_vl_ci.yaml"
+    matrix.write_text(yaml.safe_dump(m))
+    results = tmp_path / "results"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_PATCHES", "BENCH_RUN_DIR"))}
+    argv = [sys.executable, str(ROOT / "run_bench.py"), str(matrix), "--results", str(results), "--tracking-uri", uri]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+
+    sweep = (results / "verl_cpu_vl_ci" / "latest").resolve()
+    (rec,) = [json.loads(p.read_text()) for p in sweep.glob("*/r0/record.json")]
+    assert rec["status"] == "ok", rec.get("reason")
+    rdir = sweep / rec["cell_id"] / "r0"
+    lines = [json.loads(x) for x in (rdir / "metrics.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in lines] == [1, 2, 3]
+    assert {"timing_s/gen", "timing_s/step", "timing_s/update_actor", "prompt_length/mean"} <= set(lines[0]["data"])
+    traces = list((rdir / "profile").glob("*step3*.json.gz"))
+    assert traces and json.loads(gzip.open(traces[0]).read())["traceEvents"]
+    assert 0.0 < rec["free_ratio"]["3"] < 1.0 and 0 < rec["summary"]["rollout_share_median"] < 1
+
+    counters = _counters(rdir)
+    # the rollout: 3 steps x 4 prompts x n=2 requests, every one with its image; 64-128 px images in
+    # 16-px patches merged 2x2 fill 4-16 placeholder tokens each, all inside the prompt token counts
+    vllm = [c["vllm_requests"] for _, c in counters if "vllm_requests" in c]
+    assert vllm, counters
+    req = {k: sum(c[k] for c in vllm) for k in vllm[0]}
+    assert req["requests"] >= 3 * 4 and req["images"] == req["requests"] == req["mm_items"]
+    assert 4 * req["images"] <= req["image_tokens"] <= 16 * req["images"]
+    assert req["prompt_tokens"] > req["image_tokens"]
+    # training: the vision tower of the actor/ref ran over images (old log-prob, ref, update per step)
+    vision = [c["vision_forwards"] for role, c in counters if "vision_forwards" in c and role == "ray-worker"]
+    assert vision and sum(v["images"] for v in vision) >= 3 * 4 * 2 and sum(v["patches"] for v in vision) > 0
+    # the torchvision workaround acted in the processes that loaded the processor
+    reports = [json.loads(p.read_text()) for p in (rdir / "patches").glob("*.json")]
+    tv = {r["role"] for r in reports
+          if any(a.startswith("torchvision_op_schemas") for a in r["patches"].get("verl_cpu", {}).get("actions", []))}
+    assert {"driver", "ray-worker"} <= tv
+    assert not run_processes(rdir)
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("verl_cpu_vl_ci")
+    cells = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("bench.kind") == "cell"]
+    assert len(cells) == 1 and cells[0].data.tags["evidence.rmsnorm_fused"].startswith("confirmed")
+    rep = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "report", "verl_cpu_vl_ci", "--results",
+                          str(results), "--tracking-uri", uri], capture_output=True, text=True, env=env, timeout=600)
+    assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
+    assert "| all-off |" in (sweep / "report" / "report.md").read_text()
