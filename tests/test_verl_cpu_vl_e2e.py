@@ -50,7 +50,7 @@ def _counters(rdir: Path) -> list[tuple[str, dict]]:
 def test_real_vl_verl_run_on_cpu(tmp_path):
     from mlflow import MlflowClient
 
-    from bench.executors import run_processes
+    from bench.execution.executors import run_processes
 
     m = yaml.safe_load((ROOT / "matrix" / "verl_cpu_vl.yaml").read_text())
     m["name"] = "verl_cpu_vl_ci"
