@@ -46,12 +46,13 @@ def _is_type_checking(node: ast.If) -> bool:
         (isinstance(t, ast.Attribute) and t.attr == "TYPE_CHECKING")
 
 
-def _imports(tree: ast.AST, package: str) -> list[str]:
-    """Dotted names imported anywhere in ``tree`` (``from x import y`` gives ``x`` and ``x.y``)."""
+def _imports(tree: ast.AST, package: str, typing_only: bool = False) -> list[str]:
+    """Dotted names imported anywhere in ``tree`` (``from x import y`` gives ``x`` and ``x.y``); imports under
+    ``if TYPE_CHECKING:`` only with ``typing_only``."""
     out: list[str] = []
 
     def visit(node: ast.AST) -> None:
-        if isinstance(node, ast.If) and _is_type_checking(node):
+        if isinstance(node, ast.If) and _is_type_checking(node) and not typing_only:
             for child in node.orelse:
                 visit(child)
             return
@@ -72,14 +73,15 @@ def _imports(tree: ast.AST, package: str) -> list[str]:
     return out
 
 
-def import_graph() -> nx.DiGraph:
-    """Edges module -> bench module it imports (names resolved to the longest existing module)."""
+def import_graph(typing_only: bool = False) -> nx.DiGraph:
+    """Edges module -> bench module it imports (names resolved to the longest existing module); with
+    ``typing_only`` also the imports made for annotations only (under ``if TYPE_CHECKING:``)."""
     mods = _modules()
     g = nx.DiGraph()
     g.add_nodes_from(mods)
     for name, path in mods.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        for target in _imports(ast.parse(path.read_text()), package):
+        for target in _imports(ast.parse(path.read_text()), package, typing_only):
             while target and target not in mods:
                 target = target.rpartition(".")[0]
             if target and target != name:
@@ -90,6 +92,13 @@ def import_graph() -> nx.DiGraph:
 def test_no_import_cycle():
     cycles = [c for c in nx.simple_cycles(import_graph()) if frozenset(c) not in KNOWN_CYCLES]
     assert cycles == [], "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_import_cycle_through_typing_only_imports():
+    """Annotations-only imports (``if TYPE_CHECKING:``) count too: a cycle through them is a layering error
+    that only does not fail at run time."""
+    cycles = [c for c in nx.simple_cycles(import_graph(typing_only=True)) if frozenset(c) not in KNOWN_CYCLES]
+    assert cycles == [], "import cycles (typing-only imports included): " + "; ".join(" -> ".join(c) for c in cycles)
 
 
 def test_known_cycles_still_exist():

@@ -12,10 +12,7 @@ point line (see ``CONTRIBUTING.md``).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypeVar
-
-if TYPE_CHECKING:
-    from bench.engines.base import Engine
+from typing import Any, TypeVar
 
 GROUP = "grpo_bench.engines"
 _ENGINES: dict[str, type] = {}
@@ -79,8 +76,9 @@ def engine_class(name: str) -> type:
     return _ENGINES[name]
 
 
-def get_engine(name: str) -> Engine:
-    """A new instance of the engine called ``name`` (any registered one).
+def get_engine(name: str) -> Any:
+    """A new instance of the engine called ``name`` (any registered one): a :class:`bench.engines.base.Engine`
+    (not imported here, so the registry imports nothing of the engines' interface, not even for annotations).
 
     Raises:
         KeyError: unknown engine name.
