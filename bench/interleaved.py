@@ -43,15 +43,15 @@ class GateStopRule:
     :func:`bench.analyze.sequential.decide`, so the error rate holds over all looks) and stops once every cell
     is pass or regression (never before ``min_blocks``), the planned blocks are done, or (with ``budget_s``,
     wall seconds counted from ``t0``, the rule's creation unless set) another block would likely end past the
-    budget: the mean wall time of the blocks so far is the forecast. Stopping early never spends more error than
-    planned: the intervals stay those of ``max_blocks`` looks."""
+    budget: the mean wall time of the blocks after the first (which carries the start-up) is the forecast.
+    Stopping early never spends more error than planned: the intervals stay those of ``max_blocks`` looks."""
 
     def __init__(self, *, threshold: float, alpha: float, max_mde: float | None, normalize: bool,
                  max_blocks: int, min_blocks: int = 3, budget_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.threshold, self.alpha, self.max_mde, self.normalize = threshold, alpha, max_mde, normalize
         self.max_looks, self.min_blocks = max_blocks, min_blocks
-        self.budget_s, self.clock, self.t0 = budget_s, clock, clock()
+        self.budget_s, self.clock, self.t0, self.t_first = budget_s, clock, clock(), None
 
     def compare(self, records: list[dict[str, Any]], look: int) -> dict[str, Any]:
         """The gate's comparison at ``look`` (``paired_comparison`` result)."""
@@ -63,9 +63,14 @@ class GateStopRule:
         res = self.compare(records, look)
         undecided = [r["cell"] for r in res["rows"] if r["verdict"] in ("noisy", "cannot judge")]
         done = look >= self.min_blocks and not undecided
-        elapsed = self.clock() - self.t0  # the block loop counts looks from 1 in this process, resumed or not
-        per_block = elapsed / max(look, 1)
-        over = self.budget_s is not None and not done and elapsed + per_block > self.budget_s
+        now = self.clock()
+        elapsed = now - self.t0  # the block loop counts looks from 1 in this process, resumed or not
+        if look <= 1 or self.t_first is None:  # the first block carries the start-up (worktree, fork servers)
+            self.t_first, per_block = now, elapsed
+            over = self.budget_s is not None and not done and elapsed > self.budget_s
+        else:
+            per_block = (now - self.t_first) / (look - 1)
+            over = self.budget_s is not None and not done and elapsed + per_block > self.budget_s
         stop = done or over or look >= self.max_looks
         reason = ("every cell decided" if done else
                   f"budget {self.budget_s:.0f} s: {elapsed:.0f} s spent, a block takes {per_block:.0f} s; undecided: "

@@ -34,7 +34,7 @@ The real mode evaluates the gate at its defaults (unpaired, speed-normalized: ``
 no probe); all at the default threshold (5 %) and alpha (0.01). The noise is printed raw and
 speed-normalized.
 
-    python benchmarks/bench_gate.py interleaved --tries 10 --results /tmp/gbi      # 3-7 min per gate on 2 cores
+    python benchmarks/bench_gate.py interleaved --tries 10 --budget 90s --until 20:10   # 1-1.5 min per gate, idle
     python benchmarks/bench_gate.py real --sweeps 5 --results /tmp/gate-bench    # ~18 min on 2 cores
     python benchmarks/bench_gate.py synthetic --from /tmp/gate-bench --trials 2000
     python benchmarks/bench_gate.py synthetic --sd-step 0.05 --sd-sweep 0.02 --trials 2000

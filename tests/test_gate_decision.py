@@ -87,11 +87,15 @@ def test_budget_stops_before_a_block_that_would_end_past_it():
     now = [0.0]
     rule = GateStopRule(threshold=THR, alpha=ALPHA, max_mde=None, normalize=False, max_blocks=12, budget_s=100.0,
                         clock=lambda: now[0])
-    recs = _records(np.full(4, 0.0) + np.array([0.2, -0.2, 0.15, -0.1]))
-    now[0] = 4 * 20.0  # 4 blocks in 80 s: a fifth would end at 100 s, not past it
-    assert not rule.after_block(recs, 4).stop
-    now[0] = 4 * 21.0  # 84 s: a fifth would end at 105 s
-    look = rule.after_block(recs, 4)
+    recs = _records(np.array([0.2, -0.2, 0.15, -0.1, 0.2, -0.2, 0.15, -0.1]))  # far too noisy to decide
+    # the first block carries 50 s of start-up: it is not taken as the cost of the next blocks
+    now[0] = 60.0
+    assert not rule.after_block(recs[:2], 1).stop
+    for look in range(2, 5):  # then 10 s a block: after block 4 (90 s) a fifth would end at 100 s, not past it
+        now[0] = 60.0 + 10.0 * (look - 1)
+        assert not rule.after_block(recs[:2 * look], look).stop
+    now[0] = 101.0  # block 5 took 11 s: a sixth would end past the budget
+    look = rule.after_block(recs[:10], 5)
     assert look.stop and "budget 100 s" in look.reason and look.more_blocks
 
 
