@@ -41,12 +41,17 @@ class GateStopRule:
     :func:`bench.execution.blocks.run_blocks` after each complete block): compares the blocks so far
     (:func:`bench.analyze.gate_runs.paired_comparison` with the sequential intervals of
     :func:`bench.analyze.sequential.decide`, so the error rate holds over all looks) and stops once every cell
-    is pass or regression (never before ``min_blocks``) or the planned blocks are done."""
+    is pass or regression (never before ``min_blocks``), the planned blocks are done, or (with ``budget_s``,
+    wall seconds counted from ``t0``, the rule's creation unless set) another block would likely end past the
+    budget: the mean wall time of the blocks after the first (which carries the start-up) is the forecast.
+    Stopping early never spends more error than planned: the intervals stay those of ``max_blocks`` looks."""
 
     def __init__(self, *, threshold: float, alpha: float, max_mde: float | None, normalize: bool,
-                 max_blocks: int, min_blocks: int = 3):
+                 max_blocks: int, min_blocks: int = 3, budget_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.threshold, self.alpha, self.max_mde, self.normalize = threshold, alpha, max_mde, normalize
         self.max_looks, self.min_blocks = max_blocks, min_blocks
+        self.budget_s, self.clock, self.t0, self.t_first = budget_s, clock, clock(), None
 
     def compare(self, records: list[dict[str, Any]], look: int) -> dict[str, Any]:
         """The gate's comparison at ``look`` (``paired_comparison`` result)."""
@@ -58,8 +63,18 @@ class GateStopRule:
         res = self.compare(records, look)
         undecided = [r["cell"] for r in res["rows"] if r["verdict"] in ("noisy", "cannot judge")]
         done = look >= self.min_blocks and not undecided
-        stop = done or look >= self.max_looks
-        reason = ("every cell decided" if done else f"planned blocks done; undecided: {', '.join(undecided)}"
+        now = self.clock()
+        elapsed = now - self.t0  # the block loop counts looks from 1 in this process, resumed or not
+        if look <= 1 or self.t_first is None:  # the first block carries the start-up (worktree, fork servers)
+            self.t_first, per_block = now, elapsed
+            over = self.budget_s is not None and not done and elapsed > self.budget_s
+        else:
+            per_block = (now - self.t_first) / (look - 1)
+            over = self.budget_s is not None and not done and elapsed + per_block > self.budget_s
+        stop = done or over or look >= self.max_looks
+        reason = ("every cell decided" if done else
+                  f"budget {self.budget_s:.0f} s: {elapsed:.0f} s spent, a block takes {per_block:.0f} s; undecided: "
+                  f"{', '.join(undecided)}" if over else f"planned blocks done; undecided: {', '.join(undecided)}"
                   if stop else f"undecided: {', '.join(undecided) or 'too few blocks'}")
         line = f"gate look {look}/{self.max_looks}: {res['verdict']}; " + ", ".join(
             f"{r['cell']} {r['verdict']}" + (f" {r['change']:+.1%}" if r.get("change") is not None else "")
@@ -75,9 +90,11 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
                          overrides: list[str] | None = None, blocks: int | None = None, threshold: float,
                          alpha: float, max_mde: float | None = None, normalize: bool = True, force: bool = False,
                          spawn: bool = False, order_seed: int | None = None, out: Path | None = None,
+                         budget_s: float | None = None,
                          on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the interleaved gate sweep and judge it; returns the result (``exit_code``, ``verdict``, ``rows``,
-    ``files``, ``sweep``, ``wall_s``). Thresholds are fractions.
+    ``files``, ``sweep``, ``wall_s``). Thresholds are fractions; ``budget_s`` (wall seconds, from the start of
+    this call) stops the sweep before a block that would likely end past it (:class:`GateStopRule`).
 
     Raises:
         BenchError: bad matrix, unknown revision, bad flags.
@@ -109,7 +126,11 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
             return ForkServerExecutor(repo_root=root)
         return LocalExecutor()
 
-    rule = GateStopRule(threshold=threshold, alpha=alpha, max_mde=max_mde, normalize=normalize, max_blocks=n_blocks)
+    if budget_s is not None and budget_s <= 0:
+        raise BenchError(f"--budget {budget_s}: must be a positive duration (e.g. 90s, 10m)")
+    rule = GateStopRule(threshold=threshold, alpha=alpha, max_mde=max_mde, normalize=normalize, max_blocks=n_blocks,
+                        budget_s=budget_s)
+    rule.t0 = time.monotonic() - (time.time() - t0)
     with baseline_checkout(baseline_ref) as base:
         versions = {BASELINE: base, CANDIDATE: cand}
         executor = VersionedExecutor(make, {k: Path(v["root"]) for k, v in versions.items()})
@@ -122,6 +143,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
         "format": "grpo-bench-gate", "format_version": 2, "kind": "interleaved", "created_at": time.time(),
         "settings": {"threshold": threshold, "alpha": alpha, "max_mde": 2 * threshold if max_mde is None else max_mde,
                      "normalize": "auto" if normalize else "off", "blocks_planned": n_blocks,
+                     "budget_s": budget_s,
                      "estimate": "exp(mean over blocks of log(run value cand / run value base)) - 1; run value = "
                                  "median timed step",
                      "ci": "paired t over blocks (Kalibera & Jones 2020), repeated confidence interval at this look "

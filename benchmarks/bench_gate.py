@@ -5,7 +5,7 @@ Not a test. Three modes:
 ``interleaved`` (the gate CI uses): ``--tries`` interleaved gates (``gate --interleave HEAD --matrix M --force``,
 default ``matrix/gate.yaml``; ``--matrix matrix/full.yaml`` for the main matrix) of unchanged code and as many
 with an injected slowdown of one cell (``--slowdown`` 0.10: CPU work added at the start of the update phase of
-each training step where ``cfg.<--when>`` holds, sized at 10 % of the quietest baseline run's step), alternating,
+each training step where ``cfg.<--when>`` holds, for 10 % of that step's own time: self-calibrating), alternating,
 in a clone of this repository (the candidate = its working tree, the baseline = its HEAD). Prints each gate's
 verdict, blocks and wall time, the pass / regression rates with Wilson intervals and the measured noise (SD of
 a block's log ratio) with the blocks the gate needs at that noise. Tries are logged to
@@ -34,7 +34,7 @@ The real mode evaluates the gate at its defaults (unpaired, speed-normalized: ``
 no probe); all at the default threshold (5 %) and alpha (0.01). The noise is printed raw and
 speed-normalized.
 
-    python benchmarks/bench_gate.py interleaved --tries 10 --results /tmp/gbi      # 3-7 min per gate on 2 cores
+    python benchmarks/bench_gate.py interleaved --tries 10 --budget 90s --until 20:10   # 1-1.5 min per gate, idle
     python benchmarks/bench_gate.py real --sweeps 5 --results /tmp/gate-bench    # ~18 min on 2 cores
     python benchmarks/bench_gate.py synthetic --from /tmp/gate-bench --trials 2000
     python benchmarks/bench_gate.py synthetic --sd-step 0.05 --sd-sweep 0.02 --trials 2000
@@ -346,8 +346,8 @@ def synthetic(args: argparse.Namespace) -> None:
 
 # -- interleaved gate: pass / regression rates of `gate --interleave` as a user runs it ------------------------
 
-#: where the injected slowdown goes: the start of the update phase of the embedded engine's training step
-SLOW_ANCHOR = '    with phase(timing, "update_actor", tr.device):\n'
+#: where the injected slowdown goes: the end of the update phase of the embedded engine's training step
+SLOW_ANCHOR = "        actor_metrics = update_actor(tr, ro.seqs, batch, metrics)\n"
 
 
 def _clone(dst: Path) -> Path:
@@ -358,47 +358,52 @@ def _clone(dst: Path) -> Path:
     return dst
 
 
-#: the injected work: ``n`` products of a 128 x 128 float32 matrix (one thread, as the gate matrix runs)
-WORK = ("_w = torch.full((128, 128), 1.0 / 128)\n", "_w = _w @ _w\n")
+def slowdown_patch(fraction: float, when: str) -> str:
+    """The injected slowdown, self-calibrating: at the end of the update phase of each training step of the
+    cells where ``cfg.<when>`` holds, CPU work (products of a 128 x 128 float32 matrix) for ``fraction`` of
+    the wall time the step has taken so far (everything before it: generation, log-probs, update). So the
+    step takes ``1 + fraction`` times as long, whatever the machine's load: work sized once at quiet speed
+    would be mis-sized when the machine is busy (issue 18's first acceptance tries measured +17 to +25 %
+    for a "10 %" slowdown)."""
+    ind = " " * 12
+    return (f"        if cfg.{when}:  # injected test slowdown: {fraction:.0%} of this step's time as CPU work\n"
+            f"{ind}_until = time.perf_counter() + {fraction!r} * (time.perf_counter() - t_step)\n"
+            f"{ind}_w = torch.full((128, 128), 1.0 / 128)\n"
+            f"{ind}while time.perf_counter() < _until:\n"
+            f"{ind}    _w = _w @ _w\n")
 
 
-def work_per_second() -> float:
-    """Iterations of :data:`WORK` per second on this machine now (one torch thread, best of 5 tries)."""
-    import torch
-
-    torch.set_num_threads(1)
-    best = 0.0
-    for _ in range(5):
-        w = torch.full((128, 128), 1.0 / 128)
-        t0 = time.perf_counter()
-        for _ in range(200):
-            w = w @ w
-        best = max(best, 200 / (time.perf_counter() - t0))
-    return best
-
-
-def _set_slowdown(repo: Path, iterations: int, when: str) -> None:
-    """Add (``iterations`` > 0) or remove the injected work in the candidate's working tree: ``iterations``
-    matrix products at the start of the update phase of each training step, in the cells where ``cfg.<when>``
-    holds (CPU work, so it slows down with the machine as the step does)."""
+def _set_slowdown(repo: Path, fraction: float, when: str) -> None:
+    """Add (``fraction`` > 0) or remove the injected slowdown (:func:`slowdown_patch`) in the candidate's
+    working tree ``repo``."""
     import subprocess
 
     step = repo / "bench/engines/embedded/step.py"
     subprocess.run(["git", "-C", str(repo), "checkout", "--", str(step)], check=True)
-    if iterations > 0:
+    if fraction > 0:
         text = step.read_text()
         assert text.count(SLOW_ANCHOR) == 1, "anchor of the injected slowdown not found"
-        ind = " " * 12
-        step.write_text(text.replace(SLOW_ANCHOR, SLOW_ANCHOR + f"        if cfg.{when}:  # injected test slowdown\n"
-                                     f"{ind}{WORK[0]}{ind}for _ in range({iterations}):\n{ind}    {WORK[1]}"))
+        step.write_text(text.replace(SLOW_ANCHOR, SLOW_ANCHOR + slowdown_patch(fraction, when)))
+
+
+def _psi_total() -> float | None:
+    """``some total`` of ``/proc/pressure/cpu`` (microseconds some task waited for a CPU), or None."""
+    try:
+        line = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+        return float(dict(kv.split("=") for kv in line.split()[1:])["total"])
+    except (OSError, KeyError, ValueError, IndexError):
+        return None
 
 
 def interleaved(args: argparse.Namespace) -> None:
-    """``--tries`` interleaved gates of unchanged code and as many with a ``--slowdown`` injected in one cell,
-    alternating (unchanged first: its baseline runs give the step time the delay is sized from), each a fresh
-    gate sweep (``--force``) of ``--matrix`` against ``HEAD`` of a clone; prints each gate's verdict, blocks and
-    wall time, the rates with Wilson intervals, and the measured noise (SD of a block's log ratio) with the
-    blocks :func:`bench.analyze.power.blocks_needed` asks for."""
+    """``--tries`` interleaved gates of unchanged code and as many with a ``--slowdown`` injected in one cell
+    (:func:`slowdown_patch`), alternating, each a fresh gate sweep (``--force``) of ``--matrix`` against ``HEAD``
+    of a clone; prints each gate's verdict, blocks, change, interval, noise, figure, wall time and CPU pressure
+    over the gate, then the rates with Wilson intervals and the measured noise with the blocks
+    :func:`bench.analyze.power.blocks_needed` asks for. ``--until HH:MM`` (UTC) starts no gate after that time
+    whose median wall time so far would end past it."""
+    import datetime as dt
+    import os
     import subprocess
 
     work = Path(args.results)
@@ -410,56 +415,64 @@ def interleaved(args: argparse.Namespace) -> None:
     done = [json.loads(x) for x in log_path.read_text().splitlines()] if log_path.exists() else []
     matrix = (ROOT / args.matrix).resolve()
     kinds = [k for _ in range(args.tries) for k in ("unchanged", "slowdown")]
-    def quiet_delay(sweep: str) -> float:
-        """``--slowdown`` of the quietest baseline run's median step of an unchanged gate (the work is sized at
-        quiet speed; under contention it slows down with the step)."""
-        from bench.results import load_records
-
-        recs = [r for r in load_records(Path(sweep)) if r.get("code_version") == "baseline" and r["status"] == "ok"]
-        return round(args.slowdown * min(float(np.median(r["summary"]["step_time_samples_s"])) for r in recs), 4)
-
-    fixed_iters = 0
-    first = next((d for d in done if d["kind"] == "unchanged" and d.get("sweep")), None)
-    delay = quiet_delay(first["sweep"]) if first else None
-    env = {**__import__("os").environ, "PYTHONPATH": str(repo)}
+    until = None
+    if args.until:
+        hh, mm = map(int, args.until.split(":"))
+        now = dt.datetime.now(dt.timezone.utc)
+        until = now.replace(hour=hh, minute=mm, second=0, microsecond=0).timestamp()
+    env = {**os.environ, "PYTHONPATH": str(repo)}
     for i, kind in enumerate(kinds[len(done):], len(done)):
-        if kind == "slowdown" and delay is None:
-            continue
-        if kind == "slowdown" and not fixed_iters:  # sized once, at the machine's best speed, then kept
-            fixed_iters = next((d["work_iterations"] for d in done if d.get("work_iterations")), 0) or \
-                int(round(delay * work_per_second()))
-        iters = fixed_iters if kind == "slowdown" else 0
-        _set_slowdown(repo, iters, args.when)
+        walls = [d["wall_s"] for d in done] or [0.0]
+        if until is not None and time.time() + float(np.median(walls)) > until:
+            print(f"stopping before try {i}: a gate (median {np.median(walls):.0f} s) would end after {args.until} UTC")
+            break
+        frac = args.slowdown if kind == "slowdown" else 0.0
+        _set_slowdown(repo, frac, args.when)
         cmd = [sys.executable, "run_bench.py", "gate", "--results", str(work / "results"),
                "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--interleave", "HEAD", "--matrix", str(matrix),
                "--force", *(["--blocks", str(args.blocks)] if args.blocks else []),
+               *(["--budget", args.budget] if args.budget else []),
                *[x for o in args.set for x in ("--set", o)]]
-        t0 = time.time()
-        res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
-        wall = time.time() - t0
+        t0, psi0 = time.time(), _psi_total()
+        try:
+            res = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True,
+                                 timeout=(until - t0 if until else None))
+        except subprocess.TimeoutExpired:
+            print(f"try {i} {kind}: stopped at {args.until} UTC, unfinished (not counted)")
+            break
+        wall, psi1 = time.time() - t0, _psi_total()
         gate_json = max((work / "results").glob("*/2*/gate/gate.json"), key=lambda p: p.stat().st_mtime)
         if res.returncode not in (0, 1, 3) or gate_json.stat().st_mtime < t0:
             print(f"try {i} {kind}: gate ended with exit {res.returncode} and no verdict: {res.stderr[-400:]}")
             break
         g = json.loads(gate_json.read_text())
         rows = g.get("rows", [])
-        if kind == "unchanged" and delay is None:
-            delay = quiet_delay(g["sweep"])
         entry = {"try": i, "kind": kind, "exit": res.returncode, "verdict": g.get("verdict"), "wall_s": wall,
-                 "blocks": g.get("blocks_run"), "delay_s": delay if kind == "slowdown" else None,
-                 "work_iterations": iters, "sweep": g.get("sweep"),
+                 "blocks": g.get("blocks_run"), "slowdown": frac, "sweep": g.get("sweep"),
+                 "started_utc": dt.datetime.fromtimestamp(t0, dt.timezone.utc).strftime("%H:%M:%S"),
                  "pressure": cpu_pressure(),
-                 "rows": [{k: r.get(k) for k in ("cell", "verdict", "change", "ci_low", "ci_high", "sd_pair", "mde",
-                                                 "blocks_needed", "normalized")} for r in rows],
+                 "pressure_gate": (None if psi0 is None or psi1 is None else (psi1 - psi0) / 1e6 / wall * 100),
+                 "rows": [{k: r.get(k) for k in ("cell", "verdict", "change", "raw_change", "ci_low", "ci_high",
+                                                 "sd_pair", "mde", "blocks_needed", "normalized", "reason")}
+                          for r in rows],
                  "probe": g.get("probe", {}).get("note")}
         done.append(entry)
         with open(log_path, "a") as fh:
             fh.write(json.dumps(entry) + "\n")
-        print(f"try {i} {kind:9s} exit {res.returncode} {entry['verdict']:13s} blocks {entry['blocks']} "
-              f"wall {wall:.0f} s  " + "; ".join(f"{r['cell']} {r['verdict']} {_pct(r.get('change'))}" for r in rows),
-              flush=True)
+        print(_try_line(entry), flush=True)
     _set_slowdown(repo, 0, args.when)
     _summary_interleaved(done, args)
+
+
+def _try_line(e: dict) -> str:
+    """One markdown table row of a try (see :func:`_summary_interleaved` for the header)."""
+    r = (e["rows"] or [{}])[0]
+    ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]"
+    sd = "-" if r.get("sd_pair") is None else f"{r['sd_pair']:.3f}"
+    pg = "-" if e.get("pressure_gate") is None else f"{e['pressure_gate']:.0f} %"
+    return (f"| {e['try']} | {e.get('started_utc', '')} | {e['kind']} | {e['verdict']} ({e['exit']}) | {e['blocks']} | "
+            f"{_pct(r.get('change'))} {ci} | {_pct(r.get('raw_change'))} | {sd} | {_pct(r.get('mde'))} | "
+            f"{r.get('blocks_needed')} | {'applied' if r.get('normalized') else 'raw'} | {e['wall_s']:.0f} s | {pg} |")
 
 
 def _pct(v: float | None) -> str:
@@ -468,6 +481,17 @@ def _pct(v: float | None) -> str:
 
 def _summary_interleaved(done: list[dict], args: argparse.Namespace) -> None:
     from bench.analyze.power import blocks_needed
+
+    print("| try | start (UTC) | kind | verdict (exit) | blocks | change [RCI] | raw change | SD of block log ratio | "
+          "gate can see | blocks needed | probe | wall | CPU pressure (some, over the gate) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for e in done:
+        print(_try_line(e))
+    slow = [r["change"] for e in done if e["kind"] == "slowdown" for r in e["rows"] if r.get("change") is not None]
+    same = [r["change"] for e in done if e["kind"] == "unchanged" for r in e["rows"] if r.get("change") is not None]
+    if slow:
+        print(f"measured change: slowdown tries median {np.median(slow):+.1%} (range {min(slow):+.1%} to "
+              f"{max(slow):+.1%})" + (f"; unchanged tries median {np.median(same):+.1%}" if same else ""))
 
     for kind, want in (("unchanged", "pass"), ("slowdown", "regression")):
         runs = [d for d in done if d["kind"] == kind]
@@ -565,6 +589,9 @@ def main() -> None:
     i.add_argument("--when", default="use_dynamic_bsz",
                    help="embedded RunConfig flag of the cell(s) slowed down (default use_dynamic_bsz)")
     i.add_argument("--blocks", type=int, default=None, help="--blocks of each gate (default: the matrix's repeats)")
+    i.add_argument("--budget", default=None, help="--budget of each gate (a duration: 90s, 2m)")
+    i.add_argument("--until", default=None, metavar="HH:MM",
+                   help="UTC time: start no gate that would likely end after it; kill one still running then")
     i.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", help="matrix override")
     i.add_argument("--results", default=str(Path(tempfile.gettempdir()) / "gate-bench-interleaved"),
                    help="work folder (clone, results, tries log; reused: tries already run are kept)")

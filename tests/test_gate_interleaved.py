@@ -209,4 +209,7 @@ def test_bad_interleave_inputs_are_one_line_errors(tmp_path, capsys):
     assert "give --matrix" in capsys.readouterr().err
     assert main(["gate", "--interleave", "HEAD", "--matrix", str(tmp_path / "m.yaml"), "--blocks", "1", *common]) == 2
     assert "2 or more blocks" in capsys.readouterr().err
+    m = str(tmp_path / "m.yaml")
+    assert main(["gate", "--interleave", "HEAD", "--matrix", m, "--budget", "soon", *common]) == 2
+    assert "--budget 'soon': not a duration" in capsys.readouterr().err
     assert not (tmp_path / "r" / "m").exists()  # nothing half-written

@@ -114,7 +114,9 @@ def render_interleaved(result: dict[str, Any]) -> str:
         f"baseline `{b.get('ref')}` ({(b.get('commit') or '-')[:12]}) vs candidate: working tree of "
         f"{(c.get('commit') or '-')[:12]}{' + uncommitted changes' if c.get('dirty') else ''}; one blocked sweep, "
         f"{result.get('blocks_run')} of {s['blocks_planned']} planned blocks, {result.get('wall_s', 0):.0f} s wall; "
-        f"threshold {s['threshold']:.0%}, alpha {s['alpha']}, judged when the gate can see {s['max_mde']:.0%}",
+        f"threshold {s['threshold']:.0%}, alpha {s['alpha']}; pass or regression only when the gate can see "
+        f"{s['max_mde']:.0%}, a regression also needs the robust check (Hodges-Lehmann, signed-rank)"
+        + (f"; budget {s['budget_s']:.0f} s" if s.get("budget_s") else ""),
         "",
         f"| cell | verdict | change [{1 - s['alpha']:.0%} CI] | p | blocks | raw change | gate can see | "
         "blocks needed | reason |",

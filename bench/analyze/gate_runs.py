@@ -16,15 +16,18 @@ the step time: Pearson correlation of ``d`` and ``d_probe`` over all (cell, bloc
 cell's mean, one-sided ``p < PROBE_ALPHA``, and the corrected ratios vary less than the raw ones. Otherwise
 the raw ratios are used, with the test's figures in a note.
 
-Verdict per cell: **regression** when the estimate is worse than ``threshold`` and ``p < alpha``;
-**improvement** likewise the other way; else **unchanged** when the gate could see a change of ``max_mde``
-(:func:`bench.analyze.power.gate_mde` <= ``max_mde``) and the interval excludes a slowdown of ``max_mde``
-(so a real slowdown of that size passes with probability under ``alpha / 2``), else **noisy** ("cannot
-judge", with the blocks that would let it judge: :func:`bench.analyze.power.blocks_needed`). With the
-sequential intervals of :func:`bench.analyze.sequential.decide` the error rate is controlled across the looks
-of a sweep that stops when every cell is decided: the rules are applied to its repeated confidence interval
-instead of the fixed-sample one (regression: the interval above 0 and the estimate beyond the threshold;
-unchanged: the interval below ``max_mde`` and :func:`bench.analyze.power.gate_mde` <= ``max_mde``).
+Verdict per cell (:func:`judge_ratios`): **regression** only when the gate could see the limit
+(:func:`bench.analyze.power.gate_mde` <= ``max_mde``), the interval is above 0, the mean log ratio is beyond
+``threshold`` and the robust check agrees (:func:`robust_check`: Hodges-Lehmann estimate beyond the threshold,
+one-sided Wilcoxon signed-rank p < ``alpha``); **improvement** likewise the other way; **unchanged** when the
+gate could see ``max_mde`` and the interval's upper end is below it (so a real slowdown of that size passes with
+probability under ``alpha / 2``); else **noisy** ("cannot judge", with the blocks that would let it judge:
+:func:`bench.analyze.power.blocks_needed`). Contention on a shared machine is heavy-tailed: a burst that hits a
+few runs of one version moves the mean and widens the spread; the figure (``mde``) and the robust check keep
+such a burst from being called a regression (issue 18's measured false alarm: +33.8 %, interval
+[+0.3 %, +78.5 %], figure 27.9 %, now "cannot judge"). With the sequential intervals of
+:func:`bench.analyze.sequential.decide` the rules are applied to the look's repeated confidence interval, so the
+error rate holds across the looks of a sweep that stops when every cell is decided.
 """
 
 from __future__ import annotations
@@ -154,52 +157,10 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
                                       for f in c["failed"])
             continue
         d = np.array([x - (dp if probe["apply"] else 0.0) for _, x, dp in c["pairs"]], float)
-        n = len(d)
-        if n < 2:
-            row["reason"] = f"{n} complete block(s): a paired comparison needs 2 or more"
-            continue
-        mean, sd = float(d.mean()), float(d.std(ddof=1))
-        se, df = sd / math.sqrt(n), n - 1
-        row["sd_pair"], row["se"], row["df"] = sd, se, df
-        row["change"] = math.expm1(mean)
-        row["raw_change"] = math.expm1(float(np.mean([x for _, x, _ in c["pairs"]])))
-        row["mde"] = gate_mde(sd, n, alpha=alpha, threshold=threshold)
-        row["blocks_needed"] = blocks_needed(sd, alpha=alpha, threshold=threshold, max_mde=max_mde)
-        if se > 0:
-            t = mean / se
-            row["p_value"] = float(2 * sps.t.sf(abs(t), df))
-            h = float(sps.t.ppf(1 - alpha / 2, df)) * se
-        else:
-            row["p_value"], h = (0.0 if mean else 1.0), 0.0
-        row["ci_low"], row["ci_high"] = math.expm1(mean - h), math.expm1(mean + h)
-        thr, lim = math.log1p(threshold), math.log1p(max_mde)
-        hi, sig = mean + h, row["p_value"] < alpha
-        if decide is not None and look is not None:  # repeated confidence interval: error rate over all looks
-            dec = decide(mean, se, df, threshold=threshold, alpha=alpha, look=look, max_looks=max_looks or look,
-                         name=c["label"])
-            row["method"] = dec.method
-            if dec.lo is None:
-                hi, sig = math.inf, False
-            else:
-                hi, sig = dec.hi, dec.lo > 0 or dec.hi < 0
-                row["ci_low"], row["ci_high"] = dec.change_lo, dec.change_hi  # clipped at exp(+-50)
-            row["decision"] = dec.to_dict()
-        if sig and abs(mean) > thr:
-            row["verdict"] = "regression" if mean > 0 else "improvement"
-        elif row["mde"] is not None and row["mde"] <= max_mde and hi < lim and (not sig or abs(mean) <= thr):
-            row["verdict"] = "unchanged"
-        else:
-            row["verdict"] = "noisy"
-        if "decision" in row:  # the look's decision in the sequential vocabulary, as the gate decided it
-            row["decision"]["verdict"] = {"regression": "slower", "improvement": "faster",
-                                          "unchanged": "no_change"}.get(row["verdict"], "undecided")
-        if row["verdict"] == "noisy":
-            more = row["blocks_needed"]
-            row["reason"] = (f"cannot judge yet: with {n} blocks the gate sees a change of {row['mde']:.1%} or more "
-                             f"(limit {max_mde:.0%}), upper bound {row['ci_high']:+.1%}; at this noise (SD of a "
-                             f"block's log ratio {sd:.3f}) "
-                             + (f"{more} blocks would do ({max(more - n, 1)} more)" if more else
-                                f"no number of blocks gets under {max_mde:.0%}: quieten the machine"))
+        row.update(judge_ratios(d, threshold=threshold, alpha=alpha, max_mde=max_mde, look=look, max_looks=max_looks,
+                                decide=decide, name=c["label"]))
+        if row.get("change") is not None:
+            row["raw_change"] = math.expm1(float(np.mean([x for _, x, _ in c["pairs"]])))
     counts = {v: sum(r["verdict"] == v for r in rows)
               for v in ("regression", "failed", "improvement", "unchanged", "noisy", "cannot judge")}
     if counts["regression"] or counts["failed"]:
@@ -210,6 +171,101 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
         verdict, code = "pass", 0
     return {"rows": rows, "probe": probe, "notes": [probe["note"]], "counts": counts, "verdict": verdict,
             "exit_code": code}
+
+
+def judge_ratios(d: Any, *, threshold: float, alpha: float, max_mde: float | None = None, look: int | None = None,
+                 max_looks: int | None = None, decide: Callable[..., Any] | None = None,
+                 name: str = "") -> dict[str, Any]:
+    """The gate's verdict on one cell from its block log ratios ``d`` (``log(v_cand / v_base)`` per block, a
+    1-D array; module text). Returns the row fields: ``verdict`` (regression | improvement | unchanged | noisy),
+    ``change``, ``ci_low``/``ci_high``, ``p_value``, ``sd_pair``, ``se``, ``df``, ``mde``
+    (:func:`bench.analyze.power.gate_mde`), ``blocks_needed``, ``robust`` (:func:`robust_check`, computed only
+    where the other rules call a change, else ``None``), ``reason``
+    and, with ``decide`` and ``look``, the look's ``decision``.
+
+    A **regression** (improvement) needs all of: the interval above (below) 0, the mean log ratio beyond the
+    threshold, the gate able to see ``max_mde`` (``mde <= max_mde``), and the robust check agreeing (the
+    Hodges-Lehmann estimate of the block ratios beyond the threshold and the one-sided Wilcoxon signed-rank
+    test at ``alpha``): a burst of contention that hits a few runs of one version inflates the mean but
+    neither the robust estimate nor the rank test, and it inflates ``sd_pair`` and so ``mde``. Anything the
+    rules cannot call is "noisy" (cannot judge), with the blocks that would let the gate judge at this noise.
+    """
+    max_mde = 2 * threshold if max_mde is None else max_mde
+    d = np.asarray(d, float)
+    n = len(d)
+    row: dict[str, Any] = {"blocks": n, "verdict": "noisy", "reason": ""}
+    if n < 2:
+        row["reason"] = f"{n} complete block(s): a paired comparison needs 2 or more"
+        return row
+    mean, sd = float(d.mean()), float(d.std(ddof=1))
+    se, df = sd / math.sqrt(n), n - 1
+    row["sd_pair"], row["se"], row["df"] = sd, se, df
+    row["change"] = math.expm1(mean)
+    row["mde"] = gate_mde(sd, n, alpha=alpha, threshold=threshold)
+    row["blocks_needed"] = blocks_needed(sd, alpha=alpha, threshold=threshold, max_mde=max_mde)
+    if se > 0:
+        row["p_value"] = float(2 * sps.t.sf(abs(mean / se), df))
+        h = float(sps.t.ppf(1 - alpha / 2, df)) * se
+    else:
+        row["p_value"], h = (0.0 if mean else 1.0), 0.0
+    row["ci_low"], row["ci_high"] = math.expm1(mean - h), math.expm1(mean + h)
+    thr, lim = math.log1p(threshold), math.log1p(max_mde)
+    lo, hi = mean - h, mean + h
+    if decide is not None and look is not None:  # repeated confidence interval: error rate over all looks
+        dec = decide(mean, se, df, threshold=threshold, alpha=alpha, look=look, max_looks=max_looks or look,
+                     name=name)
+        row["method"] = dec.method
+        if dec.lo is None:
+            lo, hi = -math.inf, math.inf
+        else:
+            lo, hi = dec.lo, dec.hi
+            row["ci_low"], row["ci_high"] = dec.change_lo, dec.change_hi  # clipped at exp(+-50)
+        row["decision"] = dec.to_dict()
+    sees = row["mde"] is not None and row["mde"] <= max_mde
+    slower, faster = sees and lo > 0 and mean > thr, sees and hi < 0 and mean < -thr
+    rob = row["robust"] = robust_check(d, threshold=threshold, alpha=alpha) if slower or faster else None
+    if slower and rob["slower"]:
+        row["verdict"] = "regression"
+    elif faster and rob["faster"]:
+        row["verdict"] = "improvement"
+    elif sees and hi < lim and not (lo > 0 and mean > thr):
+        row["verdict"] = "unchanged"
+    if "decision" in row:  # the look's decision in the sequential vocabulary, as the gate decided it
+        row["decision"]["verdict"] = {"regression": "slower", "improvement": "faster",
+                                      "unchanged": "no_change"}.get(row["verdict"], "undecided")
+    if row["verdict"] == "noisy":
+        more = row["blocks_needed"]
+        why = ("" if sees or lo <= 0 else
+               f"the interval is above 0 ({row['change']:+.1%}) but the gate cannot see {max_mde:.0%} at this noise, "
+               "so a slowdown is not called: ")
+        if slower:
+            why = (f"the interval is above 0 ({row['change']:+.1%}) but the robust check disagrees (Hodges-Lehmann "
+                   f"{math.expm1(rob['hl']):+.1%}, signed-rank p {rob['p_greater']:.3g}): ")
+        row["reason"] = (why + f"cannot judge yet: with {n} blocks the gate sees a change of {row['mde']:.1%} or "
+                         f"more (limit {max_mde:.0%}), upper bound {row['ci_high']:+.1%}; at this noise (SD of a "
+                         f"block's log ratio {sd:.3f}) "
+                         + (f"{more} blocks would do ({max(more - n, 1)} more)" if more else
+                            f"no number of blocks gets under {max_mde:.0%}: quieten the machine"))
+    return row
+
+
+def robust_check(d: Any, *, threshold: float, alpha: float) -> dict[str, Any]:
+    """Robust view of the block log ratios ``d``: ``hl`` the Hodges-Lehmann estimate (median of the Walsh
+    averages ``(d_i + d_j) / 2``, i <= j), ``p_greater`` / ``p_less`` the one-sided Wilcoxon signed-rank
+    p-values (scipy, exact for small n), and ``slower`` / ``faster``: ``hl`` beyond the threshold and the
+    one-sided p under ``alpha``. A burst hitting one or two runs moves the mean but hardly these (Hollander &
+    Wolfe, Nonparametric Statistical Methods, ch. 3)."""
+    d = np.asarray(d, float)
+    i, j = np.triu_indices(len(d))
+    hl = float(np.median((d[i] + d[j]) / 2)) if len(d) else 0.0
+    thr = math.log1p(threshold)
+    out: dict[str, Any] = {"hl": hl, "p_greater": 1.0, "p_less": 1.0}
+    if len(d) >= 2 and np.any(d != 0):
+        out["p_greater"] = float(sps.wilcoxon(d, alternative="greater").pvalue)
+        out["p_less"] = float(sps.wilcoxon(d, alternative="less").pvalue)
+    out["slower"] = bool(hl > thr and out["p_greater"] < alpha)
+    out["faster"] = bool(hl < -thr and out["p_less"] < alpha)
+    return out
 
 
 def gate_figure(records: list[dict[str, Any]], *, threshold: float, alpha: float) -> float | None:

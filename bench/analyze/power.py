@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
@@ -26,12 +27,20 @@ def mde_from_se(se: float, *, alpha: float, power: float = 0.8, threshold: float
     Two-sided test at ``alpha`` (normal approximation; Student t quantiles on ``df`` degrees of freedom
     when given); with a ``threshold`` the estimate must also exceed it (the gate's rule).
     """
-    q = sps.norm if df is None else sps.t(df)
-    zp = q.ppf(power)
-    d = (q.ppf(1 - alpha / 2) + zp) * se
+    za, zp = _quantiles(alpha, power, df)
+    d = (za + zp) * se
     if threshold:
         d = max(d, math.log1p(threshold) + zp * se)
     return math.expm1(d)
+
+
+@lru_cache(maxsize=65536)
+def _quantiles(alpha: float, power: float, df: float | None) -> tuple[float, float]:
+    """``(q(1 - alpha / 2), q(power))`` of the normal (``df`` None) or Student t distribution (cached: the
+    gate's look-by-look simulations and :func:`blocks_needed`'s search call this thousands of times)."""
+    if df is None:
+        return float(sps.norm.ppf(1 - alpha / 2)), float(sps.norm.ppf(power))
+    return float(sps.t.ppf(1 - alpha / 2, df)), float(sps.t.ppf(power, df))
 
 
 def gate_mde(sd_pair: float | None, blocks: int, *, alpha: float, threshold: float,

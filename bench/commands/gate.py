@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--blocks", type=int, default=None, metavar="N",
                    help="--interleave: blocks to plan at most (default: the matrix's repeats, at least 8); the sweep "
                         "stops earlier once every cell is pass or regression")
+    p.add_argument("--budget", default=None, metavar="DURATION",
+                   help="--interleave: wall time the gate may take (e.g. 90s, 10m, 1h); it stops before a block that "
+                        "would likely end past it and says 'cannot judge' with the blocks that would do")
     p.add_argument("--force", action="store_true", help="--interleave: start a new gate sweep instead of resuming")
     p.add_argument("--spawn", action="store_true", help="--interleave: a fresh process per run (no fork servers)")
     p.add_argument("--order-seed", type=int, default=None, metavar="N", help="--interleave: shuffle seed of the blocks")
@@ -151,6 +154,11 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
         raise BenchError(f"gate --interleave: --metric {','.join(metrics)}: only step_time is compared")
     if args.blocks is not None and args.blocks < 2:
         raise BenchError(f"--blocks {args.blocks}: a paired comparison needs 2 or more blocks")
+    budget_s = None
+    if getattr(args, "budget", None) is not None:
+        from bench.commands.run_planning import parse_duration
+
+        budget_s = parse_duration(args.budget)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
         if kind == "done":
@@ -168,7 +176,8 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
                                       tracking_uri=args.tracking_uri, overrides=args.overrides, blocks=args.blocks,
                                       threshold=args.threshold, alpha=args.alpha, max_mde=args.max_mde,
                                       normalize=args.normalize == "auto", force=args.force, spawn=args.spawn,
-                                      order_seed=args.order_seed, out=args.out, on_event=on_event)
+                                      order_seed=args.order_seed, out=args.out, on_event=on_event,
+                                      budget_s=budget_s)
     except BenchError as exc:
         append_step_summary(f"## Gate ERROR\n\n{exc}\n\n")
         raise
