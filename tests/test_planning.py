@@ -12,6 +12,7 @@ import pytest
 
 from bench.analyze.planning import (
     NoiseCost,
+    block_wall_s,
     design_factors,
     estimate_model,
     evaluate,
@@ -80,6 +81,24 @@ def test_budget_buys_the_best_precision_within_it():
     assert not ok and tiny.repeats == 2 and tiny.timed_steps == 2  # the cheapest plan, flagged as not reaching it
 
 
+def test_budget_with_parallel_nodes_counts_a_block_as_its_longest_node():
+    """--parallel N: a block of C runs takes ceil(C / N) run times; the node is a blocking factor (one df for two
+    nodes; with an even number of blocks the cyclic assignment leaves it orthogonal to the effects)."""
+    m = _model()
+    one = m.run_cost(10, 1, 1)
+    assert block_wall_s(m, 4, 10, warmup=1, profiled=1) == pytest.approx(4 * one)
+    assert block_wall_s(m, 4, 10, warmup=1, profiled=1, slots=2) == pytest.approx(2 * one)
+    assert block_wall_s(m, 5, 10, warmup=1, profiled=1, slots=2) == pytest.approx(3 * one)
+    f1, df1 = design_factors(CELLS, FACTORS, 4)
+    f2, df2 = design_factors(CELLS, FACTORS, 4, slots=2)
+    assert df2 == df1 - 1 and f2 == pytest.approx(f1)
+    serial, ok1 = plan_allocation(m, CELLS, FACTORS, budget_s=1200, warmup=1, profiled=1)
+    par, ok2 = plan_allocation(m, CELLS, FACTORS, budget_s=1200, warmup=1, profiled=1, slots=2)
+    assert ok1 and ok2 and par.slots == 2 and par.wall_s <= 1200
+    assert par.wall_s == pytest.approx(par.repeats * 2 * m.run_cost(par.timed_steps, 1, 1))
+    assert par.runs > 1.5 * serial.runs and par.half_width < serial.half_width  # the same time buys more runs
+
+
 def test_model_recovers_known_components_from_simulated_sweeps():
     rng = np.random.default_rng(7)
     recs = []
@@ -133,6 +152,14 @@ def test_cli_plans_from_a_finished_sweep_and_records_the_plan(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "goal: precision +-5.00%; reached" in out and "predicted wall time" in out
     assert "model from 12 run(s) of 1 finished sweep(s)" in out and "sequential stopping: after each of up to" in out
+    ray = ["--ray-address", "http://127.0.0.1:9", "--parallel", "2"]  # a count: no cluster is asked on a dry run
+    plans = {}
+    for extra in ([], ray):
+        assert main(["run", str(path), "--budget", "10m", "--dry-run", *extra, *common]) == 0
+        out = capsys.readouterr().out
+        plans[bool(extra)] = float(out.split("predicted precision: +-")[1].split("%")[0])
+        assert ("with 2 runs of a block at once on distinct Ray nodes" in out) == bool(extra)
+    assert plans[True] < 0.85 * plans[False]  # two nodes: the same 10 min buy more steps, a narrower interval
     fake2 = DriftExecutor(200, seed=6, probe=True, run_sd=0.02, step_sd=0.05)
     monkeypatch.setattr("bench.cli_run.make_executor", lambda *a, **k: fake2)
     assert main(["run", str(path), "--budget", "10m", "--order-seed", "2", *common]) in (0, 1)

@@ -176,17 +176,20 @@ def estimate_model(sweeps: Sequence[tuple[str, Sequence[dict[str, Any]]]]) -> No
 
 
 def design_factors(cells: Sequence[dict[str, Any]], factors: Sequence[str], repeats: int, *,
-                   interactions: bool = True) -> tuple[dict[str, float], int]:
+                   interactions: bool = True, slots: int = 1) -> tuple[dict[str, float], int]:
     """Per main-effect term, ``m sqrt([(X'X)^-1]_jj)`` (its standard error per unit run SD), and the residual
-    degrees of freedom, for ``repeats`` blocks of ``cells`` (factor levels per cell) in the run-level model
-    of :func:`bench.analyze.effects.fit_effects`. Terms that are not estimable are left out."""
-    from bench.analyze.effects import _block_columns, _columns
+    degrees of freedom, for ``repeats`` blocks of ``cells`` (factor levels per cell, in the order of their cell
+    ids) in the run-level model of :func:`bench.analyze.effects.fit_effects`. With ``slots > 1`` (``--parallel``)
+    the cell of rank ``i`` runs on node ``(i + k) mod slots`` in block ``k``
+    (:meth:`bench.ray_parallel.RayNodesExecutor.assign`) and the node is a second blocking factor, as in the
+    report's model. Terms that are not estimable are left out."""
+    from bench.analyze.effects import _columns, _nuisance
 
     obs = [{f: c.get(f) for f in factors} for _ in range(repeats) for c in cells]
     blocks = [k for k in range(repeats) for _ in cells]
+    nodes = [(i + k) % slots for k in range(repeats) for i in range(len(cells))] if slots > 1 else None
     names, _, kinds, mat, _ = _columns(obs, list(factors), interactions)
-    _, bcols = _block_columns(blocks)
-    cur = np.column_stack([np.ones(len(obs)), bcols]) if repeats > 1 else np.ones((len(obs), 1))
+    cur = _nuisance(len(obs), blocks if repeats > 1 else None, nodes)[0]
     keep = []
     for j in range(mat.shape[1]):
         trial = np.column_stack([cur, mat[:, j]])
@@ -207,7 +210,7 @@ def design_factors(cells: Sequence[dict[str, Any]], factors: Sequence[str], repe
 class Allocation:
     """A plan: ``timed_steps`` per run, ``repeats`` per cell (the planned maximum number of blocks), ``runs``,
     ``wall_s`` (all blocks), ``half_width`` (log scale, widest main effect, decision interval at the last
-    look), ``per_term`` half-widths, ``df``."""
+    look), ``per_term`` half-widths, ``df``, ``slots`` (runs at once, ``--parallel``)."""
 
     timed_steps: int
     repeats: int
@@ -216,33 +219,42 @@ class Allocation:
     half_width: float
     df: int
     per_term: dict[str, float]
+    slots: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def block_wall_s(model: NoiseCost, n_cells: int, n: int, *, warmup: int, profiled: int, slots: int = 1) -> float:
+    """Seconds one block of ``n_cells`` runs takes: its runs one after another, or with ``slots`` runs at once
+    (``--parallel``: each node runs its ``ceil(cells / slots)`` share in turn, the block ends with the last)."""
+    return math.ceil(n_cells / max(slots, 1)) * model.run_cost(n, warmup, profiled)
+
+
 def evaluate(model: NoiseCost, cells: Sequence[dict[str, Any]], factors: Sequence[str], n: int, repeats: int, *,
-             alpha: float, warmup: int, profiled: int, design: tuple[dict[str, float], int, float] | None = None
-             ) -> Allocation | None:
+             alpha: float, warmup: int, profiled: int, design: tuple[dict[str, float], int, float] | None = None,
+             slots: int = 1) -> Allocation | None:
     """The predicted wall time and precision of ``n`` timed steps x ``repeats`` blocks (``None``: no main effect
-    estimable with a residual degree of freedom). ``design``: :func:`design_quantile` of ``repeats``, if known."""
-    facs, df, q = design or design_quantile(cells, factors, repeats, alpha)
+    estimable with a residual degree of freedom). ``design``: :func:`design_quantile` of ``repeats``, if known;
+    ``slots``: runs at once (:func:`block_wall_s`)."""
+    facs, df, q = design or design_quantile(cells, factors, repeats, alpha, slots=slots)
     if not facs or df < 1:
         return None
     sd = math.sqrt(model.run_var(n))
     per = {k: q * sd * v for k, v in facs.items()}
     runs = repeats * len(cells)
-    return Allocation(timed_steps=n, repeats=repeats, runs=runs, wall_s=runs * model.run_cost(n, warmup, profiled),
-                      half_width=max(per.values()), df=df, per_term=per)
+    wall = repeats * block_wall_s(model, len(cells), n, warmup=warmup, profiled=profiled, slots=slots)
+    return Allocation(timed_steps=n, repeats=repeats, runs=runs, wall_s=wall, half_width=max(per.values()), df=df,
+                      per_term=per, slots=slots)
 
 
-def design_quantile(cells: Sequence[dict[str, Any]], factors: Sequence[str], repeats: int, alpha: float
-                    ) -> tuple[dict[str, float], int, float]:
+def design_quantile(cells: Sequence[dict[str, Any]], factors: Sequence[str], repeats: int, alpha: float, *,
+                    slots: int = 1) -> tuple[dict[str, float], int, float]:
     """:func:`design_factors` of ``repeats`` blocks plus the decision interval's quantile at the last look
     (:func:`bench.analyze.sequential.critical_value`, ``alpha`` shared by the main effects; ``inf`` without df)."""
     from bench.analyze.sequential import critical_value
 
-    facs, df = design_factors(cells, factors, repeats)
+    facs, df = design_factors(cells, factors, repeats, slots=slots)
     q = critical_value(df, alpha=alpha / max(len(facs), 1), look=repeats, max_looks=repeats) if facs else None
     return facs, df, (q if q is not None else math.inf)
 
@@ -250,10 +262,12 @@ def design_quantile(cells: Sequence[dict[str, Any]], factors: Sequence[str], rep
 def plan_allocation(model: NoiseCost, cells: Sequence[dict[str, Any]], factors: Sequence[str], *,
                     precision: float | None = None, budget_s: float | None = None, alpha: float = 0.05,
                     warmup: int = 1, profiled: int = 0, steps_range: tuple[int, int] = STEPS_RANGE,
-                    repeats_range: tuple[int, int] = REPEATS_RANGE) -> tuple[Allocation, bool]:
+                    repeats_range: tuple[int, int] = REPEATS_RANGE, slots: int = 1) -> tuple[Allocation, bool]:
     """The cheapest allocation whose half-width is at most ``log(1 + precision)``, or the most precise one within
     ``budget_s`` seconds; returns it and whether the goal is reached (else: the closest one, the most precise
-    of the grid for ``precision``, the cheapest for ``budget_s``).
+    of the grid for ``precision``, the cheapest for ``budget_s``). ``slots``: runs of a block at once on
+    distinct nodes (``--parallel N``): a block takes ``ceil(cells / N)`` run times and the node is a blocking
+    factor of the model (:func:`design_factors`).
 
     Raises:
         ValueError: neither or both of ``precision`` and ``budget_s``, or no main effect estimable.
@@ -264,9 +278,10 @@ def plan_allocation(model: NoiseCost, cells: Sequence[dict[str, Any]], factors: 
     fallback: Allocation | None = None
     target = math.log1p(precision) if precision is not None else None
     for r in range(repeats_range[0], repeats_range[1] + 1):
-        des = design_quantile(cells, factors, r, alpha)
+        des = design_quantile(cells, factors, r, alpha, slots=slots)
         for n in range(steps_range[0], steps_range[1] + 1):
-            a = evaluate(model, cells, factors, n, r, alpha=alpha, warmup=warmup, profiled=profiled, design=des)
+            a = evaluate(model, cells, factors, n, r, alpha=alpha, warmup=warmup, profiled=profiled, design=des,
+                         slots=slots)
             if a is None or not math.isfinite(a.half_width):
                 continue
             if target is not None:
@@ -295,7 +310,9 @@ def plan_lines(planning: dict[str, Any]) -> list[str]:
         f"goal: {goal}; {'reached' if planning['reached'] else 'NOT reachable within the search grid: closest plan'}",
         f"plan: {a['timed_steps']} timed step(s) per run x {a['repeats']} repeat(s) (planned blocks) of "
         f"{a['runs'] // max(a['repeats'], 1)} cell(s) = {a['runs']} runs at most; predicted wall time "
-        f"{a['wall_s'] / 60:.1f} min at most (sequential stopping ends earlier when every main effect is decided)",
+        f"{a['wall_s'] / 60:.1f} min at most"
+        + (f" with {a.get('slots')} runs of a block at once on distinct Ray nodes" if a.get("slots", 1) > 1 else "")
+        + " (sequential stopping ends earlier when every main effect is decided)",
         f"predicted precision: +-{math.expm1(a['half_width']):.2%} half-width of the widest main effect's decision "
         f"interval at the last block ({a['df']} residual df); "
         + ", ".join(f"{k} +-{math.expm1(v):.2%}" for k, v in a["per_term"].items()),
