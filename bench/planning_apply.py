@@ -1,5 +1,5 @@
 """Re-plan a matrix for ``--precision``/``--budget``: the noise and cost model of its target from the finished sweeps
-in the results folder (:func:`target_sweeps`, :func:`bench.analyze.planning.estimate_model`), the allocation of
+in the results folder (:func:`target_sweeps`, :func:`bench.analyze.planning_model.estimate_model`), the allocation of
 timed steps per run and repeats (:func:`bench.analyze.planning.plan_allocation`), and the matrix and plan
 that run it (:func:`replan`)."""
 
@@ -51,7 +51,8 @@ def replan(matrix: Any, plan: Any, results_root: Path, *, precision: float | Non
     Raises:
         BenchError: no factor varies among the plan's runs (nothing to plan for).
     """
-    from bench.analyze.planning import estimate_model, kj_optimal_steps, plan_allocation
+    from bench.analyze.planning import plan_allocation
+    from bench.analyze.planning_model import estimate_model, kj_optimal_steps
     from bench.errors import BenchError
     from bench.spec.matrix import Matrix
     from bench.spec.plan import make_plan

@@ -15,7 +15,7 @@ drift (``+15 %`` over the sweep in run order, as in ``tests/drift_fake.py``) + r
 noise (``sd_step``); the costs of a run (start-up, warm-up, profiled and timed steps, harness) give each
 sweep's wall time. Components and costs:
 
-* ``embedded``: measured by :func:`bench.analyze.planning.estimate_model` from the finished sweeps of
+* ``embedded``: measured by :func:`bench.analyze.planning_model.estimate_model` from the finished sweeps of
   ``matrix/full.yaml`` in ``--results`` (speed-normalized, as the report and the stop rule see them); the
   2 x 2 design of full.yaml on the embedded engine (4 runs per block, 8 timed steps per run);
 * ``verl_cpu``: the figures of issue 17 for costs (about 80 s start-up, 1 s per timed step, 15 s for the
@@ -48,7 +48,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.analyze.planning import NoiseCost, estimate_model, plan_allocation  # noqa: E402
+from bench.analyze.planning import plan_allocation  # noqa: E402
+from bench.analyze.planning_model import NoiseCost, estimate_model  # noqa: E402
 from bench.analyze.sequential import EffectsStopRule  # noqa: E402
 from bench.planning_apply import target_key, target_sweeps  # noqa: E402
 
