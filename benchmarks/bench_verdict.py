@@ -105,12 +105,20 @@ def embedded_design() -> dict[str, Any]:
     return {"factors": factors, "cells": cells, "timed": 8, "warmup": 1, "profiled": 1, "vary": "dynamic_bsz"}
 
 
-def verl_target(results: Path, sd_step: float, sd_run: float) -> tuple[NoiseCost, dict[str, Any]]:
-    """matrix/verl_cpu.yaml's one-at-a-time design with the model measured from its finished sweeps in
-    ``results``, else the issue's costs and the given (assumed) noise."""
+def verl_target(results: Path, sd_step: float, sd_run: float, sweep: Path | None = None
+                ) -> tuple[NoiseCost, dict[str, Any]]:
+    """matrix/verl_cpu.yaml's one-at-a-time design with the model measured from the finished runs of ``sweep``
+    (any status) or from the finished sweeps of its target in ``results``, else the issue's costs and the given
+    (assumed) noise."""
+    from bench.results import load_records
+
     factors = ["rmsnorm_fused", "dynamic_bsz", "forward_prefetch", "graph_mode"]
     cells = [{f: 0 for f in factors}] + [{f: int(f == g) for f in factors} for g in factors]
     model, m = matrix_model("verl_cpu", results)
+    if sweep is not None:
+        model = estimate_model([(f"{sweep.parent.name}/{sweep.name}", load_records(sweep))])
+        if model is None:
+            raise SystemExit(f"--verl-sweep {sweep}: no cell with two finished runs (no run-to-run spread)")
     if model is None:
         model = NoiseCost(sd_step=sd_step, sd_run=sd_run, sd_block=0.02, startup_s=80.0, step_s=1.0,
                           warmup_step_s=8.0, profiled_step_s=2.4, harness_s=20.0,
@@ -273,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verl-sd-step", type=float, default=0.10)
     p.add_argument("--verl-sd-run", type=float, default=0.03)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verl-sweep", type=Path, default=None, metavar="SWEEP_DIR",
+                   help="verl_cpu: the model from this sweep's finished runs (any status, e.g. interrupted)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     p.add_argument("--real", type=Path, nargs="+", default=None, metavar="SWEEP_DIR",
                    help="print runs, wall time and decisions of these finished real sweeps instead")
@@ -290,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "embedded_idle":
             model, design = idle_target()
         else:
-            model, design = verl_target(args.results, args.verl_sd_step, args.verl_sd_run)
+            model, design = verl_target(args.results, args.verl_sd_step, args.verl_sd_run, args.verl_sweep)
         rows += run_target(name, model, design, args)
     print(f"\n{args.sweeps} sweeps per scenario and design; threshold {args.threshold:.0%}, alpha {args.alpha}; "
           f"{time.time() - t0:.0f} s")
