@@ -183,17 +183,22 @@ def score(results: list[dict[str, Any]], design: dict[str, Any], effect: float) 
 
 def fixed_repeats_for(model: NoiseCost, design: dict[str, Any], precision: float, alpha: float) -> int | None:
     """Repeats a fixed design with the matrix's timed steps needs for a one-look interval (t at alpha / m) of
-    half-width ``log(1 + precision)`` (``None``: more than 400)."""
+    half-width ``log(1 + precision)`` (``None``: more than 400). A complete block design: the blocks are
+    orthogonal to the cells, so the standard-error factors scale as ``sqrt(2 / R)`` from those of 2 blocks and
+    each further block adds ``cells - 1`` residual degrees of freedom."""
     from scipy import stats as sps
 
     from bench.analyze.planning import design_factors
 
     sd = math.sqrt(model.run_var(design["timed"]))
+    facs2, df2 = design_factors(design["cells"], design["factors"], 2)
+    if not facs2:
+        return None
     for r in range(2, 401):
-        facs, df = design_factors(design["cells"], design["factors"], r)
-        if facs and df >= 1:
-            q = float(sps.t.isf(alpha / len(facs) / 2, df))
-            if q * sd * max(facs.values()) <= math.log1p(precision):
+        df = df2 + (r - 2) * (len(design["cells"]) - 1)
+        if df >= 1:
+            q = float(sps.t.isf(alpha / len(facs2) / 2, df))
+            if q * sd * max(facs2.values()) * math.sqrt(2 / r) <= math.log1p(precision):
                 return r
     return None
 
