@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 
 class BenchError(Exception):
     """Bad input or an unusable environment: printed as one line, exit code 2, nothing half-written.
@@ -35,21 +37,31 @@ class Terminated(KeyboardInterrupt):
     """Raised in the harness by its SIGTERM handler, so every ``finally`` and process clean-up runs."""
 
 
-_STEPS: list[str] = []
+_LOCAL = threading.local()
+
+
+def _steps() -> list[str]:
+    """The step stack of the calling thread (each thread its own: the node threads of ``--parallel`` run
+    their runs' steps at the same time, :mod:`bench.execution.ray_parallel`)."""
+    steps = getattr(_LOCAL, "steps", None)
+    if steps is None:
+        steps = _LOCAL.steps = []
+    return steps
 
 
 class doing:  # noqa: N801 - used as ``with doing("reading x.yaml"):``
     """Context manager naming the step in progress (``"reading results/x/record.json"``).
 
     An unexpected error reports the innermost step, so the user learns which file or step failed
-    without a traceback. Nesting is allowed; the stack unwinds with the ``with`` blocks.
+    without a traceback. Nesting is allowed; the stack unwinds with the ``with`` blocks. Each thread has
+    its own stack, so steps of concurrent threads never mix.
     """
 
     def __init__(self, step: str):
         self.step = step
 
     def __enter__(self) -> "doing":
-        _STEPS.append(self.step)
+        _steps().append(self.step)
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
@@ -58,10 +70,12 @@ class doing:  # noqa: N801 - used as ``with doing("reading x.yaml"):``
                 exc.bench_step = self.step  # the innermost step that saw the error
             except AttributeError:
                 pass
-        if _STEPS and _STEPS[-1] == self.step:
-            _STEPS.pop()
+        steps = _steps()
+        if steps and steps[-1] == self.step:
+            steps.pop()
 
 
 def current_step() -> str | None:
-    """The innermost step in progress, or ``None``."""
-    return _STEPS[-1] if _STEPS else None
+    """The innermost step in progress in the calling thread, or ``None``."""
+    steps = _steps()
+    return steps[-1] if steps else None

@@ -1,5 +1,5 @@
 """Re-plan a matrix for ``--precision``/``--budget``: the noise and cost model of its target from the finished sweeps
-in the results folder (:func:`target_sweeps`, :func:`bench.analyze.planning.estimate_model`), the allocation of
+in the results folder (:func:`target_sweeps`, :func:`bench.analyze.planning_model.estimate_model`), the allocation of
 timed steps per run and repeats (:func:`bench.analyze.planning.plan_allocation`), and the matrix and plan
 that run it (:func:`replan`)."""
 
@@ -41,16 +41,18 @@ def target_sweeps(results_root: Path, key: str) -> list[tuple[str, list[dict[str
 
 
 def replan(matrix: Any, plan: Any, results_root: Path, *, precision: float | None, budget_s: float | None,
-           alpha: float, threshold: float) -> tuple[Any, Any, dict[str, Any]]:
+           alpha: float, threshold: float, slots: int = 1) -> tuple[Any, Any, dict[str, Any]]:
     """The matrix and plan with planned ``base.steps`` (warm-up + timed + profiled, the profiled steps last) and
     ``repeats``, and the planning record (``sweep.json`` key ``planning``, MLflow ``plan.*``).
 
     Without a finished sweep of the target the matrix is kept (this sweep is the pilot) and the record says so.
+    ``slots``: runs of a block at once (``--parallel``), which shortens a block's wall time for ``--budget``.
 
     Raises:
         BenchError: no factor varies among the plan's runs (nothing to plan for).
     """
-    from bench.analyze.planning import estimate_model, kj_optimal_steps, plan_allocation
+    from bench.analyze.planning import plan_allocation
+    from bench.analyze.planning_model import estimate_model, kj_optimal_steps
     from bench.errors import BenchError
     from bench.spec.matrix import Matrix
     from bench.spec.plan import make_plan
@@ -61,7 +63,8 @@ def replan(matrix: Any, plan: Any, results_root: Path, *, precision: float | Non
     sweeps = target_sweeps(results_root, key)
     model = estimate_model(sweeps)
     record: dict[str, Any] = {"goal": goal, "precision": precision, "budget_s": budget_s, "alpha": alpha,
-                              "threshold": threshold, "model": None, "allocation": None, "reached": False}
+                              "threshold": threshold, "model": None, "allocation": None, "reached": False,
+                              "parallel": slots}
     if model is None:
         record["note"] = (f"no finished sweep of this target in {results_root} (engine {plan.engine}, platform "
                           f"{plan.platform}, same base settings): this sweep is the pilot, with the matrix's own "
@@ -70,10 +73,10 @@ def replan(matrix: Any, plan: Any, results_root: Path, *, precision: float | Non
     factors = [f for f in plan.varied if len({r.levels.get(f) for r in plan.runs if r.levels.get(f) is not None}) > 1]
     if not factors:
         raise BenchError(f"{matrix.source}: --precision/--budget: no factor varies among the runs (nothing to plan)")
-    cells = [{f: r.levels.get(f) for f in factors} for r in plan.runs]
+    cells = [{f: r.levels.get(f) for f in factors} for r in sorted(plan.runs, key=lambda r: r.cell_id)]
     prof = len(base.profile_steps or [])
     alloc, reached = plan_allocation(model, cells, factors, precision=precision, budget_s=budget_s, alpha=alpha,
-                                     warmup=base.warmup_steps, profiled=prof)
+                                     warmup=base.warmup_steps, profiled=prof, slots=slots)
     steps = base.warmup_steps + alloc.timed_steps + prof
     new_base = {**base.model_dump(mode="json"), "steps": steps,
                 "profile_steps": list(range(steps - prof + 1, steps + 1)) if base.profile_steps else None}

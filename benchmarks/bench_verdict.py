@@ -11,17 +11,22 @@ other factor has no effect) it simulates ``--sweeps`` sweeps (default 200) of
   rule (one look: the plain t interval at alpha / m).
 
 Each run's value is the median of its timed steps: log step time = cell effect + block offset (``sd_block``) +
-drift (``+15 %`` over the sweep in run order, as in ``tests/drift_fake.py``) + run offset (``sd_run``) + step
-noise (``sd_step``); the costs of a run (start-up, warm-up, profiled and timed steps, harness) give each
-sweep's wall time. Components and costs:
+drift (``+15 %`` over the sweep in run order, as in ``tests/drift_fake.py``) + run offset (``sd_run``) + the step
+pattern every run of the sweep replays (``sd_stepidx``, drawn once per simulated sweep: same batches) + run x
+step noise (``sd_step``); the costs of a run (start-up, warm-up, profiled and timed steps, harness) give each
+sweep's wall time. Components and costs (:mod:`bench.analyze.planning_model`):
 
-* ``embedded``: measured by :func:`bench.analyze.planning.estimate_model` from the finished sweeps of
+* ``embedded``: measured by :func:`bench.analyze.planning_model.estimate_model` from the finished sweeps of
   ``matrix/full.yaml`` in ``--results`` (speed-normalized, as the report and the stop rule see them); the
   2 x 2 design of full.yaml on the embedded engine (4 runs per block, 8 timed steps per run);
-* ``verl_cpu``: the figures of issue 17 for costs (about 80 s start-up, 1 s per timed step, 15 s for the
-  first warm-up step, 2.4 s profiled, 20 s harness between runs) and, since no repeated verl:cpu sweep exists
-  to measure run-to-run spread on, assumed noise (``--verl-sd-step``, ``--verl-sd-run``); the one-at-a-time
-  design of matrix/verl_cpu.yaml (5 runs per block, 2 timed steps per run).
+* ``verl_cpu``: measured the same way from the finished sweeps of matrix/verl_cpu.yaml's target in
+  ``--results`` (any steps and repeats: e.g. the matrix with ``repeats: 2``); without one, the figures of
+  issue 17 for costs (80 s start-up, 1 s per step, 20 s harness) and assumed noise (``--verl-sd-step``,
+  ``--verl-sd-run``); the one-at-a-time design of matrix/verl_cpu.yaml (5 runs per block, its timed steps).
+
+``--real SWEEP_DIR ...`` instead prints, for finished real sweeps, their runs, wall time (first run's start to
+last run's end) and decisions: a sequential sweep's last look, a fixed sweep decided once at its end with the
+same rule (one look, alpha shared by the main effects).
 
 Printed per scenario and design: mean runs and wall time, share of comparisons decided, false "effect" rate
 (a verdict slower/faster on a factor whose true effect is 0), wrong-direction rate, coverage of the decision
@@ -30,6 +35,7 @@ smallest fixed design that decides at least as often (``-`` when none of 2, 3, 5
 
     python benchmarks/bench_verdict.py --results results            # about 2-4 minutes on 2 busy cores
     python benchmarks/bench_verdict.py --sweeps 400 --targets embedded
+    python benchmarks/bench_verdict.py --real results/full/20261201-201000-abc results/full/20261201-201500-def
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.analyze.planning import NoiseCost, estimate_model, plan_allocation  # noqa: E402
+from bench.analyze.planning import plan_allocation  # noqa: E402
+from bench.analyze.planning_model import NoiseCost, estimate_model  # noqa: E402
 from bench.analyze.sequential import EffectsStopRule  # noqa: E402
 from bench.planning_apply import target_key, target_sweeps  # noqa: E402
 
@@ -56,21 +63,30 @@ DRIFT = math.log(1.15)  # tests/drift_fake.py: +15 % over the sweep
 FIXED = (2, 3, 5)
 
 
-def embedded_target(results: Path) -> tuple[NoiseCost, dict[str, Any]]:
-    """The noise and cost model of matrix/full.yaml's target from its finished sweeps in ``results``."""
+def matrix_model(name: str, results: Path) -> tuple[NoiseCost | None, Any]:
+    """The noise and cost model of ``matrix/<name>.yaml``'s target from its finished sweeps in ``results``
+    (``None`` without one), and the matrix."""
     from bench.spec.loading import load_matrix
     from bench.spec.plan import make_plan
 
-    m = load_matrix(ROOT / "matrix" / "full.yaml")
+    m = load_matrix(ROOT / "matrix" / f"{name}.yaml")
     plan = make_plan(m, platform="cpu", strict=False)
     key = target_key(plan.engine, plan.platform, m.base.model_dump(mode="json"))
-    model = estimate_model(target_sweeps(results, key))
+    return estimate_model(target_sweeps(results, key)), m
+
+
+def timed_of(m: Any) -> int:
+    """Timed steps per run of a matrix: steps - warm-up - profiled."""
+    return m.base.steps - m.base.warmup_steps - len(m.base.profile_steps or [])
+
+
+def embedded_target(results: Path) -> tuple[NoiseCost, dict[str, Any]]:
+    """The noise and cost model of matrix/full.yaml's target from its finished sweeps in ``results``."""
+    model, m = matrix_model("full", results)
     if model is None:
         raise SystemExit(f"no finished sweep of matrix/full.yaml in {results}: run "
                          "`python run_bench.py matrix/full.yaml`")
-    factors = ["rmsnorm_fused", "dynamic_bsz"]
-    cells = [{f: r.levels[f] for f in factors} for r in plan.runs]
-    return model, {"factors": factors, "cells": cells, "timed": 8, "warmup": 1, "profiled": 1, "vary": "dynamic_bsz"}
+    return model, {**embedded_design(), "timed": timed_of(m)}
 
 
 def idle_target() -> tuple[NoiseCost, dict[str, Any]]:
@@ -89,13 +105,26 @@ def embedded_design() -> dict[str, Any]:
     return {"factors": factors, "cells": cells, "timed": 8, "warmup": 1, "profiled": 1, "vary": "dynamic_bsz"}
 
 
-def verl_target(sd_step: float, sd_run: float) -> tuple[NoiseCost, dict[str, Any]]:
-    """matrix/verl_cpu.yaml's one-at-a-time design with the issue's costs and the given noise."""
+def verl_target(results: Path, sd_step: float, sd_run: float, sweep: Path | None = None
+                ) -> tuple[NoiseCost, dict[str, Any]]:
+    """matrix/verl_cpu.yaml's one-at-a-time design with the model measured from the finished runs of ``sweep``
+    (any status) or from the finished sweeps of its target in ``results``, else the issue's costs and the given
+    (assumed) noise."""
+    from bench.results import load_records
+
     factors = ["rmsnorm_fused", "dynamic_bsz", "forward_prefetch", "graph_mode"]
     cells = [{f: 0 for f in factors}] + [{f: int(f == g) for f in factors} for g in factors]
-    model = NoiseCost(sd_step=sd_step, sd_run=sd_run, sd_block=0.02, startup_s=80.0, step_s=1.0,
-                      warmup_step_s=8.0, profiled_step_s=2.4, harness_s=20.0, sweeps=["issue 17 figures"])
-    return model, {"factors": factors, "cells": cells, "timed": 2, "warmup": 2, "profiled": 1, "vary": "dynamic_bsz"}
+    model, m = matrix_model("verl_cpu", results)
+    if sweep is not None:
+        model = estimate_model([(f"{sweep.parent.name}/{sweep.name}", load_records(sweep))])
+        if model is None:
+            raise SystemExit(f"--verl-sweep {sweep}: no cell with two finished runs (no run-to-run spread)")
+    if model is None:
+        model = NoiseCost(sd_step=sd_step, sd_run=sd_run, sd_block=0.02, startup_s=80.0, step_s=1.0,
+                          warmup_step_s=8.0, profiled_step_s=2.4, harness_s=20.0,
+                          sweeps=["issue 17 figures, ASSUMED noise (no finished verl_cpu sweep)"])
+    return model, {"factors": factors, "cells": cells, "timed": timed_of(m), "warmup": m.base.warmup_steps,
+                   "profiled": len(m.base.profile_steps or []), "vary": "dynamic_bsz"}
 
 
 def simulate(model: NoiseCost, design: dict[str, Any], effect: float, n: int, repeats: int, rng: np.random.Generator,
@@ -107,12 +136,13 @@ def simulate(model: NoiseCost, design: dict[str, Any], effect: float, n: int, re
     recs: list[dict[str, Any]] = []
     pos = 0
     look = None
+    pattern = rng.normal(0, model.sd_stepidx, n)  # the batches every run of this sweep replays
     for k in range(repeats):
         beta = rng.normal(0, model.sd_block)
         for i in rng.permutation(len(cells)):
             c = cells[i]
             mu = effect * c.get(vary, 0) + beta + DRIFT * pos / max(total - 1, 1) + rng.normal(0, model.sd_run)
-            med = float(np.median(mu + rng.normal(0, model.sd_step, n)))
+            med = float(np.median(mu + pattern + rng.normal(0, model.sd_step, n)))
             recs.append({"status": "ok", "repeat": k, "levels": c, "summary": {"step_time_samples_s": [math.exp(med)]}})
             pos += 1
         if stop is not None:
@@ -153,17 +183,22 @@ def score(results: list[dict[str, Any]], design: dict[str, Any], effect: float) 
 
 def fixed_repeats_for(model: NoiseCost, design: dict[str, Any], precision: float, alpha: float) -> int | None:
     """Repeats a fixed design with the matrix's timed steps needs for a one-look interval (t at alpha / m) of
-    half-width ``log(1 + precision)`` (``None``: more than 400)."""
+    half-width ``log(1 + precision)`` (``None``: more than 400). A complete block design: the blocks are
+    orthogonal to the cells, so the standard-error factors scale as ``sqrt(2 / R)`` from those of 2 blocks and
+    each further block adds ``cells - 1`` residual degrees of freedom."""
     from scipy import stats as sps
 
     from bench.analyze.planning import design_factors
 
     sd = math.sqrt(model.run_var(design["timed"]))
+    facs2, df2 = design_factors(design["cells"], design["factors"], 2)
+    if not facs2:
+        return None
     for r in range(2, 401):
-        facs, df = design_factors(design["cells"], design["factors"], r)
-        if facs and df >= 1:
-            q = float(sps.t.isf(alpha / len(facs) / 2, df))
-            if q * sd * max(facs.values()) <= math.log1p(precision):
+        df = df2 + (r - 2) * (len(design["cells"]) - 1)
+        if df >= 1:
+            q = float(sps.t.isf(alpha / len(facs2) / 2, df))
+            if q * sd * max(facs2.values()) * math.sqrt(2 / r) <= math.log1p(precision):
                 return r
     return None
 
@@ -173,7 +208,8 @@ def run_target(name: str, model: NoiseCost, design: dict[str, Any], args: argpar
     precision = args.precision or thr / 2
     alloc, reached = plan_allocation(model, design["cells"], design["factors"], precision=precision, alpha=alpha,
                                      warmup=design["warmup"], profiled=design["profiled"])
-    print(f"\n## {name}: noise (log SD) step {model.sd_step:.4f}, run {model.sd_run:.4f}, block {model.sd_block:.4f}; "
+    print(f"\n## {name}: noise (log SD) run x step {model.sd_step:.4f}, shared step pattern {model.sd_stepidx:.4f}, "
+          f"run {model.sd_run:.4f}, block {model.sd_block:.4f}; "
           f"cost start-up {model.startup_s:.1f} s, step {model.step_s:.2f} s, harness {model.harness_s:.1f} s "
           f"({', '.join(model.sweeps)[:120]})")
     print(f"plan for +-{precision:.1%}: {alloc.timed_steps} timed steps x up to {alloc.repeats} blocks "
@@ -214,6 +250,30 @@ def run_target(name: str, model: NoiseCost, design: dict[str, Any], args: argpar
     return rows
 
 
+def real_summary(sweep_dir: Path, threshold: float, alpha: float) -> str:
+    """One line per real sweep: runs (ok), wall time from the first run's start to the last run's end, timed steps
+    x blocks, and the decisions (a sequential sweep's last look; a fixed sweep decided once at its end)."""
+    from bench.results import SWEEP, load_records, read_json
+
+    meta = read_json(Path(sweep_dir) / SWEEP) or {}
+    recs = load_records(Path(sweep_dir))
+    ok = [r for r in recs if r.get("status") == "ok"]
+    starts = [r["started_at"] for r in recs if r.get("started_at")]
+    ends = [r["started_at"] + float(r.get("wall_s") or 0) for r in recs if r.get("started_at")]
+    wall = (max(ends) - min(starts)) if starts else float("nan")
+    seq = meta.get("sequential") or {}
+    if seq.get("looks"):
+        last = seq["looks"][-1]
+        how, line = f"sequential, {len(seq['looks'])}/{seq['max_looks']} blocks", f"{last['reason']}; {last['line']}"
+    else:
+        blocks = len({r.get("repeat") for r in ok})
+        look = EffectsStopRule(1, threshold=threshold, alpha=alpha).after_block(recs, 1)
+        how, line = f"fixed, {blocks} blocks, decided once", look.line
+    base = (meta.get("matrix") or {}).get("base") or {}
+    return (f"{meta.get('matrix_name')}/{meta.get('sweep_id')} [{meta.get('status')}]: {len(recs)} runs "
+            f"({len(ok)} ok), {wall / 60:.1f} min, {base.get('steps')} steps per run; {how}: {line}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=ROOT / "results",
@@ -226,8 +286,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verl-sd-step", type=float, default=0.10)
     p.add_argument("--verl-sd-run", type=float, default=0.03)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--verl-sweep", type=Path, default=None, metavar="SWEEP_DIR",
+                   help="verl_cpu: the model from this sweep's finished runs (any status, e.g. interrupted)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    p.add_argument("--real", type=Path, nargs="+", default=None, metavar="SWEEP_DIR",
+                   help="print runs, wall time and decisions of these finished real sweeps instead")
     args = p.parse_args(argv)
+    if args.real:
+        for d in args.real:
+            print(real_summary(d, args.threshold, args.alpha))
+        return 0
     gc.freeze()  # statsmodels' Holm step calls gc.collect() on every fit
     t0 = time.time()
     rows = []
@@ -237,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "embedded_idle":
             model, design = idle_target()
         else:
-            model, design = verl_target(args.verl_sd_step, args.verl_sd_run)
+            model, design = verl_target(args.results, args.verl_sd_step, args.verl_sd_run, args.verl_sweep)
         rows += run_target(name, model, design, args)
     print(f"\n{args.sweeps} sweeps per scenario and design; threshold {args.threshold:.0%}, alpha {args.alpha}; "
           f"{time.time() - t0:.0f} s")

@@ -10,14 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from bench.analyze.planning import (
-    NoiseCost,
-    design_factors,
-    estimate_model,
-    evaluate,
-    kj_optimal_steps,
-    plan_allocation,
-)
+from bench.analyze.planning import block_wall_s, design_factors, evaluate, plan_allocation
+from bench.analyze.planning_model import NoiseCost, estimate_model, kappa, kj_optimal_steps, step_components
 from bench.planning_apply import target_key
 
 FACTORS = ["rmsnorm_fused", "dynamic_bsz"]
@@ -80,30 +74,95 @@ def test_budget_buys_the_best_precision_within_it():
     assert not ok and tiny.repeats == 2 and tiny.timed_steps == 2  # the cheapest plan, flagged as not reaching it
 
 
-def test_model_recovers_known_components_from_simulated_sweeps():
-    rng = np.random.default_rng(7)
-    recs = []
-    sd_step, sd_run, sd_block, n = 0.10, 0.05, 0.04, 12
-    t = 1000.0
-    for k in range(8):
+def test_budget_with_parallel_nodes_counts_a_block_as_its_longest_node():
+    """--parallel N: a block of C runs takes ceil(C / N) run times; the node is a blocking factor (one df for two
+    nodes; with an even number of blocks the cyclic assignment leaves it orthogonal to the effects)."""
+    m = _model()
+    one = m.run_cost(10, 1, 1)
+    assert block_wall_s(m, 4, 10, warmup=1, profiled=1) == pytest.approx(4 * one)
+    assert block_wall_s(m, 4, 10, warmup=1, profiled=1, slots=2) == pytest.approx(2 * one)
+    assert block_wall_s(m, 5, 10, warmup=1, profiled=1, slots=2) == pytest.approx(3 * one)
+    f1, df1 = design_factors(CELLS, FACTORS, 4)
+    f2, df2 = design_factors(CELLS, FACTORS, 4, slots=2)
+    assert df2 == df1 - 1 and f2 == pytest.approx(f1)
+    serial, ok1 = plan_allocation(m, CELLS, FACTORS, budget_s=1200, warmup=1, profiled=1)
+    par, ok2 = plan_allocation(m, CELLS, FACTORS, budget_s=1200, warmup=1, profiled=1, slots=2)
+    assert ok1 and ok2 and par.slots == 2 and par.wall_s <= 1200
+    assert par.wall_s == pytest.approx(par.repeats * 2 * m.run_cost(par.timed_steps, 1, 1))
+    assert par.runs > 1.5 * serial.runs and par.half_width < serial.half_width  # the same time buys more runs
+
+
+def _sim_sweep(rng, sd_step, sd_run, sd_block, n, *, sd_stepidx=0.0, blocks=8, cells=("a", "b", "c", "d"),
+               startup=30.0, step=2.0):
+    """Run records of one simulated sweep: every run replays the same step pattern ``w`` (same batches)."""
+    recs, t = [], 1000.0
+    w = rng.normal(0, sd_stepidx, n + 2)  # shared by every run and cell of the sweep
+    for k in range(blocks):
         beta = rng.normal(0, sd_block)
-        for cid in ("a", "b", "c", "d"):
-            mu = math.log(2.0) + beta + rng.normal(0, sd_run) + (0.1 if cid == "b" else 0.0)
-            steps = {str(i + 1): {"timing_s/step": float(math.exp(mu + rng.normal(0, sd_step)))} for i in range(n + 2)}
+        for cid in cells:
+            mu = math.log(step) + beta + rng.normal(0, sd_run) + (0.1 if cid == "b" else 0.0)
+            steps = {str(i + 1): {"timing_s/step": float(math.exp(mu + w[i] + rng.normal(0, sd_step)))}
+                     for i in range(n + 2)}
             timed = list(range(2, n + 2))
-            wall = 30.0 + sum(v["timing_s/step"] for v in steps.values())
+            wall = startup + sum(v["timing_s/step"] for v in steps.values())
             recs.append({"status": "ok", "cell_id": cid, "repeat": k, "levels": {}, "steps": steps, "started_at": t,
                          "wall_s": wall, "summary": {"timed_steps": timed, "measured_steps": list(range(2, n + 3)),
                                                      "profiled_steps": [n + 2],
                                                      "step_time_samples_s": [steps[str(s)]["timing_s/step"]
                                                                              for s in timed]}})
             t += wall + 5.0
+    return recs
+
+
+def test_model_recovers_known_components_from_simulated_sweeps():
+    rng = np.random.default_rng(7)
+    recs = _sim_sweep(rng, 0.10, 0.05, 0.04, 12)
     m = estimate_model([("sim", recs)])
-    assert m.sd_step == pytest.approx(sd_step, rel=0.15)
-    assert m.sd_run == pytest.approx(sd_run, abs=0.025)
-    assert m.sd_block == pytest.approx(sd_block, abs=0.03)
+    assert m.sd_step == pytest.approx(0.10, rel=0.15)
+    assert m.sd_stepidx < 0.04
+    assert m.sd_run == pytest.approx(0.05, abs=0.025)
+    assert m.sd_block == pytest.approx(0.04, abs=0.03)
     assert m.startup_s == pytest.approx(30.0) and m.harness_s == pytest.approx(5.0)
     assert m.step_s == pytest.approx(2.0, rel=0.1) and m.runs == 32
+
+
+def test_median_variance_with_a_step_pattern_shared_by_the_runs():
+    """kappa(n, rho): the variance of the median of n steps N(w_s, sd^2), w shared by the runs, between runs, in
+    units of sd^2 / n, checked by simulation (pi / 2 without a pattern, about sqrt(2) rho for a large one)."""
+    assert kappa(2, 5.0) == 1.0 and kappa(9) == pytest.approx(math.pi / 2)
+    assert kappa(9, 30.0) == pytest.approx(math.sqrt(2) * 30.0, rel=0.02)
+    rng = np.random.default_rng(11)
+    n, sd = 25, 0.05
+    for rho in (0.0, 1.0, 4.0):
+        var = np.mean([np.var(np.median(rng.normal(0, rho * sd, n) + rng.normal(0, sd, (300, n)), axis=1), ddof=1)
+                       for _ in range(150)])  # a fresh pattern per sweep, 300 runs of it
+        assert var == pytest.approx(kappa(n, rho) * sd ** 2 / n, rel=0.12), rho
+
+
+def test_shared_step_pattern_is_not_noise_and_the_plan_stops_adding_steps():
+    """Known components -> known allocation when every run replays the same batches: the estimate separates the
+    shared step pattern (0.10) from the run x step noise (0.05) and keeps the run-to-run spread (0.03), so the
+    plan's steps per run stay near Kalibera & Jones' n* of the true components. Taking the whole within-run
+    spread as independent step noise with no run-to-run spread (sd_run = 0, what the previous model found on
+    full.yaml's records) plans many more steps than help."""
+    rng = np.random.default_rng(3)
+    sweeps = [(f"s{i}", _sim_sweep(rng, 0.05, 0.03, 0.0, 16, sd_stepidx=0.10, blocks=6, startup=100.0, step=1.0))
+              for i in range(3)]  # verl-like: dear start-up, cheap steps
+    m = estimate_model(sweeps)
+    true = NoiseCost(**{**m.to_dict(), "sd_step": 0.05, "sd_run": 0.03, "sd_stepidx": 0.10})
+    assert m.sd_step == pytest.approx(0.05, rel=0.2) and m.sd_stepidx == pytest.approx(0.10, rel=0.35)
+    assert m.sd_run == pytest.approx(0.03, abs=0.012)
+    ss_i, df_i, ss_w, df_w = step_components([np.log(2.0) + rng.normal(0, 0.2, 16) + rng.normal(0, 0.05, (4, 16))])
+    assert df_i == 3 * 15 and df_w == 15
+    n_star = kj_optimal_steps(true, 1, 1)
+    fixed = true.startup_s + true.harness_s + true.warmup_step_s + true.profiled_step_s
+    assert n_star == pytest.approx(math.sqrt(kappa(3, 2.0) * 0.0025 * fixed / (0.0009 * true.step_s)), rel=1e-9)
+    plan, ok = plan_allocation(m, CELLS, FACTORS, precision=0.03, warmup=1, profiled=1)
+    assert ok and 0.5 * n_star <= plan.timed_steps <= 2 * n_star, (plan, n_star)
+    naive = NoiseCost(**{**m.to_dict(), "sd_step": math.sqrt(0.05 ** 2 + 0.1 ** 2), "sd_run": 0.0, "sd_stepidx": 0.0})
+    assert kj_optimal_steps(naive, 1, 1) == math.inf
+    old, _ = plan_allocation(naive, CELLS, FACTORS, precision=0.03, warmup=1, profiled=1)
+    assert old.timed_steps > 2 * plan.timed_steps
 
 
 def test_target_ignores_what_planning_changes():
@@ -133,6 +192,14 @@ def test_cli_plans_from_a_finished_sweep_and_records_the_plan(tmp_path, monkeypa
     out = capsys.readouterr().out
     assert "goal: precision +-5.00%; reached" in out and "predicted wall time" in out
     assert "model from 12 run(s) of 1 finished sweep(s)" in out and "sequential stopping: after each of up to" in out
+    ray = ["--ray-address", "http://127.0.0.1:9", "--parallel", "2"]  # a count: no cluster is asked on a dry run
+    plans = {}
+    for extra in ([], ray):
+        assert main(["run", str(path), "--budget", "10m", "--dry-run", *extra, *common]) == 0
+        out = capsys.readouterr().out
+        plans[bool(extra)] = float(out.split("predicted precision: +-")[1].split("%")[0])
+        assert ("with 2 runs of a block at once on distinct Ray nodes" in out) == bool(extra)
+    assert plans[True] < 0.85 * plans[False]  # two nodes: the same 10 min buy more steps, a narrower interval
     fake2 = DriftExecutor(200, seed=6, probe=True, run_sd=0.02, step_sd=0.05)
     monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake2)
     assert main(["run", str(path), "--budget", "10m", "--order-seed", "2", *common]) in (0, 1)

@@ -157,6 +157,38 @@ def test_run_block_overlaps_a_block_and_runs_blocks_in_turn(tmp_path):
     assert [client2.jobs[s]["dir"].endswith("xb0") for s in client2.stopped] == [True]  # b's job was stopped
 
 
+def test_step_stack_of_each_node_thread_is_its_own(tmp_path):
+    """The error step ("running cell ... in ...", :class:`bench.errors.doing`) of a run stays that run's while
+    the runs of a block overlap: with one shared stack a thread's step would be left behind (or another's
+    popped) when the jobs end in another order than they started."""
+    from bench.errors import current_step, doing
+
+    client = TimedJobs(0.4)
+    ex = RayNodesExecutor("A", "auto", ray=RayJobExecutor("A", client=client, poll_s=0.02), nodes=_nodes(2, 1.0))
+    seen, after = {}, {}
+
+    def run_one(cell, k):
+        # cell "a" runs 0.2 s ("quick"), "b" 0.4 s: "a" enters first and leaves first
+        name = ("quick" if cell == "a" else "") + f"{cell}{k}"
+        with doing(f"running {cell}{k}"):
+            ex.execute(_launch(tmp_path, name))  # the harness lock is let go here: the other run enters its step
+            seen[(cell, k)] = current_step()
+            try:
+                with doing(f"recording {cell}{k}"):
+                    raise OSError("disk")
+            except OSError as exc:
+                assert exc.bench_step == f"recording {cell}{k}"
+            seen[(cell, k, "after error")] = current_step()
+        after[(cell, k)] = current_step()
+
+    ex.run_block([(c, k) for k in range(2) for c in ("a", "b")], run_one)
+    for k in range(2):
+        for c in "ab":
+            assert seen[(c, k)] == seen[(c, k, "after error")] == f"running {c}{k}"
+            assert after[(c, k)] is None
+    assert current_step() is None  # the calling thread's stack is untouched
+
+
 def test_node_factor_keeps_a_faster_node_from_posing_as_an_effect(tmp_path):
     """Synthetic records: no factor has an effect, node F is 15 % faster than node S, and the runs with
     rmsnorm_fused on happened to land on F in seven of eight blocks. Without the node factor rmsnorm_fused looks

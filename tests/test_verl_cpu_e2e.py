@@ -34,6 +34,7 @@ def _matrix(tmp_path: Path) -> Path:
     m["base"].update(steps=3, warmup_steps=1, profile_steps=[3], timeout_s=900)
     m["factors"] = {"dynamic_bsz": ["off", "on"]}
     m["design"] = "full"
+    m["repeats"] = 1  # one run per cell here (the matrix's default repeats are for verdicts, docs/planning.md)
     path = tmp_path / "verl_cpu_ci.yaml"
     path.write_text(yaml.safe_dump(m))
     return path

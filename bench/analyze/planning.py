@@ -1,192 +1,54 @@
-"""Noise and cost model of a target, and the plan of timed steps per run x repeats per cell it implies.
+"""The plan of timed steps per run x repeats per cell that the noise and cost model of a target implies.
 
-Model (:class:`NoiseCost`, :func:`estimate_model`): the log of a timed step of run ``r`` of cell ``c`` in
-block ``b`` is ``mu_c + beta_b + u_r + e_s`` with ``u_r ~ N(0, sd_run^2)`` (run to run within a cell: start-up,
-placement, machine state) and ``e_s ~ N(0, sd_step^2)`` (step to step within a run); ``beta_b`` is the drift
-between time blocks, spread ``sd_block``. This is the random-effects model over the levels of a benchmark
-of Kalibera & Jones, "Rigorous Benchmarking in Reasonable Time" (ISMM 2013), with the block of a
-randomized complete block design on top. A run's value is the median of its ``n`` timed steps
-(:func:`bench.figures.run_value`), whose variance is ``sd_run^2 + kappa(n) sd_step^2 / n`` with
-``kappa = pi / 2`` for ``n >= 3`` (the asymptotic variance of a sample median of normal data; 1 for
-``n <= 2``, where the median is a mean).
-
-Estimates, from the run records of finished sweeps of the target: ``sd_step`` pools the within-run spread of
-log step times (speed-normalized as in the report when every run has the probe; scaled MAD per run, robust to
-the odd stalled step, pooled over runs by degrees of freedom); the residual variance of the run values after
-cell and block effects (two-way ANOVA per sweep, pooled over sweeps) is ``sd_run^2 + kappa sd_step^2 / n``,
-which gives ``sd_run`` (when it is below the step part alone, e.g. because every run sees the same sequence of
-batches, ``sd_run = 0`` and ``sd_step`` is calibrated to the observed run-value variance); the block mean
-square gives ``sd_block`` (ANOVA estimator, floored at 0). Costs, seconds: ``startup_s`` = a run's wall time
-outside its GRPO steps (start-up and shut-down), ``step_s`` / ``warmup_step_s`` / ``profiled_step_s`` = median
-step time of each kind, ``harness_s`` = median gap between one run's end and the next run's start (measuring,
-MLflow, launching). Medians over runs.
+The model (:class:`~bench.analyze.planning_model.NoiseCost`, :func:`~bench.analyze.planning_model.estimate_model`):
+run to run, step index shared by the runs, run x step interaction, block; costs of a run
+(:mod:`bench.analyze.planning_model`, Kalibera & Jones, ISMM 2013).
 
 Plan (:func:`plan_allocation`): for ``n`` timed steps and ``R`` repeats (= blocks) of the plan's cells,
 the standard error of each main effect is ``sqrt(V(n)) * m * sqrt([(X'X)^-1]_jj)`` for the design
 matrix ``X`` of the run-level model (:func:`bench.analyze.effects.fit_effects`: intercept, blocks,
-mains, interactions; ``m = 2`` for +-1 coded terms), and the predicted precision is the half-width of
+nodes with ``--parallel``, mains, interactions; ``m = 2`` for +-1 coded terms) and ``V(n)`` of
+:meth:`~bench.analyze.planning_model.NoiseCost.run_var`; the predicted precision is the half-width of
 the decision interval at the last planned look (:func:`bench.analyze.sequential.critical_value`,
-alpha shared over the main effects). The wall time is ``R x cells x (startup + harness + warm-up and
-profiled steps + n x step_s)``. ``--precision`` picks the cheapest ``(n, R)`` reaching it,
+alpha shared over the main effects). The wall time is ``R x ceil(cells / slots) x (startup + harness +
+warm-up and profiled steps + n x step_s)``. ``--precision`` picks the cheapest ``(n, R)`` reaching it,
 ``--budget`` the most precise within it (grid search; the cost-optimal ``n`` is close to Kalibera &
-Jones' ``n* = sqrt(kappa sd_step^2 C_run / (sd_run^2 c_step))``, :func:`kj_optimal_steps`): dear
-start-up and cheap steps give more steps per run, large run-to-run spread more runs.
+Jones' ``n* = sqrt(kappa sd_step^2 C_run / (sd_run^2 c_step))``,
+:func:`bench.analyze.planning_model.kj_optimal_steps`): dear
+start-up and cheap steps give more steps per run, large run-to-run spread more runs, and only the run x
+step interaction (not the step pattern the runs share) is averaged out by more steps.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import numpy as np
+
+from bench.analyze.planning_model import NoiseCost, estimate_model
 
 #: bounds of the grid search: timed steps per run and repeats (blocks) per cell
 STEPS_RANGE = (2, 200)
 REPEATS_RANGE = (2, 30)
 
 
-def kappa(n: int) -> float:
-    """Variance of the median of ``n`` normal samples in units of ``sd^2 / n``: 1 for ``n <= 2``, else pi/2."""
-    return 1.0 if n <= 2 else math.pi / 2
-
-
-@dataclass
-class NoiseCost:
-    """Noise (log scale) and cost (seconds) of one target; see the module text for each field."""
-
-    sd_step: float
-    sd_run: float
-    sd_block: float
-    startup_s: float
-    step_s: float
-    warmup_step_s: float
-    profiled_step_s: float
-    harness_s: float
-    runs: int = 0
-    sweeps: list[str] = field(default_factory=list)
-    timed_steps: float = 0.0
-
-    def run_var(self, n: int) -> float:
-        """Variance of one run's value (log of its median of ``n`` timed steps)."""
-        return self.sd_run ** 2 + kappa(n) * self.sd_step ** 2 / max(n, 1)
-
-    def run_cost(self, n: int, warmup: int, profiled: int) -> float:
-        """Seconds one run costs in the sweep: start-up, harness, warm-up, profiled and ``n`` timed steps."""
-        return (self.startup_s + self.harness_s + warmup * self.warmup_step_s + profiled * self.profiled_step_s
-                + n * self.step_s)
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def kj_optimal_steps(model: NoiseCost, warmup: int, profiled: int) -> float:
-    """Kalibera & Jones (2013) cost-optimal steps per run, ``sqrt(kappa sd_step^2 C / (sd_run^2 c))`` with ``C``
-    the fixed cost of a run (:meth:`NoiseCost.run_cost` at 0 steps) and ``c`` one timed step; ``inf`` when
-    ``sd_run = 0``."""
-    if model.sd_run <= 0:
-        return math.inf
-    fixed = model.run_cost(0, warmup, profiled)
-    return math.sqrt(math.pi / 2 * model.sd_step ** 2 * fixed / (model.sd_run ** 2 * model.step_s))
-
-
-def _robust_sd(x: np.ndarray) -> float:
-    return float(1.4826 * np.median(np.abs(x - np.median(x))))
-
-
-def _steps_of(rec: dict[str, Any], which: Sequence[int]) -> list[float]:
-    steps = rec.get("steps") or {}
-    out = [float((steps.get(str(s)) or {}).get("timing_s/step", float("nan"))) for s in which]
-    return [t for t in out if t == t and t > 0]
-
-
-def estimate_model(sweeps: Sequence[tuple[str, Sequence[dict[str, Any]]]]) -> NoiseCost | None:
-    """The noise and cost model from ``(name, run records)`` of finished sweeps of one target (module text);
-    ``None`` without two ok runs of one cell in some sweep (no run-to-run spread to estimate)."""
-    ss_w = df_w = 0.0
-    resid_ss = resid_df = block_ms_terms = 0.0
-    block_terms: list[float] = []
-    ns, startup, step, warm, prof, gaps = [], [], [], [], [], []
-    from bench.analyze.sequential import log_step_samples, probed
-
-    names, runs = [], 0
-    for name, recs in sweeps:
-        ok = [r for r in recs if r.get("status") == "ok" and (r.get("summary") or {}).get("step_time_samples_s")]
-        if not ok:
-            continue
-        norm = probed(ok)
-        names.append(name)
-        runs += len(ok)
-        cells, blocks, y = [], [], []
-        for r in ok:
-            s = r["summary"]
-            x = np.asarray(log_step_samples(r, norm), float)
-            if len(x) >= 3:
-                ss_w += _robust_sd(x) ** 2 * (len(x) - 1)
-                df_w += len(x) - 1
-            ns.append(len(x))
-            y.append(float(np.median(x)))
-            cells.append(r["cell_id"])
-            blocks.append(int(r.get("repeat", 0)))
-            timing = r.get("timing") or {}
-            all_steps = sorted(int(k) for k in (r.get("steps") or {}))
-            measured = set(s.get("measured_steps") or all_steps)
-            profiled = s.get("profiled_steps") or []
-            step += [t for t in s["step_time_samples_s"] if t and t > 0]
-            warm += _steps_of(r, [k for k in all_steps if k not in measured])
-            prof += _steps_of(r, profiled)
-            in_steps = sum(_steps_of(r, all_steps))
-            startup.append(timing.get("startup_s", max(0.0, float(r.get("wall_s") or 0.0) - in_steps)))
-        order = sorted(ok, key=lambda r: r.get("started_at") or 0)
-        for a, b in zip(order, order[1:]):
-            if a.get("started_at") and b.get("started_at") and a.get("wall_s") is not None:
-                gaps.append(max(0.0, b["started_at"] - a["started_at"] - float(a["wall_s"])))
-        # two-way ANOVA (cell + block) of the run values: residual and block mean squares
-        uc, ub = sorted(set(cells)), sorted(set(blocks))
-        X = np.column_stack([np.ones(len(y))] + [[1.0 * (c == u) for c in cells] for u in uc[1:]]
-                            + [[1.0 * (b == u) for b in blocks] for u in ub[1:]])
-        Xc = X[:, :len(uc)]
-        yv = np.asarray(y)
-        rss = float(np.sum((yv - X @ np.linalg.lstsq(X, yv, rcond=None)[0]) ** 2))
-        df = len(y) - np.linalg.matrix_rank(X)
-        if df > 0:
-            resid_ss += rss
-            resid_df += df
-            if len(ub) > 1:
-                rss_c = float(np.sum((yv - Xc @ np.linalg.lstsq(Xc, yv, rcond=None)[0]) ** 2))
-                block_terms.append(((rss_c - rss) / (len(ub) - 1), len(uc)))
-    if resid_df <= 0 or not step:
-        return None
-    sd_step = math.sqrt(ss_w / df_w) if df_w else 0.0
-    n_bar = float(np.mean(ns))
-    resid_var = resid_ss / resid_df
-    step_part = kappa(round(n_bar)) * sd_step ** 2 / n_bar
-    sd_run = math.sqrt(max(0.0, resid_var - step_part))
-    if step_part > resid_var:  # run medians vary less than independent steps would make them: calibrate to them
-        sd_step = math.sqrt(resid_var * n_bar / kappa(round(n_bar)))
-    sd_block = 0.0
-    if block_terms:
-        block_ms_terms = float(np.mean([max(0.0, (ms - resid_var) / c) for ms, c in block_terms]))
-        sd_block = math.sqrt(block_ms_terms)
-    med = lambda v, d=0.0: float(np.median(v)) if len(v) else d  # noqa: E731
-    step_s = med(step)
-    return NoiseCost(sd_step=sd_step, sd_run=sd_run, sd_block=sd_block, startup_s=med(startup), step_s=step_s,
-                     warmup_step_s=med(warm, step_s), profiled_step_s=med(prof, step_s), harness_s=med(gaps),
-                     runs=runs, sweeps=names, timed_steps=n_bar)
-
-
 def design_factors(cells: Sequence[dict[str, Any]], factors: Sequence[str], repeats: int, *,
-                   interactions: bool = True) -> tuple[dict[str, float], int]:
+                   interactions: bool = True, slots: int = 1) -> tuple[dict[str, float], int]:
     """Per main-effect term, ``m sqrt([(X'X)^-1]_jj)`` (its standard error per unit run SD), and the residual
-    degrees of freedom, for ``repeats`` blocks of ``cells`` (factor levels per cell) in the run-level model
-    of :func:`bench.analyze.effects.fit_effects`. Terms that are not estimable are left out."""
-    from bench.analyze.effects import _block_columns, _columns
+    degrees of freedom, for ``repeats`` blocks of ``cells`` (factor levels per cell, in the order of their cell
+    ids) in the run-level model of :func:`bench.analyze.effects.fit_effects`. With ``slots > 1`` (``--parallel``)
+    the cell of rank ``i`` runs on node ``(i + k) mod slots`` in block ``k``
+    (:meth:`bench.execution.ray_parallel.RayNodesExecutor.assign`) and the node is a second blocking factor, as in the
+    report's model. Terms that are not estimable are left out."""
+    from bench.analyze.effects import _columns, _nuisance
 
     obs = [{f: c.get(f) for f in factors} for _ in range(repeats) for c in cells]
     blocks = [k for k in range(repeats) for _ in cells]
+    nodes = [(i + k) % slots for k in range(repeats) for i in range(len(cells))] if slots > 1 else None
     names, _, kinds, mat, _ = _columns(obs, list(factors), interactions)
-    _, bcols = _block_columns(blocks)
-    cur = np.column_stack([np.ones(len(obs)), bcols]) if repeats > 1 else np.ones((len(obs), 1))
+    cur = _nuisance(len(obs), blocks if repeats > 1 else None, nodes)[0]
     keep = []
     for j in range(mat.shape[1]):
         trial = np.column_stack([cur, mat[:, j]])
@@ -207,7 +69,7 @@ def design_factors(cells: Sequence[dict[str, Any]], factors: Sequence[str], repe
 class Allocation:
     """A plan: ``timed_steps`` per run, ``repeats`` per cell (the planned maximum number of blocks), ``runs``,
     ``wall_s`` (all blocks), ``half_width`` (log scale, widest main effect, decision interval at the last
-    look), ``per_term`` half-widths, ``df``."""
+    look), ``per_term`` half-widths, ``df``, ``slots`` (runs at once, ``--parallel``)."""
 
     timed_steps: int
     repeats: int
@@ -216,33 +78,42 @@ class Allocation:
     half_width: float
     df: int
     per_term: dict[str, float]
+    slots: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
+def block_wall_s(model: NoiseCost, n_cells: int, n: int, *, warmup: int, profiled: int, slots: int = 1) -> float:
+    """Seconds one block of ``n_cells`` runs takes: its runs one after another, or with ``slots`` runs at once
+    (``--parallel``: each node runs its ``ceil(cells / slots)`` share in turn, the block ends with the last)."""
+    return math.ceil(n_cells / max(slots, 1)) * model.run_cost(n, warmup, profiled)
+
+
 def evaluate(model: NoiseCost, cells: Sequence[dict[str, Any]], factors: Sequence[str], n: int, repeats: int, *,
-             alpha: float, warmup: int, profiled: int, design: tuple[dict[str, float], int, float] | None = None
-             ) -> Allocation | None:
+             alpha: float, warmup: int, profiled: int, design: tuple[dict[str, float], int, float] | None = None,
+             slots: int = 1) -> Allocation | None:
     """The predicted wall time and precision of ``n`` timed steps x ``repeats`` blocks (``None``: no main effect
-    estimable with a residual degree of freedom). ``design``: :func:`design_quantile` of ``repeats``, if known."""
-    facs, df, q = design or design_quantile(cells, factors, repeats, alpha)
+    estimable with a residual degree of freedom). ``design``: :func:`design_quantile` of ``repeats``, if known;
+    ``slots``: runs at once (:func:`block_wall_s`)."""
+    facs, df, q = design or design_quantile(cells, factors, repeats, alpha, slots=slots)
     if not facs or df < 1:
         return None
     sd = math.sqrt(model.run_var(n))
     per = {k: q * sd * v for k, v in facs.items()}
     runs = repeats * len(cells)
-    return Allocation(timed_steps=n, repeats=repeats, runs=runs, wall_s=runs * model.run_cost(n, warmup, profiled),
-                      half_width=max(per.values()), df=df, per_term=per)
+    wall = repeats * block_wall_s(model, len(cells), n, warmup=warmup, profiled=profiled, slots=slots)
+    return Allocation(timed_steps=n, repeats=repeats, runs=runs, wall_s=wall, half_width=max(per.values()), df=df,
+                      per_term=per, slots=slots)
 
 
-def design_quantile(cells: Sequence[dict[str, Any]], factors: Sequence[str], repeats: int, alpha: float
-                    ) -> tuple[dict[str, float], int, float]:
+def design_quantile(cells: Sequence[dict[str, Any]], factors: Sequence[str], repeats: int, alpha: float, *,
+                    slots: int = 1) -> tuple[dict[str, float], int, float]:
     """:func:`design_factors` of ``repeats`` blocks plus the decision interval's quantile at the last look
     (:func:`bench.analyze.sequential.critical_value`, ``alpha`` shared by the main effects; ``inf`` without df)."""
     from bench.analyze.sequential import critical_value
 
-    facs, df = design_factors(cells, factors, repeats)
+    facs, df = design_factors(cells, factors, repeats, slots=slots)
     q = critical_value(df, alpha=alpha / max(len(facs), 1), look=repeats, max_looks=repeats) if facs else None
     return facs, df, (q if q is not None else math.inf)
 
@@ -250,10 +121,12 @@ def design_quantile(cells: Sequence[dict[str, Any]], factors: Sequence[str], rep
 def plan_allocation(model: NoiseCost, cells: Sequence[dict[str, Any]], factors: Sequence[str], *,
                     precision: float | None = None, budget_s: float | None = None, alpha: float = 0.05,
                     warmup: int = 1, profiled: int = 0, steps_range: tuple[int, int] = STEPS_RANGE,
-                    repeats_range: tuple[int, int] = REPEATS_RANGE) -> tuple[Allocation, bool]:
+                    repeats_range: tuple[int, int] = REPEATS_RANGE, slots: int = 1) -> tuple[Allocation, bool]:
     """The cheapest allocation whose half-width is at most ``log(1 + precision)``, or the most precise one within
     ``budget_s`` seconds; returns it and whether the goal is reached (else: the closest one, the most precise
-    of the grid for ``precision``, the cheapest for ``budget_s``).
+    of the grid for ``precision``, the cheapest for ``budget_s``). ``slots``: runs of a block at once on
+    distinct nodes (``--parallel N``): a block takes ``ceil(cells / N)`` run times and the node is a blocking
+    factor of the model (:func:`design_factors`).
 
     Raises:
         ValueError: neither or both of ``precision`` and ``budget_s``, or no main effect estimable.
@@ -264,9 +137,10 @@ def plan_allocation(model: NoiseCost, cells: Sequence[dict[str, Any]], factors: 
     fallback: Allocation | None = None
     target = math.log1p(precision) if precision is not None else None
     for r in range(repeats_range[0], repeats_range[1] + 1):
-        des = design_quantile(cells, factors, r, alpha)
+        des = design_quantile(cells, factors, r, alpha, slots=slots)
         for n in range(steps_range[0], steps_range[1] + 1):
-            a = evaluate(model, cells, factors, n, r, alpha=alpha, warmup=warmup, profiled=profiled, design=des)
+            a = evaluate(model, cells, factors, n, r, alpha=alpha, warmup=warmup, profiled=profiled, design=des,
+                         slots=slots)
             if a is None or not math.isfinite(a.half_width):
                 continue
             if target is not None:
@@ -295,11 +169,14 @@ def plan_lines(planning: dict[str, Any]) -> list[str]:
         f"goal: {goal}; {'reached' if planning['reached'] else 'NOT reachable within the search grid: closest plan'}",
         f"plan: {a['timed_steps']} timed step(s) per run x {a['repeats']} repeat(s) (planned blocks) of "
         f"{a['runs'] // max(a['repeats'], 1)} cell(s) = {a['runs']} runs at most; predicted wall time "
-        f"{a['wall_s'] / 60:.1f} min at most (sequential stopping ends earlier when every main effect is decided)",
+        f"{a['wall_s'] / 60:.1f} min at most"
+        + (f" with {a.get('slots')} runs of a block at once on distinct Ray nodes" if a.get("slots", 1) > 1 else "")
+        + " (sequential stopping ends earlier when every main effect is decided)",
         f"predicted precision: +-{math.expm1(a['half_width']):.2%} half-width of the widest main effect's decision "
         f"interval at the last block ({a['df']} residual df); "
         + ", ".join(f"{k} +-{math.expm1(v):.2%}" for k, v in a["per_term"].items()),
-        f"why: noise (log SD) step {m['sd_step']:.4f}, run {m['sd_run']:.4f}, block {m['sd_block']:.4f}; "
+        f"why: noise (log SD) run x step {m['sd_step']:.4f}, step pattern shared by the runs "
+        f"{m.get('sd_stepidx', 0.0):.4f}, run {m['sd_run']:.4f}, block {m['sd_block']:.4f}; "
         f"cost start-up {m['startup_s']:.1f} s, timed step {m['step_s']:.2f} s, "
         f"warm-up step {m['warmup_step_s']:.2f} s, "
         f"profiled step {m['profiled_step_s']:.2f} s, harness {m['harness_s']:.1f} s per run",
@@ -326,8 +203,10 @@ def report_lines(data: dict[str, Any]) -> list[str]:
         return []
     out = ["", "## Noise, cost and stopping", ""]
     if m:
-        out += [f"- noise of log step time (this sweep, {m['runs']} runs): step to step within a run "
-                f"{m['sd_step']:.4f}, run to run within a cell {m['sd_run']:.4f}, block to block {m['sd_block']:.4f}",
+        out += [f"- noise of log step time (this sweep, {m['runs']} runs): run x step (averages out with more steps) "
+                f"{m['sd_step']:.4f}, step pattern shared by every run (same batches; cancels in comparisons) "
+                f"{m.get('sd_stepidx', 0.0):.4f}, run to run within a cell {m['sd_run']:.4f}, block to block "
+                f"{m['sd_block']:.4f}",
                 f"- cost per run: start-up {m['startup_s']:.1f} s, timed step {m['step_s']:.2f} s, warm-up step "
                 f"{m['warmup_step_s']:.2f} s, profiled step {m['profiled_step_s']:.2f} s, harness between runs "
                 f"{m['harness_s']:.1f} s (`run_bench.py run MATRIX --precision P` plans from these)"]

@@ -49,6 +49,35 @@ def parse_duration(text: str) -> float:
     return h * 3600 + mi * 60 + s
 
 
+def planned_slots(args: argparse.Namespace) -> int:
+    """Runs of a block at once for the planner: 1 without ``--parallel``, its count, or for ``auto`` the usable
+    alive nodes of the ``--ray-address`` cluster (:func:`bench.execution.ray_parallel.cluster_nodes`, counted now; the
+    sweep counts them again when it starts).
+
+    Raises:
+        BenchError: ``--parallel`` without ``--ray-address``, a bad value, or a cluster that cannot be listed.
+    """
+    parallel = getattr(args, "parallel", None)
+    if parallel is None:
+        return 1
+    address = getattr(args, "ray_address", None)
+    if not address:
+        raise BenchError(f"--parallel {parallel}: needs --ray-address (the Ray cluster whose nodes run the runs)")
+    text = str(parallel).strip().lower()
+    if text != "auto":
+        try:
+            n = int(text)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise BenchError(f"--parallel {parallel}: allowed values: auto, or a number of runs at once >= 1")
+        return n
+    from bench.execution.ray_parallel import cluster_nodes, parallel_slots, usable_nodes
+
+    nodes, _ = usable_nodes(cluster_nodes(address))
+    return parallel_slots("auto", nodes, address)
+
+
 @dataclass
 class Prepared:
     """What :func:`prepare` decided: the (possibly re-planned) matrix and plan, the stop rule (``None``: a
@@ -81,9 +110,9 @@ def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
     if precision is not None or budget is not None:
         from bench.planning_apply import replan
 
-        matrix, plan, planning = replan(matrix, plan, args.results, precision=precision,
-                                        budget_s=parse_duration(budget) if budget is not None else None,
-                                        alpha=alpha, threshold=threshold)
+        budget_s = parse_duration(budget) if budget is not None else None
+        matrix, plan, planning = replan(matrix, plan, args.results, precision=precision, budget_s=budget_s,
+                                        alpha=alpha, threshold=threshold, slots=planned_slots(args))
     sequential = bool(getattr(args, "sequential", False) or planning)
     rule = None
     if sequential:
