@@ -217,3 +217,31 @@ def test_cli_plans_from_a_finished_sweep_and_records_the_plan(tmp_path, monkeypa
     rec = json.loads(next((tmp_path / "res" / "full").glob(f"{planned['sweep_id']}/*/r0/record.json")).read_text())
     assert set(rec["timing"]) == {"startup_s", "steps_s", "warmup_s", "timed_s", "profiled_s", "harness_s"}
     assert rec["timing"]["steps_s"] == pytest.approx(sum(s["timing_s/step"] for s in rec["steps"].values()))
+
+
+def test_plan_never_times_fewer_steps_than_the_matrix(tmp_path, monkeypatch, capsys):
+    """Every run replays the same batches, so an effect can depend on which steps are timed (full.yaml's
+    dynamic_bsz: +16 % over steps 2-9, +6 % over steps 2-3, issue 17's real check): a plan keeps at least the
+    matrix's own timed steps, even where the shared step pattern makes 2 steps the cheapest (a mean of 2)."""
+    import yaml
+    from drift_fake import DriftExecutor
+    from test_run_order import small_full
+
+    from bench.cli import main
+
+    path = small_full(tmp_path)
+    m = yaml.safe_load(path.read_text())
+    m["base"].update(steps=10, profile_steps=[10])
+    path.write_text(yaml.safe_dump(m, sort_keys=False))
+    own = 10 - int(m["base"].get("warmup_steps", 1)) - 1
+    uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
+    common = ["--results", str(tmp_path / "res"), "--tracking-uri", uri]
+    fake = DriftExecutor(12, seed=5, probe=True, run_sd=0.0, step_sd=0.05)
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake)
+    assert main(["run", str(path), "--order-seed", "1", *common]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path), "--budget", "3m", "--dry-run", *common]) == 0
+    out = capsys.readouterr().out
+    timed = int(out.split("plan: ")[1].split(" timed step")[0])
+    assert timed >= own, out
+    assert f"timed steps searched from the matrix's own {own} up" in out

@@ -183,6 +183,9 @@ def plan_lines(planning: dict[str, Any]) -> list[str]:
         f"Kalibera-Jones optimal steps per run: {planning['kj_steps']}; model from {m['runs']} run(s) of "
         f"{len(m['sweeps'])} finished sweep(s): {', '.join(m['sweeps'])}",
     ]
+    if planning.get("min_timed_steps"):
+        lines.append(f"timed steps searched from the matrix's own {planning['min_timed_steps']} up: every run replays "
+                     "the same batches, so timing fewer steps would measure the effects on other batches")
     return lines
 
 
