@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import Protocol
 
 #: Folder of runtime patches (``patches/`` at the repository root).
-PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
+PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
 #: Repository root (put on ``PYTHONPATH`` so ``python -m bench...`` works from any cwd).
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass
