@@ -91,7 +91,10 @@ def test_interleaved_gate_with_a_git_revision_as_baseline_resumes(tmp_path):
            "--interleave", "HEAD~1", "--matrix", str(tmp_path / "m.yaml"), "--blocks", "2", "--order-seed", "3"]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     # 1st invocation: interrupted (Ctrl-C) once two runs have finished
-    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Ctrl-C reaches the harness as in a terminal, also when pytest itself was started in the background (a shell
+    # starts background jobs with SIGINT ignored, and an ignored signal stays ignored across exec)
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.time() + 400
         while len(list(results.glob("gate_e2e/2*/*/r*/record.json"))) < 2 and time.time() < deadline:
