@@ -21,7 +21,7 @@ import importlib.metadata as md
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 #: this project's distribution name (its own entries are read from the source tree when there is one)
 DIST = "grpo-ablation-bench"
@@ -84,3 +84,12 @@ def load(group: str) -> list[tuple[str, Any]]:
 def instance(obj: Any) -> Any:
     """``obj()`` when an entry point names a class, else ``obj`` (readers and tests may be either)."""
     return obj() if isinstance(obj, type) else obj
+
+
+def fill(group: str, early: list[Any], put: Callable[[Any], Any]) -> None:
+    """Fill a registry of instances: ``put`` each object of ``group``'s entry points (built-ins, then plugins,
+    classes instantiated), then each of ``early`` (those registered at run time before the first lookup)."""
+    for _name, obj in load(group):
+        put(instance(obj))
+    for item in early:
+        put(item)

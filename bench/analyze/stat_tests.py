@@ -191,14 +191,11 @@ def tests() -> dict[str, StatTest]:
     global _loaded
     if not _loaded:
         _loaded = True
-        from bench.plugins import instance, load
+        from bench.plugins import fill
 
-        early = dict(_TESTS)
+        early = list(_TESTS.values())
         _TESTS.clear()
-        for _name, obj in load(GROUP):
-            _put(instance(obj))
-        for test in early.values():
-            _put(test)
+        fill(GROUP, early, _put)
     return _TESTS
 
 

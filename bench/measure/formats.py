@@ -90,14 +90,11 @@ def readers() -> list[Reader]:
     global _loaded
     if not _loaded:
         _loaded = True
-        from bench.plugins import instance, load
+        from bench.plugins import fill
 
         early = list(_READERS)
         _READERS.clear()
-        for _name, obj in load(GROUP):
-            _put(instance(obj))
-        for reader in early:
-            _put(reader)
+        fill(GROUP, early, _put)
     return list(_READERS)
 
 
