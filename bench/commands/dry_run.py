@@ -32,7 +32,10 @@ from bench.spec.plan import Plan, RunOrder
 _OVERRIDE = re.compile(r"^(?:(?:\+\+|\+)?[A-Za-z_][\w.\-/@]*=|~[A-Za-z_][\w.\-/@]*(?:=|$))")
 #: a run's changes go on its header line when the line stays this short; else one change per line
 INLINE_WIDTH = 80
-LEGEND = "KEY=VALUE another value, +KEY=VALUE not in the base, ~KEY only in the base"
+#: continuation lines of a run's part
+INDENT = "       "
+LEGEND = ("  notation: KEY=VALUE another value, +KEY=VALUE not in the base, ~KEY only in the base;",
+          "  a.{b,c}.d=V both a.b.d=V and a.c.d=V; \"override under P:\" keys relative to P (P.KEY)")
 
 
 @dataclass(frozen=True)
@@ -52,13 +55,15 @@ class Change:
     value: str | None
     base: str | None
 
-    def text(self) -> str:
+    def text(self, prefix: str = "") -> str:
         """The change in Hydra's notation: ``KEY=VALUE`` (changed), ``+KEY=VALUE`` (not in the base launch),
-        ``~KEY`` (in the base launch, not in this run); patches ``NAME:LEVEL``."""
+        ``~KEY`` (in the base launch, not in this run); patches ``NAME:LEVEL``. ``prefix`` (a leading part of
+        the key, said once for a group of changes) is left out of the key."""
         sep = ":" if self.kind == "patch" else "="
+        key = self.key[len(prefix):] if prefix and self.key.startswith(prefix) else self.key
         if self.value is None:
-            return f"~{self.key}"
-        item = f"{self.key}{sep}{self.value}" if self.value else self.key
+            return f"~{key}"
+        item = f"{key}{sep}{self.value}" if self.value else key
         return f"+{item}" if self.base is None else item
 
 
@@ -132,31 +137,85 @@ def print_base_launch(launch: Launch, console: Console, *, with_config: bool, no
         _print(console, f"  note: {note}")
 
 
+def _merge_braces(changes: list[Change]) -> list[tuple[str, list[Change]]]:
+    """Changes that differ only in one dotted segment of their key (same sign, same value) as one brace item,
+    as a shell expands it: ``actor_rollout_ref.{ref,rollout}.log_prob_use_dynamic_bsz=true``. Returns (key
+    with the brace, the changes it stands for), in the order of each item's first change."""
+    out: list[tuple[str, list[Change]]] = []
+    done: set[int] = set()
+    for i, c in enumerate(changes):
+        if i in done:
+            continue
+        segs = c.key.split(".")
+        group: list[int] = []
+        for pos in range(len(segs) if len(segs) > 1 else 0):  # a key without a dot is a name, not a path
+            group = [j for j, d in enumerate(changes) if j > i and j not in done and d.kind == c.kind
+                     and (d.value is None) == (c.value is None) and (d.base is None) == (c.base is None)
+                     and d.value == c.value and len(d.key.split(".")) == len(segs)
+                     and all(a == b for k, (a, b) in enumerate(zip(d.key.split("."), segs)) if k != pos)]
+            if group:
+                alts = [segs[pos]] + [changes[j].key.split(".")[pos] for j in group]
+                key = ".".join(segs[:pos] + ["{" + ",".join(alts) + "}"] + segs[pos + 1:])
+                break
+        done.update(group)
+        out.append((key, [c] + [changes[j] for j in group]) if group else (c.key, [c]))
+    return out
+
+
+def _common_prefix(keys: list[str]) -> str:
+    """The longest leading dotted part (ending in ``.``) that every key shares and none is made of alone."""
+    parts = [k.split(".") for k in keys]
+    n = 0
+    while all(len(p) > n + 1 for p in parts) and len({p[n] for p in parts}) == 1 and "{" not in parts[0][n]:
+        n += 1
+    return ".".join(parts[0][:n]) + "." if n else ""
+
+
+def _groups(changes: list[Change]) -> list[tuple[str, list[str]]]:
+    """(label, items) per kind of change: ``override``, ``env``, ``patch``, ``config``, ``command``. Changes
+    that differ in one key segment only are one brace item; when two or more items remain and their keys share
+    a dotted prefix, the label says it once (``override under actor_rollout_ref.``) and the items name their
+    key relative to it."""
+    by_kind: dict[str, list[Change]] = {}
+    for c in changes:
+        by_kind.setdefault(c.kind, []).append(c)
+    out = []
+    for kind, cs in by_kind.items():
+        merged = _merge_braces(cs)
+        prefix = _common_prefix([k for k, _ in merged]) if len(merged) > 1 else ""
+        if prefix:  # the items of one sub-path together (``actor.*``, then ``{ref,rollout}.*``)
+            merged.sort(key=lambda m: m[0][len(prefix):].split(".")[0])
+        items = [Change(kind, key, group[0].value, group[0].base).text(prefix) for key, group in merged]
+        out.append((f"{kind} under {prefix}" if prefix else kind, items))
+    return out
+
+
 def print_changes(head: str, changes: list[Change], extra: list[str], console: Console) -> None:
-    """One run's part: ``head``, then its changes grouped by kind (``override: a=1  ~b  +c=2``), on the head
-    line when it stays within :data:`INLINE_WIDTH` columns, else on lines of at most that width below it;
-    ``extra`` lines (notes, what was left out of this run only) after them."""
+    """One run's part: ``head``, then its changes grouped by kind (``override: a=1  ~b  +c=2``), filled into
+    lines of at most :data:`INLINE_WIDTH` columns from the head line on, each kind after the first on a new
+    line (see :func:`_groups` for the brace and prefix notation); ``extra`` lines (notes, what was left out of
+    this run only) after them."""
     if not changes:
         _print(console, f"{head}: the base launch")
     else:
-        by_kind: dict[str, list[str]] = {}
-        for c in changes:
-            by_kind.setdefault(c.kind, []).append(c.text())
-        inline = "; ".join(f"{k}: {'  '.join(v)}" for k, v in by_kind.items())
-        if len(head) + len(inline) + 2 <= INLINE_WIDTH:
-            _print(console, f"{head}: {inline}")
-        else:
-            _print(console, f"{head}:")
-            for kind, items in by_kind.items():
-                line = f"       {kind}:"
-                for item in items:
-                    if len(line) + 2 + len(item) > INLINE_WIDTH and not line.endswith(":"):
-                        _print(console, line)
-                        line = " " * (len(kind) + 8)
-                    line += ("  " if not line.endswith(":") and line.strip() else " ") + item
-                _print(console, line)
+        lines = [f"{head}:"]
+        for n, (label, items) in enumerate(_groups(changes)):
+            if n or len(lines[-1]) + len(label) + 2 > INLINE_WIDTH:
+                lines.append(f"{INDENT}{label}:")
+            else:
+                lines[-1] += f" {label}:"
+            fresh = True  # the line ends with the label
+            for item in items:
+                sep = " " if fresh else "  "
+                if len(lines[-1]) + len(sep) + len(item) <= INLINE_WIDTH:
+                    lines[-1] += sep + item
+                else:
+                    lines.append(f"{INDENT}  {item}")
+                fresh = False
+        for line in lines:
+            _print(console, line)
     for x in extra:
-        _print(console, f"       {x}")
+        _print(console, f"{INDENT}{x}")
 
 
 def _merged(run) -> str | None:
@@ -201,12 +260,21 @@ def print_dry_run(plan: Plan, console: Console) -> None:
         for x in left:
             _print(console, f"  {x}")
 
-    _print(console, f"\nruns (what differs from the base launch; {LEGEND}):")
     width = len(str(len(runs)))
-    for i, run in enumerate(runs, 1):
-        extra = [f"note: {n}" for n in run.launch.notes if n not in common_notes]
-        print_changes(f"  {i:>{width}}. {run.label} ({run.cell_id})", launch_diff(base.launch, run.launch, with_config),
-                      extra, console)
+    _print_parts("runs", [(f"  {i:>{width}}. {run.label} ({run.cell_id})",
+                           launch_diff(base.launch, run.launch, with_config),
+                           [f"note: {n}" for n in run.launch.notes if n not in common_notes])
+                          for i, run in enumerate(runs, 1)], console)
+
+
+def _print_parts(what: str, parts: list[tuple[str, list[Change], list[str]]], console: Console) -> None:
+    """The per-run parts (head, changes, extra lines) under their title, with the notation where a part
+    has changes."""
+    _print(console, f"\n{what} (what differs from the base launch):")
+    for line in LEGEND if any(changes for _, changes, _ in parts) else ():
+        _print(console, line)
+    for head, changes, extra in parts:
+        print_changes(head, changes, extra, console)
 
 
 def print_smoke_dry_run(cells: list, console: Console, *, matrix_name: str = "", steps: int = 2,
@@ -237,13 +305,12 @@ def print_smoke_dry_run(cells: list, console: Console, *, matrix_name: str = "",
         _print(console, "\nleft out or inert in every cell, and why:")
         for x in left:
             _print(console, f"  {x}")
-    _print(console, f"\ncells (what differs from the base launch; {LEGEND}):")
     width = len(str(len(cells)))
-    for i, c in enumerate(cells, 1):
-        extra = [f"note: {n}" for n in c.spec.launch.notes if n not in notes]
-        extra += [f"left out / inert: {x}" for x in items(c) if x not in every]
-        print_changes(f"  {i:>{width}}. {c.source_label} -> smoke cell {c.spec.cell_id}",
-                      launch_diff(base.spec.launch, c.spec.launch, False), extra, console)
+    _print_parts("cells", [(f"  {i:>{width}}. {c.source_label} -> smoke cell {c.spec.cell_id}",
+                            launch_diff(base.spec.launch, c.spec.launch, False),
+                            [f"note: {n}" for n in c.spec.launch.notes if n not in notes]
+                            + [f"left out / inert: {x}" for x in items(c) if x not in every])
+                           for i, c in enumerate(cells, 1)], console)
 
 
 def plan_json(plan: Plan, order: RunOrder | None = None) -> dict[str, Any]:
