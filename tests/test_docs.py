@@ -119,3 +119,14 @@ def test_ci_runs_the_test_command_of_the_readme():
         hits = [i for i, ln in enumerate(ci) if i >= pos and ln.replace(" -q", "") == part]
         assert hits, f".ci/run lacks README's {part!r} (after line {pos})"
         pos = hits[0] + 1
+
+
+def test_the_concepts_page_explains_each_term_before_it_uses_it():
+    """The first time a term appears on the concepts page (code spans aside) is its bold definition."""
+    text = (ROOT / "docs" / "concepts.md").read_text().split("\n", 1)[1]
+    text = re.sub(r"`[^`]*`", "", text)
+    for term in ("GRPO step", "engine", "platform", "factor", "level", "matrix", "cell", "design", "run", "repeat",
+                 "sweep", "block", "Free ratio", "rollout share", "speedup", "main effect"):
+        first = re.search(rf"\b{term}s?\b", text, re.IGNORECASE)
+        definition = re.search(rf"\*\*{term}s?\b", text, re.IGNORECASE)
+        assert first and definition and first.start() == definition.start() + 2, (term, text[first.start() - 80:][:160])
