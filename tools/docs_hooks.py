@@ -44,7 +44,7 @@ MEANING = {
     "val_data": "validation parquet (verl `data.val_files`; default: `data`)",
     "steps": "GRPO steps per run (`trainer.total_training_steps`)",
     "warmup_steps": "first steps excluded from the statistics",
-    "profile_steps": "steps run under the profiler (give the Free ratio); none when empty",
+    "profile_steps": "steps run under the profiler (give the Free ratio); `null`: the last step; `[]`: none",
     "train_batch_size": "prompts per step (`data.train_batch_size`)",
     "ppo_mini_batch_size": "prompts per PPO mini-batch",
     "micro_batch_size_per_gpu": "sequences per micro-batch of the actor update (fixed-size batching)",
@@ -100,6 +100,8 @@ MEANING = {
 def _type(ann: Any) -> str:
     origin = typing.get_origin(ann)
     args = typing.get_args(ann)
+    if origin is typing.Annotated:  # StrictInt and the like: the type a user writes
+        return _type(args[0])
     if origin is typing.Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin in (typing.Union, types.UnionType):
@@ -159,6 +161,19 @@ def _special(model: type[BaseModel], key: str) -> tuple[str | None, str | None]:
     return table.get((model.__name__, key), (None, None))
 
 
+#: what the validators add to a key's range (``Base._check``, ``check_batch_sizes`` in bench/spec/matrix.py)
+RULES = {
+    ("Base", "warmup_steps"): "below `steps`",
+    ("Base", "profile_steps"): "each in 1..`steps`, none twice; at least one step after the warm-up left unprofiled",
+    ("Base", "ppo_mini_batch_size"): "divides `train_batch_size`; `ppo_mini_batch_size * n` a multiple of "
+                                     "`n_gpus_per_node * nnodes`",
+    ("Base", "train_batch_size"): "`train_batch_size * n` a multiple of `n_gpus_per_node * nnodes`",
+    ("Base", "micro_batch_size_per_gpu"): "divides `ppo_mini_batch_size * n / (n_gpus_per_node * nnodes)`",
+    ("Base", "ppo_max_token_len"): "at least `max_prompt_length + max_response_length`",
+    ("Base", "log_prob_max_token_len"): "at least `max_prompt_length + max_response_length`",
+}
+
+
 def factors_markdown() -> str:
     """The seven factors as a table: key, title, article section, where it acts, levels, default levels."""
     from bench.spec.optimizations import REGISTRY
@@ -207,7 +222,9 @@ def reference_markdown() -> str:
         for key, field in public_fields(model).items():
             meaning = field.description or MEANING.get(key, "-")
             typ, rng = _special(model, key)
-            out.append(f"| `{key}` | {typ or _type(field.annotation)} | {rng or _range(field)} | {_default(field)} "
+            rule = RULES.get((model.__name__, key))
+            rng = "; ".join(x for x in (rng or _range(field), rule) if x and x != "-") or "-"
+            out.append(f"| `{key}` | {typ or _type(field.annotation)} | {rng} | {_default(field)} "
                        f"| {meaning} |")
         out.append("")
     return "\n".join(out) + "\n" + factors_markdown()
