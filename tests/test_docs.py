@@ -77,6 +77,25 @@ def test_docs_build_strict_and_the_reference_has_every_schema_key(site):
     assert {m for _, _, m in _hook().sections()} == set(expected.values())
 
 
+def test_the_commands_page_lists_every_subcommand_and_option(site):
+    """Every option of every subcommand (``--help`` aside) and every positional argument is in the built
+    commands page, in the table under the subcommand's heading."""
+    import argparse
+
+    from bench.cli import build_parser
+
+    text = (site / "commands" / "index.html").read_text()
+    [sub] = [a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    assert sub.choices
+    for name, parser in sub.choices.items():
+        part = text.split(f'<h3 id="{name}">', 1)[1].split("<h", 1)[0]
+        listed = set(re.findall(r"<tr>\s*<td>(.*?)</td>", part))
+        flags = {m for cell in listed for m in re.findall(r"<code>([^<]+)</code>", cell)}
+        want = {o for a in parser._actions if not isinstance(a, argparse._HelpAction)
+                for o in (a.option_strings or [a.metavar or a.dest])}
+        assert flags == want, (name, sorted(flags ^ want))
+
+
 def test_every_page_is_in_the_nav_and_the_owned_pages_are_there(site):
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text().replace("!!python", "#"))["nav"]
 

@@ -12,6 +12,8 @@ compares the keys of the schema with those of the built page.
 
 from __future__ import annotations
 
+import argparse
+import html
 import json
 import sys
 import types
@@ -25,6 +27,8 @@ from pydantic import BaseModel  # noqa: E402
 from pydantic_core import PydanticUndefined  # noqa: E402
 
 MARKER = "<!-- matrix-reference -->"
+#: the marker of ``docs/commands.md`` that the reference of every subcommand and option replaces
+COMMANDS_MARKER = "<!-- command-reference -->"
 
 #: what each key means, where the model's docstring does not say it per key (keys missing here get "-")
 MEANING = {
@@ -230,12 +234,52 @@ def reference_markdown() -> str:
     return "\n".join(out) + "\n" + factors_markdown()
 
 
+def _cell(text: str) -> str:
+    """Text for a Markdown table cell: ``|`` escaped, ``<...>`` shown as text."""
+    text = html.escape(" ".join(text.split()), quote=False)
+    return "".join("\\" + c if c in "|*[]_" else c for c in text)
+
+
+def subcommand_parsers() -> dict[str, tuple[str, argparse.ArgumentParser]]:
+    """``{name: (help, parser)}`` of every subcommand of ``run_bench.py`` (:func:`bench.cli.build_parser`)."""
+    from bench.cli import build_parser
+
+    parser = build_parser()
+    [sub] = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    helps = {a.dest: a.help or "" for a in sub._choices_actions}
+    return {name: (helps.get(name, ""), p) for name, p in sub.choices.items()}
+
+
+def commands_markdown() -> str:
+    """Every subcommand with its usage and a table of its arguments and options (flags, value, meaning), read
+    from the argparse parsers the CLI itself builds."""
+    out = []
+    for name, (text, p) in subcommand_parsers().items():
+        fmt = p._get_formatter()
+        usage = p.format_usage().strip().removeprefix("usage: ").splitlines()
+        out += [f"### {name}", "", f"{text[:1].upper()}{text[1:]}.", "", "```", usage[0],
+                *(ln[len("usage: "):] for ln in usage[1:]), "```", "",
+                "| argument | value | meaning |", "|---|---|---|"]
+        for a in p._actions:
+            if isinstance(a, argparse._HelpAction):
+                continue
+            flags = ", ".join(f"`{o}`" for o in a.option_strings) or f"`{a.metavar or a.dest}` (positional)"
+            value = ("" if a.nargs == 0 or (not a.option_strings and a.nargs is None) else
+                     "zero or more" if not a.option_strings and a.nargs == "*" else fmt._format_args(a, a.dest.upper()))
+            out.append(f"| {flags} | {_cell(value)} | {_cell(fmt._expand_help(a) if a.help else '-')} |")
+        out.append("")
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
-    """MkDocs event: put the generated reference where ``docs/matrix.md`` has the marker."""
+    """MkDocs event: put the generated references where ``docs/matrix.md`` and ``docs/commands.md`` have
+    their markers."""
     if MARKER in markdown:
-        return markdown.replace(MARKER, reference_markdown())
+        markdown = markdown.replace(MARKER, reference_markdown())
+    if COMMANDS_MARKER in markdown:
+        markdown = markdown.replace(COMMANDS_MARKER, commands_markdown())
     return markdown
 
 
-if __name__ == "__main__":
-    print(reference_markdown())
+if __name__ == "__main__":  # python tools/docs_hooks.py [commands]
+    print(commands_markdown() if sys.argv[1:] == ["commands"] else reference_markdown())
