@@ -96,6 +96,12 @@ def test_the_commands_page_lists_every_subcommand_and_option(site):
         assert flags == want, (name, sorted(flags ^ want))
 
 
+def test_the_matrix_page_lists_every_shipped_matrix():
+    text = (ROOT / "docs" / "matrix.md").read_text()
+    listed = set(re.findall(r"^\| `([\w.-]+\.yaml)` \|", text, re.MULTILINE))
+    assert listed == {p.name for p in (ROOT / "matrix").glob("*.yaml")}, listed
+
+
 def test_every_page_is_in_the_nav_and_the_owned_pages_are_there(site):
     nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text().replace("!!python", "#"))["nav"]
 
