@@ -11,7 +11,11 @@ base. :func:`print_smoke_dry_run` does the same for the CPU smoke launches of ``
 Changes are written as Hydra writes overrides: ``KEY=VALUE`` (another value than the base's),
 ``+KEY=VALUE`` (a key the base launch lacks), ``~KEY`` (a key of the base launch this run lacks). Hydra
 overrides are keyed by what precedes their first ``=``; patches by their name (the part before ``:``),
-valued by their level.
+valued by their level. Two shorthands keep every run's part at most a fifth of its full listing
+(``tests/test_dry_run.py``): changes that differ in one dotted key segment only, with the same sign and
+value, are one item in a shell's brace notation (``a.{b,c}.d=V`` for ``a.b.d=V`` and ``a.c.d=V``), and a
+dotted prefix that all of a kind's items share is said once in its label (``override under
+actor_rollout_ref.:``).
 """
 
 from __future__ import annotations
