@@ -111,15 +111,17 @@ def _scan_ijson(p: Path, block: int) -> Scan:
             if type(ev) is not dict or ev.get("ph") != "X":
                 continue
             cat = ev.get("cat")
-            if cat in DEVICE_CATEGORIES:
-                ts = ev.get("ts")
-                dur = ev.get("dur")
-                if type(ts) is not float or type(dur) is not float:
-                    ts, dur = event_number(ts), event_number(dur)
-                    if ts is None or dur is None:
-                        continue
-                if dur < 0:
+            if cat not in DEVICE_CATEGORIES and cat not in STEP_CATEGORIES:
+                continue
+            ts = ev.get("ts")
+            dur = ev.get("dur")
+            if type(ts) is not float or type(dur) is not float:
+                ts, dur = event_number(ts), event_number(dur)
+                if ts is None or dur is None:
                     continue
+            if dur < 0:
+                continue
+            if cat in DEVICE_CATEGORIES:
                 dev_s_append(ts)
                 dev_e_append(ts + dur)
                 if len(dev_pending) >= limit:
@@ -127,15 +129,7 @@ def _scan_ijson(p: Path, block: int) -> Scan:
                 if keep_cpu:
                     keep_cpu = False
                     cpu_by_thread.clear()  # device basis from now on: free the CPU intervals
-            elif cat in STEP_CATEGORIES:
-                ts = ev.get("ts")
-                dur = ev.get("dur")
-                if type(ts) is not float or type(dur) is not float:
-                    ts, dur = event_number(ts), event_number(dur)
-                    if ts is None or dur is None:
-                        continue
-                if dur < 0:
-                    continue
+            else:  # a step category
                 thread = (ev.get("pid"), ev.get("tid"))
                 name = ev.get("name")
                 if type(name) is str and name.startswith(STEP_PREFIX):
