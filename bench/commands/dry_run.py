@@ -159,6 +159,19 @@ def print_changes(head: str, changes: list[Change], extra: list[str], console: C
         _print(console, f"       {x}")
 
 
+def print_differences(console: Console, heading: str, left: list[str], what: str,
+                      rows: list[tuple[str, list[Change], list[str]]]) -> None:
+    """What was left out (``heading`` over the lines ``left``, when any), then ``what`` (runs, cells) numbered,
+    one :func:`print_changes` per row ``(head, changes, extra lines)``."""
+    if left:
+        _print(console, f"\n{heading}:")
+        for x in left:
+            _print(console, f"  {x}")
+    _print(console, f"\n{what} (what differs from the base launch; {LEGEND}):")
+    width = len(str(len(rows)))
+    for i, (head, changes, extra) in enumerate(rows, 1):
+        print_changes(f"  {i:>{width}}. {head}", changes, extra, console)
+
 def _merged(run) -> str | None:
     if len(run.cells) <= 1:
         return None
@@ -196,17 +209,9 @@ def print_dry_run(plan: Plan, console: Console) -> None:
         left += [f"merged: run {i}, {r.label}, {_merged(r)}" for i, r in enumerate(runs, 1) if _merged(r)]
     for (kind, reason), n in Counter((d.kind, d.reason) for d in plan.dropped).items():
         left.append(f"dropped {n} {kind} design cell(s): {reason} (--verbose lists them)")
-    if left:
-        _print(console, "\nleft out, and why:")
-        for x in left:
-            _print(console, f"  {x}")
-
-    _print(console, f"\nruns (what differs from the base launch; {LEGEND}):")
-    width = len(str(len(runs)))
-    for i, run in enumerate(runs, 1):
-        extra = [f"note: {n}" for n in run.launch.notes if n not in common_notes]
-        print_changes(f"  {i:>{width}}. {run.label} ({run.cell_id})", launch_diff(base.launch, run.launch, with_config),
-                      extra, console)
+    rows = [(f"{run.label} ({run.cell_id})", launch_diff(base.launch, run.launch, with_config),
+             [f"note: {n}" for n in run.launch.notes if n not in common_notes]) for run in runs]
+    print_differences(console, "left out, and why", left, "runs", rows)
 
 
 def print_smoke_dry_run(cells: list, console: Console, *, matrix_name: str = "", steps: int = 2,
@@ -233,17 +238,10 @@ def print_smoke_dry_run(cells: list, console: Console, *, matrix_name: str = "",
 
     every = [x for x in items(base) if all(x in items(c) for c in cells)]
     left = [f"not exercised on CPU: {k}: {why}" for k, why in (not_exercised or {}).items()] + every
-    if left:
-        _print(console, "\nleft out or inert in every cell, and why:")
-        for x in left:
-            _print(console, f"  {x}")
-    _print(console, f"\ncells (what differs from the base launch; {LEGEND}):")
-    width = len(str(len(cells)))
-    for i, c in enumerate(cells, 1):
-        extra = [f"note: {n}" for n in c.spec.launch.notes if n not in notes]
-        extra += [f"left out / inert: {x}" for x in items(c) if x not in every]
-        print_changes(f"  {i:>{width}}. {c.source_label} -> smoke cell {c.spec.cell_id}",
-                      launch_diff(base.spec.launch, c.spec.launch, False), extra, console)
+    rows = [(f"{c.source_label} -> smoke cell {c.spec.cell_id}", launch_diff(base.spec.launch, c.spec.launch, False),
+             [f"note: {n}" for n in c.spec.launch.notes if n not in notes]
+             + [f"left out / inert: {x}" for x in items(c) if x not in every]) for c in cells]
+    print_differences(console, "left out or inert in every cell, and why", left, "cells", rows)
 
 
 def plan_json(plan: Plan, order: RunOrder | None = None) -> dict[str, Any]:
