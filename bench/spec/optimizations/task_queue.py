@@ -11,8 +11,8 @@ OPTIMIZATION = Optimization(
     key="task_queue", code="tq", section="3.1.2", acts="host", article_gain=0.09, article_level=1,
     title="Task queue pipelined dispatch (TASK_QUEUE_ENABLE)", levels=(0, 1, 2), default_levels=(0, 1, 2),
     mechanisms={"verl:npu": _ENV, "embedded:npu": _ENV},
-    not_applicable={f"{engine}:{platform.lower()}": _NOT_NPU_TQ.format(platform)
-                    for engine in ("verl", "embedded") for platform in ("CUDA", "CPU")},
+    not_applicable={target: _NOT_NPU_TQ.format(target.partition(":")[2].upper())
+                    for target in ("verl:cuda", "verl:cpu", "embedded:cpu", "embedded:cuda")},
     evidence="TASK_QUEUE_ENABLE as seen by every process of the run",
     evidence_checks={"verl:npu": "bench.measure.evidence:task_queue",
                      "embedded:npu": "bench.engines.embedded.evidence:task_queue"},
