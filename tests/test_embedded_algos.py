@@ -88,7 +88,7 @@ def test_dynamic_limit_below_longest_sequence_is_infeasible():
 def _tiny_model():
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    from bench.engines.embedded.model import tiny_recipe
+    from bench.engines.builtins.model import tiny_recipe
 
     r = tiny_recipe()
     cfg = Qwen3VLConfig(

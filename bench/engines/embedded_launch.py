@@ -58,8 +58,8 @@ def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
     """
     from pathlib import Path
 
-    from bench.engines.embedded.data import BUILTINS
-    from bench.engines.embedded.model import BUILTIN_MODEL
+    from bench.engines.builtins.data import BUILTINS
+    from bench.engines.builtins.model import BUILTIN_MODEL
     from bench.spec.matrix import did_you_mean
 
     value = expand_env(value, file="base", key=key.removeprefix("base."), strict=strict)
@@ -116,7 +116,7 @@ class EmbeddedEngine(EngineBase):
             import os
             from pathlib import Path
 
-            from bench.engines.embedded.model import default_cache_dir, resolve_model_path
+            from bench.engines.builtins.model import default_cache_dir, resolve_model_path
 
             cfg = getattr(launch, "config", None) or {}
             env = getattr(launch, "env", None) or {}

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from .data import EncodedPrompt
+from bench.engines.builtins.data import EncodedPrompt
+
 from .forward import Sequence, TokenIds
 
 

@@ -26,9 +26,10 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from bench.engines.builtins.data import EncodedPrompt, PromptItem
+
 from . import batching, reward
 from .config import RunConfig
-from .data import EncodedPrompt, PromptItem
 from .forward import Sequence, TokenIds, response_log_probs
 from .rollout import Rollout, generate
 

@@ -67,8 +67,8 @@ REWARD_FILE = "bench/engines/verl_cpu/reward.py"
 
 def _ensure_cpu_assets(launches: list[Launch]) -> None:
     """Build the tiny model and the data set the ``verl:cpu`` launches name (once; cached)."""
+    from bench.engines.builtins import data as data_mod
     from bench.engines.common import default_cache_dir
-    from bench.engines.embedded import data as data_mod
     from bench.engines.verl_cpu import assets
 
     cache = default_cache_dir()
