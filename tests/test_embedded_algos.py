@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
-from bench.engines.embedded import batching, data, fused  # noqa: E402
+from bench.engines.builtins import data  # noqa: E402
+from bench.engines.embedded import batching, fused  # noqa: E402
 from bench.engines.embedded.step import grpo_advantages, token_level  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
 
