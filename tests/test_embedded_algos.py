@@ -185,8 +185,9 @@ def test_parquet_roundtrip_loads_any_verl_rows(tmp_path: Path):
 def test_update_loss_and_grad_norm_do_not_depend_on_micro_batching():
     """verl's global-token normalisation: the same mini-batch gives the same loss and gradient
     whether it is split in 8, 2 or 1 fixed micro-batches or by a token budget."""
+    from bench.engines.builtins.sequences import Sequence, TokenIds
     from bench.engines.embedded.config import RunConfig
-    from bench.engines.embedded.forward import Sequence, TokenIds, response_log_probs
+    from bench.engines.embedded.forward import response_log_probs
     from bench.engines.embedded.step import make_trainer, update_actor
 
     model = _tiny_model()

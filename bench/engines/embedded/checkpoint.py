@@ -39,11 +39,11 @@ def load(path: Path, device: str) -> tuple[Any, Any]:
 
 
 def token_ids(model: Any, processor: Any) -> "Any":
-    """The :class:`~.forward.TokenIds` of a loaded model (pad, image, EOS ids).
+    """The :class:`~bench.engines.builtins.sequences.TokenIds` of a loaded model (pad, image, EOS ids).
 
     EOS ids are the generation config's ``eos_token_id`` (int or list) plus the tokenizer's EOS.
     """
-    from .forward import TokenIds
+    from bench.engines.builtins.sequences import TokenIds
 
     tok = getattr(processor, "tokenizer", processor)
     eos = model.generation_config.eos_token_id

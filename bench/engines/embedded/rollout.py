@@ -14,8 +14,7 @@ from typing import Any
 import torch
 
 from bench.engines.builtins.data import EncodedPrompt
-
-from .forward import Sequence, TokenIds
+from bench.engines.builtins.sequences import Sequence, TokenIds
 
 
 @dataclass
