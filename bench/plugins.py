@@ -20,6 +20,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import re
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
@@ -93,3 +94,24 @@ def fill(group: str, early: list[Any], put: Callable[[Any], Any]) -> None:
         put(instance(obj))
     for item in early:
         put(item)
+
+
+class LiveView(Mapping[str, Any]):
+    """A live read-only mapping over a registry read through ``lookup`` (a function returning the registry's
+    dict): every access asks ``lookup`` again, so a module may import the view once and still see what is
+    registered later (``REGISTRY`` of the optimizations, ``TESTS`` of the statistical tests)."""
+
+    def __init__(self, lookup: Callable[[], dict[str, Any]], name: str) -> None:
+        self._lookup, self._name = lookup, name
+
+    def __getitem__(self, key: str) -> Any:
+        return self._lookup()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(tuple(self._lookup()))
+
+    def __len__(self) -> int:
+        return len(self._lookup())
+
+    def __repr__(self) -> str:
+        return f"{self._name}({', '.join(self._lookup())})"

@@ -12,7 +12,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("verl")
 
-from bench.engines.embedded import batching, data, fused  # noqa: E402
+from bench.engines.builtins import data  # noqa: E402
+from bench.engines.embedded import batching, fused  # noqa: E402
 from bench.engines.embedded.step import grpo_advantages, token_level  # noqa: E402
 from bench.errors import BenchError  # noqa: E402
 
@@ -88,7 +89,7 @@ def test_dynamic_limit_below_longest_sequence_is_infeasible():
 def _tiny_model():
     from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
 
-    from bench.engines.embedded.model import tiny_recipe
+    from bench.engines.builtins.model import tiny_recipe
 
     r = tiny_recipe()
     cfg = Qwen3VLConfig(
@@ -184,8 +185,9 @@ def test_parquet_roundtrip_loads_any_verl_rows(tmp_path: Path):
 def test_update_loss_and_grad_norm_do_not_depend_on_micro_batching():
     """verl's global-token normalisation: the same mini-batch gives the same loss and gradient
     whether it is split in 8, 2 or 1 fixed micro-batches or by a token budget."""
+    from bench.engines.builtins.sequences import Sequence, TokenIds
     from bench.engines.embedded.config import RunConfig
-    from bench.engines.embedded.forward import Sequence, TokenIds, response_log_probs
+    from bench.engines.embedded.forward import response_log_probs
     from bench.engines.embedded.step import make_trainer, update_actor
 
     model = _tiny_model()

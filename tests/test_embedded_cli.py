@@ -42,7 +42,7 @@ def test_missing_model_path(tmp_path):
 
 def test_dataset_missing_required_column_is_named(tmp_path):
     pytest.importorskip("pyarrow")
-    from bench.engines.embedded import data
+    from bench.engines.builtins import data
 
     rows = data.generate_rows("builtin:text", n=4)
     for r in rows:

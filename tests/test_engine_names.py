@@ -47,3 +47,26 @@ def test_the_scan_finds_a_name(tmp_path):
     (tmp_path / "bench" / "x.py").write_text('def f(spec):\n    return spec["engine"] == "verl"\n')
     (tmp_path / "bench" / "engines" / "y.py").write_text('NAME = "verl"\n')
     assert engine_literals(tmp_path, {"verl", "embedded"}) == ["bench/x.py:2: 'verl'"]
+
+
+def engine_crossings(graph, families: dict[str, tuple[str, ...]]) -> list[str]:
+    """``a -> b`` for each import edge of ``graph`` from a module of one engine family to a module of another
+    (``families``: engine -> the module prefixes that are its code)."""
+    def family(mod: str) -> str | None:
+        return next((f for f, prefixes in families.items() if mod.startswith(prefixes)), None)
+
+    return sorted(f"{a} -> {b}" for a, b in graph.edges if family(a) and family(b) and family(a) != family(b))
+
+
+def test_no_engine_imports_another_engines_internals():
+    """The verl engine (``verl``, its ``verl:cpu`` target) and the embedded engine share the built-in tiny model
+    and data through the neutral ``bench.engines.builtins`` (and ``bench.engines.common``), never each other's
+    modules; typing-only imports count too."""
+    from test_architecture import import_graph
+
+    families = {"embedded": ("bench.engines.embedded",), "verl": ("bench.engines.verl",)}
+    graph = import_graph(typing_only=True)
+    assert {"bench.engines.builtins.model", "bench.engines.builtins.data"} <= set(graph.nodes)
+    assert engine_crossings(graph, families) == []
+    graph.add_edge("bench.engines.verl_cpu.assets", "bench.engines.embedded.checkpoint")  # the check is not blind
+    assert engine_crossings(graph, families) == ["bench.engines.verl_cpu.assets -> bench.engines.embedded.checkpoint"]

@@ -32,6 +32,7 @@ base:
   steps: 5
   warmup_steps: 1
   profile_steps: [5]
+  toy: {work: 1}
 factors:
   toy_opt: [0, 1]
 repeats: 2
@@ -104,6 +105,11 @@ def sweep_report_gate(work: Path, pythonpath: list[Path]) -> None:
     dry = run("run", "toy.yaml", "--dry-run", "--verbose", "--order-seed", "1", *common)
     assert dry.returncode == 0, dry.stderr
     assert "toy_opt=1" in dry.stdout and "run_config.yaml" in dry.stdout  # shows_config: the toy's config
+    assert '"work": 1' in dry.stdout or "work: 1" in dry.stdout  # the engine's own sub-block of base
+    (work / "bad.yaml").write_text(MATRIX.replace("{work: 1}", "{wrk: 1}"))
+    bad_options = run("run", "bad.yaml", "--dry-run", *common)
+    assert bad_options.returncode == 2
+    assert bad_options.stderr.strip().endswith("base.toy: unknown key 'wrk' (allowed: work)"), bad_options.stderr
 
     first = run("run", "toy.yaml", *common)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]

@@ -244,7 +244,7 @@ def test_patch_reports_name_each_workaround(tmp_path):
 @pytest.fixture(scope="module")
 def tiny_vl_processor_dir() -> Path:
     """``builtin:qwen3vl-tiny`` (model + processor), built in this (the harness's) environment, cached."""
-    from bench.engines.embedded.model import default_cache_dir
+    from bench.engines.builtins.model import default_cache_dir
     from bench.engines.verl_cpu import assets
 
     return assets.ensure_vl_model(default_cache_dir())

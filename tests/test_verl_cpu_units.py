@@ -173,9 +173,9 @@ def test_builtin_vl_model_and_data_for_verl_cpu(tmp_path):
     builtin:vl is verl's multimodal RL parquet: an ``images`` column and ``<image>`` in the user message."""
     import pyarrow.parquet as pq
 
-    from bench.engines.embedded import data as data_mod
-    from bench.engines.embedded.model import BUILTIN_MODEL as EMBEDDED_VL
-    from bench.engines.embedded.model import resolve_model_path
+    from bench.engines.builtins import data as data_mod
+    from bench.engines.builtins.model import BUILTIN_MODEL as EMBEDDED_VL
+    from bench.engines.builtins.model import resolve_model_path
     from bench.engines.verl.overrides import builtin_data_path, builtin_model_path
     from bench.engines.verl_cpu import assets
 
@@ -201,7 +201,7 @@ def test_embedded_rollout_never_samples_vision_placeholders():
     and image tokens do not match", seen in matrix/full.yaml at step 4): generation suppresses them."""
     from types import SimpleNamespace
 
-    from bench.engines.embedded.model import token_ids
+    from bench.engines.embedded.checkpoint import token_ids
 
     cfg = SimpleNamespace(image_token_id=7, video_token_id=8, vision_start_token_id=5, vision_end_token_id=6)
     model = SimpleNamespace(config=cfg, generation_config=SimpleNamespace(eos_token_id=[3, 1]))

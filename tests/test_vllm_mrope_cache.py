@@ -25,7 +25,7 @@ from bench.engines.verl_cpu.target import verl_python
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = verl_python()
-TINY = json.loads((ROOT / "bench" / "engines" / "embedded" / "qwen3vl_tiny.json").read_text())["text_config"]
+TINY = json.loads((ROOT / "bench" / "engines" / "builtins" / "qwen3vl_tiny.json").read_text())["text_config"]
 LAYERS = TINY["num_hidden_layers"]
 pytestmark = pytest.mark.skipif(
     not Path(PY).exists() or subprocess.run([PY, "-c", "import vllm"], capture_output=True).returncode != 0,

@@ -7,6 +7,8 @@ import os
 from typing import Any
 
 from bench.analyze.gate import CANNOT_JUDGE
+from bench.analyze.md import ci_pct, table_head
+from bench.analyze.md import pct as _pct
 from bench.analyze.snapshot import METRICS
 from bench.analyze.stat_tests import TESTS
 
@@ -14,10 +16,6 @@ from bench.analyze.stat_tests import TESTS
 def _cell_text(text: str) -> str:
     """A text in full, fit for a markdown table cell (``|`` escaped)."""
     return str(text).replace("|", "\\|")
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.1%}"
 
 
 def _val(v: float | None, metric: str) -> str:
@@ -118,12 +116,11 @@ def render_interleaved(result: dict[str, Any]) -> str:
         f"{s['max_mde']:.0%}, a regression also needs the robust check (Hodges-Lehmann, signed-rank)"
         + (f"; budget {s['budget_s']:.0f} s" if s.get("budget_s") else ""),
         "",
-        f"| cell | verdict | change [{1 - s['alpha']:.0%} CI] | p | blocks | raw change | gate can see | "
-        "blocks needed | reason |",
-        "|---|---|---|---|---|---|---|---|---|",
+        *table_head("cell", "verdict", f"change [{1 - s['alpha']:.0%} CI]", "p", "blocks", "raw change",
+                    "gate can see", "blocks needed", "reason"),
     ]
     for r in result["rows"]:
-        ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]" if r.get("ci_low") is not None else ""
+        ci = ci_pct(r.get("ci_low"), r.get("ci_high"))
         p = "-" if r.get("p_value") is None else f"{r['p_value']:.3g}"
         mde = "-" if r.get("mde") is None else f"{r['mde']:.1%}"
         lines.append(f"| {_cell_text(r['cell'])} | {r['verdict']} | {_pct(r.get('change'))} {ci} | {p} | "

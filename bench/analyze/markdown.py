@@ -8,16 +8,14 @@ from typing import Any
 
 from bench.analyze.gate import DEFAULT_ALPHA as GATE_ALPHA
 from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
+from bench.analyze.md import ci_pct, table_head
+from bench.analyze.md import pct as _pct
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     return format(v, fmt)
-
-
-def _pct(v: float | None) -> str:
-    return "-" if v is None else f"{v:+.1%}"
 
 
 def render(data: dict[str, Any]) -> str:
@@ -93,12 +91,11 @@ def render(data: dict[str, Any]) -> str:
             + "."
             + (f" **{fit['note']}.**" if fit.get("note") else ""),
             "",
-            f"| term | effect (log) | step time change [{lvl:.0%} CI] | speedup | p | p (Holm) | significant "
-            "| aliased with |",
-            "|---|---|---|---|---|---|---|---|",
+            *table_head("term", "effect (log)", f"step time change [{lvl:.0%} CI]", "speedup", "p", "p (Holm)",
+                        "significant", "aliased with"),
         ]
         for t in fit["terms"]:
-            ci = f" [{_pct(t['change_ci_low'])}, {_pct(t['change_ci_high'])}]" if t["change_ci_low"] is not None else ""
+            ci = " " + ci_pct(t["change_ci_low"], t["change_ci_high"]) if t["change_ci_low"] is not None else ""
             sig = ("yes" if t["significant"] else "no") if t["p_value"] is not None else "not judged"
             L.append(
                 f"| {t['name']} | {t['effect']:+.4f} | {_pct(t['change'])}{ci} | {math.exp(-t['effect']):.3f}x | "

@@ -23,7 +23,7 @@ Two-sample comparison (gate, per-cell speedups of the report): :func:`compare`
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
@@ -39,6 +39,7 @@ from bench.analyze.estimators import (
     walsh_hl,
     wilcoxon_p,
 )
+from bench.plugins import LiveView
 
 
 @dataclass
@@ -233,21 +234,8 @@ def get_test(name: str) -> StatTest:
     return tests()[name]
 
 
-class _TestsView(Mapping[str, StatTest]):
-    """:data:`TESTS`: a live read-only mapping over :func:`tests`."""
-
-    def __getitem__(self, name: str) -> StatTest:
-        return tests()[name]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(tuple(tests()))
-
-    def __len__(self) -> int:
-        return len(tests())
-
-
 #: the registry of two-sample tests by name, live (kept for ``from ... import TESTS``; :func:`tests` is the lookup)
-TESTS: Mapping[str, StatTest] = _TestsView()
+TESTS: Mapping[str, StatTest] = LiveView(tests, "TESTS")
 UNPAIRED = MannWhitneyTest.name
 PAIRED = WilcoxonPairedTest.name
 

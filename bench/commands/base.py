@@ -39,3 +39,13 @@ class Command:
             bench.errors.BenchError: bad input (printed as one line by :func:`bench.cli.main`).
         """
         raise NotImplementedError
+
+
+def add_execution_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
+    """``--spawn`` and ``--ray-address``: how the runs of a command that runs a matrix (``run``, ``tune``) are
+    started; ``unit``: what one Ray job runs (``cell``, ``trial``)."""
+    parser.add_argument("--spawn", action="store_true",
+                        help="start every run in a fresh interpreter (default on CPU for the embedded engine: fork "
+                             "each run from a warm server that has imported torch/transformers/verl once)")
+    parser.add_argument("--ray-address", default=None, metavar="ADDR",
+                        help=f"run each {unit} as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")

@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.commands.base import Command
+from bench.commands.base import Command, add_execution_arguments
 from bench.commands.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
 from bench.commands.run_planning import add_planning_arguments, prepare, print_planning
 from bench.engines import engine_class, engines_with, get_engine
@@ -40,16 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true",
                    help="with --dry-run: everything (plan, every launch, run order) as one JSON document")
     p.add_argument("--force", action="store_true", help="start a new sweep: rerun cells already finished")
-    p.add_argument("--spawn", action="store_true",
-                   help="start every run in a fresh interpreter (default on CPU for the embedded engine: "
-                   "fork each run from a warm server that has imported torch/transformers/verl once)")
+    add_execution_arguments(p, "cell")
     p.add_argument("--smoke", action="store_true",
                    help="verl matrices: run every cell's own launch for a few real steps on this CPU (tiny model, "
                    "verl:cpu target) to catch config errors and ignored knobs before accelerator time")
     p.add_argument("--smoke-steps", type=int, default=2, choices=range(1, 11), metavar="N",
                    help="GRPO steps per smoke cell (1-10, default 2)")
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="run each cell as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")
     p.add_argument("--parallel", default=None, metavar="N|auto",
                    help="with --ray-address: run the runs of each block at once on N distinct Ray nodes (auto: every "
                         "alive node), one run per node; blocks still run one after another (docs/ray-cluster.md)")

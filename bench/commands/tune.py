@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bench.commands.base import Command
+from bench.commands.base import Command, add_execution_arguments
 from bench.results import check_writable
 from bench.spec.loading import load_matrix
 from bench.spec.tune_space import limits_of
@@ -28,11 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--storage", default=None, metavar="URL",
                    help="Optuna storage: SQLAlchemy URL or journal:PATH (default: tune.storage, else "
                         "sqlite:///<results>/optuna.db)")
-    p.add_argument("--spawn", action="store_true",
-                   help="start every run in a fresh interpreter (default on CPU for the embedded engine: fork "
-                        "each run from a warm server, as `run`)")
-    p.add_argument("--ray-address", default=None, metavar="ADDR",
-                   help="run each trial as a job on this existing Ray cluster (as `run --ray-address`)")
+    add_execution_arguments(p, "trial")
 
 
 class ConsoleView:

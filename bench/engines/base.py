@@ -50,14 +50,17 @@ class Engine(Protocol):
 
     Class attributes:
         name: the ``engine:`` value of a matrix file.
-        options_key: the key under ``base`` holding this engine's own settings (``embedded``), or ``None``.
+        options_key: the key under ``base`` holding this engine's own settings, or ``None``: a matrix may
+            then hold a mapping ``base.<options_key>`` (any matrix, whatever its engine; empty by default),
+            which this engine reads with ``base.options(options_key)`` and checks with ``check_options``.
         shows_config: ``--dry-run`` prints the run config the launch writes (the embedded run config).
         forkserver_platforms: platforms on which runs may fork from a warm server (``--spawn`` turns it off).
         forkserver_preload: modules that server imports once before forking runs of this engine.
         supports_smoke: ``run --smoke`` can exercise this engine's launches on a CPU.
         has_speed_probe: runs log the machine-speed probe (:mod:`bench.speed`) next to each step.
 
-    Methods with a default in :class:`EngineBase`: ``id_config`` (the run config as it names a cell),
+    Methods with a default in :class:`EngineBase`: ``check_options`` (validate the engine's ``base``
+    sub-block when the matrix is read), ``id_config`` (the run config as it names a cell),
     ``placeholders`` (launch placeholders this engine's launches hold, filled on the machine that runs them),
     ``startup_text`` (what a run does before its first step, for the progress line) and ``classify_failure``
     (the kind and reason of a failed run read from its folder, for the record).
@@ -107,6 +110,15 @@ class EngineBase:
     forkserver_preload: tuple[str, ...] = ()
     supports_smoke: bool = False
     has_speed_probe: bool = False
+
+    @classmethod
+    def check_options(cls, base: Base) -> None:
+        """Check this engine's sub-block ``base.options(options_key)`` when a matrix of this engine is read
+        (its own schema: keys, types, ranges); default: nothing to check.
+
+        Raises:
+            ValueError: naming ``base.<options_key>.<key>``, the bad value and what is allowed.
+        """
 
     @staticmethod
     def id_config(config: dict[str, Any]) -> dict[str, Any]:

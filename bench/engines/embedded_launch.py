@@ -58,8 +58,8 @@ def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
     """
     from pathlib import Path
 
-    from bench.engines.embedded.data import BUILTINS
-    from bench.engines.embedded.model import BUILTIN_MODEL
+    from bench.engines.builtins.data import BUILTINS
+    from bench.engines.builtins.model import BUILTIN_MODEL
     from bench.spec.matrix import did_you_mean
 
     value = expand_env(value, file="base", key=key.removeprefix("base."), strict=strict)
@@ -116,7 +116,7 @@ class EmbeddedEngine(EngineBase):
             import os
             from pathlib import Path
 
-            from bench.engines.embedded.model import default_cache_dir, resolve_model_path
+            from bench.engines.builtins.model import default_cache_dir, resolve_model_path
 
             cfg = getattr(launch, "config", None) or {}
             env = getattr(launch, "env", None) or {}
@@ -138,8 +138,8 @@ class EmbeddedEngine(EngineBase):
         return {k: v for k, v in config.items() if k in ID_FIELDS or k not in fields
                 or v != fields[k].get_default(call_default_factory=True)}
 
-    @staticmethod
-    def check_options(base: Base) -> None:
+    @classmethod
+    def check_options(cls, base: Base) -> None:
         """Validate ``base.embedded`` against the run config's own schema before anything runs: known keys
         (with "did you mean"), ranges, enums, finite numbers, and no key that contradicts ``base``.
 
@@ -151,8 +151,8 @@ class EmbeddedEngine(EngineBase):
         from bench.engines.embedded.config import RunConfig
         from bench.spec.matrix import did_you_mean
 
-        fields = sorted(RunConfig.model_fields)
-        for key, value in base.embedded.items():
+        fields, options = sorted(RunConfig.model_fields), base.options(cls.options_key)
+        for key, value in options.items():
             if key not in RunConfig.model_fields:
                 raise ValueError(f"base.embedded: unknown key {key!r}{did_you_mean(key, fields)} "
                                  f"(allowed: {', '.join(fields)})")
@@ -163,17 +163,17 @@ class EmbeddedEngine(EngineBase):
                 raise ValueError(f"base.embedded.{key}: set by the harness from {_BASE_OWNED[key]}; not allowed here")
         config = {k: getattr(base, k) for k in _SHARED_KEYS}
         config["profile_steps"] = default_profile_steps(base)  # what build() gives the run
-        config.update(base.embedded)
+        config.update(options)
         try:
             RunConfig.model_validate(config)
         except ValidationError as exc:
             err = exc.errors()[0]
             key = ".".join(str(p) for p in err["loc"]) or "(root)"
-            where = f"base.embedded.{key}" if key in base.embedded else f"base.{key}"
+            where = f"base.embedded.{key}" if key in options else f"base.{key}"
             raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}, got {err.get('input')!r}") \
                 from None
         for key in ("model", "data"):
-            value = base.embedded.get(key)
+            value = options.get(key)
             if value is not None:
                 try:
                     _check_source(key, str(value), f"base.embedded.{key}", strict=False)
@@ -193,7 +193,7 @@ class EmbeddedEngine(EngineBase):
 
         from bench.engines.embedded.config import RunConfig
 
-        ctx = base.context()
+        ctx, options = base.context(), base.options(self.options_key)
         config: dict[str, Any] = {k: getattr(base, k) for k in _SHARED_KEYS}
         config.update(
             device=platform,
@@ -207,20 +207,20 @@ class EmbeddedEngine(EngineBase):
             config["data"] = _check_source("data", base.data, "base.data", strict)
         for ov in base.overrides:  # not passed to this engine, but an unset variable is still a mistake
             expand_env(ov, file="base", key="overrides", strict=strict)
-        unknown = sorted(set(base.embedded) - set(RunConfig.model_fields))
+        unknown = sorted(set(options) - set(RunConfig.model_fields))
         if unknown:
             raise BenchError(
                 f"base.embedded: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(RunConfig.model_fields))})"
             )
-        config.update(base.embedded)
+        config.update(options)
         config.update({k: _fill(v, ctx) for k, v in mechanism.config.items()})
         try:
             config = RunConfig.model_validate(config).model_dump()
         except ValidationError as exc:
             err = exc.errors()[0]
             key = ".".join(str(p) for p in err["loc"]) or "(root)"
-            where = f"base.embedded.{key}" if key in base.embedded else f"base.{key}"
-            if key not in base.embedded and key not in _SHARED_KEYS:
+            where = f"base.embedded.{key}" if key in options else f"base.{key}"
+            if key not in options and key not in _SHARED_KEYS:
                 where = f"base (embedded run config {key})"
             raise BenchError(f"{where}: {err['msg'].removeprefix('Value error, ')} "
                              f"(engine embedded), got {err.get('input')!r}") from None

@@ -34,6 +34,7 @@ from bench.measure.formats import (
     Measurements,
     Reader,
     ReadOptions,
+    checked_fields,
     readers,
     register_reader,
     unregister_reader,
@@ -150,8 +151,9 @@ def collect(run_dir: str | os.PathLike, expected_ranks: int | None = None, analy
                 warnings.append(reader.when_absent)
             continue
         got = reader.read(root, options)
-        out.update(got.fields)
-        warnings.extend(got.warnings)
+        fields, refused = checked_fields(reader.name, got.fields)
+        out.update(fields)
+        warnings.extend(got.warnings + refused)
         for step, entry in got.free:
             if step is None:
                 out["unstepped_free"].append(entry)

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
 GROUP = "grpo_bench.readers"
 
 
@@ -33,13 +35,58 @@ class ReadOptions:
     analyse: bool = False
 
 
+class MetricsIssues(BaseModel):
+    """What reading verl's metrics JSONL ran into (:meth:`bench.measure.jsonl.MetricsLog.issues`)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    truncated_last_line: bool
+    bad_lines: list[list[Any]]
+    skipped_values: list[list[Any]]
+
+
+class ReaderFields(BaseModel):
+    """The keys of :func:`bench.measure.collect`'s result a reader may set (:attr:`Measurements.fields`), typed:
+    what a reader returns is checked against this model before it is merged (strict types, no other key).
+
+    Attributes:
+        metrics_file: the metrics file, relative to the run folder.
+        metrics: ``{step: {metric: value}}``.
+        metrics_issues: problems met reading the metrics file.
+        traces: per trace file, its Free-ratio details (:meth:`bench.measure.torch_trace.TraceFree.to_dict`).
+        ascend: the Ascend profiler's details (:meth:`bench.measure.ascend.AscendFree.to_dict`).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    metrics_file: str | None = None
+    metrics: dict[int, dict[str, float]] = Field(default_factory=dict)
+    metrics_issues: MetricsIssues | None = None
+    traces: list[dict[str, Any]] = Field(default_factory=list)
+    ascend: dict[str, Any] | None = None
+
+
+def checked_fields(reader: str, fields: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """``fields`` of the reader called ``reader`` without the keys :class:`ReaderFields` refuses, and one warning
+    per refused key (``reader X: field K: <why>; left out``): a reader's mistake is shown, never merged."""
+    try:
+        ReaderFields.model_validate(fields)
+        return dict(fields), []
+    except ValidationError as exc:
+        why: dict[str, str] = {}
+        for err in exc.errors():
+            loc = [str(p) for p in err["loc"]]
+            why.setdefault(loc[0] if loc else "(fields)", f"{'.'.join(loc) or '(fields)'}: {err['msg']}")
+        warnings = [f"reader {reader}: field {msg}; left out" for msg in why.values()]
+        return {k: v for k, v in fields.items() if k not in why}, warnings
+
+
 @dataclass
 class Measurements:
     """What one reader found in a run folder.
 
     Attributes:
-        fields: keys of :func:`bench.measure.collect`'s result this reader sets (``metrics``,
-            ``metrics_file``, ``metrics_issues``, ``traces``, ``ascend`` ...), paths relative to the run folder.
+        fields: keys of :func:`bench.measure.collect`'s result this reader sets, typed by :class:`ReaderFields`
+            (``metrics``, ``metrics_file``, ``metrics_issues``, ``traces``, ``ascend``), paths relative to the
+            run folder; a key that does not fit is left out with a warning (:func:`checked_fields`).
         free: Free-ratio sources: ``(step or None, {"kind", "source", "free_ratio", "basis"})``; one entry
             per source and step (``None``: the window has no step).
         missing_ranks: per step, the ranks without profiler output.

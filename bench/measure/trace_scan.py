@@ -111,15 +111,13 @@ def _scan_ijson(p: Path, block: int) -> Scan:
             if type(ev) is not dict or ev.get("ph") != "X":
                 continue
             cat = ev.get("cat")
+            if cat not in DEVICE_CATEGORIES and cat not in STEP_CATEGORIES:
+                continue
+            times = _valid_times(ev.get("ts"), ev.get("dur"))
+            if times is None:
+                continue
+            ts, dur = times
             if cat in DEVICE_CATEGORIES:
-                ts = ev.get("ts")
-                dur = ev.get("dur")
-                if type(ts) is not float or type(dur) is not float:
-                    ts, dur = event_number(ts), event_number(dur)
-                    if ts is None or dur is None:
-                        continue
-                if dur < 0:
-                    continue
                 dev_s_append(ts)
                 dev_e_append(ts + dur)
                 if len(dev_pending) >= limit:
@@ -127,15 +125,7 @@ def _scan_ijson(p: Path, block: int) -> Scan:
                 if keep_cpu:
                     keep_cpu = False
                     cpu_by_thread.clear()  # device basis from now on: free the CPU intervals
-            elif cat in STEP_CATEGORIES:
-                ts = ev.get("ts")
-                dur = ev.get("dur")
-                if type(ts) is not float or type(dur) is not float:
-                    ts, dur = event_number(ts), event_number(dur)
-                    if ts is None or dur is None:
-                        continue
-                if dur < 0:
-                    continue
+            else:  # a step category
                 thread = (ev.get("pid"), ev.get("tid"))
                 name = ev.get("name")
                 if type(name) is str and name.startswith(STEP_PREFIX):
@@ -159,6 +149,15 @@ def _scan_ijson(p: Path, block: int) -> Scan:
     scan.cpu_ops = n_cpu
     return scan
 
+
+def _valid_times(ts: object, dur: object) -> tuple[float, float] | None:
+    """``(ts, dur)`` of an event as floats (numbers or numeric strings, :func:`event_number`), or ``None``
+    when one is not a number or ``dur < 0`` (a NaN duration is kept): the rule of both paths."""
+    if type(ts) is not float or type(dur) is not float:
+        ts, dur = event_number(ts), event_number(dur)
+        if ts is None or dur is None:
+            return None
+    return None if dur < 0 else (ts, dur)
 
 def _cpu_store(cpu_by_thread: dict, thread: tuple, block: int) -> Intervals:
     try:
@@ -201,16 +200,11 @@ def _times(evs: list) -> tuple[np.ndarray, np.ndarray, list[int]]:
         return t[keep], d[keep], keep.tolist()
     idx, tv, dv = [], [], []
     for i, e in enumerate(evs):
-        a, b = e.ts, e.dur
-        if type(a) is not float or type(b) is not float:
-            a, b = event_number(a), event_number(b)
-            if a is None or b is None:
-                continue
-        if b < 0:
-            continue
-        idx.append(i)
-        tv.append(a)
-        dv.append(b)
+        times = _valid_times(e.ts, e.dur)
+        if times is not None:
+            idx.append(i)
+            tv.append(times[0])
+            dv.append(times[1])
     return np.array(tv, dtype=np.float64), np.array(dv, dtype=np.float64), idx
 
 

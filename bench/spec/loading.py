@@ -122,7 +122,8 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
                       for c in typing.get_args(schema.Design)}.get(raw_loc[1])
         else:
             holder = _model_at(model, loc) if not prefix else None
-        fields = sorted(holder.model_fields) if holder is not None else []
+        allowed = getattr(holder, "allowed_keys", None)  # a model with extra keys of its own (``Base``)
+        fields = (allowed() if allowed else sorted(holder.model_fields)) if holder is not None else []
         msg = "unknown key" + did_you_mean(loc[-1], fields) + (f" (allowed: {', '.join(fields)})" if fields else "")
     elif kind == "missing":
         msg = "required key missing"

@@ -19,6 +19,7 @@ import json
 from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic_core import InitErrorDetails, ValidationError
 
 from bench.expect import ExpectBlock
 from bench.spec.optimizations import REGISTRY, factor_keys
@@ -117,10 +118,13 @@ class Base(BaseModel):
 
     Names follow verl's ``ppo_trainer.yaml``. ``ppo_max_token_len`` / ``log_prob_max_token_len`` default
     to ``2*(P+R)`` / ``4*(P+R)`` (article 3.2.1). ``overrides`` and ``env`` are passed to every verl run
-    unchanged; ``embedded`` holds extra keys of the embedded engine's run config.
+    unchanged. Every other key is the sub-block of a registered engine (``base.<options_key>``, the engine's
+    :attr:`~bench.engines.base.Engine.options_key`), a mapping the engine checks (``check_options``); read it
+    with :meth:`options`.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, dict[str, Any]]
 
     model: str | None = None
     data: str | None = None
@@ -147,7 +151,28 @@ class Base(BaseModel):
     gpu_memory_utilization: float = Field(0.6, gt=0, le=1, allow_inf_nan=False, strict=True)
     overrides: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
-    embedded: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _engine_blocks(cls, data: Any, handler: Any) -> "Base":
+        """Other keys than fields: engines' sub-blocks (each present, default empty), else refused as unknown."""
+        if isinstance(data, dict):
+            keys = _engines().options_keys()
+            bad = next((k for k in data if k not in cls.model_fields and k not in keys), None)
+            if bad is not None:
+                raise ValidationError.from_exception_data(
+                    cls.__name__, [InitErrorDetails(type="extra_forbidden", loc=(bad,), input=data[bad])])
+            data = {**data, **{k: {} for k in sorted(keys) if k not in data}}
+        return handler(data)
+
+    @classmethod
+    def allowed_keys(cls) -> list[str]:
+        """The keys a ``base`` block may hold: the fields and the registered engines' sub-blocks."""
+        return sorted({*cls.model_fields, *_engines().options_keys()})
+
+    def options(self, key: str) -> dict[str, Any]:
+        """The engine sub-block ``base.<key>`` (empty when the matrix has none)."""
+        return (self.__pydantic_extra__ or {}).get(key) or {}
 
     @model_validator(mode="after")
     def _check(self) -> "Base":
@@ -177,7 +202,7 @@ class Base(BaseModel):
     def context(self) -> dict[str, Any]:
         """Values the registry's override templates and requirements refer to (P, R, token limits ...)."""
         seq = self.max_prompt_length + self.max_response_length
-        ctx = self.model_dump(exclude={"overrides", "env", *engine_options_keys()})
+        ctx = self.model_dump(exclude={"overrides", "env", *_engines().options_keys()})
         ctx.update(
             multimodal=int(self.is_multimodal()),
             P=self.max_prompt_length,
@@ -255,7 +280,7 @@ class Matrix(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_NAME)
-    engine: str = Field(default_factory=lambda: _default_engine())
+    engine: str = Field(default_factory=lambda: _engines().default_engine())
     platform: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     base: Base = Field(default_factory=Base)
     factors: dict[str, list[int]] = Field(default_factory=dict)
@@ -340,9 +365,9 @@ class Matrix(BaseModel):
                 if level not in self.factors[key]:
                     raise ValueError(f"exclude[{i}].when.{key}: level {level} is not among the matrix's levels "
                                      f"{self.factors[key]}; the rule matches no cell")
-        engine = _engine_options(self)
-        if engine is not None:
-            engine(self.base)
+        check = getattr(_engines().engine_class(self.engine), "check_options", None)  # the engine's sub-block
+        if check is not None:
+            check(self.base)
         if self.expect:  # raises pydantic's ValidationError located at expect.<i>.<key>
             ExpectBlock(expect=self.expect)
         return self
@@ -356,28 +381,16 @@ class Matrix(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
-def _default_engine() -> str:
-    from bench.engines import default_engine  # the registry of engines (loaded on first use)
+def _engines() -> Any:
+    """The registry of engines (:mod:`bench.engines`), imported on first use: it loads the engines' entry points."""
+    import bench.engines
 
-    return default_engine()
-
-
-def engine_options_keys() -> set[str]:
-    """The keys of ``base`` that hold an engine's own settings (left out of the settings logged as ``base.*``)."""
-    from bench.engines import options_keys  # the registry of engines (loaded on first use)
-
-    return options_keys()
+    return bench.engines
 
 
 def base_params(base: dict[str, Any]) -> dict[str, Any]:
     """The ``base`` settings logged as MLflow params ``base.<key>`` (sweep, tune and sync alike): every key
-    but ``env``, ``overrides`` and the engines' own sub-blocks (:func:`engine_options_keys`)."""
-    skip = {"env", "overrides", *engine_options_keys()}
+    but ``env``, ``overrides`` and the engines' own sub-blocks (:func:`bench.engines.options_keys`)."""
+    skip = {"env", "overrides", *_engines().options_keys()}
     return {f"base.{k}": v for k, v in base.items() if k not in skip}
 
-
-def _engine_options(matrix: Matrix) -> Any:
-    """The engine's check of its own ``base`` sub-block (``check_options(base)``, raising ValueError), if it has one."""
-    from bench.engines import engine_class  # the registry of engines (loaded on first use)
-
-    return getattr(engine_class(matrix.engine), "check_options", None)

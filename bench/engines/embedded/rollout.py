@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from .data import EncodedPrompt
-from .forward import Sequence, TokenIds
+from bench.engines.builtins.data import EncodedPrompt
+from bench.engines.builtins.sequences import Sequence, TokenIds
 
 
 @dataclass

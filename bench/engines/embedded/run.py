@@ -28,10 +28,11 @@ from typing import Any
 
 import yaml
 
+from bench.engines.builtins import data as data_mod
+from bench.engines.builtins import model as model_mod
 from bench.errors import BenchError
 
-from . import data as data_mod
-from . import model as model_mod
+from . import checkpoint
 from .batching import InfeasibleError
 from .config import RunConfig
 
@@ -192,8 +193,8 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
     threads_source = set_threads(cfg.device)
     t0 = time.perf_counter()
     build_s = model_mod.ensure_builtin(model_path, cache) if needs_build else 0.0
-    model, processor = model_mod.load(model_path, cfg.device)
-    ids = model_mod.token_ids(model, processor)
+    model, processor = checkpoint.load(model_path, cfg.device)
+    ids = checkpoint.token_ids(model, processor)
     used = sorted({i for rows in schedule for i in rows})
     encoded = {i: data_mod.encode_prompt(processor, items[i]) for i in used}
     longest = check_lengths(cfg, {i: int(e.input_ids.shape[0]) for i, e in encoded.items()})

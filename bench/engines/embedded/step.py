@@ -26,10 +26,12 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from bench.engines.builtins.data import EncodedPrompt, PromptItem
+from bench.engines.builtins.sequences import Sequence, TokenIds
+
 from . import batching, reward
 from .config import RunConfig
-from .data import EncodedPrompt, PromptItem
-from .forward import Sequence, TokenIds, response_log_probs
+from .forward import response_log_probs
 from .rollout import Rollout, generate
 
 PASSES = ("old_log_prob", "ref", "update_actor")

@@ -67,8 +67,8 @@ REWARD_FILE = "bench/engines/verl_cpu/reward.py"
 
 def _ensure_cpu_assets(launches: list[Launch]) -> None:
     """Build the tiny model and the data set the ``verl:cpu`` launches name (once; cached)."""
+    from bench.engines.builtins import data as data_mod
     from bench.engines.common import default_cache_dir
-    from bench.engines.embedded import data as data_mod
     from bench.engines.verl_cpu import assets
 
     cache = default_cache_dir()
@@ -90,11 +90,15 @@ class VerlEngine(EngineBase):
     """
 
     name = "verl"
-    options_key = None
-    shows_config = False
-    forkserver_platforms = ()
-    supports_smoke = True
-    has_speed_probe = False
+    supports_smoke = True  # the other capabilities keep EngineBase's defaults
+
+    def __init__(self, verl_version: str | None = None) -> None:
+        self.verl_version = verl_version
+
+    @staticmethod
+    def startup_text(launch: Any) -> str:
+        """Ray, the workers and the rollout engine start before step 1."""
+        return "starting up (Ray, workers, rollout engine) before step 1"
 
     @staticmethod
     def placeholders() -> dict[str, str]:
@@ -104,11 +108,6 @@ class VerlEngine(EngineBase):
         from bench.engines.verl_cpu.target import verl_python
 
         return {"verl_python": verl_python(), "bench_cache": str(default_cache_dir())}
-
-    @staticmethod
-    def startup_text(launch: Any) -> str:
-        """Ray, the workers and the rollout engine start before step 1."""
-        return "starting up (Ray, workers, rollout engine) before step 1"
 
     @staticmethod
     def classify_failure(run_dir: Path, log_tail: str, *, timed_out: bool, steps_done: int, returncode: int,
@@ -121,9 +120,6 @@ class VerlEngine(EngineBase):
 
         return classify(log_tail, timed_out=timed_out, steps_done=steps_done, returncode=returncode,
                         overrides=[a for a in argv[1:] if "=" in a])
-
-    def __init__(self, verl_version: str | None = None) -> None:
-        self.verl_version = verl_version
 
     def build(
         self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool

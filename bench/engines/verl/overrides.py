@@ -86,7 +86,7 @@ def builtin_data_path(spec: str | None, platform: str, default: str | None = "bu
     Raises:
         BenchError: a ``builtin:`` data set on an accelerator platform, or an unknown builtin name.
     """
-    from bench.engines.embedded import data as data_mod
+    from bench.engines.builtins import data as data_mod
 
     if spec is None and platform == "cpu":
         spec = default

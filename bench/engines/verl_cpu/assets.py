@@ -2,16 +2,16 @@
 
 ``builtin:qwen3-tiny``: a randomly initialised 2-layer ``Qwen3ForCausalLM`` (hidden 128, 2 heads of 64,
 fp32) with the byte-level BPE tokenizer and chat template of the embedded engine's tiny model
-(:func:`bench.engines.embedded.model._train_tokenizer`), trained on the builtin arithmetic prompts.
+(:func:`bench.engines.builtins.model._train_tokenizer`), trained on the builtin arithmetic prompts.
 
 ``builtin:qwen3vl-tiny``: the embedded engine's tiny Qwen3-VL (4 layers, hidden 128, interleaved MRoPE,
-a 2-block vision tower), built by the same builder (:func:`bench.engines.embedded.model.build_tiny`, in
+a 2-block vision tower), built by the same builder (:func:`bench.engines.builtins.model.build_tiny`, in
 the harness's environment) into the same cache folder, with its ``Qwen3VLProcessor`` saved beside it.
 verl and vLLM load it in the verl CPU stack, where transformers' processor needs torchvision: the stack
 gets torchvision 0.28.0 with ``--no-deps`` and the ``torchvision_op_schemas`` workaround
 (:mod:`bench_patches.verl_cpu`).
 
-``builtin:text`` data: the embedded engine's arithmetic prompts (:mod:`bench.engines.embedded.data`),
+``builtin:text`` data: the embedded engine's arithmetic prompts (:mod:`bench.engines.builtins.data`),
 already in verl's RL parquet format (``data_source``, ``prompt`` chat messages, ``ability``,
 ``reward_model.ground_truth``, ``extra_info``). ``builtin:vl``: image + text prompts in verl's multimodal
 RL parquet (the ``images`` column, ``<image>`` in the user message).
@@ -69,8 +69,8 @@ def build_model(out_dir: Path, cache_dir: Path) -> None:
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    from bench.engines.embedded import data as data_mod
-    from bench.engines.embedded.model import _train_tokenizer
+    from bench.engines.builtins import data as data_mod
+    from bench.engines.builtins.model import _train_tokenizer
 
     items = data_mod.load_prompts(data_mod.builtin_path(BUILTIN_DATA, cache_dir))
     texts = [m["content"] for it in items for m in it.messages]
@@ -132,8 +132,8 @@ def ensure_model(cache_dir: Path) -> Path:
 
 def vl_model_dir(cache_dir: Path) -> Path:
     """Where ``builtin:qwen3vl-tiny`` lives in ``cache_dir`` (the embedded engine's folder of the same model)."""
-    from bench.engines.embedded.model import BUILTIN_MODEL as EMBEDDED_VL
-    from bench.engines.embedded.model import resolve_model_path
+    from bench.engines.builtins.model import BUILTIN_MODEL as EMBEDDED_VL
+    from bench.engines.builtins.model import resolve_model_path
 
     return resolve_model_path(EMBEDDED_VL, Path(cache_dir))[0]
 
@@ -144,7 +144,7 @@ def ensure_vl_model(cache_dir: Path) -> Path:
     Raises:
         BenchError: the build failed (message says why).
     """
-    from bench.engines.embedded.model import ensure_builtin
+    from bench.engines.builtins.model import ensure_builtin
 
     path = vl_model_dir(cache_dir)
     try:
@@ -172,7 +172,7 @@ def model_relpath(spec: str) -> str:
 
 def ensure_data(cache_dir: Path) -> Path:
     """Path of the ``builtin:text`` RL parquet in ``cache_dir`` (generated when absent)."""
-    from bench.engines.embedded import data as data_mod
+    from bench.engines.builtins import data as data_mod
 
     return data_mod.builtin_path(BUILTIN_DATA, cache_dir)
 

@@ -108,3 +108,29 @@ class Conflict(BaseModel):
 
 #: a reason shared by the rollout factors that the one-process embedded engine cannot have
 EMBEDDED_NO_VLLM = "the embedded engine generates with Hugging Face generate in one process: there is no vLLM"
+
+
+def per_level(make: Any, levels: tuple[int, ...] = (0, 1)) -> dict[int, Mechanism]:
+    """``{level: make(level)}``: a factor's mechanisms on one target written once for every level
+    (``make`` returns a :class:`Mechanism`, or the keyword arguments of one as a dict)."""
+    out = {}
+    for lv in levels:
+        m = make(lv)
+        out[lv] = m if isinstance(m, Mechanism) else Mechanism(**m)
+    return out
+
+
+#: per kind of :func:`on_off`: its (off, on) values by default
+_SWITCH_VALUES = {"patches": ("off", "on"), "overrides": ("false", "true"), "config": (False, True), "env": ("0", "1")}
+
+
+def on_off(*keys: str, kind: str = "patches", values: tuple[Any, Any] | None = None) -> dict[int, Mechanism]:
+    """The mechanisms of an off/on switch, levels 0 and 1, setting each of ``keys`` to ``values[level]``
+    (default per kind: :data:`_SWITCH_VALUES`): ``kind`` ``patches`` (specs ``"<key>:<value>"``),
+    ``overrides`` (Hydra ``"<key>=<value>"``), ``config`` (run-config keys) or ``env`` (variables).
+    ``on_off("cpu_rmsnorm")`` is ``{0: Mechanism(patches=("cpu_rmsnorm:off",)), 1: ...("cpu_rmsnorm:on",)}``."""
+    v = values or _SWITCH_VALUES[kind]
+    if kind in ("patches", "overrides"):
+        sep = ":" if kind == "patches" else "="
+        return per_level(lambda lv: {kind: tuple(f"{k}{sep}{v[lv]}" for k in keys)})
+    return per_level(lambda lv: {kind: {k: v[lv] for k in keys}})

@@ -1,9 +1,4 @@
-"""Built-in optimization ``dynamic_bsz``, article section 3.2.1:
-Dynamic batch size (token-budget micro-batches).
-
-Registered by one line of ``pyproject.toml``, group ``grpo_bench.optimizations``:
-``dynamic_bsz = "bench.spec.optimizations.dynamic_bsz:OPTIMIZATION"``.
-"""
+"""``dynamic_bsz`` (article 3.2.1): verl's token-budget micro-batches; an entry point of ``pyproject.toml``."""
 
 from __future__ import annotations
 
@@ -26,31 +21,15 @@ _DYN_OFF_OVERRIDES = (
     "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=false",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={log_prob_micro_batch_size_per_gpu}",
 )
+_EMBEDDED_ON = {"use_dynamic_bsz": True, "ppo_max_token_len_per_gpu": "{ppo_max_token_len}",
+                "log_prob_max_token_len_per_gpu": "{log_prob_max_token_len}"}
 
 OPTIMIZATION = Optimization(
-    key="dynamic_bsz",
-    code="dbsz",
+    key="dynamic_bsz", code="dbsz", section="3.2.1", acts="training", article_gain=0.15, article_level=1,
     title="Dynamic batch size (token-budget micro-batches)",
-    section="3.2.1",
-    acts="training",
-    article_gain=0.15,
-    article_level=1,
-    mechanisms={
-        "verl:*": {0: M(overrides=_DYN_OFF_OVERRIDES), 1: M(overrides=_DYN_ON_OVERRIDES)},
-        "embedded:*": {
-            0: M(config={"use_dynamic_bsz": False}),
-            1: M(
-                config={
-                    "use_dynamic_bsz": True,
-                    "ppo_max_token_len_per_gpu": "{ppo_max_token_len}",
-                    "log_prob_max_token_len_per_gpu": "{log_prob_max_token_len}",
-                }
-            ),
-        },
-    },
+    mechanisms={"verl:*": {0: M(overrides=_DYN_OFF_OVERRIDES), 1: M(overrides=_DYN_ON_OVERRIDES)},
+                "embedded:*": {0: M(config={"use_dynamic_bsz": False}), 1: M(config=_EMBEDDED_ON)}},
     evidence="micro-batches formed per pass and padded vs real tokens (perf/*micro_batches*)",
-    evidence_checks={
-        "verl:*": "bench.measure.verl_evidence:dynamic_bsz",
-        "embedded:*": "bench.engines.embedded.evidence:dynamic_bsz",
-    },
+    evidence_checks={"verl:*": "bench.measure.verl_evidence:dynamic_bsz",
+                     "embedded:*": "bench.engines.embedded.evidence:dynamic_bsz"},
 )

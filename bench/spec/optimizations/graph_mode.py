@@ -1,27 +1,14 @@
-"""Built-in optimization ``graph_mode``, article section 2.5:
-Rollout graph mode (ACL graph / CUDA graph instead of eager).
-
-Registered by one line of ``pyproject.toml``, group ``grpo_bench.optimizations``:
-``graph_mode = "bench.spec.optimizations.graph_mode:OPTIMIZATION"``.
-"""
+"""``graph_mode`` (article 2.5): rollout graph capture instead of eager; an entry point of ``pyproject.toml``."""
 
 from __future__ import annotations
 
-from bench.spec.optimizations.base import EMBEDDED_NO_VLLM, Optimization
-from bench.spec.optimizations.base import Mechanism as M
+from bench.spec.optimizations.base import EMBEDDED_NO_VLLM, Optimization, on_off
 
 OPTIMIZATION = Optimization(
-    key="graph_mode",
-    code="graph",
+    key="graph_mode", code="graph", section="2.5", acts="rollout",
     title="Rollout graph mode (ACL graph / CUDA graph instead of eager)",
-    section="2.5",
-    acts="rollout",
-    mechanisms={
-        "verl:*": {
-            0: M(overrides=("actor_rollout_ref.rollout.enforce_eager=true",)),
-            1: M(overrides=("actor_rollout_ref.rollout.enforce_eager=false",)),
-        },
-    },
+    mechanisms={"verl:*": on_off("actor_rollout_ref.rollout.enforce_eager", kind="overrides",
+                                 values=("true", "false"))},  # level 1: graph mode on, eager off
     not_applicable={
         "embedded:*": EMBEDDED_NO_VLLM + "; torch.compile of Hugging Face generate recompiles for every "
         "new sequence length and costs more than a short benchmark run, so there is no faithful analog",

@@ -1,25 +1,15 @@
-"""Built-in optimization ``mrope_cache``, article section 3.3.2:
-MRoPE cos/sin computed once per forward and reused across layers.
-
-Registered by one line of ``pyproject.toml``, group ``grpo_bench.optimizations``:
-``mrope_cache = "bench.spec.optimizations.mrope_cache:OPTIMIZATION"``.
-"""
+"""``mrope_cache`` (article 3.3.2): MRoPE cos/sin once per forward; an entry point of ``pyproject.toml``."""
 
 from __future__ import annotations
 
 from bench.spec.optimizations.base import Mechanism as M
-from bench.spec.optimizations.base import Optimization, Requirement
+from bench.spec.optimizations.base import Optimization, Requirement, on_off
 
 OPTIMIZATION = Optimization(
-    key="mrope_cache",
-    code="mrope",
+    key="mrope_cache", code="mrope", section="3.3.2", acts="rollout",
     title="MRoPE cos/sin computed once per forward and reused across layers",
-    section="3.3.2",
-    acts="rollout",
-    mechanisms={
-        "verl:npu": {0: M(), 1: M(patches=("vllm_ascend_mrope_cache",))},
-        "verl:cpu": {0: M(patches=("vllm_mrope_cache:off",)), 1: M(patches=("vllm_mrope_cache:on",))},
-    },
+    mechanisms={"verl:npu": {0: M(), 1: M(patches=("vllm_ascend_mrope_cache",))},
+                "verl:cpu": on_off("vllm_mrope_cache")},
     not_applicable={
         "verl:cuda": "the patch targets vLLM-Ascend's MRotaryEmbedding (npu_rotary_mul); "
         "CUDA vLLM is not patched",

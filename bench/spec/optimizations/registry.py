@@ -13,9 +13,10 @@ Nothing outside this package knows what an optimization does: the planner asks :
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from bench.plugins import LiveView
 from bench.spec.optimizations.base import Conflict, Mechanism, Optimization
 
 GROUP = "grpo_bench.optimizations"
@@ -81,22 +82,6 @@ def unregister_optimization(key: str) -> None:
     _load().pop(key, None)
 
 
-class _RegistryView(Mapping[str, Optimization]):
-    """:data:`REGISTRY`: a live read-only mapping over :func:`registry`."""
-
-    def __getitem__(self, key: str) -> Optimization:
-        return _load()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(tuple(_load()))
-
-    def __len__(self) -> int:
-        return len(_load())
-
-    def __repr__(self) -> str:
-        return f"REGISTRY({', '.join(_load())})"
-
-
 class _KeysView(Sequence[str]):
     """:data:`FACTOR_KEYS`: a live read-only sequence over :func:`factor_keys` (compares equal to the tuple)."""
 
@@ -116,7 +101,7 @@ class _KeysView(Sequence[str]):
         return repr(factor_keys())
 
 
-REGISTRY: Mapping[str, Optimization] = _RegistryView()
+REGISTRY: Mapping[str, Optimization] = LiveView(_load, "REGISTRY")
 FACTOR_KEYS: Sequence[str] = _KeysView()
 
 

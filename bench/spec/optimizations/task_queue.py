@@ -1,40 +1,19 @@
-"""Built-in optimization ``task_queue``, article section 3.1.2:
-Task queue pipelined dispatch (TASK_QUEUE_ENABLE).
-
-Registered by one line of ``pyproject.toml``, group ``grpo_bench.optimizations``:
-``task_queue = "bench.spec.optimizations.task_queue:OPTIMIZATION"``.
-"""
+"""``task_queue`` (article 3.1.2): torch_npu's pipelined dispatch queue; an entry point of ``pyproject.toml``."""
 
 from __future__ import annotations
 
-from bench.spec.optimizations.base import Mechanism as M
-from bench.spec.optimizations.base import Optimization
+from bench.spec.optimizations.base import Optimization, per_level
 
-_NOT_NPU_TQ = "TASK_QUEUE_ENABLE is read by torch_npu's dispatcher only; there is no such queue on {platform}"
+_NOT_NPU_TQ = "TASK_QUEUE_ENABLE is read by torch_npu's dispatcher only; there is no such queue on {}"
+_ENV = per_level(lambda lv: {"env": {"TASK_QUEUE_ENABLE": str(lv)}}, (0, 1, 2))
 
 OPTIMIZATION = Optimization(
-    key="task_queue",
-    code="tq",
-    title="Task queue pipelined dispatch (TASK_QUEUE_ENABLE)",
-    section="3.1.2",
-    acts="host",
-    levels=(0, 1, 2),
-    default_levels=(0, 1, 2),
-    article_gain=0.09,
-    article_level=1,
-    mechanisms={
-        "verl:npu": {lv: M(env={"TASK_QUEUE_ENABLE": str(lv)}) for lv in (0, 1, 2)},
-        "embedded:npu": {lv: M(env={"TASK_QUEUE_ENABLE": str(lv)}) for lv in (0, 1, 2)},
-    },
-    not_applicable={
-        "verl:cuda": _NOT_NPU_TQ.format(platform="CUDA"),
-        "verl:cpu": _NOT_NPU_TQ.format(platform="CPU"),
-        "embedded:cpu": _NOT_NPU_TQ.format(platform="CPU"),
-        "embedded:cuda": _NOT_NPU_TQ.format(platform="CUDA"),
-    },
+    key="task_queue", code="tq", section="3.1.2", acts="host", article_gain=0.09, article_level=1,
+    title="Task queue pipelined dispatch (TASK_QUEUE_ENABLE)", levels=(0, 1, 2), default_levels=(0, 1, 2),
+    mechanisms={"verl:npu": _ENV, "embedded:npu": _ENV},
+    not_applicable={target: _NOT_NPU_TQ.format(target.partition(":")[2].upper())
+                    for target in ("verl:cuda", "verl:cpu", "embedded:cpu", "embedded:cuda")},
     evidence="TASK_QUEUE_ENABLE as seen by every process of the run",
-    evidence_checks={
-        "verl:npu": "bench.measure.evidence:task_queue",
-        "embedded:npu": "bench.engines.embedded.evidence:task_queue",
-    },
+    evidence_checks={"verl:npu": "bench.measure.evidence:task_queue",
+                     "embedded:npu": "bench.engines.embedded.evidence:task_queue"},
 )

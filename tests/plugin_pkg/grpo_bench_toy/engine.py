@@ -16,7 +16,7 @@ with open(out / "metrics.jsonl", "w") as fh:
     for step in range(1, cfg["steps"] + 1):
         t0 = time.perf_counter()
         x = 0
-        for i in range(20000 if on else 30000):
+        for i in range((20000 if on else 30000) * cfg["work"]):
             x += i * i
         gen = time.perf_counter() - t0
         time.sleep(0.002)
@@ -35,9 +35,18 @@ class ToyEngine(EngineBase):
 
     name = "toy"
     shows_config = True
+    options_key = "toy"  # a matrix may hold ``base.toy: {work: N}``
+
+    @classmethod
+    def check_options(cls, base):
+        for key, value in base.options(cls.options_key).items():
+            if key != "work":
+                raise ValueError(f"base.toy: unknown key {key!r} (allowed: work)")
+            if type(value) is not int or value < 1:
+                raise ValueError(f"base.toy.work: a whole number >= 1, got {value!r}")
 
     def build(self, base, mechanism, platform, levels, *, strict):
-        config = {"steps": base.steps}
+        config = {"steps": base.steps, "work": base.options(self.options_key).get("work", 1)}
         return Launch(argv=["{python}", "-c", TOY_RUN, "{run_dir}", json.dumps(config)],
                       env=dict(mechanism.env), config=config)
 

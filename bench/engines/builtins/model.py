@@ -1,4 +1,4 @@
-"""The model of the embedded engine: build (once, cached) the tiny Qwen3-VL, or load any local HF checkpoint.
+"""The built-in model ``builtin:qwen3vl-tiny``: build it once (cached) and find it; shared by the engines.
 
 ``builtin:qwen3vl-tiny`` is built offline from ``qwen3vl_tiny.json``:
 
@@ -13,7 +13,8 @@
    covers the JSON and the data recipe. The build runs under a ``filelock`` and is renamed into place,
    so concurrent runs build it once.
 
-Every run then loads it with ``from_pretrained``, the same path a real checkpoint takes.
+Every run then loads it with ``from_pretrained``, the same path a real checkpoint takes (the embedded
+engine: :mod:`bench.engines.embedded.checkpoint`).
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ def _warm_start(model: Any, processor: Any, items: list, ws: dict, tid: dict, se
 
     import torch
 
-    from .forward import Sequence, TokenIds, pack
+    from .sequences import Sequence, TokenIds, pack
 
     ids = TokenIds(pad=tid["<|endoftext|>"], image=tid["<|image_pad|>"], eos=(tid["<|im_end|>"],))
     tok = processor.tokenizer
@@ -240,51 +241,3 @@ def _warm_start(model: Any, processor: Any, items: list, ws: dict, tid: dict, se
         p.requires_grad_(True)
     model.eval()
 
-
-def load(path: Path, device: str) -> tuple[Any, Any]:
-    """``from_pretrained`` model (float32, eval mode, on ``device``) and processor/tokenizer from ``path``.
-
-    Vision-language checkpoints (config with ``vision_config``) load with ``AutoModelForImageTextToText``
-    and ``AutoProcessor``; text-only ones with ``AutoModelForCausalLM`` and ``AutoTokenizer``.
-
-    Raises:
-        BenchError: the checkpoint cannot be loaded (message from transformers, first line).
-    """
-    import torch
-    from transformers import AutoConfig
-
-    try:
-        cfg = AutoConfig.from_pretrained(path)
-        if hasattr(cfg, "vision_config"):
-            from transformers import AutoModelForImageTextToText as AutoModel
-            from transformers import AutoProcessor as AutoProc
-        else:
-            from transformers import AutoModelForCausalLM as AutoModel
-            from transformers import AutoTokenizer as AutoProc
-        processor = AutoProc.from_pretrained(path)
-        model = AutoModel.from_pretrained(path, dtype=torch.float32)
-    except (OSError, ValueError, KeyError) as exc:
-        raise BenchError(f"model: cannot load {path}: {str(exc).splitlines()[0]}") from None
-    model.to(device)
-    model.eval()
-    return model, processor
-
-
-def token_ids(model: Any, processor: Any) -> "Any":
-    """The :class:`~.forward.TokenIds` of a loaded model (pad, image, EOS ids).
-
-    EOS ids are the generation config's ``eos_token_id`` (int or list) plus the tokenizer's EOS.
-    """
-    from .forward import TokenIds
-
-    tok = getattr(processor, "tokenizer", processor)
-    eos = model.generation_config.eos_token_id
-    eos = list(eos) if isinstance(eos, (list, tuple)) else ([eos] if eos is not None else [])
-    if tok.eos_token_id is not None and tok.eos_token_id not in eos:
-        eos.append(tok.eos_token_id)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else eos[0]
-    image = getattr(model.config, "image_token_id", None)
-    vision = [getattr(model.config, k, None) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
-                                                       "vision_end_token_id")]
-    return TokenIds(pad=int(pad), image=None if image is None else int(image), eos=tuple(int(e) for e in eos),
-                    vision=tuple(int(v) for v in vision if v is not None))

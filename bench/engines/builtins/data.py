@@ -1,4 +1,4 @@
-"""Prompt data of the embedded engine: the builtin generated sets and any verl RL parquet.
+"""Prompt data of the engines: the builtin generated sets and any verl RL parquet (read and encoded).
 
 verl's RL parquet schema (``verl/utils/dataset/rl_dataset.py``, ``examples/data_preprocess/geo3k.py``):
 ``data_source`` (str), ``prompt`` (chat messages; ``<image>`` in a message marks where an image goes),

@@ -1,0 +1,42 @@
+"""An engine's own settings come from the matrix through the engine (its ``options_key`` and ``check_options``),
+not from a field of ``Base``; and every built-in factor has an evidence check on every target it applies to."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from bench.engines import engine_class, engine_names, register, unregister
+from bench.engines.base import EngineBase
+from bench.spec.matrix import Base
+
+
+class WithOptions(EngineBase):
+    name = "with_options"
+    options_key = "with_options"
+
+
+def test_base_holds_exactly_the_registered_engines_blocks():
+    assert "embedded" not in Base.model_fields  # no engine's block is a field of Base
+    keys = {engine_class(n).options_key for n in engine_names()} - {None}
+    assert Base().model_dump().keys() >= keys and all(Base().options(k) == {} for k in keys)
+    with pytest.raises(ValidationError) as err:
+        Base.model_validate({"with_options": {"a": 1}})
+    assert err.value.errors()[0]["loc"] == ("with_options",) and err.value.errors()[0]["type"] == "extra_forbidden"
+    register(WithOptions)
+    try:
+        base = Base.model_validate({"with_options": {"a": 1}})
+        assert base.options("with_options") == {"a": 1} and "with_options" in Base.allowed_keys()
+        with pytest.raises(ValidationError) as err:
+            Base.model_validate({"with_options": [1]})
+        assert err.value.errors()[0]["loc"] == ("with_options",) and err.value.errors()[0]["type"] == "dict_type"
+    finally:
+        unregister("with_options")
+
+
+def test_every_built_in_factor_has_a_check_where_it_applies():
+    from bench.spec.optimizations import evidence_check, registry
+
+    missing = [f"{key} on {target}" for key, opt in registry().items() for target in opt.mechanisms
+               if evidence_check(key, *target.replace("*", "cpu").split(":")) is None]
+    assert missing == []
