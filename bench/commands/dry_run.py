@@ -259,26 +259,25 @@ def print_dry_run(plan: Plan, console: Console) -> None:
         left += [f"merged: run {i}, {r.label}, {_merged(r)}" for i, r in enumerate(runs, 1) if _merged(r)]
     for (kind, reason), n in Counter((d.kind, d.reason) for d in plan.dropped).items():
         left.append(f"dropped {n} {kind} design cell(s): {reason} (--verbose lists them)")
+    _print_parts("left out, and why", left, "runs",
+                 [(f"{run.label} ({run.cell_id})", launch_diff(base.launch, run.launch, with_config),
+                   [f"note: {n}" for n in run.launch.notes if n not in common_notes]) for run in runs], console)
+
+
+def _print_parts(heading: str, left: list[str], what: str, parts: list[tuple[str, list[Change], list[str]]],
+                 console: Console) -> None:
+    """What was left out (``heading`` over the lines ``left``, when any), then the numbered per-run parts
+    (head, changes, extra lines) under ``what``, with the notation where a part has changes."""
     if left:
-        _print(console, "\nleft out, and why:")
+        _print(console, f"\n{heading}:")
         for x in left:
             _print(console, f"  {x}")
-
-    width = len(str(len(runs)))
-    _print_parts("runs", [(f"  {i:>{width}}. {run.label} ({run.cell_id})",
-                           launch_diff(base.launch, run.launch, with_config),
-                           [f"note: {n}" for n in run.launch.notes if n not in common_notes])
-                          for i, run in enumerate(runs, 1)], console)
-
-
-def _print_parts(what: str, parts: list[tuple[str, list[Change], list[str]]], console: Console) -> None:
-    """The per-run parts (head, changes, extra lines) under their title, with the notation where a part
-    has changes."""
     _print(console, f"\n{what} (what differs from the base launch):")
     for line in LEGEND if any(changes for _, changes, _ in parts) else ():
         _print(console, line)
-    for head, changes, extra in parts:
-        print_changes(head, changes, extra, console)
+    width = len(str(len(parts)))
+    for i, (head, changes, extra) in enumerate(parts, 1):
+        print_changes(f"  {i:>{width}}. {head}", changes, extra, console)
 
 
 def print_smoke_dry_run(cells: list, console: Console, *, matrix_name: str = "", steps: int = 2,
@@ -305,16 +304,11 @@ def print_smoke_dry_run(cells: list, console: Console, *, matrix_name: str = "",
 
     every = [x for x in items(base) if all(x in items(c) for c in cells)]
     left = [f"not exercised on CPU: {k}: {why}" for k, why in (not_exercised or {}).items()] + every
-    if left:
-        _print(console, "\nleft out or inert in every cell, and why:")
-        for x in left:
-            _print(console, f"  {x}")
-    width = len(str(len(cells)))
-    _print_parts("cells", [(f"  {i:>{width}}. {c.source_label} -> smoke cell {c.spec.cell_id}",
-                            launch_diff(base.spec.launch, c.spec.launch, False),
-                            [f"note: {n}" for n in c.spec.launch.notes if n not in notes]
-                            + [f"left out / inert: {x}" for x in items(c) if x not in every])
-                           for i, c in enumerate(cells, 1)], console)
+    _print_parts("left out or inert in every cell, and why", left, "cells",
+                 [(f"{c.source_label} -> smoke cell {c.spec.cell_id}",
+                   launch_diff(base.spec.launch, c.spec.launch, False),
+                   [f"note: {n}" for n in c.spec.launch.notes if n not in notes]
+                   + [f"left out / inert: {x}" for x in items(c) if x not in every]) for c in cells], console)
 
 
 def plan_json(plan: Plan, order: RunOrder | None = None) -> dict[str, Any]:
