@@ -80,16 +80,17 @@ class BatchReader:
     module docstring) and ``OSError``/``EOFError`` (unreadable or broken gzip) while iterating.
     """
 
-    def __init__(self, path: str | Path, chunk: int | None = None) -> None:
+    def __init__(self, path: str | Path, chunk: int | None = None, raw=None) -> None:
         if not AVAILABLE:
             raise Unsupported("msgspec is not installed")
         self.path = Path(path)
+        self.raw = raw  # the file already open (a hashing reader), see chrome_trace.open_binary
         self.chunk = chunk or CHUNK
         self.cut_short = False
         self.events = 0
 
     def __iter__(self) -> Iterator[list]:
-        with open_binary(self.path) as fh:
+        with open_binary(self.path, self.raw) as fh:
             buf, is_object = self._head(fh)  # buf[0] is the "[" before the next event
             eof = False
             while True:

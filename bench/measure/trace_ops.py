@@ -1,0 +1,181 @@
+"""The top operators of each profiled step by self time, from the same single pass over a trace that gives its
+Free ratio: the scan (:mod:`bench.measure.trace_scan`, either reader) keeps the ``cpu_op`` and device events'
+start, duration and name in an :class:`OpStore` (columns; 24 bytes an event), and :func:`top_table` turns it
+into per-step tables, stored with the trace's :class:`~bench.measure.torch_trace.TraceFree` (and so in the
+parsed-profile cache: MLflow's ``profile_summary.json`` reads them from there, never from the trace again).
+
+Self time is what ``torch.profiler``'s key averages call ``self_cpu_time_total`` / ``self_device_time_total``:
+an operator's duration minus the durations of the operators it calls. For ``cpu_op`` events the calls are the
+``cpu_op`` events nested in it on the same thread (sorted by start, longer first; an event's caller is the
+innermost earlier event of the thread still open at its start — a stack); device events (``kernel``,
+``gpu_memcpy``, ``gpu_memset``) do not nest, so their self time is their duration. Events are attributed to a
+step window by their start (inclusive ends; the first window in step order when windows overlap). Times in the
+trace are microseconds; tables are in milliseconds.
+"""
+
+from __future__ import annotations
+
+from array import array
+from typing import Any
+
+import numpy as np
+
+from bench.measure.chrome_trace import hashable
+
+#: operators listed per kind (cpu, device) and step
+TOP_N = 10
+
+
+class OpStore:
+    """``cpu_op`` events per thread and device events, as columns (start us, duration us, name id)."""
+
+    __slots__ = ("names", "cpu", "dev")
+
+    def __init__(self) -> None:
+        self.names: dict[str, int] = {}
+        self.cpu: dict[tuple, tuple[array, array, array]] = {}
+        self.dev: tuple[array, array, array] = (array("d"), array("d"), array("q"))
+
+    def _cols(self, thread: tuple) -> tuple[array, array, array]:
+        try:
+            cols = self.cpu.get(thread)
+        except TypeError:  # a pid/tid that is a list or an object
+            thread = (hashable(thread[0]), hashable(thread[1]))
+            cols = self.cpu.get(thread)
+        if cols is None:
+            cols = self.cpu[thread] = (array("d"), array("d"), array("q"))
+        return cols
+
+    def add(self, thread: tuple | None, ts: float, dur: float, name: object) -> None:
+        """One event (``thread`` ``None``: a device event); names that are not strings are skipped."""
+        if type(name) is not str:
+            return
+        cols = self.dev if thread is None else self._cols(thread)
+        cols[0].append(ts)
+        cols[1].append(dur)
+        cols[2].append(self.names.setdefault(name, len(self.names)))
+
+    def extend(self, thread: tuple | None, ts: np.ndarray, dur: np.ndarray, names: list) -> None:
+        """Many events at once (float64 arrays and their names); the same as :meth:`add` for each."""
+        if not names:
+            return
+        if set(map(type, names)) != {str}:
+            keep = [i for i, n in enumerate(names) if type(n) is str]
+            ts, dur, names = ts[keep], dur[keep], [names[i] for i in keep]
+        table = self.names
+        ids = [table.setdefault(n, len(table)) for n in names]
+        cols = self.dev if thread is None else self._cols(thread)
+        cols[0].frombytes(np.ascontiguousarray(ts, dtype=np.float64).tobytes())
+        cols[1].frombytes(np.ascontiguousarray(dur, dtype=np.float64).tobytes())
+        cols[2].extend(ids)
+
+
+def self_times(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Self time of each ``cpu_op`` event of one thread: ``(order, own)`` where ``order`` sorts the events by
+    start (longer first at equal starts, else file order) and ``own[i]`` is the self time (us) of event
+    ``order[i]``: its duration minus the durations of the events whose caller it is (see the module docstring).
+
+    Events that nest nothing and lie in nothing (a start at or after the end of every earlier event) are
+    done on columns; only nested runs go through the stack, one event at a time."""
+    order = np.lexsort((-dur, ts))
+    s, d = ts[order], dur[order]
+    own = d.copy()
+    if s.size < 2:
+        return order, own
+    reach = np.maximum.accumulate(s + d)[:-1]
+    first = np.flatnonzero(np.concatenate(([True], s[1:] >= reach)))  # a new run: every earlier event ended
+    sizes = np.diff(np.append(first, s.size))
+    for a, size in zip(first[sizes > 1].tolist(), sizes[sizes > 1].tolist()):
+        starts, durs = s[a:a + size].tolist(), d[a:a + size].tolist()
+        mine = own[a:a + size].tolist()
+        stack: list[int] = []
+        ends: list[float] = []
+        for i, (t0, dt) in enumerate(zip(starts, durs)):
+            while stack and t0 >= ends[-1]:
+                stack.pop()
+                ends.pop()
+            if stack:
+                mine[stack[-1]] -= dt
+            stack.append(i)
+            ends.append(t0 + dt)
+        own[a:a + size] = mine
+    return order, own
+
+
+def _window_of(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Index of the window each start falls in (``-1``: none); the first window when several hold it."""
+    if not starts.size:
+        return np.full(ts.size, -1, dtype=np.int64)
+    if np.all(ends[:-1] < starts[1:]):  # sorted and disjoint (the usual case): one binary search each
+        k = np.searchsorted(starts, ts, side="right") - 1
+        ok = (k >= 0) & (ts <= ends[np.maximum(k, 0)])
+        return np.where(ok, k, -1)
+    out = np.full(ts.size, -1, dtype=np.int64)
+    for k in range(starts.size):
+        out[(out < 0) & (ts >= starts[k]) & (ts <= ends[k])] = k
+    return out
+
+
+def _col(values: array) -> np.ndarray:
+    return np.frombuffer(values, dtype=np.float64) if values.typecode == "d" else np.asarray(values, dtype=np.int64)
+
+
+def top_table(store: OpStore, spans: list[tuple[int | None, float, float]] | None,
+              n: int = TOP_N) -> list[dict[str, Any]]:
+    """Per step, the top ``n`` operators of each kind by self time.
+
+    Args:
+        store: the events of one trace.
+        spans: the step windows ``(step, start us, duration us)`` in step order (the Free ratio's windows);
+            ``None``: the trace has no windows, every event counts in one entry (``step`` and ``window_ms``
+            ``None``).
+        n: operators per kind.
+
+    Returns:
+        ``[{"step", "window_ms", "cpu": [...], "device": [...]}]``, one per window; each operator
+        ``{"name", "calls", "self_ms", "share"}`` (``share``: self time / window, ``None`` without one),
+        sorted by self time (then name).
+    """
+    rows = spans if spans is not None else [(None, 0.0, None)]
+    starts = np.array([s for _, s, _ in rows], dtype=np.float64)
+    ends = starts + np.array([0.0 if w is None else w for _, _, w in rows], dtype=np.float64)
+    names = list(store.names)
+    per_kind: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]] = {
+        "cpu": ([], [], []), "device": ([], [], [])}
+    for ts_a, dur_a, id_a in store.cpu.values():
+        ts, dur, ids = _col(ts_a), _col(dur_a), _col(id_a)
+        order, own = self_times(ts, dur)
+        per_kind["cpu"][0].append(ts[order])
+        per_kind["cpu"][1].append(np.maximum(own, 0.0))
+        per_kind["cpu"][2].append(ids[order])
+    dev_ts, dev_dur, dev_id = (_col(c) for c in store.dev)
+    per_kind["device"][0].append(dev_ts)
+    per_kind["device"][1].append(dev_dur)
+    per_kind["device"][2].append(dev_id)
+
+    tables: dict[str, dict[int, list[tuple[str, int, float]]]] = {}
+    for kind, (tss, owns, idss) in per_kind.items():
+        ts = np.concatenate(tss) if tss else np.empty(0)
+        own = np.concatenate(owns) if owns else np.empty(0)
+        ids = np.concatenate(idss).astype(np.int64) if idss else np.empty(0, dtype=np.int64)
+        k = np.zeros(ts.size, dtype=np.int64) if spans is None else _window_of(ts, starts, ends)
+        keep = k >= 0
+        key = k[keep] * max(1, len(names)) + ids[keep]
+        uniq, inv = np.unique(key, return_inverse=True)
+        calls = np.bincount(inv, minlength=uniq.size)
+        total = np.bincount(inv, weights=own[keep], minlength=uniq.size)
+        by_step: dict[int, list[tuple[str, int, float]]] = {}
+        for u, c, t in zip(uniq.tolist(), calls.tolist(), total.tolist()):
+            w, i = divmod(u, max(1, len(names)))
+            by_step.setdefault(w, []).append((names[i], c, t))
+        tables[kind] = by_step
+
+    out = []
+    for w, (step, _, window) in enumerate(rows):
+        entry: dict[str, Any] = {"step": step, "window_ms": None if window is None else round(window / 1e3, 3)}
+        for kind in ("cpu", "device"):
+            ops = sorted(tables[kind].get(w, []), key=lambda o: (-o[2], o[0]))[:n]
+            entry[kind] = [{"name": name, "calls": c, "self_ms": round(t / 1e3, 3),
+                            "share": round(t / window, 4) if window else None} for name, c, t in ops]
+        out.append(entry)
+    return out
