@@ -17,7 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from bench.measure import MeasureError, collect, parse_trace_free, parse_traces, trace_cache, trace_fast, trace_pool
+from bench.measure import (
+    MeasureError,
+    collect,
+    parse_trace_free,
+    parse_traces,
+    torch_trace,
+    trace_cache,
+    trace_fast,
+    trace_pool,
+)
 from bench.measure.trace_scan import scan_trace
 
 FIX = Path(__file__).parent / "fixtures" / "measure"
@@ -157,23 +166,35 @@ def test_pool_and_cache(tmp_path, monkeypatch):
     alone = [parse_trace_free(p).to_dict() for p in files]
     monkeypatch.setattr(trace_pool, "POOL_MIN_BYTES", 0)
     cache = tmp_path / ".trace_cache"
-    got = parse_traces([*files, missing], cache_dir=cache, workers=2)
+    stats: dict = {}
+    got = parse_traces([*files, missing], cache_dir=cache, workers=2, stats=stats)
     assert [g.to_dict() for g in got[:4]] == alone
     assert isinstance(got[4], MeasureError)
-    assert len(list(cache.glob("*.json"))) == 4  # files 0 and 3: the same bytes, not the same inode: two keys
+    assert stats == {"hits": 0, "parsed": 4}
+    assert len(list(cache.glob("trace-*.json"))) == 3  # files 0 and 3 hold the same bytes: one content key
 
     # the cache answers: a parse would now fail (the engine name is invalid), the cached read does not
     monkeypatch.setenv("BENCH_TRACE_ENGINE", "nonsense")
-    again = parse_traces(files, cache_dir=cache, workers=2)
+    stats = {}
+    again = parse_traces(files, cache_dir=cache, workers=2, stats=stats)
     assert [g.to_dict() for g in again] == alone
+    assert stats == {"hits": 4, "parsed": 0}
     # a changed file is a new key: parsed again (and the invalid engine now says so)
     files[1].write_bytes(files[1].read_bytes() + b"\n")
     assert isinstance(parse_traces(files[1:2], cache_dir=cache, workers=1)[0], MeasureError)
     monkeypatch.delenv("BENCH_TRACE_ENGINE")
     assert parse_traces(files[1:2], cache_dir=cache, workers=1)[0].to_dict() == alone[1]
-    # the content key does not depend on the inode or the mtime
-    assert trace_cache.cache_key(files[0], full=True) == trace_cache.cache_key(files[3], full=True)
-    assert trace_cache.cache_key(files[0]) != trace_cache.cache_key(files[3])
+    # the key is the content: not the name, inode or mtime; a byte changed in the middle, size and mtime kept,
+    # is a new key
+    assert trace_cache.content_hash(files[0]) == trace_cache.content_hash(files[3])
+    st = os.stat(files[2])
+    data = bytearray(files[2].read_bytes())
+    data[len(data) // 2] ^= 0x01
+    files[2].write_bytes(bytes(data))
+    os.utime(files[2], ns=(st.st_atime_ns, st.st_mtime_ns))
+    stats = {}
+    parse_traces(files[2:3], cache_dir=cache, workers=1, stats=stats)
+    assert stats == {"hits": 0, "parsed": 1}
     monkeypatch.setenv("BENCH_TRACE_CACHE", "sometimes")
     with pytest.raises(MeasureError, match="BENCH_TRACE_CACHE"):
         parse_traces(files, cache_dir=cache)
@@ -186,12 +207,12 @@ def test_collect_reads_a_run_folder_again_from_the_cache(tmp_path, monkeypatch):
     for name in FIXTURES[:2]:
         (run / "trace" / name).write_bytes((FIX / name).read_bytes())
     first = collect(run)
-    assert len(list((run / trace_cache.CACHE_DIR).glob("*.json"))) == 2
+    assert len(list((run / trace_cache.CACHE_DIR).glob("trace-*.json"))) == 2
 
     def no_parse(*args, **kwargs):
         raise AssertionError("parsed again")
 
-    monkeypatch.setattr(trace_pool, "parse_trace_free", no_parse)
+    monkeypatch.setattr(torch_trace, "parse_trace_hashed_dict", no_parse)
     assert collect(run) == first
     monkeypatch.setenv("BENCH_TRACE_CACHE", "off")
     with pytest.raises(AssertionError, match="parsed again"):
@@ -266,3 +287,66 @@ def test_cut_inside_an_event_with_nested_objects(tmp_path, monkeypatch):
         monkeypatch.setattr(trace_fast, "CHUNK", 200)
         assert _both(p) == (fast, ref), frac
         monkeypatch.undo()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_the_hash_folded_into_the_parse_is_the_content_hash(name, tmp_path, monkeypatch):
+    """The cache key comes out of the parse's own read (every byte hashed once as it passes), and is the hash
+    of the whole file on both paths: plain, gzip, re-laid-out, cut short, handed from the fast path to ijson."""
+    files = _layouts(name, tmp_path)
+    raw = (FIX / name).read_bytes()
+    for cut in (len(raw) // 3, len(raw) * 2 // 3):
+        p = tmp_path / f"cut{cut}_{name}"
+        p.write_bytes(raw[:cut])
+        files.append(p)
+        gz = tmp_path / f"cut{cut}_{name}.gz"
+        gz.write_bytes(gzip.compress(raw)[: cut // 2])
+        files.append(gz)
+    odd = tmp_path / f"odd_{name}"  # a boolean ts: the fast path hands the file to ijson mid-way
+    data = json.loads(raw)
+    events = data if isinstance(data, list) else data["traceEvents"]
+    events.append({"ph": "X", "cat": "kernel", "name": "k", "ts": True, "dur": 1})
+    odd.write_text(json.dumps(data))
+    files.append(odd)
+    for path in files:
+        want = trace_cache.content_hash(path)
+        for engine in ("fast", "ijson"):
+            try:
+                tf, digest = torch_trace.parse_trace_hashed(path, engine=engine)
+            except MeasureError:
+                continue  # nothing readable at all (a gzip cut inside its header): nothing is cached
+            assert digest == want, (path.name, engine)
+            assert tf.to_dict() == parse_trace_free(path, engine=engine).to_dict()
+    monkeypatch.setattr(trace_fast, "CHUNK", 101)
+    assert torch_trace.parse_trace_hashed(files[0])[1] == trace_cache.content_hash(files[0])
+
+
+def test_top_operators_come_from_the_same_pass_on_both_paths(tmp_path):
+    """Every fixture's per-step top operators (CPU self time, device kernels) are part of the parse's result,
+    the same on both paths, and per step the windows of the Free ratio's step table."""
+    for name in FIXTURES:
+        for path in _layouts(name, tmp_path):
+            fast, ref = _both(path)
+            assert fast["top_ops"] == ref["top_ops"], path.name
+            assert [t["step"] for t in fast["top_ops"]] == [s["step"] for s in fast["steps"]]
+            assert all(t["cpu"] for t in fast["top_ops"]), path.name
+    gpu = parse_trace_free(FIX / "gpu_two_steps.pt.trace.json").top_ops
+    assert gpu[0]["device"][0] == {"name": "ampere_sgemm_128x64_tn", "calls": 1, "self_ms": 0.2, "share": 0.2}
+
+
+def test_without_xxhash_the_key_is_blake2b_and_still_folded(tmp_path):
+    """xxhash missing: the key is blake2b of every byte, and the parse's folded hash still equals it."""
+    code = (
+        "import sys, json; sys.modules['xxhash'] = None\n"
+        "from bench.measure import trace_cache, torch_trace\n"
+        f"p = {str(FIX / FIXTURES[0])!r}\n"
+        "print(json.dumps([trace_cache.HASH, trace_cache.content_hash(p), torch_trace.parse_trace_hashed(p)[1]]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    name, full, folded = json.loads(proc.stdout)
+    import hashlib
+
+    assert name == "blake2b" and full == folded
+    assert full == hashlib.blake2b((FIX / FIXTURES[0]).read_bytes(), digest_size=16).hexdigest()

@@ -113,6 +113,12 @@ class HashingReader:
     def readable(self) -> bool:
         return True
 
+    def writable(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        """Nothing to write."""
+
     def seekable(self) -> bool:
         return True
 
