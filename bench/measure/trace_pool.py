@@ -1,14 +1,15 @@
 """The profiler files of one run (one per rank and role: torch/Ascend traces, Ascend ``kernel_details.csv`` and
 ``step_trace_time.csv``) parsed at once over the cores, through the parsed-profile cache.
 
-:func:`parse_files` takes ``(kind, path)`` jobs (a kind per parser, :data:`PARSERS`). Each job, in a worker:
-when the cache folder holds entries, the file's content hash (:func:`bench.measure.trace_cache.content_hash`)
-is looked up first and a hit is the answer; otherwise the file is parsed with its hash folded into the same
-read (:class:`~bench.measure.trace_cache.HashingReader`) and the result stored under it — the hash of the very
-bytes parsed, so nothing stale is ever stored. Jobs run in a process pool (one process per core, at most one
-per job; a worker handles one file at a time, so its memory is one parser's bound) when there are at least two
-and their files hold at least :data:`POOL_MIN_BYTES`, else in this process (a pool's start-up, about 0.3 s, is
-more than small files cost; where no process can be started, or a worker dies, the jobs left run here).
+:func:`parse_files` takes ``(kind, path)`` jobs (a kind per parser, :data:`PARSERS`). When the cache folder
+holds entries, every file's content hash (:func:`bench.measure.trace_cache.content_hash`, xxh3 at memory speed)
+is computed here and looked up first; a hit is the answer. Every other file is parsed with its hash folded into
+the same read (:class:`~bench.measure.trace_cache.HashingReader`) and the result stored under it — the hash of
+the very bytes parsed, so nothing stale is ever stored. The parses run in a process pool (one process per core,
+at most one per file; a worker parses one file at a time, so its memory is one parser's bound) when there are
+at least two and their files hold at least :data:`POOL_MIN_BYTES`, else in this process (a pool's start-up,
+about 0.3 s, is more than small files cost; where no process can be started, or a worker dies, the files left
+are parsed here).
 
 Workers are started with ``forkserver`` (``spawn`` where that does not exist): never ``fork``, which copies the
 caller's threads' locks (MLflow, Ray clients).
@@ -48,6 +49,10 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+#: the ``engine`` of a lookup without a parse (a miss answers ``None``)
+_LOOKUP_ONLY = "lookup only"
+
+
 def _job(kind: str, path: str, engine: str | MeasureError | None, cache_dir: str | None,
          lookup: bool) -> tuple[dict | MeasureError, bool]:
     """One file: ``(result dict or the error that says why not, whether it came from the cache)``; ``engine``
@@ -58,6 +63,8 @@ def _job(kind: str, path: str, engine: str | MeasureError | None, cache_dir: str
             hit = trace_cache.load(cdir, kind, trace_cache.content_hash(path))
             if hit is not None:
                 return hit, True
+        if engine is _LOOKUP_ONLY:
+            return None, False  # type: ignore[return-value]
         if isinstance(engine, MeasureError):
             return engine, False
         module, func = PARSERS[kind].split(":")
@@ -114,19 +121,23 @@ def parse_files(
     except MeasureError as exc:
         engine = exc  # type: ignore[assignment]  # a cache hit needs no engine; a parse reports it
     todo = list(range(len(jobs)))
+    if lookup:  # hashing is cheaper than starting a pool: the lookups are done here, the misses parsed below
+        for i in todo:
+            out[i], flags[i] = _job(jobs[i][0], str(jobs[i][1]), _LOOKUP_ONLY, cdir, True)
+        todo = [i for i in todo if out[i] is None]
     n_workers = min(workers or default_workers(), len(todo))
     size = sum(_size(jobs[i][1]) for i in todo)
     if n_workers >= 2 and size >= POOL_MIN_BYTES:
         try:
             with ProcessPoolExecutor(max_workers=n_workers, mp_context=_context()) as pool:
-                futures = {i: pool.submit(_job, jobs[i][0], str(jobs[i][1]), engine, cdir, lookup) for i in todo}
+                futures = {i: pool.submit(_job, jobs[i][0], str(jobs[i][1]), engine, cdir, False) for i in todo}
                 for i, fut in futures.items():
                     out[i], flags[i] = fut.result()
         except (OSError, BrokenProcessPool):  # no processes here (a sandbox, a worker killed): one by one
             pass
     for i in todo:
         if out[i] is None:
-            out[i], flags[i] = _job(jobs[i][0], str(jobs[i][1]), engine, cdir, lookup)
+            out[i], flags[i] = _job(jobs[i][0], str(jobs[i][1]), engine, cdir, False)
     if stats is not None:
         stats["hits"] = stats.get("hits", 0) + sum(flags)
         stats["parsed"] = stats.get("parsed", 0) + sum(1 for f, o in zip(flags, out) if not f and isinstance(o, dict))
