@@ -1,22 +1,32 @@
-"""Trace parsing at disk speed: MB/s and peak RSS of ``bench.measure`` on one big trace (one core) and on the
-traces of 8 ranks (all cores), beside HTA (Holistic Trace Analysis) on the same files when it is installed.
+"""Trace parsing at disk speed: MB/s and peak RSS of ``bench.measure`` on one big trace (one core), on the
+traces of 8 ranks (all cores) and on the Ascend outputs of 8 ranks, beside HTA (Holistic Trace Analysis) on the
+same files when it is installed in another environment.
 
-Not a test. In one run, on the same generated files (written under a temporary folder, ``--dir`` to choose
-where, all deleted at the end):
+Not a test. In one run, on the same generated files (a temporary folder, or ``--dir``: reused there when made
+with the same options, so a timing run can start from files written earlier; deleted at the end unless
+``--keep``):
 
 * ``1 x --big-mb`` (default 2048 MB), parsed in one process (``workers=1``): the per-core rate;
 * ``--ranks`` x ``--rank-mb`` (default 8 x 250 MB), parsed by ``bench.measure.parse_traces`` over all
-  cores (a process pool), no cache;
-* HTA 0.5 (``TraceAnalysis`` load, then ``get_temporal_breakdown``) on both, in its own environment
-  (``--hta-python``, or ``$HTA_PYTHON``; "HTA not installed" otherwise), under a time limit and an
-  address-space cap so that it cannot take the machine down; what it reached is printed.
+  cores (a process pool);
+* the Ascend outputs of ``--ranks`` ranks (each: ``trace_view.json`` of ``--ascend-mb``, Ascend's layout;
+  ``kernel_details.csv`` of ``--ascend-kernels-mb``; ``step_trace_time.csv``), read by the Ascend reader as
+  ``collect()`` reads a run folder (every file of every rank at once over the cores, through the cache);
+* each case twice, as the product runs it: through the parsed-profile cache, first empty (every file parsed,
+  its content hash folded into the same read), then filled (every file hashed and answered by the cache:
+  what ``record`` on resume and the MLflow log of the top operators cost);
+* HTA 0.5 (``TraceAnalysis`` load, then ``get_temporal_breakdown``) on the two trace cases, in its own
+  environment (``--hta-python``, or ``$HTA_PYTHON``; "HTA not installed" otherwise), under a time limit and
+  an address-space cap so that it cannot take the machine down; what it reached is printed.
 
-Each measurement runs in a fresh child process. Printed per case: wall seconds and MB/s, CPU seconds and
-MB/s (user + system of every process of the measurement: on a busy machine wall MB/s drops, CPU MB/s much
-less), MB/s per core, the peak RSS of the largest process and the peak PSS of all processes together
-(proportional set size: pages shared by the workers counted once; sampled every 0.1 s with psutil; the
-one-process case also ``ru_maxrss``), ``os.getloadavg()`` before and after, and
-whether the Free ratio is exactly 0.2 in every step of every file.
+Each measurement runs in a fresh child process. Printed per case: wall seconds and MB/s, MB/s per core, CPU
+seconds and MB/s (user + system of every process of the measurement: on a busy machine wall MB/s drops, CPU
+MB/s much less), peak RSS: of the largest process, of the sum over all processes at any one time (shared
+pages counted in each: an upper bound) and of each process (the measuring process, then the pool's processes:
+workers, forkserver, resource tracker), the peak sum of PSS, ``os.getloadavg()`` before and after (sampled
+every 0.05 s with psutil; the measuring process also ``ru_maxrss``), and whether every result is exact: the
+Free ratio exactly 0.2 in every step of every trace (0.25 for Ascend's step trace), every step's top operators
+present, every kernel row read.
 
 The synthetic trace (Kineto's layout and field order): ``ProfilerStep#N`` windows of 1 s (``--step-ms``;
 about 80 MB of events each) on the main thread; every 25 us a ``cpu_op`` with a ``cuda_runtime`` launch, a
@@ -25,7 +35,9 @@ on stream 13, so every window's Free ratio is exactly 0.2 (kernels busy 20 us of
 bytes per event.
 
     python benchmarks/bench_trace_parse.py                                  # the acceptance run
-    python benchmarks/bench_trace_parse.py --big-mb 300 --rank-mb 40 --no-hta   # a quick look
+    python benchmarks/bench_trace_parse.py --dir D --keep --generate-only   # write the files first, then:
+    HTA_PYTHON=<venv>/bin/python python benchmarks/bench_trace_parse.py --dir D
+    python benchmarks/bench_trace_parse.py --big-mb 300 --rank-mb 40 --ascend-mb 20 --no-hta   # a quick look
     python benchmarks/bench_trace_parse.py --candidates --big-mb 200 --ranks 0  # JSON libraries compared
 """
 

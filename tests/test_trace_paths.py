@@ -25,6 +25,7 @@ from bench.measure import (
     torch_trace,
     trace_cache,
     trace_fast,
+    trace_ops,
     trace_pool,
 )
 from bench.measure.trace_scan import scan_trace
@@ -321,7 +322,7 @@ def test_the_hash_folded_into_the_parse_is_the_content_hash(name, tmp_path, monk
     assert torch_trace.parse_trace_hashed(files[0])[1] == trace_cache.content_hash(files[0])
 
 
-def test_top_operators_come_from_the_same_pass_on_both_paths(tmp_path):
+def test_top_operators_come_from_the_same_pass_on_both_paths(tmp_path, monkeypatch):
     """Every fixture's per-step top operators (CPU self time, device kernels) are part of the parse's result,
     the same on both paths, and per step the windows of the Free ratio's step table."""
     for name in FIXTURES:
@@ -332,6 +333,11 @@ def test_top_operators_come_from_the_same_pass_on_both_paths(tmp_path):
             assert all(t["cpu"] for t in fast["top_ops"]), path.name
     gpu = parse_trace_free(FIX / "gpu_two_steps.pt.trace.json").top_ops
     assert gpu[0]["device"][0] == {"name": "ampere_sgemm_128x64_tn", "calls": 1, "self_ms": 0.2, "share": 0.2}
+    # the sums by sorted keys (many windows x names) are the dense counters' sums
+    monkeypatch.setattr(trace_ops, "DENSE_KEYS", 0)
+    for name in FIXTURES:
+        assert parse_trace_free(FIX / name).top_ops == parse_trace_free(FIX / name, engine="ijson").top_ops
+    assert parse_trace_free(FIX / "gpu_two_steps.pt.trace.json").top_ops == gpu
 
 
 def test_without_xxhash_the_key_is_blake2b_and_still_folded(tmp_path):

@@ -24,17 +24,19 @@ from bench.measure.chrome_trace import hashable
 
 #: operators listed per kind (cpu, device) and step
 TOP_N = 10
+#: windows x names up to which the sums are kept in one dense counter per pair (else the keys are sorted)
+DENSE_KEYS = 1 << 22
 
 
 class OpStore:
-    """``cpu_op`` events per thread and device events, as columns (start us, duration us, name id)."""
+    """``cpu_op`` events per thread and device events, as columns (start us, duration us, name id: int32)."""
 
     __slots__ = ("names", "cpu", "dev")
 
     def __init__(self) -> None:
         self.names: dict[str, int] = {}
         self.cpu: dict[tuple, tuple[array, array, array]] = {}
-        self.dev: tuple[array, array, array] = (array("d"), array("d"), array("q"))
+        self.dev: tuple[array, array, array] = (array("d"), array("d"), array("i"))
 
     def _cols(self, thread: tuple) -> tuple[array, array, array]:
         try:
@@ -43,7 +45,7 @@ class OpStore:
             thread = (hashable(thread[0]), hashable(thread[1]))
             cols = self.cpu.get(thread)
         if cols is None:
-            cols = self.cpu[thread] = (array("d"), array("d"), array("q"))
+            cols = self.cpu[thread] = (array("d"), array("d"), array("i"))
         return cols
 
     def add(self, thread: tuple | None, ts: float, dur: float, name: object) -> None:
@@ -161,9 +163,16 @@ def top_table(store: OpStore, spans: list[tuple[int | None, float, float]] | Non
         k = np.zeros(ts.size, dtype=np.int64) if spans is None else _window_of(ts, starts, ends)
         keep = k >= 0
         key = k[keep] * max(1, len(names)) + ids[keep]
-        uniq, inv = np.unique(key, return_inverse=True)
-        calls = np.bincount(inv, minlength=uniq.size)
-        total = np.bincount(inv, weights=own[keep], minlength=uniq.size)
+        del k, ids
+        if len(rows) * max(1, len(names)) <= DENSE_KEYS:  # one counter per (window, name): no sort
+            calls = np.bincount(key, minlength=len(rows) * max(1, len(names)))
+            total = np.bincount(key, weights=own[keep], minlength=calls.size)
+            uniq = np.flatnonzero(calls)
+            calls, total = calls[uniq], total[uniq]
+        else:
+            uniq, inv = np.unique(key, return_inverse=True)
+            calls = np.bincount(inv, minlength=uniq.size)
+            total = np.bincount(inv, weights=own[keep], minlength=uniq.size)
         by_step: dict[int, list[tuple[str, int, float]]] = {}
         for u, c, t in zip(uniq.tolist(), calls.tolist(), total.tolist()):
             w, i = divmod(u, max(1, len(names)))
