@@ -141,19 +141,39 @@ def test_fallback_without_msgspec_gives_the_same(tmp_path):
 
 
 def test_collect_is_the_same_with_either_engine(tmp_path, monkeypatch):
-    """The whole measurement of a run folder (Free ratio per step and its sources, traces, Ascend rows)."""
+    """The whole measurement of a run folder — Free ratio per step and its sources, every trace's step table and
+    top operators (torch CPU, GPU, gzip, cut short), an Ascend rank's ``trace_view.json``, and the run's
+    summary with its phase table (``phase_median_s``) — is the same on both paths."""
+    from bench.measure import summarize
+
     run = tmp_path / "run"
     (run / "trace").mkdir(parents=True)
     for name in FIXTURES[:2]:
         (run / "trace" / name).write_bytes((FIX / name).read_bytes())
     (run / "trace" / "rank1.pt.trace.json.gz").write_bytes(gzip.compress((FIX / FIXTURES[0]).read_bytes()))
-    out = {}
+    cut = json.dumps(json.loads((FIX / FIXTURES[0]).read_text()), indent=1).encode()
+    (run / "trace" / "rank2_cut.pt.trace.json.gz").write_bytes(gzip.compress(cut[: len(cut) * 3 // 4]))
+    asc = run / "node0_1_20251101120000000_ascend_pt" / "ASCEND_PROFILER_OUTPUT"
+    asc.mkdir(parents=True)
+    (asc.parent / "profiler_info_0.json").write_text("{}")
+    (asc / "trace_view.json").write_bytes((FIX / "ascend_trace_view.json").read_bytes())
+    (asc / "step_trace_time.csv").write_text("Step,Computing,Communication(Not Overlapped),Free\n3,600,150,250\n")
+    (run / "metrics.jsonl").write_bytes((FIX / "verl06_metrics.jsonl").read_bytes())
+    out, summary = {}, {}
     for engine in ("fast", "ijson"):
         monkeypatch.setenv("BENCH_TRACE_ENGINE", engine)
         monkeypatch.setenv("BENCH_TRACE_CACHE", "off")
         out[engine] = collect(run)
+        summary[engine] = summarize(out[engine], 1)
     assert out["fast"] == out["ijson"]
-    assert out["fast"]["free_ratio"] == {1: 0.25, 2: 0.7, 3: 0.48, 4: 0.4375}
+    assert summary["fast"] == summary["ijson"] and summary["fast"]["phase_median_s"]
+    assert [t["path"] for t in out["fast"]["traces"]] == ["trace/cpu_two_steps.pt.trace.json",
+                                                        "trace/gpu_two_steps.pt.trace.json",
+                                                        "trace/rank1.pt.trace.json.gz",
+                                                        "trace/rank2_cut.pt.trace.json.gz"]
+    assert all(t["top_ops"] for t in out["fast"]["traces"])
+    assert [s["step"] for s in out["fast"]["ascend"]["trace_view"][0]["steps"]] == [3, 4]
+    assert out["fast"]["free_ratio"][1] == 0.25 and out["fast"]["free_ratio"][2] == 0.7
 
 
 def test_pool_and_cache(tmp_path, monkeypatch):
