@@ -15,6 +15,7 @@ trace are microseconds; tables are in milliseconds.
 
 from __future__ import annotations
 
+import tempfile
 from array import array
 from typing import Any
 
@@ -26,17 +27,25 @@ from bench.measure.chrome_trace import hashable
 TOP_N = 10
 #: windows x names up to which the sums are kept in one dense counter per pair (else the keys are sorted)
 DENSE_KEYS = 1 << 22
+#: device events per block spilled to the temporary file (and summed at a time)
+SPILL = 1 << 18
 
 
 class OpStore:
-    """``cpu_op`` events per thread and device events, as columns (start us, duration us, name id: int32)."""
+    """``cpu_op`` events per thread and device events, as columns (start us, duration us, name id: int32).
 
-    __slots__ = ("names", "cpu", "dev")
+    Device events (usually the most numerous, and never sorted) are spilled to a temporary file in blocks of
+    exactly :data:`SPILL` events as they come (so the blocks are the same however the events arrived), and read
+    back one block at a time by :func:`top_table`: they cost no memory beyond one block."""
+
+    __slots__ = ("names", "cpu", "dev", "spill", "blocks")
 
     def __init__(self) -> None:
         self.names: dict[str, int] = {}
         self.cpu: dict[tuple, tuple[array, array, array]] = {}
         self.dev: tuple[array, array, array] = (array("d"), array("d"), array("i"))
+        self.spill = None  # the temporary file of the device blocks written so far
+        self.blocks = 0
 
     def _cols(self, thread: tuple) -> tuple[array, array, array]:
         try:
@@ -48,6 +57,15 @@ class OpStore:
             cols = self.cpu[thread] = (array("d"), array("d"), array("i"))
         return cols
 
+    def _spill(self) -> None:
+        """Move the first :data:`SPILL` pending device events to the temporary file."""
+        if self.spill is None:
+            self.spill = tempfile.TemporaryFile(prefix="bench-ops-")
+        for col in self.dev:
+            self.spill.write(memoryview(col)[:SPILL].tobytes())
+            del col[:SPILL]
+        self.blocks += 1
+
     def add(self, thread: tuple | None, ts: float, dur: float, name: object) -> None:
         """One event (``thread`` ``None``: a device event); names that are not strings are skipped."""
         if type(name) is not str:
@@ -56,6 +74,8 @@ class OpStore:
         cols[0].append(ts)
         cols[1].append(dur)
         cols[2].append(self.names.setdefault(name, len(self.names)))
+        if thread is None and len(cols[0]) >= SPILL:
+            self._spill()
 
     def extend(self, thread: tuple | None, ts: np.ndarray, dur: np.ndarray, names: list) -> None:
         """Many events at once (float64 arrays and their names); the same as :meth:`add` for each."""
@@ -70,6 +90,22 @@ class OpStore:
         cols[0].frombytes(np.ascontiguousarray(ts, dtype=np.float64).tobytes())
         cols[1].frombytes(np.ascontiguousarray(dur, dtype=np.float64).tobytes())
         cols[2].extend(ids)
+        while thread is None and len(cols[0]) >= SPILL:
+            self._spill()
+
+    def device_blocks(self):
+        """The device events, block by block: ``(ts, dur, ids)`` arrays (float64, float64, int64), file order.
+        Closes the temporary file at the end."""
+        if self.spill is not None:
+            self.spill.seek(0)
+            for _ in range(self.blocks):
+                ts = np.frombuffer(self.spill.read(8 * SPILL), dtype=np.float64)
+                dur = np.frombuffer(self.spill.read(8 * SPILL), dtype=np.float64)
+                ids = np.frombuffer(self.spill.read(4 * SPILL), dtype=np.int32).astype(np.int64)
+                yield ts, dur, ids
+            self.spill.close()
+            self.spill = None
+        yield _col(self.dev[0]), _col(self.dev[1]), _col(self.dev[2])
 
 
 def self_times(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -118,6 +154,52 @@ def _window_of(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarr
     return out
 
 
+def _at(ts: np.ndarray, starts: np.ndarray, ends: np.ndarray, one: bool) -> np.ndarray:
+    """The window of each start (``one``: a trace without windows, every event in the one entry)."""
+    return np.zeros(ts.size, dtype=np.int64) if one else _window_of(ts, starts, ends)
+
+
+class _Sums:
+    """Calls and summed self time per (window, name), added a block at a time (the same blocks give the same
+    sums, to the last bit): one dense counter per pair up to :data:`DENSE_KEYS` pairs, else sorted keys."""
+
+    def __init__(self, windows: int, names: int) -> None:
+        self.names = max(1, names)
+        self.dense = windows * self.names <= DENSE_KEYS
+        size = windows * self.names if self.dense else 0
+        self.calls = np.zeros(size, dtype=np.int64)
+        self.total = np.zeros(size, dtype=np.float64)
+        self.sparse: dict[int, list] = {}
+
+    def add(self, window: np.ndarray, ids: np.ndarray, own: np.ndarray) -> None:
+        keep = window >= 0
+        key = window[keep] * self.names + ids[keep]
+        if self.dense:
+            self.calls += np.bincount(key, minlength=self.calls.size)
+            self.total += np.bincount(key, weights=own[keep], minlength=self.total.size)
+            return
+        uniq, inv = np.unique(key, return_inverse=True)
+        calls = np.bincount(inv, minlength=uniq.size)
+        total = np.bincount(inv, weights=own[keep], minlength=uniq.size)
+        for u, c, t in zip(uniq.tolist(), calls.tolist(), total.tolist()):
+            slot = self.sparse.setdefault(u, [0, 0.0])
+            slot[0] += c
+            slot[1] += t
+
+    def by_window(self, names: list[str]) -> dict[int, list[tuple[str, int, float]]]:
+        """``{window index: [(name, calls, total us)]}``."""
+        if self.dense:
+            uniq = np.flatnonzero(self.calls)
+            pairs = zip(uniq.tolist(), self.calls[uniq].tolist(), self.total[uniq].tolist())
+        else:
+            pairs = ((u, c, t) for u, (c, t) in sorted(self.sparse.items()))
+        out: dict[int, list[tuple[str, int, float]]] = {}
+        for u, c, t in pairs:
+            w, i = divmod(u, self.names)
+            out.setdefault(w, []).append((names[i], c, t))
+        return out
+
+
 def _col(values: array) -> np.ndarray:
     return np.frombuffer(values, dtype=np.float64) if values.typecode == "d" else np.asarray(values, dtype=np.int64)
 
@@ -142,42 +224,20 @@ def top_table(store: OpStore, spans: list[tuple[int | None, float, float]] | Non
     starts = np.array([s for _, s, _ in rows], dtype=np.float64)
     ends = starts + np.array([0.0 if w is None else w for _, _, w in rows], dtype=np.float64)
     names = list(store.names)
-    per_kind: dict[str, tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]] = {
-        "cpu": ([], [], []), "device": ([], [], [])}
-    for ts_a, dur_a, id_a in store.cpu.values():
-        ts, dur, ids = _col(ts_a), _col(dur_a), _col(id_a)
-        order, own = self_times(ts, dur)
-        per_kind["cpu"][0].append(ts[order])
-        per_kind["cpu"][1].append(np.maximum(own, 0.0))
-        per_kind["cpu"][2].append(ids[order])
-    dev_ts, dev_dur, dev_id = (_col(c) for c in store.dev)
-    per_kind["device"][0].append(dev_ts)
-    per_kind["device"][1].append(dev_dur)
-    per_kind["device"][2].append(dev_id)
-
-    tables: dict[str, dict[int, list[tuple[str, int, float]]]] = {}
-    for kind, (tss, owns, idss) in per_kind.items():
-        ts = np.concatenate(tss) if tss else np.empty(0)
-        own = np.concatenate(owns) if owns else np.empty(0)
-        ids = np.concatenate(idss).astype(np.int64) if idss else np.empty(0, dtype=np.int64)
-        k = np.zeros(ts.size, dtype=np.int64) if spans is None else _window_of(ts, starts, ends)
-        keep = k >= 0
-        key = k[keep] * max(1, len(names)) + ids[keep]
-        del k, ids
-        if len(rows) * max(1, len(names)) <= DENSE_KEYS:  # one counter per (window, name): no sort
-            calls = np.bincount(key, minlength=len(rows) * max(1, len(names)))
-            total = np.bincount(key, weights=own[keep], minlength=calls.size)
-            uniq = np.flatnonzero(calls)
-            calls, total = calls[uniq], total[uniq]
+    tables = {}
+    for kind in ("cpu", "device"):
+        sums = _Sums(len(rows), len(names))
+        if kind == "cpu":
+            for ts_a, dur_a, id_a in store.cpu.values():
+                ts, dur, ids = _col(ts_a), _col(dur_a), _col(id_a)
+                order, own = self_times(ts, dur)
+                for a in range(0, order.size, SPILL):
+                    part = order[a:a + SPILL]
+                    sums.add(_at(ts[part], starts, ends, spans is None), ids[part], np.maximum(own[a:a + SPILL], 0.0))
         else:
-            uniq, inv = np.unique(key, return_inverse=True)
-            calls = np.bincount(inv, minlength=uniq.size)
-            total = np.bincount(inv, weights=own[keep], minlength=uniq.size)
-        by_step: dict[int, list[tuple[str, int, float]]] = {}
-        for u, c, t in zip(uniq.tolist(), calls.tolist(), total.tolist()):
-            w, i = divmod(u, max(1, len(names)))
-            by_step.setdefault(w, []).append((names[i], c, t))
-        tables[kind] = by_step
+            for ts, dur, ids in store.device_blocks():
+                sums.add(_at(ts, starts, ends, spans is None), ids, dur)
+        tables[kind] = sums.by_window(names)
 
     out = []
     for w, (step, _, window) in enumerate(rows):
