@@ -381,3 +381,32 @@ def test_without_xxhash_the_key_is_blake2b_and_still_folded(tmp_path):
 
     assert name == "blake2b" and full == folded
     assert full == hashlib.blake2b((FIX / FIXTURES[0]).read_bytes(), digest_size=16).hexdigest()
+
+
+def test_self_times_are_the_stacks_on_any_order():
+    """The columns-and-runs self times are the plain stack's (torch's rule) on shuffled, sorted, tied and
+    overlapping events."""
+    import numpy as np
+
+    def stack_self(events):
+        out, stack = {}, []
+        for i, ts, dur in sorted(events, key=lambda e: (e[1], -e[2])):
+            while stack and ts >= stack[-1][0]:
+                stack.pop()
+            if stack:
+                out[stack[-1][1]] -= dur
+            out[i] = dur
+            stack.append([ts + dur, i])
+        return out
+
+    rng = np.random.default_rng(7)
+    for trial in range(30):
+        n = 400
+        ts = np.round(rng.uniform(0, 500, n), 0 if trial % 3 == 0 else 3)  # ties on every third trial
+        dur = np.round(rng.exponential(5 if trial % 2 else 0.5, n), 2)
+        if trial % 5 == 0:
+            ts = np.sort(ts) + np.arange(n) * 1e-3  # sorted, strictly increasing: no sort needed
+        order, own = trace_ops.self_times(ts, dur)
+        idx = np.arange(n) if order is None else order
+        want = stack_self([(i, float(ts[i]), float(dur[i])) for i in range(n)])
+        assert {int(i): float(o) for i, o in zip(idx, own)} == pytest.approx(want), trial

@@ -108,22 +108,31 @@ class OpStore:
         yield _col(self.dev[0]), _col(self.dev[1]), _col(self.dev[2])
 
 
-def self_times(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def self_times(ts: np.ndarray, dur: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     """Self time of each ``cpu_op`` event of one thread: ``(order, own)`` where ``order`` sorts the events by
-    start (longer first at equal starts, else file order) and ``own[i]`` is the self time (us) of event
-    ``order[i]``: its duration minus the durations of the events whose caller it is (see the module docstring).
+    start (longer first at equal starts, else file order; ``None`` when they are in that order already: every
+    start later than the one before) and ``own[i]`` is the self time (us) of event ``order[i]``: its duration
+    minus the durations of the events whose caller it is (see the module docstring).
 
     Events that nest nothing and lie in nothing (a start at or after the end of every earlier event) are
-    done on columns; only nested runs go through the stack, one event at a time."""
-    order = np.lexsort((-dur, ts))
-    s, d = ts[order], dur[order]
+    done on columns; only nested runs go through the stack, one event at a time. Memory: a few arrays of the
+    thread's event count, freed as soon as they are used."""
+    order = None if ts.size < 2 or bool(np.all(ts[1:] > ts[:-1])) else np.lexsort((-dur, ts))
+    s, d = (ts, dur) if order is None else (ts[order], dur[order])
     own = d.copy()
     if s.size < 2:
         return order, own
-    reach = np.maximum.accumulate(s + d)[:-1]
-    first = np.flatnonzero(np.concatenate(([True], s[1:] >= reach)))  # a new run: every earlier event ended
-    sizes = np.diff(np.append(first, s.size))
-    for a, size in zip(first[sizes > 1].tolist(), sizes[sizes > 1].tolist()):
+    reach = s + d
+    np.maximum.accumulate(reach, out=reach)
+    new = np.empty(s.size, dtype=bool)  # a new run: every earlier event ended
+    new[0] = True
+    np.greater_equal(s[1:], reach[:-1], out=new[1:])
+    del reach
+    firsts = np.flatnonzero(new)
+    del new
+    sizes = np.diff(firsts, append=s.size)
+    multi = sizes > 1
+    for a, size in zip(firsts[multi].tolist(), sizes[multi].tolist()):
         starts, durs = s[a:a + size].tolist(), d[a:a + size].tolist()
         mine = own[a:a + size].tolist()
         stack: list[int] = []
@@ -229,11 +238,13 @@ def top_table(store: OpStore, spans: list[tuple[int | None, float, float]] | Non
         sums = _Sums(len(rows), len(names))
         if kind == "cpu":
             for ts_a, dur_a, id_a in store.cpu.values():
-                ts, dur, ids = _col(ts_a), _col(dur_a), _col(id_a)
+                ts, dur, ids = _col(ts_a), _col(dur_a), np.frombuffer(id_a, dtype=np.int32)
                 order, own = self_times(ts, dur)
-                for a in range(0, order.size, SPILL):
-                    part = order[a:a + SPILL]
-                    sums.add(_at(ts[part], starts, ends, spans is None), ids[part], np.maximum(own[a:a + SPILL], 0.0))
+                np.maximum(own, 0.0, out=own)
+                for a in range(0, own.size, SPILL):
+                    part = slice(a, a + SPILL) if order is None else order[a:a + SPILL]
+                    sums.add(_at(ts[part], starts, ends, spans is None), ids[part].astype(np.int64),
+                             own[a:a + SPILL])
         else:
             for ts, dur, ids in store.device_blocks():
                 sums.add(_at(ts, starts, ends, spans is None), ids, dur)
