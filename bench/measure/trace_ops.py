@@ -1,6 +1,7 @@
 """The top operators of each profiled step by self time, from the same single pass over a trace that gives its
 Free ratio: the scan (:mod:`bench.measure.trace_scan`, either reader) keeps the ``cpu_op`` and device events'
-start, duration and name in an :class:`OpStore` (columns; 24 bytes an event), and :func:`top_table` turns it
+start, duration and name in an :class:`OpStore` (columns, 20 bytes an event; device events spilled to a temporary
+file block by block), and :func:`top_table` turns it
 into per-step tables, stored with the trace's :class:`~bench.measure.torch_trace.TraceFree` (and so in the
 parsed-profile cache: MLflow's ``profile_summary.json`` reads them from there, never from the trace again).
 
