@@ -43,8 +43,6 @@ except ImportError:  # pragma: no cover - xxhash is a dependency; exercised by f
 
 #: parser kind -> version (bump when that parser's result for the same bytes may change)
 VERSIONS = {"trace": 2, "kernel_details": 1, "step_trace": 1}
-#: kept for callers of the earlier module: the version of the chrome-trace parser
-PARSER_VERSION = VERSIONS["trace"]
 #: folder name, inside a run folder
 CACHE_DIR = ".trace_cache"
 #: bytes read at a time by :func:`content_hash`
