@@ -16,7 +16,11 @@ Free ratio (msprof-analyze's step time, ``advisor`` ``op_schedule_advice.get_rat
 in one step (several roles or devices) are combined time weighted: ``sum(Free) / sum(step time)``.
 Across ranks: mean, min, max and spread (= max - min) of the per-rank ratios, and the ranks missing.
 
-The step trace files and their columns: :mod:`bench.measure.ascend_step_trace`.
+The step trace files and their columns: :mod:`bench.measure.ascend_step_trace`. Every rank's
+``step_trace_time.csv``, ``kernel_details.csv`` and ``trace_view.json`` are parsed at once over the cores
+and through the parsed-profile cache (:func:`bench.measure.trace_pool.parse_files`): the kernels per step
+(:mod:`bench.measure.ascend_kernels`) and the trace's windows and top operators feed the top operators of
+MLflow's ``profile_summary.json`` (:mod:`bench.measure.top_ops`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.measure._common import MeasureError, rel_path
+from bench.measure.ascend_kernels import rank_files
 from bench.measure.ascend_step_trace import (
     ANALYSIS_DB,
     OUTPUT_DIR,
@@ -37,6 +42,8 @@ from bench.measure.ascend_step_trace import (
     read_step_trace_db,
 )
 from bench.measure.formats import Measurements, Reader, ReadOptions
+from bench.measure.trace_cache import CACHE_DIR
+from bench.measure.trace_pool import parse_files
 
 
 @dataclass
@@ -130,6 +137,26 @@ def read_profile_rows(profile: AscendProfile) -> list[StepTraceRow]:
     return read_step_trace_db(profile.output, rank=profile.rank)
 
 
+def _rows_of_all(profiles: list[AscendProfile], cache_dir: Path | None) -> list[list[StepTraceRow] | MeasureError]:
+    """The step rows of every profile: the CSVs through :func:`parse_files` (cached, in parallel when large),
+    the databases read here."""
+    csvs = [i for i, p in enumerate(profiles) if p.output and p.output.endswith(".csv")]
+    got = dict(zip(csvs, parse_files([("step_trace", profiles[i].output) for i in csvs], cache_dir=cache_dir)))
+    out: list[list[StepTraceRow] | MeasureError] = []
+    for i, prof in enumerate(profiles):
+        if i in got:
+            g = got[i]
+            out.append(g if isinstance(g, MeasureError) else
+                       [StepTraceRow(**{**r, "rank": prof.rank}) for r in g["rows"]])
+            continue
+        try:
+            out.append(read_profile_rows(prof))
+        except MeasureError as exc:
+            out.append(exc)
+    return out
+
+
+
 @dataclass
 class StepAcrossRanks:
     """Free ratio of one step across ranks.
@@ -190,26 +217,27 @@ class AscendFree:
         }
 
 
-def read_ascend_free(root: str | os.PathLike, expected_ranks: int | None = None) -> AscendFree:
+def read_ascend_free(root: str | os.PathLike, expected_ranks: int | None = None,
+                     cache_dir: str | os.PathLike | None = None) -> AscendFree:
     """Per step, the Free ratio of each rank and its spread across ranks, for every profile below ``root``.
 
     A profile without a known rank is counted under its ``Device_id`` when the row has one, else
     under ``-1 - index`` (so it still contributes, but is never mistaken for a real rank); a warning
     says so. Raw-only folders are listed in ``needs_analyse`` (run :func:`analyse_raw` first).
+    ``cache_dir``: the parsed-profile cache for the ``step_trace_time.csv`` files (``None``: none).
     """
     result = AscendFree(root=str(root))
     result.profiles = find_ascend_profiles(root)
-    for idx, prof in enumerate(result.profiles):
+    all_rows = _rows_of_all(result.profiles, Path(cache_dir) if cache_dir is not None else None)
+    for idx, (prof, rows) in enumerate(zip(result.profiles, all_rows)):
         if prof.output is None:
             if prof.has_raw:
                 result.needs_analyse.append(prof.path)
             else:
                 result.warnings.append(f"{prof.path}: no {OUTPUT_DIR}/{STEP_TRACE_CSV} and no raw data")
             continue
-        try:
-            rows = read_profile_rows(prof)
-        except MeasureError as exc:
-            result.warnings.append(str(exc))
+        if isinstance(rows, MeasureError):
+            result.warnings.append(str(rows))
             continue
         for row in rows:
             rank = prof.rank
@@ -315,8 +343,10 @@ class AscendReader(Reader):
         return bool(find_ascend_profiles(run_dir))
 
     def read(self, run_dir: Path, options: ReadOptions) -> Measurements:
-        af = read_ascend_free(run_dir, expected_ranks=options.expected_ranks)
+        af = read_ascend_free(run_dir, expected_ranks=options.expected_ranks, cache_dir=run_dir / CACHE_DIR)
         ad = af.to_dict()
+        ad["kernel_details"], ad["trace_view"], errors = rank_files(af.profiles, run_dir)
+        af.warnings.extend(errors)
         for p in ad["profiles"]:
             p["path"] = rel_path(p["path"], run_dir)
             if p["output"]:
@@ -336,3 +366,4 @@ class AscendReader(Reader):
             if step is not None:
                 out.missing_ranks[step] = list(across.missing_ranks)
         return out
+

@@ -119,8 +119,8 @@ class GzipToTheCut:
     that ends early (a killed run) gives every byte before the cut and then ``b""`` (a plain ``read(n)``
     raises ``EOFError`` and drops what it had gathered in that call)."""
 
-    def __init__(self, path: Path) -> None:
-        self._fh = gzip.open(path, "rb")
+    def __init__(self, path: Path, raw=None) -> None:
+        self._fh = gzip.open(path, "rb") if raw is None else gzip.GzipFile(fileobj=raw, mode="rb")
         self._cut = False
 
     def read(self, n: int = -1) -> bytes:
@@ -154,15 +154,20 @@ class GzipToTheCut:
         self.close()
 
 
-def open_binary(path: Path):
+def open_binary(path: Path, raw=None):
     """The file opened for binary reading, gunzipped when it starts with the gzip magic bytes (a gzip stream
-    cut short reads up to the cut, :class:`GzipToTheCut`)."""
-    fh = open(path, "rb")
+    cut short reads up to the cut, :class:`GzipToTheCut`).
+
+    ``raw``: the file already open (a :class:`~bench.measure.trace_cache.HashingReader`, which hashes what is
+    read and is not closed here); it is read from its start."""
+    fh = open(path, "rb") if raw is None else raw
+    fh.seek(0)
     magic = fh.read(2)
     fh.seek(0)
     if magic == b"\x1f\x8b":
-        fh.close()
-        return GzipToTheCut(path)
+        if raw is None:
+            fh.close()
+        return GzipToTheCut(path, raw)
     return fh
 
 
@@ -178,10 +183,11 @@ def _events_prefix(fh) -> str:
     raise ValueError("not a JSON object or array")
 
 
-def iter_trace_events(path: str | os.PathLike) -> Iterator[dict]:
-    """Stream the events of a chrome trace (``.json`` / ``.json.gz``, object or bare array)."""
+def iter_trace_events(path: str | os.PathLike, raw=None) -> Iterator[dict]:
+    """Stream the events of a chrome trace (``.json`` / ``.json.gz``, object or bare array); ``raw``: see
+    :func:`open_binary`."""
     p = Path(path)
-    with open_binary(p) as fh:
+    with open_binary(p, raw) as fh:
         prefix = _events_prefix(fh)
         yield from ijson.items(fh, prefix, use_float=True)
 

@@ -1,116 +1,133 @@
-"""The top operators of a profiled step by self time, from a torch chrome trace (``profile_summary.json``).
+"""The top operators of a profiled step by self time, for MLflow's ``profile_summary.json``: read from the
+parsed-profile cache of the run folder (:mod:`bench.measure.trace_cache`), which the measurement of the run
+filled in the same pass that gave its Free ratio — the trace is never parsed again to log them (a cache that
+was deleted is refilled by one parse that gives everything).
 
-Self time is what ``torch.profiler``'s key averages call ``self_cpu_time_total`` / ``self_device_time_total``:
-an operator's duration minus the durations of the operators it calls. For ``cpu_op`` events the calls are
-the ``cpu_op`` events nested in it on the same thread (time intervals of one thread nest); device events
-(``kernel``, ``gpu_memcpy``, ``gpu_memset``) do not nest, so their self time is their duration.
+Sources, as the run record names them (``free_ratio_detail[step].sources``):
 
-Events are attributed to a ``ProfilerStep#N`` window by their start. A trace without such windows (verl's
-per-step traces) is one step. Times in the trace are microseconds; the result is in milliseconds.
+* ``torch``: the trace's own tables (:mod:`bench.measure.trace_ops`: ``cpu_op`` self times, device kernels);
+* ``ascend`` (``rank N``): that rank's ``kernel_details.csv`` (device kernels: their durations summed per name,
+  :mod:`bench.measure.ascend_kernels`) and its ``trace_view.json`` (CPU operators, and the device half when
+  there is no ``kernel_details.csv``); the share is of the step's window (the trace's ``ProfilerStep`` window,
+  else msprof's step time ``Computing + Communication(Not Overlapped) + Free`` of the rank).
+
+Times in milliseconds; ``share`` = self time / step window.
 """
 
 from __future__ import annotations
 
 import os
-import re
-from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
-from bench.measure.chrome_trace import event_number, hashable, iter_trace_events
+from bench.measure._common import MeasureError
+from bench.measure.ascend import find_ascend_profiles
+from bench.measure.ascend_kernels import kernel_top, profile_files
+from bench.measure.trace_cache import CACHE_DIR
+from bench.measure.trace_ops import TOP_N
+from bench.measure.trace_pool import parse_files
 
-DEVICE = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-#: operators listed per kind (cpu, device) and step
-TOP_N = 10
+__all__ = ["TOP_N", "step_top_ops", "top_ops"]
 
 
-def _self_times(events: list[tuple[float, float, str]]) -> list[tuple[str, float, float]]:
-    """(name, start, self time) of one thread's ``cpu_op`` events: duration minus the directly nested ones."""
-    out: list[tuple[str, float, float]] = []
-    stack: list[list[Any]] = []  # [end, name, start, self]
-    for ts, dur, name in sorted(events, key=lambda e: (e[0], -e[1])):
-        while stack and ts >= stack[-1][0]:
-            end, n, start, own = stack.pop()
-            out.append((n, start, own))
-        if stack:
-            stack[-1][3] -= dur
-        stack.append([ts + dur, name, ts, dur])
-    out += [(n, start, own) for _, n, start, own in stack]
-    return out
+def _entry(tables: list[dict], step: int | None) -> dict | None:
+    """The table of ``step`` among a trace's per-window tables (a trace without windows answers for any step)."""
+    hit = next((t for t in tables if t.get("step") == step), None)
+    if hit is None and len(tables) == 1 and tables[0].get("step") is None:
+        hit = tables[0]
+    return hit
 
 
 def top_ops(path: str | os.PathLike, step: int | None = None, n: int = TOP_N) -> dict[str, Any]:
-    """Top ``n`` operators by self time per profiled step of one trace.
-
-    Args:
-        path: a torch chrome trace (``.json`` or ``.json.gz``).
-        step: the step a trace without ``ProfilerStep#N`` windows belongs to (verl's per-step traces);
-            ``None`` for ``0``.
-        n: operators per kind.
-
-    Returns:
-        ``{step (str): {"window_ms", "cpu": [...], "device": [...]}}``; each operator
-        ``{"name", "calls", "self_ms", "share"}`` (``share``: self time / step window, ``None`` without a
-        window). Never raises for a bad file: an unreadable trace gives ``{}``.
-    """
-    cpu: dict[tuple, list[tuple[float, float, str]]] = defaultdict(list)
-    device: list[tuple[float, float, str]] = []
-    windows: list[tuple[int, float, float]] = []
+    """Top ``n`` operators by self time per window of one torch chrome trace, parsed here (no cache):
+    ``{step (str): {"window_ms", "cpu": [...], "device": [...]}}`` (a trace without ``ProfilerStep`` windows is
+    one entry, keyed ``step`` or ``0``); ``{}`` for a file that is not a trace. ``n`` is at most
+    :data:`TOP_N` (the tables the parser keeps)."""
     try:
-        for ev in iter_trace_events(path):
-            if type(ev) is not dict or ev.get("ph") != "X":
-                continue
-            cat = ev.get("cat")
-            if cat != "cpu_op" and cat not in DEVICE and cat != "user_annotation":
-                continue
-            name, ts, dur = ev.get("name"), ev.get("ts"), ev.get("dur")
-            if type(ts) is not float or type(dur) is not float:  # ints or numeric strings: the slow path
-                ts, dur = event_number(ts), event_number(dur)
-                if ts is None or dur is None:
-                    continue
-            if dur < 0 or type(name) is not str:
-                continue
-            if cat == "cpu_op" and not name.startswith("ProfilerStep#"):
-                thread = (ev.get("pid"), ev.get("tid"))
-                try:
-                    cpu[thread].append((ts, dur, name))
-                except TypeError:  # a pid/tid that is a list or an object
-                    cpu[(hashable(thread[0]), hashable(thread[1]))].append((ts, dur, name))
-            elif cat in DEVICE:
-                device.append((ts, dur, name))
-            elif m := _STEP.match(name):
-                windows.append((int(m.group(1)), ts, dur))
-    except Exception:
+        tables = parse_files([("trace", path)])[0]
+    except MeasureError:
         return {}
-
-    def where(ts: float) -> int | None:
-        for k, start, dur in windows:
-            if start <= ts <= start + dur:
-                return k
-        return None if windows else (step or 0)
-
-    acc: dict[int, dict[str, dict[str, list[float]]]] = defaultdict(lambda: {"cpu": {}, "device": {}})
-    for events in cpu.values():
-        for name, start, own in _self_times(events):
-            if (k := where(start)) is not None:
-                s = acc[k]["cpu"].setdefault(name, [0, 0.0])
-                s[0] += 1
-                s[1] += max(own, 0.0)
-    for ts, dur, name in device:
-        if (k := where(ts)) is not None:
-            s = acc[k]["device"].setdefault(name, [0, 0.0])
-            s[0] += 1
-            s[1] += dur
-    span = {k: dur for k, _, dur in windows}
+    if isinstance(tables, MeasureError):
+        return {}
     out = {}
-    for k in sorted(acc):
-        window = span.get(k)
-        out[str(k)] = {"window_ms": None if window is None else round(window / 1e3, 3), **{
-            kind: [{"name": name, "calls": int(c), "self_ms": round(t / 1e3, 3),
-                    "share": round(t / window, 4) if window else None}
-                   for name, (c, t) in sorted(ops.items(), key=lambda kv: -kv[1][1])[:n]]
-            for kind, ops in acc[k].items()}}
+    for t in tables["top_ops"]:
+        key = str(t["step"] if t["step"] is not None else (step or 0))
+        out[key] = {"window_ms": t["window_ms"], "cpu": t["cpu"][:n], "device": t["device"][:n]}
     return out
 
 
-__all__ = ["top_ops", "TOP_N"]
+def _window_us(rows: list[dict], step: int) -> float | None:
+    """msprof's step time of ``step`` (``Computing + Communication(Not Overlapped) + Free``, us) in a rank's rows."""
+    total = sum(r["computing_us"] + r["communication_not_overlapped_us"] + r["free_us"] for r in rows
+                if r.get("step") == step or (r.get("step") is None and len(rows) == 1))
+    return total or None
+
+
+def _ascend_top(rdir: Path, rank: int | None, step: int, memo: dict, n: int) -> dict | None:
+    """Top operators of ``step`` from one Ascend rank's files, through the cache."""
+    cache = rdir / CACHE_DIR
+    for prof in memo.setdefault("profiles", find_ascend_profiles(rdir)):
+        if prof.rank != rank:
+            continue
+        files = profile_files(prof)
+        jobs = [(k, p) for k, p in files.items()]
+        if prof.output and prof.output.endswith(".csv"):
+            jobs.append(("step_trace", prof.output))
+        got = dict(zip([k for k, _ in jobs], parse_files(jobs, cache_dir=cache)))
+        trace = got.get("trace") if isinstance(got.get("trace"), dict) else None
+        table = _entry(trace["top_ops"], step) if trace else None
+        window = table["window_ms"] * 1e3 if table and table.get("window_ms") else None
+        if window is None and isinstance(got.get("step_trace"), dict):
+            window = _window_us(got["step_trace"]["rows"], step)
+        device = None
+        if isinstance(got.get("kernel_details"), dict):
+            device = kernel_top(got["kernel_details"], step, window, n)
+        if device is None and table:
+            device = table["device"][:n]
+        if device is None and table is None:
+            continue
+        source = files.get("kernel_details") or files.get("trace")
+        return {"source": os.path.relpath(source, rdir),
+                "window_ms": None if window is None else round(window / 1e3, 3),
+                "cpu": table["cpu"][:n] if table else [], "device": device or []}
+    return None
+
+
+def step_top_ops(rdir: str | os.PathLike, step: int | str, sources: list[dict], memo: dict | None = None,
+                 n: int = TOP_N) -> dict | None:
+    """Top ``n`` operators by self time of one profiled step, from its first source that has them.
+
+    Args:
+        rdir: the run folder.
+        step: the step.
+        sources: the step's Free-ratio sources in the run record (``{"kind": "torch"|"ascend", "source"}``).
+        memo: a dict kept across the steps of one run (files already looked up).
+        n: operators per kind (at most :data:`TOP_N`).
+
+    Returns ``{"source", "window_ms", "cpu": [...], "device": [...]}`` (each operator ``{"name", "calls",
+    "self_ms", "share"}``), or ``None`` when no source has the step (no trace, an unreadable file)."""
+    rdir = Path(rdir)
+    memo = {} if memo is None else memo
+    k = int(step)
+    for src in sources:
+        kind, name = src.get("kind"), str(src.get("source", ""))
+        if kind == "torch":
+            path = rdir / name
+            if not path.is_file():
+                continue
+            if path not in memo:
+                memo[path] = parse_files([("trace", path)], cache_dir=rdir / CACHE_DIR)[0]
+            got = memo[path]
+            hit = _entry(got["top_ops"], k) if isinstance(got, dict) else None
+            if hit:
+                return {"source": name, "window_ms": hit["window_ms"], "cpu": hit["cpu"][:n],
+                        "device": hit["device"][:n]}
+        elif kind == "ascend" and name.startswith("rank "):
+            try:
+                rank = int(name.split()[1])
+            except ValueError:
+                continue
+            hit = _ascend_top(rdir, rank, k, memo, n)
+            if hit:
+                return hit
+    return None

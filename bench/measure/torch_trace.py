@@ -20,6 +20,9 @@ Busy time, per window ``[ts, ts + dur]`` (HolisticTraceAnalysis's idle-time defi
 
 Then ``free = window - busy`` and ``free_ratio = free / window``. The aggregate over a trace is
 time weighted: ``sum(free) / sum(window)``; the median of the per-step ratios is given too.
+
+The same pass gives the top operators of each window by self time (:mod:`bench.measure.trace_ops`,
+``TraceFree.top_ops``).
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.measure._common import MeasureError
 from bench.measure.chrome_trace import Intervals
+from bench.measure.trace_cache import HashingReader
+from bench.measure.trace_ops import top_table
 from bench.measure.trace_scan import scan_trace
 
 
@@ -73,6 +79,8 @@ class TraceFree:
         device_events: device intervals seen (``kernel``/``gpu_memcpy``/``gpu_memset``).
         cpu_ops: ``cpu_op`` intervals seen on any thread.
         warnings: oddities (duplicate step numbers, steps on several threads ...).
+        top_ops: per window the top operators by self time
+            (:func:`bench.measure.trace_ops.top_table`: ``[{"step", "window_ms", "cpu", "device"}]``).
     """
 
     path: str
@@ -83,6 +91,7 @@ class TraceFree:
     device_events: int = 0
     cpu_ops: int = 0
     warnings: list[str] = field(default_factory=list)
+    top_ops: list[dict] = field(default_factory=list)
 
     def aggregate(self) -> dict:
         """Time-weighted free ratio over the windows, plus the median of the per-step ratios.
@@ -115,6 +124,7 @@ class TraceFree:
             device_events=d.get("device_events", 0),
             cpu_ops=d.get("cpu_ops", 0),
             warnings=list(d.get("warnings") or []),
+            top_ops=list(d.get("top_ops") or []),
         )
 
     def to_dict(self) -> dict:
@@ -129,16 +139,42 @@ class TraceFree:
             "steps": [asdict(s) for s in self.steps],
             "aggregate": self.aggregate(),
             "warnings": list(self.warnings),
+            "top_ops": list(self.top_ops),
         }
 
 
-def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str | None = None) -> TraceFree:
+def parse_trace_hashed(path: str | os.PathLike, engine: str | None = None) -> tuple[TraceFree, str]:
+    """:func:`parse_trace_free` and the content hash of the file (:func:`bench.measure.trace_cache.content_hash`)
+    from the same read: every byte is hashed as the parser reads it. Raises as :func:`parse_trace_free`."""
+    p = Path(path)
+    try:
+        fh = open(p, "rb")
+    except OSError as exc:
+        raise MeasureError(f"{p}: cannot read trace: {exc.strerror or exc}") from exc
+    with fh:
+        raw = HashingReader(fh)
+        result = parse_trace_free(p, engine=engine, raw=raw)
+        try:
+            return result, raw.digest()
+        except OSError as exc:
+            raise MeasureError(f"{p}: cannot read trace: {exc.strerror or exc}") from exc
+
+
+def parse_trace_hashed_dict(path: str | os.PathLike, engine: str | None = None) -> tuple[dict, str]:
+    """:func:`parse_trace_hashed` with the result as :meth:`TraceFree.to_dict` (what the cache stores)."""
+    result, digest = parse_trace_hashed(path, engine)
+    return result.to_dict(), digest
+
+
+def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str | None = None,
+                     raw=None) -> TraceFree:
     """Free ratio per ``ProfilerStep#N`` window of one chrome trace (see the module docstring).
 
     ``block``: intervals buffered before they are merged into a block of disjoint segments (bounds
     the transient memory; the result does not depend on it). ``engine``: which reader scans the events
     (:func:`bench.measure.trace_scan.scan_trace`: ``"auto"``, ``"fast"`` or ``"ijson"``; default
-    ``$BENCH_TRACE_ENGINE`` or ``"auto"``; the result does not depend on it).
+    ``$BENCH_TRACE_ENGINE`` or ``"auto"``; the result does not depend on it). ``raw``: the file already open
+    (see :func:`bench.measure.trace_scan.scan_trace`).
 
     Raises :class:`~bench.measure._common.MeasureError` when the file cannot be opened or is not
     a JSON trace at all. A trace cut short (a run killed while writing it) is read up to the cut
@@ -146,7 +182,7 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str 
     """
     p = Path(path)
     result = TraceFree(path=str(p), basis="none")
-    scan = scan_trace(p, block=block, engine=engine)
+    scan = scan_trace(p, block=block, engine=engine, raw=raw)
     if scan.cut_short:
         result.warnings.append(f"trace cut short after {scan.events} events; read what was there")
     device, cpu_by_thread, windows = scan.device, scan.cpu_by_thread, scan.windows
@@ -176,6 +212,7 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str 
         else:
             store = None
         if store is None and main is None:
+            result.top_ops = top_table(scan.ops, None) if scan.ops.names else []
             return result
         basis = "cpu"
     lo, hi = store.extent() if store is not None else (math.inf, -math.inf)
@@ -183,6 +220,7 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str 
 
     if main is None:
         spans = [(None, lo, hi - lo)] if hi >= lo else []
+        result.top_ops = top_table(scan.ops, None) if scan.ops.names else []
     else:
         seen: dict[int, tuple[int | None, float, float]] = {}
         for step, start, dur in windows[main]:
@@ -191,6 +229,7 @@ def parse_trace_free(path: str | os.PathLike, block: int = 1 << 17, engine: str 
                 continue
             seen[step] = (step, start, dur)
         spans = [seen[k] for k in sorted(seen)]
+        result.top_ops = top_table(scan.ops, spans)
 
     for step, start, window in spans:
         end = start + window

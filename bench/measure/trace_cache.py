@@ -1,26 +1,23 @@
-"""The parsed-trace cache: a trace's Free-ratio result (:class:`~bench.measure.torch_trace.TraceFree`) stored
-as JSON under a key of the trace file, so that reading a run folder again (``record`` on resume, a
-report or gate that re-measures) never parses the same bytes twice.
+"""The parsed-profile cache: what a parser made of a profiler file (a torch/Ascend trace's
+:class:`~bench.measure.torch_trace.TraceFree`, an Ascend ``kernel_details.csv``'s kernels per step, a
+``step_trace_time.csv``'s rows) stored as JSON under the **hash of the file's content**, so that reading a run
+folder again (``record`` on resume, the MLflow log of its top operators, ``sync``) never parses the same bytes
+twice, whatever the file's name, inode or mtime.
 
-Where: ``<run folder>/.trace_cache/<key>.json`` (beside the run's results; ``results/`` and every
-``.trace_cache/`` are git-ignored). Written atomically (temporary file + ``os.replace``), so a reader sees
-a whole entry or none; an unreadable or foreign entry is ignored and rewritten.
+Where: ``<run folder>/.trace_cache/<kind>-<digest>.json`` (beside the run's results; ``results/`` and every
+``.trace_cache/`` are git-ignored). Written atomically (temporary file + ``os.replace``), so a reader sees a
+whole entry or none; an unreadable or foreign entry is ignored and rewritten.
 
-The key (:func:`cache_key`), ``blake2b`` (128 bits) of:
+The key: :data:`HASH` of every byte of the file as stored (a ``.gz`` file: its compressed bytes), 128 bits —
+``xxh3_128`` (xxhash, about 20 GB/s of CPU on this machine; ``hashlib.blake2b`` is 0.8 GB/s, it would add 2.5 s to
+a 2 GB parse) or ``blake2b`` where xxhash is missing — and, in the entry's name, the parser's kind and version
+(:data:`VERSIONS`, bumped whenever a parser's result for the same bytes may change, so an old entry is never
+read by a parser that would compute something else).
 
-* :data:`PARSER_VERSION` (bumped whenever the Free-ratio rules or the stored fields change, so old
-  entries are never read by a parser that would compute something else);
-* the file's size, ``st_mtime_ns``, inode and device;
-* the first and the last :data:`EDGE_BYTES` bytes of the file.
-
-Why this is safe without hashing every byte: a profiler writes a trace once and closes it; any later write
-to the file sets ``st_mtime_ns`` (nanoseconds) and appending changes the size; replacing the file (a new
-export, ``mv``, ``cp`` over it through a temporary) gives it a new inode. The head and the tail cover what
-differs between two exports of the same run (the first events' timestamps, the trace's end) on a
-file system whose timestamps are coarse (seconds on some network mounts) and which reuses an inode at once.
-What it does not catch: a program that rewrites bytes in the middle of a file, keeps its size and resets its
-mtime (``touch -d``); ``cache_key(path, full=True)`` (``BENCH_TRACE_CACHE=content``) hashes every byte
-for such a case (about 1 GB/s), and ``BENCH_TRACE_CACHE=off`` disables the cache.
+The hash is **folded into the parse**: a parser reads the file through :class:`HashingReader`, which hashes every
+raw byte as it passes, so a file met for the first time is read once (parse + hash). Only a lookup of a file
+that may be cached (the cache folder holds entries) hashes the file before parsing it; a hit then costs that one
+read (2 GB: about 0.5 s from the page cache), a miss one more read. ``BENCH_TRACE_CACHE=off`` disables the cache.
 """
 
 from __future__ import annotations
@@ -33,67 +30,166 @@ from pathlib import Path
 
 from bench.measure._common import MeasureError
 
-#: bump when the parser's result for the same bytes may change
-PARSER_VERSION = 1
-#: bytes hashed at each end of the file by the cheap key
-EDGE_BYTES = 1 << 20
+try:
+    import xxhash
+
+    HASH = "xxh3_128"
+    _new = xxhash.xxh3_128
+except ImportError:  # pragma: no cover - xxhash is a dependency; exercised by forcing it off in the tests
+    HASH = "blake2b"
+
+    def _new():
+        return hashlib.blake2b(digest_size=16)
+
+#: parser kind -> version (bump when that parser's result for the same bytes may change)
+VERSIONS = {"trace": 2, "kernel_details": 1, "step_trace": 1}
 #: folder name, inside a run folder
 CACHE_DIR = ".trace_cache"
+#: bytes read at a time by :func:`content_hash`
+BLOCK = 8 << 20
 
 
 def cache_mode() -> str:
-    """``BENCH_TRACE_CACHE``: ``"stat"`` (default: the cheap key), ``"content"`` (hash every byte) or ``"off"``.
+    """``BENCH_TRACE_CACHE``: ``"content"`` (default; also accepted: ``"on"``) or ``"off"``.
 
     Raises :class:`MeasureError` for any other value."""
-    mode = os.environ.get("BENCH_TRACE_CACHE") or "stat"
-    if mode not in ("stat", "content", "off"):
-        raise MeasureError(f"BENCH_TRACE_CACHE must be one of stat, content, off, not {mode!r}")
+    mode = os.environ.get("BENCH_TRACE_CACHE") or "content"
+    if mode == "on":
+        mode = "content"
+    if mode not in ("content", "off"):
+        raise MeasureError(f"BENCH_TRACE_CACHE must be one of content, on, off, not {mode!r}")
     return mode
 
 
-def cache_key(path: str | os.PathLike, full: bool = False) -> str:
-    """The cache key of a trace file (32 hex digits; see the module docstring for what it covers).
+def new_hasher():
+    """A fresh :data:`HASH` object (``update``, ``hexdigest``)."""
+    return _new()
 
-    ``full``: hash every byte (and not the inode/mtime) instead of the two ends. Raises ``OSError`` when
-    the file cannot be read."""
-    p = Path(path)
-    h = hashlib.blake2b(digest_size=16)
-    with open(p, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if full:
-            h.update(f"v{PARSER_VERSION} content {st.st_size}\n".encode())
-            while block := fh.read(1 << 20):
-                h.update(block)
-            return h.hexdigest()
-        h.update(f"v{PARSER_VERSION} {st.st_size} {st.st_mtime_ns} {st.st_ino} {st.st_dev}\n".encode())
-        h.update(fh.read(EDGE_BYTES))
-        if st.st_size > EDGE_BYTES:
-            fh.seek(max(EDGE_BYTES, st.st_size - EDGE_BYTES))
-            h.update(fh.read(EDGE_BYTES))
+
+class HashingReader:
+    """A binary file that hashes every byte read from it, once: reading again after a ``seek`` back hashes only
+    the bytes beyond the furthest point read (so ``seek(0)`` after peeking at the magic bytes costs nothing).
+
+    :meth:`digest` reads what was not read yet (the parser may stop before the end: ijson at the end of the JSON
+    value, a parse that fails) and returns the hash of the whole file, as :func:`content_hash` computes it."""
+
+    def __init__(self, fh) -> None:
+        self._fh = fh
+        self._h = new_hasher()
+        self._pos = 0
+        self._done = 0  # bytes [0, _done) are hashed
+
+    def _seen(self, data) -> None:
+        end = self._pos + len(data)
+        if end > self._done:
+            skip = self._done - self._pos
+            self._h.update(data[skip:] if skip > 0 else data)
+            self._done = end
+        self._pos = end
+
+    def read(self, n: int = -1) -> bytes:
+        data = self._fh.read(n)
+        self._seen(data)
+        return data
+
+    def read1(self, n: int = -1) -> bytes:
+        return self.read(n)
+
+    def readinto(self, b) -> int:
+        n = self._fh.readinto(b)
+        with memoryview(b) as view:
+            self._seen(view[:n])
+        return n
+
+    def seek(self, pos: int, whence: int = 0) -> int:
+        self._pos = self._fh.seek(pos, whence)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readable(self) -> bool:
+        return True
+
+    def writable(self) -> bool:
+        return False
+
+    def flush(self) -> None:
+        """Nothing to write."""
+
+    def seekable(self) -> bool:
+        return True
+
+    def digest(self) -> str:
+        """The content hash of the whole file (the rest is read and hashed first)."""
+        self._fh.seek(self._done)
+        self._pos = self._done
+        while block := self._fh.read(BLOCK):
+            self._seen(block)
+        return self._h.hexdigest()
+
+    def close(self) -> None:
+        """Nothing: the file belongs to whoever opened it (a reader that falls back reads it again)."""
+
+    @property
+    def closed(self) -> bool:
+        return self._fh.closed
+
+    def __enter__(self) -> HashingReader:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def content_hash(path: str | os.PathLike) -> str:
+    """:data:`HASH` of every byte of the file (32 hex digits). Raises ``OSError`` when it cannot be read."""
+    h = new_hasher()
+    buf = bytearray(BLOCK)
+    with open(path, "rb", buffering=0) as fh, memoryview(buf) as view:
+        while n := fh.readinto(buf):
+            h.update(view[:n])
     return h.hexdigest()
 
 
-def load(cache_dir: Path, key: str) -> dict | None:
-    """The stored result for ``key`` (the ``TraceFree.to_dict()`` form), ``None`` when absent or unreadable."""
+def entry_name(kind: str, digest: str) -> str:
+    """The file name of an entry: ``<kind>-v<version>-<HASH>-<digest>.json``."""
+    return f"{kind}-v{VERSIONS[kind]}-{HASH}-{digest}.json"
+
+
+def has_entries(cache_dir: Path | None) -> bool:
+    """Whether ``cache_dir`` holds any entry (else a lookup cannot hit: the hash is only folded into the parse)."""
+    if cache_dir is None:
+        return False
     try:
-        entry = json.loads((cache_dir / f"{key}.json").read_text(encoding="utf-8"))
+        with os.scandir(cache_dir) as it:
+            return any(e.name.endswith(".json") for e in it)
+    except OSError:
+        return False
+
+
+def load(cache_dir: Path, kind: str, digest: str) -> dict | None:
+    """The stored result of ``kind`` for the content ``digest``, ``None`` when absent or unreadable."""
+    try:
+        entry = json.loads((cache_dir / entry_name(kind, digest)).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(entry, dict) or entry.get("version") != PARSER_VERSION or entry.get("key") != key:
+    if not isinstance(entry, dict) or entry.get("version") != VERSIONS[kind] or entry.get("digest") != digest:
         return None
-    trace = entry.get("trace")
-    return trace if isinstance(trace, dict) else None
+    result = entry.get("result")
+    return result if isinstance(result, dict) else None
 
 
-def store(cache_dir: Path, key: str, trace: dict) -> None:
+def store(cache_dir: Path, kind: str, digest: str, result: dict) -> None:
     """Store a result atomically; a cache that cannot be written (read-only results) is skipped silently."""
     try:
         cache_dir.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=cache_dir)
+        fd, tmp = tempfile.mkstemp(prefix=f".{kind}-{digest}.", suffix=".tmp", dir=cache_dir)
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"version": PARSER_VERSION, "key": key, "trace": trace}, fh)
-            os.replace(tmp, cache_dir / f"{key}.json")
+                json.dump({"kind": kind, "version": VERSIONS[kind], "hash": HASH, "digest": digest,
+                           "result": result}, fh)
+            os.replace(tmp, cache_dir / entry_name(kind, digest))
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -52,8 +52,9 @@ try:
 except ImportError:  # pragma: no cover - exercised by forcing the fallback in the tests
     AVAILABLE = False
 
-#: bytes read at a time (the batch size); memory holds about two of them plus one decoded batch
-CHUNK = 8 << 20
+#: bytes read at a time (the batch size); memory holds about two of them plus one decoded batch. 4 MB: a
+#: 250 MB trace parses in 85 MB peak RSS (8 MB: 114 MB; 2 MB: 71 MB but 15 % more CPU), same CPU time as 8 MB
+CHUNK = 4 << 20
 #: wrong candidate cuts tried before giving up on a buffer (then more bytes are read)
 MAX_TRIES = 8
 #: a buffer without any usable cut larger than this (one giant event, or not an array of objects)
@@ -80,16 +81,17 @@ class BatchReader:
     module docstring) and ``OSError``/``EOFError`` (unreadable or broken gzip) while iterating.
     """
 
-    def __init__(self, path: str | Path, chunk: int | None = None) -> None:
+    def __init__(self, path: str | Path, chunk: int | None = None, raw=None) -> None:
         if not AVAILABLE:
             raise Unsupported("msgspec is not installed")
         self.path = Path(path)
+        self.raw = raw  # the file already open (a hashing reader), see chrome_trace.open_binary
         self.chunk = chunk or CHUNK
         self.cut_short = False
         self.events = 0
 
     def __iter__(self) -> Iterator[list]:
-        with open_binary(self.path) as fh:
+        with open_binary(self.path, self.raw) as fh:
             buf, is_object = self._head(fh)  # buf[0] is the "[" before the next event
             eof = False
             while True:

@@ -1,33 +1,44 @@
-"""The traces of one run (one file per rank and role) parsed at once over the cores, through the cache.
+"""The profiler files of one run (one per rank and role: torch/Ascend traces, Ascend ``kernel_details.csv`` and
+``step_trace_time.csv``) parsed at once over the cores, through the parsed-profile cache.
 
-:func:`parse_traces` looks every file up in :mod:`bench.measure.trace_cache` first; the misses are parsed
-by :func:`bench.measure.torch_trace.parse_trace_free`, in a process pool (one process per core, at most one
-per file; each worker parses one file at a time, so its memory is the parser's bound, about 100 MB) when
-there are at least two misses and they hold at least :data:`POOL_MIN_BYTES`, else in this process (a pool's
-start-up, about 0.3 s, is more than small traces cost; and where no process can be started, or a worker
-dies, the files left are parsed here). The results come back in the order of the paths and are stored in
-the cache.
+:func:`parse_files` takes ``(kind, path)`` jobs (a kind per parser, :data:`PARSERS`). When the cache folder
+holds entries, every file's content hash (:func:`bench.measure.trace_cache.content_hash`, xxh3 at memory speed)
+is computed here and looked up first; a hit is the answer. Every other file is parsed with its hash folded into
+the same read (:class:`~bench.measure.trace_cache.HashingReader`) and the result stored under it — the hash of
+the very bytes parsed, so nothing stale is ever stored. The parses run in a process pool (one process per core,
+at most one per file; a worker parses one file at a time, so its memory is one parser's bound) when there are
+at least two and their files hold at least :data:`POOL_MIN_BYTES`, else in this process (a pool's start-up,
+about 0.3 s, is more than small files cost; where no process can be started, or a worker dies, the files left
+are parsed here).
 
-Workers are started with ``forkserver`` (``spawn`` where that does not exist): never ``fork``, which copies
-the caller's threads' locks (MLflow, Ray clients).
+Workers are started with ``forkserver`` (``spawn`` where that does not exist): never ``fork``, which copies the
+caller's threads' locks (MLflow, Ray clients).
 """
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing
 import os
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
+from typing import Any
 
 import bench.measure.trace_cache as trace_cache
 from bench.measure._common import MeasureError
-from bench.measure.torch_trace import TraceFree, parse_trace_free
+from bench.measure.torch_trace import TraceFree
 from bench.measure.trace_scan import resolve_engine
 
-#: below this many bytes to parse, the files are parsed one after another in this process
+#: below this many bytes to read, the files are handled one after another in this process
 POOL_MIN_BYTES = 64 << 20
+#: kind -> "module:function(path, engine) -> (result dict, content hash)"
+PARSERS = {
+    "trace": "bench.measure.torch_trace:parse_trace_hashed_dict",
+    "kernel_details": "bench.measure.ascend_kernels:parse_kernel_details_hashed",
+    "step_trace": "bench.measure.ascend_kernels:parse_step_trace_hashed",
+}
 
 
 def default_workers() -> int:
@@ -38,20 +49,99 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-def _parse(path: str, engine: str | None) -> TraceFree | MeasureError:
+#: the ``engine`` of a lookup without a parse (a miss answers ``None``)
+_LOOKUP_ONLY = "lookup only"
+
+
+def _job(kind: str, path: str, engine: str | MeasureError | None, cache_dir: str | None,
+         lookup: bool) -> tuple[dict | MeasureError, bool]:
+    """One file: ``(result dict or the error that says why not, whether it came from the cache)``; ``engine``
+    may be the error that a bad ``BENCH_TRACE_ENGINE`` raised: a file that must be parsed gets it."""
+    cdir = Path(cache_dir) if cache_dir else None
     try:
-        return parse_trace_free(path, engine=engine)
+        if cdir is not None and lookup:
+            hit = trace_cache.load(cdir, kind, trace_cache.content_hash(path))
+            if hit is not None:
+                return hit, True
+        if engine is _LOOKUP_ONLY:
+            return None, False  # type: ignore[return-value]
+        if isinstance(engine, MeasureError):
+            return engine, False
+        module, func = PARSERS[kind].split(":")
+        result, digest = getattr(importlib.import_module(module), func)(path, engine)
     except MeasureError as exc:
-        return exc
+        return exc, False
+    except OSError as exc:
+        return MeasureError(f"{path}: cannot read: {exc.strerror or exc}"), False
+    if cdir is not None:
+        trace_cache.store(cdir, kind, digest, result)
+    return result, False
 
 
 def _context():
-    """``forkserver`` with the parser preloaded (the server imports it once, workers start with it)."""
+    """``forkserver`` with the parsers preloaded (the server imports them once, workers start with them)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["bench.measure.torch_trace"])
+    ctx.set_forkserver_preload(sorted({p.split(":")[0] for p in PARSERS.values()}))
     return ctx
+
+
+def parse_files(
+    jobs: Sequence[tuple[str, str | os.PathLike]],
+    cache_dir: str | os.PathLike | None = None,
+    workers: int | None = None,
+    engine: str | None = None,
+    stats: dict | None = None,
+) -> list[dict | MeasureError]:
+    """Parse many profiler files, in parallel and through the cache.
+
+    Args:
+        jobs: ``(kind, path)`` pairs; kinds are the keys of :data:`PARSERS` (``trace``: a chrome trace,
+            ``.json``/``.json.gz``, torch or Ascend ``trace_view.json``; ``kernel_details`` and ``step_trace``:
+            Ascend's CSVs).
+        cache_dir: the cache folder (``<run folder>/.trace_cache``); ``None``: no cache. The cache is also off
+            when ``BENCH_TRACE_CACHE=off``.
+        workers: processes (default :func:`default_workers`; ``1``: here, one after another).
+        engine: the chrome-trace event reader (see :func:`bench.measure.trace_scan.scan_trace`; the result
+            does not depend on it).
+        stats: a dict to count into: ``hits`` (answered by the cache) and ``parsed`` (files parsed).
+
+    Returns one entry per job, in order: the parser's result as a dict, or the :class:`MeasureError` that says
+    why the file could not be read (missing, not of its kind). Raises :class:`MeasureError` for a bad
+    ``BENCH_TRACE_CACHE``.
+    """
+    mode = trace_cache.cache_mode() if cache_dir is not None else "off"
+    cdir = str(cache_dir) if cache_dir is not None and mode != "off" else None
+    lookup = trace_cache.has_entries(Path(cdir)) if cdir else False
+    out: list[dict | MeasureError | None] = [None] * len(jobs)
+    flags = [False] * len(jobs)
+    try:
+        engine = resolve_engine(engine)  # here, not in a worker: a forkserver's environment may be older
+    except MeasureError as exc:
+        engine = exc  # type: ignore[assignment]  # a cache hit needs no engine; a parse reports it
+    todo = list(range(len(jobs)))
+    if lookup:  # hashing is cheaper than starting a pool: the lookups are done here, the misses parsed below
+        for i in todo:
+            out[i], flags[i] = _job(jobs[i][0], str(jobs[i][1]), _LOOKUP_ONLY, cdir, True)
+        todo = [i for i in todo if out[i] is None]
+    n_workers = min(workers or default_workers(), len(todo))
+    size = sum(_size(jobs[i][1]) for i in todo)
+    if n_workers >= 2 and size >= POOL_MIN_BYTES:
+        try:
+            with ProcessPoolExecutor(max_workers=n_workers, mp_context=_context()) as pool:
+                futures = {i: pool.submit(_job, jobs[i][0], str(jobs[i][1]), engine, cdir, False) for i in todo}
+                for i, fut in futures.items():
+                    out[i], flags[i] = fut.result()
+        except (OSError, BrokenProcessPool):  # no processes here (a sandbox, a worker killed): one by one
+            pass
+    for i in todo:
+        if out[i] is None:
+            out[i], flags[i] = _job(jobs[i][0], str(jobs[i][1]), engine, cdir, False)
+    if stats is not None:
+        stats["hits"] = stats.get("hits", 0) + sum(flags)
+        stats["parsed"] = stats.get("parsed", 0) + sum(1 for f, o in zip(flags, out) if not f and isinstance(o, dict))
+    return out  # type: ignore[return-value]
 
 
 def parse_traces(
@@ -59,72 +149,19 @@ def parse_traces(
     cache_dir: str | os.PathLike | None = None,
     workers: int | None = None,
     engine: str | None = None,
+    stats: dict | None = None,
 ) -> list[TraceFree | MeasureError]:
-    """Parse many traces, in parallel and through the cache.
-
-    Args:
-        paths: trace files (``.json`` / ``.json.gz``), e.g. one per rank.
-        cache_dir: the cache folder (``<run folder>/.trace_cache``); ``None``: no cache. The cache is also
-            off when ``BENCH_TRACE_CACHE=off``.
-        workers: processes (default :func:`default_workers`; ``1``: parse here, one after another).
-        engine: the event reader (see :func:`bench.measure.trace_scan.scan_trace`; the result does not
-            depend on it).
-
-    Returns one entry per path, in order: its :class:`TraceFree` (``path`` as given), or the
-    :class:`MeasureError` that says why it could not be read (a missing file, not a trace).
-    """
-    mode = trace_cache.cache_mode() if cache_dir is not None else "off"
-    try:
-        engine = resolve_engine(engine)  # here, not in a worker: a forkserver's environment may be older
-    except MeasureError as exc:
-        engine_error = exc
-    else:
-        engine_error = None
-    cdir = Path(cache_dir) if cache_dir is not None else None
-    out: list[TraceFree | MeasureError | None] = [None] * len(paths)
-    keys: list[str | None] = [None] * len(paths)
-    todo: list[int] = []
-    for i, p in enumerate(paths):
-        if mode != "off" and cdir is not None:
-            try:
-                keys[i] = trace_cache.cache_key(p, full=mode == "content")
-            except OSError:
-                keys[i] = None  # unreadable: the parser reports it
-            hit = trace_cache.load(cdir, keys[i]) if keys[i] else None
-            if hit is not None:
-                tf = TraceFree.from_dict(hit)
-                tf.path = str(p)
-                out[i] = tf
-                continue
-        todo.append(i)
-
-    if engine_error is not None:
-        for i in todo:
-            out[i] = engine_error
-        todo = []
-    n_workers = min(workers or default_workers(), len(todo))
-    size = sum(_size(paths[i]) for i in todo)
-    if n_workers >= 2 and size >= POOL_MIN_BYTES:
-        try:
-            with ProcessPoolExecutor(max_workers=n_workers, mp_context=_context()) as pool:
-                futures = {i: pool.submit(_parse, str(paths[i]), engine) for i in todo}
-                for i, fut in futures.items():
-                    out[i] = fut.result()
-        except (OSError, BrokenProcessPool):  # no processes here (a sandbox, a worker killed): one by one
-            for i in todo:
-                if out[i] is None:
-                    out[i] = _parse(str(paths[i]), engine)
-    else:
-        for i in todo:
-            out[i] = _parse(str(paths[i]), engine)
-
-    for i in todo:
-        got = out[i]
-        if isinstance(got, TraceFree):
-            got.path = str(paths[i])
-            if keys[i] and cdir is not None and _same_key(paths[i], keys[i], mode):
-                trace_cache.store(cdir, keys[i], got.to_dict())
-    return out  # type: ignore[return-value]
+    """Chrome traces (``.json`` / ``.json.gz``, e.g. one per rank) through :func:`parse_files`: one
+    :class:`TraceFree` per path (``path`` as given), or the :class:`MeasureError` that says why not."""
+    got = parse_files([("trace", p) for p in paths], cache_dir=cache_dir, workers=workers, engine=engine,
+                      stats=stats)
+    out: list[Any] = []
+    for p, g in zip(paths, got):
+        if isinstance(g, dict):
+            g = TraceFree.from_dict(g)
+            g.path = str(p)
+        out.append(g)
+    return out
 
 
 def _size(path: str | os.PathLike) -> int:
@@ -132,11 +169,3 @@ def _size(path: str | os.PathLike) -> int:
         return os.stat(path).st_size
     except OSError:
         return 0
-
-
-def _same_key(path: str | os.PathLike, key: str, mode: str) -> bool:
-    """The file still has ``key`` (it did not change while it was parsed: nothing stale is stored)."""
-    try:
-        return trace_cache.cache_key(path, full=mode == "content") == key
-    except OSError:
-        return False

@@ -32,6 +32,7 @@ import numpy as np
 import bench.measure.trace_fast as trace_fast
 from bench.measure._common import MeasureError
 from bench.measure.chrome_trace import Intervals, event_number, hashable, iter_trace_events
+from bench.measure.trace_ops import OpStore
 
 DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 STEP_CATEGORIES = frozenset({"user_annotation", "cpu_op"})
@@ -51,6 +52,8 @@ class Scan:
         windows: ``(pid, tid)`` -> ``[(N, ts, dur)]`` of its ``ProfilerStep#N`` events, in file order.
         events: events read (all phases); cpu_ops: ``cpu_op`` intervals seen on any thread.
         cut_short: the file ended before its JSON did; engine: ``"fast"`` or ``"ijson"``.
+        ops: the ``cpu_op`` (every thread, the whole trace) and device events with a string name, for the
+            top operators (:mod:`bench.measure.trace_ops`).
     """
 
     device: Intervals
@@ -61,15 +64,18 @@ class Scan:
     cpu_ops: int = 0
     cut_short: bool = False
     engine: str = "ijson"
+    ops: OpStore = field(default_factory=OpStore)
 
 
-def scan_trace(path: str | os.PathLike, block: int = 1 << 17, engine: str | None = None) -> Scan:
+def scan_trace(path: str | os.PathLike, block: int = 1 << 17, engine: str | None = None, raw=None) -> Scan:
     """Scan one trace (``.json`` / ``.json.gz``, object or bare array) with the chosen reader.
 
     ``engine``: ``"auto"`` (fast when msgspec is installed and the file is one it reads with certainty,
     else ijson), ``"fast"`` (the same, named for tests), ``"ijson"`` (the reference path); ``None``: the
     environment variable ``BENCH_TRACE_ENGINE``, else ``"auto"``. ``block``:
-    intervals buffered before a merge (memory bound; the result does not depend on it).
+    intervals buffered before a merge (memory bound; the result does not depend on it). ``raw``: the file
+    already open (a :class:`~bench.measure.trace_cache.HashingReader`: the parse hashes what it reads), read
+    again from its start by the reference path when the fast one hands the file over.
 
     Raises :class:`MeasureError` when the file cannot be opened or holds no JSON trace at all.
     """
@@ -77,12 +83,12 @@ def scan_trace(path: str | os.PathLike, block: int = 1 << 17, engine: str | None
     p = Path(path)
     if engine != "ijson" and trace_fast.AVAILABLE:
         try:
-            return _scan_fast(p, block)
+            return _scan_fast(p, block, raw)
         except trace_fast.Unsupported:
             pass
         except (OSError, EOFError, zlib.error):
             pass  # let the reference path say what it makes of it (a corrupt gzip stream: read up to it)
-    return _scan_ijson(p, block)
+    return _scan_ijson(p, block, raw)
 
 
 def resolve_engine(engine: str | None) -> str:
@@ -93,7 +99,7 @@ def resolve_engine(engine: str | None) -> str:
     return engine
 
 
-def _scan_ijson(p: Path, block: int) -> Scan:
+def _scan_ijson(p: Path, block: int, raw=None) -> Scan:
     """The reference path: one event at a time (see the module docstring)."""
     device = Intervals(block)
     scan = Scan(device=device, block=block)
@@ -105,8 +111,9 @@ def _scan_ijson(p: Path, block: int) -> Scan:
     dev_pending = device.starts
     limit = device.block
     keep_cpu = True  # cpu_op intervals matter only while no device event has been seen
+    add_op = scan.ops.add
     try:
-        for ev in iter_trace_events(p):
+        for ev in iter_trace_events(p, raw):
             n += 1
             if type(ev) is not dict or ev.get("ph") != "X":
                 continue
@@ -118,6 +125,7 @@ def _scan_ijson(p: Path, block: int) -> Scan:
                 continue
             ts, dur = times
             if cat in DEVICE_CATEGORIES:
+                add_op(None, ts, dur, ev.get("name"))
                 dev_s_append(ts)
                 dev_e_append(ts + dur)
                 if len(dev_pending) >= limit:
@@ -136,6 +144,7 @@ def _scan_ijson(p: Path, block: int) -> Scan:
                         continue
                 if cat == "cpu_op":
                     n_cpu += 1
+                    add_op(thread, ts, dur, name)
                     if not keep_cpu:
                         continue
                     _cpu_store(cpu_by_thread, thread, block).add(ts, ts + dur)
@@ -214,11 +223,11 @@ def _complete(evs: list) -> list:
     return evs if phs.count("X") == len(phs) else [e for e, ph in zip(evs, phs) if ph == "X"]
 
 
-def _scan_fast(p: Path, block: int) -> Scan:
+def _scan_fast(p: Path, block: int, raw=None) -> Scan:
     """The fast path: batches from :class:`~bench.measure.trace_fast.BatchReader`, columns per batch."""
     device = Intervals(block)
     scan = Scan(device=device, block=block, engine="fast")
-    reader = trace_fast.BatchReader(p)
+    reader = trace_fast.BatchReader(p, raw=raw)
     keep_cpu = True
     dev_cats, step_cats = DEVICE_CATEGORIES, STEP_CATEGORIES
     for batch in reader:
@@ -228,7 +237,8 @@ def _scan_fast(p: Path, block: int) -> Scan:
         except TypeError as exc:  # an unhashable category: the reference path says what it makes of it
             raise trace_fast.Unsupported(str(exc)) from exc
         if dev:
-            t, d, _ = _times(dev)
+            t, d, rows = _times(dev)
+            scan.ops.extend(None, t, d, [dev[i].name for i in rows])
             if t.size:
                 device.extend(t, t + d)
                 if keep_cpu:
@@ -290,17 +300,20 @@ def _steps_batch(scan: Scan, steps: list, keep_cpu: bool) -> None:
         rows = [j for j, c in enumerate(cats) if c == "cpu_op" and j not in wins]
         cpu = [valid[j] for j in rows]
     scan.cpu_ops += len(cpu)
-    if keep_cpu and cpu:
-        _add_cpu(scan, cpu, t[rows], d[rows])
+    if cpu:
+        _add_cpu(scan, cpu, t[rows], d[rows], keep_cpu)
 
 
-def _add_cpu(scan: Scan, evs: list, t: np.ndarray, d: np.ndarray) -> None:
-    """``cpu_op`` intervals of one batch into their thread's store, threads in order of appearance."""
+def _add_cpu(scan: Scan, evs: list, t: np.ndarray, d: np.ndarray, keep_cpu: bool) -> None:
+    """``cpu_op`` events of one batch into their thread's operator columns and (while ``keep_cpu``) interval
+    store, threads in order of appearance."""
     threads = [(e.pid, e.tid) for e in evs]
     first = threads[0]
     try:
         if threads.count(first) == len(threads):
-            _cpu_store(scan.cpu_by_thread, first, scan.block).extend(t, t + d)
+            scan.ops.extend(first, t, d, [e.name for e in evs])
+            if keep_cpu:
+                _cpu_store(scan.cpu_by_thread, first, scan.block).extend(t, t + d)
             return
     except TypeError:
         pass
@@ -311,4 +324,6 @@ def _add_cpu(scan: Scan, evs: list, t: np.ndarray, d: np.ndarray) -> None:
         except TypeError:  # a pid/tid that is a list or an object: keyed as the reference path keys it
             groups.setdefault((hashable(th[0]), hashable(th[1])), []).append(i)
     for th, rows in groups.items():
-        _cpu_store(scan.cpu_by_thread, th, scan.block).extend(t[rows], t[rows] + d[rows])
+        scan.ops.extend(th, t[rows], d[rows], [evs[i].name for i in rows])
+        if keep_cpu:
+            _cpu_store(scan.cpu_by_thread, th, scan.block).extend(t[rows], t[rows] + d[rows])

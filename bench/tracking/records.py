@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from bench.analyze.snapshot import record_samples
 from bench.figures import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, run_value
 from bench.measure.patch_reports import patch_evidence
-from bench.measure.top_ops import TOP_N, top_ops
+from bench.measure.top_ops import TOP_N, step_top_ops
 from bench.metadata import git_commit, versions
 from bench.spec.optimizations import REGISTRY, compact_label
 from bench.tracking.naming import _key
@@ -165,10 +165,10 @@ def profile_summary(rec: dict[str, Any], rdir: Path, free_ratio: float | None) -
                     "sources": d.get("sources") or [], "spread": d.get("spread"),
                     "missing_ranks": d.get("missing_ranks") or []}
              for step, d in sorted(detail.items(), key=lambda kv: int(kv[0]))}
-    parsed: dict[Path, dict] = {}
+    memo: dict = {}
     for step, d in steps.items():
         d["free_ratio"] = (rec.get("free_ratio") or {}).get(step, d["free_ratio"])
-        d["top_ops"] = _step_top_ops(rdir, step, d["sources"], parsed)
+        d["top_ops"] = step_top_ops(rdir, step, d["sources"], memo)
     return trace, {
         "free_ratio": free_ratio,
         "free_ratio_is": "median over the profiled measured steps of the per-step Free ratio (bench.figures.run_value)",
@@ -181,26 +181,12 @@ def profile_summary(rec: dict[str, Any], rdir: Path, free_ratio: float | None) -
         "profiled_measured_steps": summ.get("profiled_measured_steps"),
         "window": "one ProfilerStep#N window per profiled step",
         "top_ops_are": f"per profiled step the top {TOP_N} operators by self time (duration minus nested operators; "
-                       "cpu: cpu_op events, device: kernels and memory copies), from the step's first torch trace; "
+                       "cpu: cpu_op events, device: kernels and memory copies; Ascend: kernel_details.csv), from "
+                       "the step's first source, read from the parse of the Free ratio (the run's .trace_cache); "
                        "self_ms in ms, share = self time / step window",
         "steps": steps,
         "trace": str(trace.relative_to(rdir)) if trace else None,
     }
-
-
-def _step_top_ops(rdir: Path, step: str, sources: list[dict], parsed: dict[Path, dict]) -> dict | None:
-    """Top operators by self time of one profiled step (:func:`bench.measure.top_ops.top_ops`) from its first
-    torch trace source; ``None`` without one (e.g. Ascend's CSV) or when the trace holds no such step."""
-    for src in sources:
-        path = Path(rdir) / str(src.get("source", ""))
-        if src.get("kind") != "torch" or not path.is_file():
-            continue
-        if path not in parsed:
-            parsed[path] = top_ops(path, int(step))
-        found = parsed[path]
-        hit = found.get(str(step)) or (next(iter(found.values())) if len(found) == 1 else None)
-        return {"source": src.get("source"), **hit} if hit else None
-    return None
 
 
 def _fmt(value: Any, unit: str = "", digits: int = 3) -> str:
