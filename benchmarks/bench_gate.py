@@ -432,6 +432,7 @@ def interleaved(args: argparse.Namespace) -> None:
                "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--interleave", "HEAD", "--matrix", str(matrix),
                "--force", *(["--blocks", str(args.blocks)] if args.blocks else []),
                *(["--budget", args.budget] if args.budget else []),
+               *(["--side-by-side"] if args.side_by_side else []),
                *[x for o in args.set for x in ("--set", o)]]
         t0, psi0 = time.time(), _psi_total()
         try:
@@ -453,7 +454,8 @@ def interleaved(args: argparse.Namespace) -> None:
                  "pressure": cpu_pressure(),
                  "pressure_gate": (None if psi0 is None or psi1 is None else (psi1 - psi0) / 1e6 / wall * 100),
                  "rows": [{k: r.get(k) for k in ("cell", "verdict", "change", "raw_change", "ci_low", "ci_high",
-                                                 "sd_pair", "mde", "blocks_needed", "normalized", "reason")}
+                                                 "sd_pair", "mde", "blocks_needed", "normalized", "reason",
+                                                 "cpu_effect")}
                           for r in rows],
                  "probe": g.get("probe", {}).get("note")}
         done.append(entry)
@@ -470,9 +472,11 @@ def _try_line(e: dict) -> str:
     ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]"
     sd = "-" if r.get("sd_pair") is None else f"{r['sd_pair']:.3f}"
     pg = "-" if e.get("pressure_gate") is None else f"{e['pressure_gate']:.0f} %"
+    cpu = "-" if not r.get("cpu_effect") else _pct(r["cpu_effect"]["effect"])
     return (f"| {e['try']} | {e.get('started_utc', '')} | {e['kind']} | {e['verdict']} ({e['exit']}) | {e['blocks']} | "
             f"{_pct(r.get('change'))} {ci} | {_pct(r.get('raw_change'))} | {sd} | {_pct(r.get('mde'))} | "
-            f"{r.get('blocks_needed')} | {'applied' if r.get('normalized') else 'raw'} | {e['wall_s']:.0f} s | {pg} |")
+            f"{r.get('blocks_needed')} | {'applied' if r.get('normalized') else 'raw'} | {cpu} | {e['wall_s']:.0f} s | "
+            f"{pg} |")
 
 
 def _pct(v: float | None) -> str:
@@ -483,8 +487,8 @@ def _summary_interleaved(done: list[dict], args: argparse.Namespace) -> None:
     from bench.analyze.power import blocks_needed
 
     print("| try | start (UTC) | kind | verdict (exit) | blocks | change [RCI] | raw change | SD of block log ratio | "
-          "gate can see | blocks needed | probe | wall | CPU pressure (some, over the gate) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "gate can see | blocks needed | probe | CPU term | wall | CPU pressure (some, over the gate) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for e in done:
         print(_try_line(e))
     slow = [r["change"] for e in done if e["kind"] == "slowdown" for r in e["rows"] if r.get("change") is not None]
@@ -590,6 +594,7 @@ def main() -> None:
                    help="embedded RunConfig flag of the cell(s) slowed down (default use_dynamic_bsz)")
     i.add_argument("--blocks", type=int, default=None, help="--blocks of each gate (default: the matrix's repeats)")
     i.add_argument("--budget", default=None, help="--budget of each gate (a duration: 90s, 2m)")
+    i.add_argument("--side-by-side", action="store_true", help="gate --side-by-side (both versions at once, pinned)")
     i.add_argument("--until", default=None, metavar="HH:MM",
                    help="UTC time: start no gate that would likely end after it; kill one still running then")
     i.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", help="matrix override")
