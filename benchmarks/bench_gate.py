@@ -560,6 +560,44 @@ def interleaved_sim(args: argparse.Namespace) -> None:
                   f"{verdicts.count('cannot judge') / n:12.0%}  {np.median(used):6.0f}")
 
 
+def sweep_to_sweep_cmd(args: argparse.Namespace) -> None:
+    """What a stored baseline would carry from sweep to sweep on this machine, measured: each gate sweep of an
+    ``interleaved`` run (``--from`` its results folder) is one "saved sweep" of the baseline code (its baseline
+    runs, block 0 left out: cold start); :func:`bench.baseline.sweep_to_sweep` over them (the figure ``baseline
+    save --force`` keeps), the part of it that the runs' own spread explains, the sweep's own offset SD, and the
+    smallest change a stored-baseline gate (:func:`bench.analyze.gate_stored.compare_runs`) could then see with
+    ``--runs`` runs per side."""
+    from bench.analyze.power import mde_from_se
+    from bench.baseline import sweep_to_sweep
+    from bench.figures import run_value
+    from bench.run_record import load_records
+
+    tries = [json.loads(x) for x in (Path(args.from_dir) / "interleaved_tries.jsonl").read_text().splitlines()]
+    history, within, run_vars = [], [], []
+    for t in tries:
+        cells: dict[str, list[float]] = {}
+        for r in load_records(t["sweep"]):
+            if r.get("code_version") == "baseline" and r.get("status") == "ok" and r["repeat"] > 0:
+                cells.setdefault(r["cell_id"], []).append(math.log(run_value(r["summary"]["step_time_samples_s"])))
+        history.append({"sweep": t["sweep"], "log_step_time": {k: float(np.mean(v)) for k, v in cells.items()}})
+        run_vars += [float(np.var(v, ddof=1)) for v in cells.values() if len(v) > 1]
+        within += [float(np.var(v, ddof=1)) / len(v) for v in cells.values() if len(v) > 1]
+    s2s = sweep_to_sweep(history)
+    print(f"{len(history)} sweeps of the baseline code ({args.from_dir}): {s2s['note']}")
+    if s2s["sd_log"] is None:
+        return
+    off = math.sqrt(max(0.0, s2s["sd_log"] ** 2 - float(np.mean(within))))
+    run_sd = math.sqrt(float(np.mean(run_vars)))
+    se_in = math.sqrt(2 * run_sd ** 2 / args.runs)
+    se = math.sqrt(se_in ** 2 + 2 * off ** 2)
+
+    def see(x: float) -> str:
+        return f"{mde_from_se(x, alpha=DEFAULT_ALPHA, threshold=DEFAULT_THRESHOLD):.1%}"
+
+    print(f"SD of a run's log step time within a sweep {run_sd:.3f}, of the mean of a sweep's runs "
+          f"{math.sqrt(float(np.mean(within))):.3f}; a sweep's own offset: SD {off:.3f}. A stored-baseline gate with "
+          f"{args.runs} runs per side sees {see(se)} at best (offsets ignored, within sweeps only: {see(se_in)})")
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -600,6 +638,9 @@ def main() -> None:
     i.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", help="matrix override")
     i.add_argument("--results", default=str(Path(tempfile.gettempdir()) / "gate-bench-interleaved"),
                    help="work folder (clone, results, tries log; reused: tries already run are kept)")
+    w = sub.add_parser("sweep-to-sweep", help="sweep-to-sweep variance a stored baseline carries, from gate sweeps")
+    w.add_argument("--from", dest="from_dir", required=True, help="results folder of an `interleaved` run")
+    w.add_argument("--runs", type=int, default=8, help="runs per side of the stored-baseline gate (default 8)")
     m = sub.add_parser("interleaved-sim", help="pass / detection rates of the interleaved gate by simulation")
     m.add_argument("--sd-pair", type=float, nargs="+", default=[0.02, 0.04, 0.06, 0.08, 0.16],
                    help="SDs of a block's log ratio to simulate")
@@ -613,6 +654,9 @@ def main() -> None:
         return
     if args.mode == "interleaved":
         interleaved(args)
+        return
+    if args.mode == "sweep-to-sweep":
+        sweep_to_sweep_cmd(args)
         return
     if args.mode == "real":
         if args.evaluate_only:

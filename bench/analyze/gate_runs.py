@@ -115,10 +115,11 @@ def cpu_term(d: Any, side: Any) -> tuple[np.ndarray, dict[str, Any] | None]:
     return d - beta * side, {"effect": math.expm1(beta), "blocks": {"+1": n_hi, "-1": n_lo}}
 
 
-def probe_check(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def probe_check(cells: dict[str, dict[str, Any]], unit: str = "block pairs") -> dict[str, Any]:
     """Whether the speed probe tracks the step time in this sweep (module text): ``apply`` (bool), ``r``,
     ``p`` (one-sided Pearson), ``sd_raw`` / ``sd_corrected`` (of the cell-centred block ratios), ``n`` pairs,
-    and ``note`` (why it is or is not applied)."""
+    and ``note`` (why it is or is not applied). ``unit`` names the values in the note (the stored-baseline gate
+    passes groups of runs: :func:`bench.analyze.gate_stored.runs_probe_check`)."""
     xs, ys = [], []
     for c in cells.values():
         pairs = [(d, dp) for _, d, dp, _ in c["pairs"] if dp is not None]
@@ -129,7 +130,7 @@ def probe_check(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
         ys += list(dp - dp.mean())
     out: dict[str, Any] = {"apply": False, "n": len(xs), "r": None, "p": None, "sd_raw": None, "sd_corrected": None}
     if len(xs) < 4:
-        out["note"] = f"speed probe not used: {len(xs)} block pairs with a probe (need 4 to test that it tracks)"
+        out["note"] = f"speed probe not used: {len(xs)} {unit} with a probe (need 4 to test that it tracks)"
         return out
     x, y = np.array(xs), np.array(ys)
     out["sd_raw"], out["sd_corrected"] = float(np.std(x)), float(np.std(x - y))
@@ -139,8 +140,8 @@ def probe_check(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
     res = sps.pearsonr(x, y, alternative="greater")
     out["r"], out["p"] = float(res.statistic), float(res.pvalue)
     out["apply"] = bool(out["p"] < PROBE_ALPHA and out["sd_corrected"] < out["sd_raw"])
-    fig = (f"r = {out['r']:+.2f}, one-sided p = {out['p']:.3g} over {len(x)} block pairs; spread of the block "
-           f"ratios {out['sd_raw']:.2%} raw, {out['sd_corrected']:.2%} corrected")
+    fig = (f"r = {out['r']:+.2f}, one-sided p = {out['p']:.3g} over {len(x)} {unit}; spread "
+           f"{out['sd_raw']:.2%} raw, {out['sd_corrected']:.2%} corrected")
     out["note"] = (f"speed probe applied: it tracks the step time in this sweep ({fig})" if out["apply"] else
                    f"speed probe NOT applied, raw run values compared: it does not track the step time in this "
                    f"sweep ({fig}; needs p < {PROBE_ALPHA} and a smaller corrected spread)")
