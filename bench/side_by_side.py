@@ -107,20 +107,15 @@ class SideBySide:
                 self.local.cpu = None
                 start.abort()  # a run skipped (finished before a resume) or failed to start: the partner goes alone
 
-        pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="bench-side")
-        futures = [pool.submit(work, spec, k) for spec, k in runs]
-        try:
-            pending = set(futures)
-            while pending:  # a timed wait, so that Ctrl-C / SIGTERM reach this thread at once
-                done, pending = cf.wait(pending, timeout=0.5, return_when=cf.FIRST_EXCEPTION)
-                for fut in done:
+        with cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="bench-side") as pool:
+            futures = [pool.submit(work, spec, k) for spec, k in runs]
+            try:  # the wait is a lock acquire, which Ctrl-C / SIGTERM interrupt in this (the main) thread
+                for fut in cf.as_completed(futures):
                     fut.result()
-        except BaseException:
-            self.cancel.set()
-            on_interrupt()
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-        pool.shutdown(wait=True)
+            except BaseException:
+                self.cancel.set()
+                on_interrupt()  # the partner's run stops too; leaving the block waits for both threads
+                raise
 
     def released(self, run_dir: Path, execute: Callable[[], Any]) -> Any:
         """Call ``execute()`` (one run) without the harness lock once the partner run is ready too (both start
