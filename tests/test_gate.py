@@ -296,7 +296,8 @@ def test_a_shift_measured_on_very_noisy_steps_is_not_judged(tmp_path, uri, capsy
     assert "cannot judge: with 4 + 4 runs the gate sees" in err
     # the reason is written out whole
     reason = json.loads(next(tmp_path.glob("busy/*/gate/gate.json")).read_text())["rows"][0]["reason"]
-    assert len(reason) > 150 and reason.endswith("`gate --interleave` would let it judge")
+    assert len(reason) > 150 and reason.endswith("`gate --interleave`, would let it judge")
+    assert "runs per side" in reason
     assert reason in err and reason in next(tmp_path.glob("busy/*/gate/gate.md")).read_text()
 
 

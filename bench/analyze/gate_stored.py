@@ -135,11 +135,27 @@ def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
     elif sees and hi < lim:
         row["verdict"] = "unchanged"
     else:
+        need = row["runs_needed"] = runs_needed(row["sd_base"], row["sd_cand"], vo, alpha=alpha, threshold=threshold,
+                                                max_mde=max_mde)
+        more = (f"{need} runs per side would do at this spread" if need else
+                f"no number of runs per side gets under {max_mde:.0%} at this spread")
         row["reason"] = (f"cannot judge: with {len(xb)} + {len(xc)} runs the gate sees a change of {row['mde']:.1%} "
                          f"or more (limit {max_mde:.0%}), interval {ends[0]:+.1%} to {ends[1]:+.1%}"
                          + (f" (a sweep's own offset, SD {math.sqrt(vo):.3f}, included)" if df_o is not None else "")
-                         + "; more runs per side, an idle machine, or `gate --interleave` would let it judge")
+                         + f"; {more}; an idle machine, or `gate --interleave`, would let it judge")
     return row
+
+
+def runs_needed(sd_base: float, sd_cand: float, offset_var: float, *, alpha: float, threshold: float,
+                max_mde: float, limit: int = 1000) -> int | None:
+    """Fewest runs per side with which :func:`compare_runs` would see ``max_mde`` at these run SDs (of log values)
+    and sweep offset variance (the figure of :func:`bench.analyze.power.mde_from_se`, Welch df taken as
+    ``2 n - 2``); ``None`` when not even ``limit`` runs would (the offset alone is too large)."""
+    for n in range(2, limit + 1):
+        se = math.sqrt((sd_base ** 2 + sd_cand ** 2) / n + 2 * offset_var)
+        if mde_from_se(se, alpha=alpha, threshold=threshold, df=2 * n - 2) <= max_mde:
+            return n
+    return None
 
 
 def probe_checks(bmap: dict[str, Any], cmap: dict[str, Any], matched: list[str],
