@@ -132,9 +132,9 @@ class VersionedExecutor:
         cpu = self.side.current_cpu() if self.side is not None else None
         if cpu is None:
             return ex.execute(launch)
-        if hasattr(ex, "pin"):
-            ex.pin({cpu})
-        return self.side.released(launch.run_dir, lambda: ex.execute(launch))
+        pin = getattr(ex, "pin", None)
+        return self.side.released(launch.run_dir, lambda: ex.execute(launch),
+                                  prepare=(lambda: pin({cpu})) if pin is not None else (lambda: None))
 
     def close(self) -> None:
         """Close every version's executor (fork servers end)."""

@@ -32,8 +32,8 @@ from bench.errors import BenchError
 from bench.execution.blocks import split_blocks
 
 AFFINITY_FILE = "affinity.json"
-#: seconds a run waits for its partner to be ready before starting alone
-START_WAIT_S = 60.0
+#: seconds a run waits for its partner to be ready (its fork server may still be importing) before starting alone
+START_WAIT_S = 600.0
 
 
 def two_cpus() -> tuple[int, int]:
@@ -109,28 +109,34 @@ class SideBySide:
 
         with cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="bench-side") as pool:
             futures = [pool.submit(work, spec, k) for spec, k in runs]
-            try:  # the wait is a lock acquire, which Ctrl-C / SIGTERM interrupt in this (the main) thread
-                for fut in cf.as_completed(futures):
+            try:
+                for fut in futures:
+                    while not fut.done():  # timed: Ctrl-C / SIGTERM may be handled by another thread's wake-up
+                        cf.wait([fut], timeout=0.5)
                     fut.result()
             except BaseException:
-                self.cancel.set()
-                on_interrupt()  # the partner's run stops too; leaving the block waits for both threads
+                self.cancel.set()  # no run starts any more
+                on_interrupt()  # the running ones stop; leaving the block waits for both threads
                 raise
 
-    def released(self, run_dir: Path, execute: Callable[[], Any]) -> Any:
-        """Call ``execute()`` (one run) without the harness lock once the partner run is ready too (both start
-        together), after writing the run's CPU to ``<run_dir>/affinity.json``; a run that ends after an
-        interruption raises ``KeyboardInterrupt`` (no record: a resume reruns it)."""
+    def released(self, run_dir: Path, execute: Callable[[], Any], prepare: Callable[[], None] = lambda: None) -> Any:
+        """Without the harness lock: ``prepare()`` (pin the version's fork server, which may still be starting),
+        then, once the partner run is ready too (both start together), write the run's CPU to
+        ``<run_dir>/affinity.json`` and call ``execute()`` (one run). After an interruption no run starts, and a
+        run that ends raises ``KeyboardInterrupt`` (no record: a resume reruns it)."""
         cpu = self.current_cpu()
         if cpu is None:
             return execute()
         self.lock.release()
         try:
+            prepare()
             try:
                 self.local.start.wait(timeout=START_WAIT_S)
                 alone = False
             except threading.BrokenBarrierError:  # the partner was skipped or failed before its start
                 alone = True
+            if self.cancel.is_set():
+                raise KeyboardInterrupt("gate interrupted")
             (Path(run_dir) / AFFINITY_FILE).write_text(json.dumps({"cpus": [cpu], "alone": alone}) + "\n")
             res = execute()
         finally:
