@@ -104,13 +104,21 @@ class VersionedExecutor:
         make: ``make(root) -> Executor`` for a version's checkout (a fork server importing that checkout, or a
             plain local executor); called once per version, on its first run.
         roots: version name -> checkout folder.
+        side_by_side: a :class:`bench.side_by_side.SideBySide`: both versions' runs of a cell at once, each on a
+            CPU of its own (``gate --side-by-side``); ``None``: one run at a time.
     """
 
     name = "versioned"
 
-    def __init__(self, make: Callable[[Path], Executor], roots: dict[str, Path]):
+    def __init__(self, make: Callable[[Path], Executor], roots: dict[str, Path], side_by_side: Any = None):
         self.make, self.roots = make, roots
         self.executors: dict[str, Executor] = {}
+        self.side = side_by_side
+        if side_by_side is not None:  # the sweep's block loop runs a block's runs through it (two at once)
+            self.run_block = lambda items, run_one: side_by_side.run_block(items, run_one, on_interrupt=self.close)
+            # started here, in the harness's main thread: a fork server dies with the thread that started it
+            # (PR_SET_PDEATHSIG), and the threads of a side-by-side block end with the block
+            self.executors = {v: make(root) for v, root in roots.items()}
 
     def execute(self, launch: ResolvedLaunch) -> ExecResult:
         """Run ``launch`` with the executor of its version.
@@ -123,7 +131,13 @@ class VersionedExecutor:
             raise BenchError(f"run {launch.run_dir}: code version {version!r} unknown (known: {sorted(self.roots)})")
         if version not in self.executors:
             self.executors[version] = self.make(self.roots[version])
-        return self.executors[version].execute(launch)
+        ex = self.executors[version]
+        cpu = self.side.current_cpu() if self.side is not None else None
+        if cpu is None:
+            return ex.execute(launch)
+        pin = getattr(ex, "pin", None)
+        return self.side.released(launch.run_dir, lambda: ex.execute(launch),
+                                  prepare=(lambda: pin({cpu})) if pin is not None else (lambda: None))
 
     def close(self) -> None:
         """Close every version's executor (fork servers end)."""

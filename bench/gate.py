@@ -19,7 +19,14 @@ from bench.analyze.gate import (
     compare_snapshots,
     validate_expect,
 )
-from bench.analyze.gate_markdown import RUN_STATUS, append_step_summary, gate_table, render_markdown
+from bench.analyze.gate_markdown import (
+    PER_STEP_METHOD,
+    RUN_STATUS,
+    STORED_METHOD,
+    append_step_summary,
+    gate_table,
+    render_markdown,
+)
 from bench.analyze.snapshot import METRICS, snapshot
 from bench.analyze.stat_tests import TESTS, describe_tests
 from bench.baseline import load_baseline
@@ -163,8 +170,7 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
                      "normalize": "auto" if normalize else "off",
                      "max_mde": 2 * threshold if max_mde is None else max_mde,
                      "test": describe_tests(pairing, test),
-                     "estimate": "exp(hodges-lehmann shift of log samples) - 1",
-                     "ci": "bootstrap over repeats (and steps when < 4 repeats), percentile"},
+                     **(STORED_METHOD if not pairing and test is None else PER_STEP_METHOD)},
         "candidate": {"sweep": cand["source"]["sweep"], "sweep_id": cand["source"]["sweep_id"],
                       "matrix": cand["source"]["matrix"], "engine": cand["engine"], "platform": cand["platform"],
                       "parent_run_id": cand["source"].get("parent_run_id"), "git_commit": cand.get("git_commit")},
@@ -179,15 +185,19 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
         from bench.metadata import machine
 
         cand["machine"] = machine()
-        result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,
-                                        n_boot=n_boot, seed=seed, pairing=pairing, max_mde=max_mde,
-                                        normalize=normalize, test=test))
+        s2s = None
         if base.get("_kind", "baseline") == "baseline":  # what a stored baseline carries from sweep to sweep
             from bench.baseline import sweep_to_sweep
 
             s2s = base.get("sweep_to_sweep") or sweep_to_sweep(base.get("history") or [])
             result["baseline"]["sweep_to_sweep"] = s2s
-            result["notes"].append(s2s["note"])
+        result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,
+                                        n_boot=n_boot, seed=seed, pairing=pairing, max_mde=max_mde,
+                                        normalize=normalize, test=test, s2s=s2s))
+        if s2s is not None:
+            result["notes"].append(s2s["note"] + ("; the interval of each step_time row includes it" if
+                                                  s2s.get("sd_log") is not None and not pairing and test is None else
+                                                  "; not in the intervals"))
     if expects:
         exp = check_expectations(cand, expects, alpha=alpha, n_boot=n_boot, seed=seed, pairing=pairing,
                                  normalize=normalize, test=test)

@@ -21,6 +21,7 @@ row says how many blocks would let it (:func:`bench.analyze.power.blocks_needed`
 
 from __future__ import annotations
 
+import random
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -90,7 +91,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
                          overrides: list[str] | None = None, blocks: int | None = None, threshold: float,
                          alpha: float, max_mde: float | None = None, normalize: bool = True, force: bool = False,
                          spawn: bool = False, order_seed: int | None = None, out: Path | None = None,
-                         budget_s: float | None = None,
+                         budget_s: float | None = None, side_by_side: bool = False,
                          on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the interleaved gate sweep and judge it; returns the result (``exit_code``, ``verdict``, ``rows``,
     ``files``, ``sweep``, ``wall_s``). Thresholds are fractions; ``budget_s`` (wall seconds, from the start of
@@ -131,9 +132,14 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     rule = GateStopRule(threshold=threshold, alpha=alpha, max_mde=max_mde, normalize=normalize, max_blocks=n_blocks,
                         budget_s=budget_s)
     rule.t0 = time.monotonic() - (time.time() - t0)
+    side = None
+    if side_by_side:
+        from bench.side_by_side import SideBySide
+
+        side = SideBySide(seed=order_seed if order_seed is not None else random.randrange(2**31))
     with baseline_checkout(baseline_ref) as base:
         versions = {BASELINE: base, CANDIDATE: cand}
-        executor = VersionedExecutor(make, {k: Path(v["root"]) for k, v in versions.items()})
+        executor = VersionedExecutor(make, {k: Path(v["root"]) for k, v in versions.items()}, side_by_side=side)
         outcome = Sweep(matrix, plan, results, tracking_uri, executor=executor, force=force, on_event=on_event,
                         order_seed=order_seed, stop_rule=rule, code_versions=versions).run()
     records = load_records(outcome.sweep_dir)
@@ -144,6 +150,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
         "settings": {"threshold": threshold, "alpha": alpha, "max_mde": 2 * threshold if max_mde is None else max_mde,
                      "normalize": "auto" if normalize else "off", "blocks_planned": n_blocks,
                      "budget_s": budget_s,
+                     "side_by_side": None if side is None else {"cpus": list(side.cpus), "seed": side.seed},
                      "estimate": "exp(mean over blocks of log(run value cand / run value base)) - 1; run value = "
                                  "median timed step",
                      "ci": "paired t over blocks (Kalibera & Jones 2020), repeated confidence interval at this look "

@@ -432,6 +432,7 @@ def interleaved(args: argparse.Namespace) -> None:
                "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--interleave", "HEAD", "--matrix", str(matrix),
                "--force", *(["--blocks", str(args.blocks)] if args.blocks else []),
                *(["--budget", args.budget] if args.budget else []),
+               *(["--side-by-side"] if args.side_by_side else []),
                *[x for o in args.set for x in ("--set", o)]]
         t0, psi0 = time.time(), _psi_total()
         try:
@@ -453,7 +454,8 @@ def interleaved(args: argparse.Namespace) -> None:
                  "pressure": cpu_pressure(),
                  "pressure_gate": (None if psi0 is None or psi1 is None else (psi1 - psi0) / 1e6 / wall * 100),
                  "rows": [{k: r.get(k) for k in ("cell", "verdict", "change", "raw_change", "ci_low", "ci_high",
-                                                 "sd_pair", "mde", "blocks_needed", "normalized", "reason")}
+                                                 "sd_pair", "mde", "blocks_needed", "normalized", "reason",
+                                                 "cpu_effect")}
                           for r in rows],
                  "probe": g.get("probe", {}).get("note")}
         done.append(entry)
@@ -470,9 +472,11 @@ def _try_line(e: dict) -> str:
     ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]"
     sd = "-" if r.get("sd_pair") is None else f"{r['sd_pair']:.3f}"
     pg = "-" if e.get("pressure_gate") is None else f"{e['pressure_gate']:.0f} %"
+    cpu = "-" if not r.get("cpu_effect") else _pct(r["cpu_effect"]["effect"])
     return (f"| {e['try']} | {e.get('started_utc', '')} | {e['kind']} | {e['verdict']} ({e['exit']}) | {e['blocks']} | "
             f"{_pct(r.get('change'))} {ci} | {_pct(r.get('raw_change'))} | {sd} | {_pct(r.get('mde'))} | "
-            f"{r.get('blocks_needed')} | {'applied' if r.get('normalized') else 'raw'} | {e['wall_s']:.0f} s | {pg} |")
+            f"{r.get('blocks_needed')} | {'applied' if r.get('normalized') else 'raw'} | {cpu} | {e['wall_s']:.0f} s | "
+            f"{pg} |")
 
 
 def _pct(v: float | None) -> str:
@@ -483,8 +487,8 @@ def _summary_interleaved(done: list[dict], args: argparse.Namespace) -> None:
     from bench.analyze.power import blocks_needed
 
     print("| try | start (UTC) | kind | verdict (exit) | blocks | change [RCI] | raw change | SD of block log ratio | "
-          "gate can see | blocks needed | probe | wall | CPU pressure (some, over the gate) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "gate can see | blocks needed | probe | CPU term | wall | CPU pressure (some, over the gate) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for e in done:
         print(_try_line(e))
     slow = [r["change"] for e in done if e["kind"] == "slowdown" for r in e["rows"] if r.get("change") is not None]
@@ -556,6 +560,44 @@ def interleaved_sim(args: argparse.Namespace) -> None:
                   f"{verdicts.count('cannot judge') / n:12.0%}  {np.median(used):6.0f}")
 
 
+def sweep_to_sweep_cmd(args: argparse.Namespace) -> None:
+    """What a stored baseline would carry from sweep to sweep on this machine, measured: each gate sweep of an
+    ``interleaved`` run (``--from`` its results folder) is one "saved sweep" of the baseline code (its baseline
+    runs, block 0 left out: cold start); :func:`bench.baseline.sweep_to_sweep` over them (the figure ``baseline
+    save --force`` keeps), the part of it that the runs' own spread explains, the sweep's own offset SD, and the
+    smallest change a stored-baseline gate (:func:`bench.analyze.gate_stored.compare_runs`) could then see with
+    ``--runs`` runs per side."""
+    from bench.analyze.power import mde_from_se
+    from bench.baseline import sweep_to_sweep
+    from bench.figures import run_value
+    from bench.run_record import load_records
+
+    tries = [json.loads(x) for x in (Path(args.from_dir) / "interleaved_tries.jsonl").read_text().splitlines()]
+    history, within, run_vars = [], [], []
+    for t in tries:
+        cells: dict[str, list[float]] = {}
+        for r in load_records(t["sweep"]):
+            if r.get("code_version") == "baseline" and r.get("status") == "ok" and r["repeat"] > 0:
+                cells.setdefault(r["cell_id"], []).append(math.log(run_value(r["summary"]["step_time_samples_s"])))
+        history.append({"sweep": t["sweep"], "log_step_time": {k: float(np.mean(v)) for k, v in cells.items()}})
+        run_vars += [float(np.var(v, ddof=1)) for v in cells.values() if len(v) > 1]
+        within += [float(np.var(v, ddof=1)) / len(v) for v in cells.values() if len(v) > 1]
+    s2s = sweep_to_sweep(history)
+    print(f"{len(history)} sweeps of the baseline code ({args.from_dir}): {s2s['note']}")
+    if s2s["sd_log"] is None:
+        return
+    off = math.sqrt(max(0.0, s2s["sd_log"] ** 2 - float(np.mean(within))))
+    run_sd = math.sqrt(float(np.mean(run_vars)))
+    se_in = math.sqrt(2 * run_sd ** 2 / args.runs)
+    se = math.sqrt(se_in ** 2 + 2 * off ** 2)
+
+    def see(x: float) -> str:
+        return f"{mde_from_se(x, alpha=DEFAULT_ALPHA, threshold=DEFAULT_THRESHOLD):.1%}"
+
+    print(f"SD of a run's log step time within a sweep {run_sd:.3f}, of the mean of a sweep's runs "
+          f"{math.sqrt(float(np.mean(within))):.3f}; a sweep's own offset: SD {off:.3f}. A stored-baseline gate with "
+          f"{args.runs} runs per side sees {see(se)} at best (offsets ignored, within sweeps only: {see(se_in)})")
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="mode", required=True)
@@ -590,11 +632,15 @@ def main() -> None:
                    help="embedded RunConfig flag of the cell(s) slowed down (default use_dynamic_bsz)")
     i.add_argument("--blocks", type=int, default=None, help="--blocks of each gate (default: the matrix's repeats)")
     i.add_argument("--budget", default=None, help="--budget of each gate (a duration: 90s, 2m)")
+    i.add_argument("--side-by-side", action="store_true", help="gate --side-by-side (both versions at once, pinned)")
     i.add_argument("--until", default=None, metavar="HH:MM",
                    help="UTC time: start no gate that would likely end after it; kill one still running then")
     i.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", help="matrix override")
     i.add_argument("--results", default=str(Path(tempfile.gettempdir()) / "gate-bench-interleaved"),
                    help="work folder (clone, results, tries log; reused: tries already run are kept)")
+    w = sub.add_parser("sweep-to-sweep", help="sweep-to-sweep variance a stored baseline carries, from gate sweeps")
+    w.add_argument("--from", dest="from_dir", required=True, help="results folder of an `interleaved` run")
+    w.add_argument("--runs", type=int, default=8, help="runs per side of the stored-baseline gate (default 8)")
     m = sub.add_parser("interleaved-sim", help="pass / detection rates of the interleaved gate by simulation")
     m.add_argument("--sd-pair", type=float, nargs="+", default=[0.02, 0.04, 0.06, 0.08, 0.16],
                    help="SDs of a block's log ratio to simulate")
@@ -608,6 +654,9 @@ def main() -> None:
         return
     if args.mode == "interleaved":
         interleaved(args)
+        return
+    if args.mode == "sweep-to-sweep":
+        sweep_to_sweep_cmd(args)
         return
     if args.mode == "real":
         if args.evaluate_only:

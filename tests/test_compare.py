@@ -24,8 +24,8 @@ def compare(results, uri, a, b, *extra):
 
 
 def test_identical_sweeps_pass_without_a_saved_baseline(tmp_path, uri, capsys):
-    a = make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02), seed=1)
-    b = make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02), seed=2)
+    a = make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=1)
+    b = make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=2)
     assert compare(tmp_path, uri, "a", str(b)) == 0
     out = capsys.readouterr().out
     assert out.startswith("## Gate PASS") and "compare: pass (exit 0)" in out
@@ -38,8 +38,8 @@ def test_identical_sweeps_pass_without_a_saved_baseline(tmp_path, uri, capsys):
 
 
 def test_a_slower_sweep_is_a_regression_via_compare_and_gate(tmp_path, uri, capsys):
-    a = make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02), seed=1)
-    b = make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=2, times=log_normal_times(sd=0.02, base_s=2.2), seed=3)
+    a = make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=1)
+    b = make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02, base_s=2.2), seed=3)
     assert compare(tmp_path, uri, str(a), "b") == 1
     rows = json.loads((b / "compare" / "gate.json").read_text())["rows"]
     assert {r["verdict"] for r in rows} == {"regression"} and all(0.06 < r["change"] < 0.14 for r in rows)
@@ -58,13 +58,13 @@ def test_too_few_samples_cannot_be_judged(tmp_path, uri, capsys):
     make_sweep(tmp_path, "b", [{}], repeats=1, steps=4, seed=2)
     assert compare(tmp_path, uri, "a", "b") == 3
     out, err = capsys.readouterr()
-    assert "compare: cannot judge (exit 3)" in out and "compare: cannot judge: " in err and "too few samples" in err
+    assert "compare: cannot judge (exit 3)" in out and "compare: cannot judge: " in err and "too few runs" in err
 
 
 def test_bad_inputs_are_one_line_exit_2(tmp_path, uri, capsys):
-    make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=2, seed=1)
-    make_sweep(tmp_path, "cuda", EMBEDDED_CELLS, repeats=2, platform="cuda", seed=2)
-    make_sweep(tmp_path, "bad", EMBEDDED_CELLS, repeats=2, seed=3, failed={(1, 0): "oom"})
+    make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=4, seed=1)
+    make_sweep(tmp_path, "cuda", EMBEDDED_CELLS, repeats=4, platform="cuda", seed=2)
+    make_sweep(tmp_path, "bad", EMBEDDED_CELLS, repeats=4, seed=3, failed={(1, 0): "oom"})
     cases = [
         (("nosuch", "a"), "SWEEP_A nosuch: neither a baseline nor a sweep: unknown baseline"),
         (("a", "nosuch"), "nosuch: no sweep found"),
@@ -85,8 +85,8 @@ def test_compare_help_lists_the_exit_codes(capsys):
 
 
 def test_gate_baseline_names_win_over_sweeps_and_unknown_names_list_both(tmp_path, uri, capsys):
-    make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=2, seed=1)
-    make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=2, seed=2)
+    make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=4, seed=1)
+    make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=4, seed=2)
     args = ["--results", str(tmp_path), "--tracking-uri", uri, "--bootstrap", "300"]
     assert main(["gate", "--baseline", "zz", "--candidate", "b", *args]) == 2
     err = capsys.readouterr().err

@@ -1,9 +1,10 @@
-"""Acceptance of the gate on real embedded GRPO sweeps (issue 6): a slowdown of about 10 % of a step,
-injected as a sleep inside the update phase, is caught (exit 1); an identical rerun passes (exit 0);
-on a busy machine (recorded CPU pressure) "noisy" is accepted, never the wrong direction.
+"""The gate against a stored baseline on real embedded GRPO sweeps (issue 6, issue 18): a slowdown of about 10 % of
+a step, injected as a sleep inside the update phase, is never passed and an identical rerun is never called a
+regression; "cannot judge" is accepted where the machine was busy (recorded CPU pressure) or where the
+baseline's measured sweep-to-sweep offset keeps the gate from seeing 10 % (its own figure says so).
 
-One cell, eight repeats of 12 timed steps per sweep (the matrix of ``benchmarks/bench_gate.py``, whose
-real mode measures the false-alarm and detection rates of exactly this setup); three sweeps in all.
+One cell, eight repeats of 12 timed steps per sweep (the matrix of ``benchmarks/bench_gate.py``); the baseline is
+saved from two sweeps (so it carries a measured sweep-to-sweep figure), four sweeps in all (plus confirmations).
 """
 
 from __future__ import annotations
@@ -78,11 +79,16 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
         rc = main(["gate", "--baseline", "ci", "--candidate", name, *common])
         return rc, json.loads((results / name / "latest" / "gate" / "gate.json").read_text())
 
-    assert run(gate_matrix("gate_ci")) == 0
-    assert main(["baseline", "save", "gate_ci", "--name", "ci", *common]) == 0
+    # the baseline saved from two sweeps of the same code: it measures how far a sweep moves from the next, and
+    # the gate allows for that (bench.analyze.gate_stored): without it an identical rerun whose sweep ran a few
+    # percent slower would be called a regression (an earlier version of this test was flaky for that reason)
+    for i in range(2):
+        assert run(gate_matrix("gate_ci"), *(["--force"] if i else [])) == 0
+        assert main(["baseline", "save", "gate_ci", "--name", "ci", *(["--force"] if i else []), *common]) == 0
     base = json.loads((results / "baselines" / "ci.json").read_text())
+    assert base["sweep_to_sweep"]["sweeps"] == 2 and base["sweep_to_sweep"]["sd_log"] is not None
     samples = [t for r in base["cells"][0]["repeats"] for t in r["samples"]["step_time"]]
-    assert len(samples) == 96
+    assert len(samples) == 96  # the latest save: 8 runs x 12 timed steps
     probes = [p for r in base["cells"][0]["repeats"] for p in r["samples"]["speed_probe"]]
     assert len(probes) == 96 and all(0 < p < 1 for p in probes)
     delay = 0.10 * float(np.median(samples))
@@ -100,10 +106,10 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
     why = (f"injected {delay:.3f} s (10 % of a step) in {ATTEMPTS} sweeps: (exit, verdict, change, raw change, "
            f"machine, recorded PSI) = {seen}; CPU pressure now {cpu_pressure()}")
     assert row["verdict"] not in ("unchanged", "improvement"), "slowdown passed: " + why
-    if row["verdict"] == "noisy":
-        assert rc == EXIT_CANNOT_JUDGE and psi > BUSY_PSI, "noisy on a quiet machine: " + why
+    if row["verdict"] == "noisy":  # busy, or the measured sweep-to-sweep offset hides 10 %: it says so
+        assert rc == EXIT_CANNOT_JUDGE and (psi > BUSY_PSI or row["mde"] > 0.10), "noisy on a quiet machine: " + why
     else:
-        assert rc == 1 and row["verdict"] == "regression" and row["change"] > 0.05 and row["normalized"], why
+        assert rc == 1 and row["verdict"] == "regression" and row["change"] > 0.05, why
         assert "update_delay_s" in " ".join(verdict["notes"])
 
     # an identical rerun of the baseline's matrix passes
@@ -120,6 +126,6 @@ def test_real_slowdown_is_caught_and_identical_rerun_passes(tmp_path):
            f"{seen}; CPU pressure now {cpu_pressure()}")
     assert row["verdict"] != "regression", "identical rerun flagged: " + why
     if row["verdict"] == "noisy":
-        assert rc == EXIT_CANNOT_JUDGE and psi > BUSY_PSI, "noisy on a quiet machine: " + why
+        assert rc == EXIT_CANNOT_JUDGE and (psi > BUSY_PSI or row["mde"] > 0.10), "noisy on a quiet machine: " + why
     else:
         assert rc == 0 and row["verdict"] in ("unchanged", "improvement"), why

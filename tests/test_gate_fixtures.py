@@ -71,7 +71,7 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
                expect: list | None = None, design: dict | None = None, aliases: list[str] | None = None,
                resolution: int | None = None, base_extra: dict | None = None, sweep_id: str | None = None,
                parent_run_id: str | None = None, no_samples: set | None = None, same_work: bool = False,
-               psi: float | None = None, machine: float | list[float] | None = None) -> Path:
+               psi: float | None = None, machine: float | list[float] | None = None, machine_sd: float = 0.0) -> Path:
     """Write a synthetic sweep; returns its folder.
 
     ``cells``: factor levels per cell (omitted factors off; engine's n/a factors None). ``failed``:
@@ -81,7 +81,8 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
     CPU pressure recorded around each run. ``machine``: the machine's slowness during this sweep
     (1.0 = nominal, 1.08 = 8 % slower): every step time is multiplied by it and each step carries a
     speed-probe time of ``0.03 s * machine`` (+-0.5 %), as the embedded engine logs it (``bench.speed``);
-    a list gives one factor per cell; None = no probe.
+    a list gives one factor per cell; None = no probe. ``machine_sd``: each run's machine slowness varies by this
+    SD of log around it (steps and probe alike, as a shared VM's speed moves from run to run).
     """
     rng = np.random.default_rng(seed)
     times = times or log_normal_times()
@@ -118,9 +119,10 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
             rdir = run_dir(sweep, cid, k)
             rdir.mkdir(parents=True)
             off = rng.normal(0, getattr(times, "run_sd", 0.0))
+            run_machine = (slow or 1.0) * (math.exp(rng.normal(0, machine_sd)) if machine_sd else 1.0)
             metrics = {}
             for s in range(1, steps + 1):
-                st = times(lv, k, s, rng, off) * (slow or 1.0)
+                st = times(lv, k, s, rng, off) * run_machine
                 gen = 0.55 * st
                 resp_max = 64.0
                 resp_mean = (
@@ -132,7 +134,7 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
                               "response_length/mean": resp_mean, "response_length/max": resp_max,
                               "response_length/min": 8.0, "perf/cpu_memory_used_gb": 3.0}
                 if slow is not None:
-                    metrics[s][PROBE_METRIC] = 0.03 * slow * math.exp(rng.normal(0, 0.005))
+                    metrics[s][PROBE_METRIC] = 0.03 * run_machine * math.exp(rng.normal(0, 0.005))
             if (i, k) in no_samples:
                 metrics = {s: {kk: vv for kk, vv in m.items() if kk != "timing_s/step"} for s, m in metrics.items()}
             free = {steps: 0.25 + 0.02 * rng.normal()}

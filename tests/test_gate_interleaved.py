@@ -213,3 +213,60 @@ def test_bad_interleave_inputs_are_one_line_errors(tmp_path, capsys):
     assert main(["gate", "--interleave", "HEAD", "--matrix", m, "--budget", "soon", *common]) == 2
     assert "--budget 'soon': not a duration" in capsys.readouterr().err
     assert not (tmp_path / "r" / "m").exists()  # nothing half-written
+
+
+def test_side_by_side_cpu_plan_is_a_crossover_balanced_in_every_pair_of_blocks():
+    from bench.side_by_side import cpu_plan
+
+    firsts = set()
+    for cell in ("c1", "c2", "c3"):
+        for j in range(6):
+            a, b = cpu_plan(11, cell, 2 * j, (0, 1)), cpu_plan(11, cell, 2 * j + 1, (0, 1))
+            assert {a["baseline"], a["candidate"]} == {0, 1} == {b["baseline"], b["candidate"]}
+            assert a["baseline"] == b["candidate"] and a["candidate"] == b["baseline"]  # swapped within the pair
+            firsts.add(a["candidate"])
+    assert firsts == {0, 1}  # which assignment comes first is drawn, not fixed
+    assert cpu_plan(11, "c1", 4, (2, 5)) == cpu_plan(11, "c1", 4, (2, 5))
+
+
+def _side_by_side(tmp_path, slowdown: float, cpu_slow: float, blocks: int = 12, seed: int = 3) -> list[dict]:
+    """Records of a side-by-side sweep whose higher numbered CPU runs ``cpu_slow`` slower, with ``affinity.json``
+    in each run's folder (as :class:`bench.side_by_side.SideBySide` writes it)."""
+    import json
+
+    from bench.side_by_side import AFFINITY_FILE, cpu_plan
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in range(blocks):
+        drift, plan = rng.normal(0, 0.1), cpu_plan(seed, "c", k, (0, 1))
+        for v in ("baseline", "candidate"):
+            mu = drift + rng.normal(0, 0.01) + math.log1p(cpu_slow) * plan[v] + (math.log1p(slowdown) if
+                                                                                 v == "candidate" else 0.0)
+            rec = _rec("c", k, v, list(0.4 * math.exp(mu) * np.exp(rng.normal(0, 0.002, 5))))
+            d = tmp_path / f"r{k}-{v}"
+            d.mkdir()
+            (d / AFFINITY_FILE).write_text(json.dumps({"cpus": [plan[v]], "alone": False}))
+            rec["_dir"] = str(d)
+            out.append(rec)
+    return out
+
+
+def test_side_by_side_comparison_removes_the_cpu_effect(tmp_path):
+    from bench.analyze.gate_runs import cpu_term
+
+    recs = _side_by_side(tmp_path, 0.10, cpu_slow=0.06)
+    sides = [p[3] for p in block_pairs(recs)["c"]["pairs"]]
+    assert sorted(set(sides)) == [-1, 1] and sides.count(1) == sides.count(-1)
+    res = paired_comparison(recs, threshold=0.05, alpha=0.01)
+    (row,) = res["rows"]
+    assert row["cpu_effect"]["effect"] == pytest.approx(0.06, abs=0.01)
+    assert row["change"] == pytest.approx(0.10, abs=0.02) and row["verdict"] == "regression"
+    assert row["df"] == len(sides) - 2 and any("higher numbered CPU took +6" in n for n in res["notes"])
+    # without the term the CPU effect is in the spread: the block ratios sit +-6 % apart
+    raw = np.array([p[1] for p in block_pairs(recs)["c"]["pairs"]])
+    assert np.std(raw, ddof=1) > 3 * row["sd_pair"]
+    # not side by side (no affinity files), or one side only: no term
+    d, eff = cpu_term(raw, np.zeros(len(raw)))
+    assert eff is None and np.array_equal(d, raw)
+    assert cpu_term(raw[:3], np.array([1.0, 1.0, -1.0]))[1] is None

@@ -3,48 +3,21 @@
 Cells of the candidate sweep are matched to the baseline's by their factor levels (not by cell id:
 a candidate with other base settings, e.g. an injected delay, has other cell ids but the same levels).
 For each matched cell and metric (``--metric``, default ``step_time``; also ``throughput``,
-``rollout_share``, ``free_ratio``) the per-step samples of all repeats are compared
-(:func:`bench.analyze.stat_tests.compare`):
+``rollout_share``, ``free_ratio``) the **runs** of both sides are compared (:mod:`bench.analyze.gate_stored`:
+a run's value is the median of its timed steps, Welch t on the log run values, plus the stored baseline's
+measured sweep-offset variance; the speed probe applied only where it tracks the metric over these runs), as
+in the interleaved gate and the report. Verdicts: **regression** when the gate can see ``--max-mde`` (default
+twice the threshold), the interval is above 0 and the change beyond ``--threshold`` (default 5 %);
+**improvement** likewise below; **unchanged** when it can see ``--max-mde`` and the interval's upper end is
+below it; else **noisy** ("cannot judge", exit 3), also whenever a side ran on a busy machine (CPU pressure
+above :data:`bench.analyze.snapshot.CONTENDED_PSI`) and the baseline has no measured sweep-to-sweep figure.
 
-* **unpaired** (default, ``--pairing off``): relative change = ``exp(HL) - 1`` with HL the
-  Hodges-Lehmann shift of the log samples, p = two-sided Mann-Whitney U on the pooled samples of
-  all repeats;
-* **paired** with ``--pairing auto`` when both sides ran the same repeats and timed steps and each
-  step did the same work (equal response and prompt lengths: same seed and settings): per step the
-  log ratio candidate/baseline; relative change = ``exp(one-sample Hodges-Lehmann of the log
-  ratios) - 1``, p = two-sided Wilcoxon signed-rank. The workload spread between steps cancels,
-  which helps with one or two repeats and a large step-to-step workload spread. With 8 repeats on a
-  shared VM, where whole runs shift, the unpaired comparison did better on the same 30 real sweeps
-  (false alarms 0/90 vs 3/90, a 10 % slowdown caught 97/100 vs 91/100: ``benchmarks/bench_gate.py``),
-  hence the default;
-* interval: bootstrap over repeats (and steps, with fewer than 4 repeats) at ``1 - alpha``;
-* **speed-normalized** (``--normalize auto``, default) when both sides timed the same reference
-  kernel around each step (the embedded engine's speed probe, :mod:`bench.speed`): each step time is
-  divided by its probe time first (throughput multiplied), so a shared VM that ran a few percent
-  slower for a minute is not read as a regression. The row keeps the raw change and the machine's
-  speed shift beside the verdict.
-
-Verdict per cell and metric: **regression** when the change is worse than ``--threshold`` (default
-5 %) AND ``p < --alpha`` (default 0.01); **improvement** likewise in the other direction; otherwise
-**unchanged** -- provided the comparison is precise enough to judge: when the samples' spread would
-hide a change of ``--max-mde`` (default twice the threshold) from the test at 80 % power, the verdict
-is **noisy** (a "cannot judge", exit 3) instead. The three conditions divide the work:
-
-* the threshold absorbs the shift between identical sweeps (a few percent from one invocation to
-  the next, common to every step of a sweep, so no per-step test can tell it from a real change).
-  A 10 % slowdown has to be caught, so the threshold sits halfway: false alarms and misses of 10 %
-  are then equally likely and both stay under 5 % while the sweep-to-sweep spread (SD of log step
-  time) stays under about 2 % (``benchmarks/bench_gate.py synthetic``);
-* the test rejects a large change measured on a handful of noisy steps;
-* the noise limit catches a busy machine: when other jobs compete for the CPUs, step times scatter
-  by tens of percent and whole runs shift by as much (measured: ``benchmarks/bench_gate.py real``),
-  which neither of the first two can absorb; the gate then refuses to judge rather than report a
-  regression of the machine. The spread is read from the steps and, with two or more repeats per
-  side, from the bootstrap interval (which resamples repeats), so run-to-run shifts count too: gate
-  matrices should have ``repeats: 2`` or more (8 on a shared 2-core VM, where whole runs shift by
-  3-4 % even after speed normalization: ``benchmarks/bench_gate.py``). The CPU pressure recorded around each run
-  (PSI) is
-  printed as well.
+``--pairing auto`` or a named ``--test`` keep the older per-step comparison
+(:func:`bench.analyze.stat_tests.compare`: Hodges-Lehmann shift of the log step samples, Mann-Whitney U or,
+paired step by step on equal work, Wilcoxon signed-rank; bootstrap interval over repeats; speed-normalized
+per step where both sides carry the probe; "noisy" when the spread would hide ``--max-mde``). Steps of one
+run are not independent samples, so its p-values are too small on a machine whose runs shift as a whole:
+use it for diagnosis, not as the gate.
 
 Exit code (:data:`EXIT_CODES`): **1** when a cell regressed, a candidate cell failed where the
 baseline's ran (a failure is a regression) or a claim of the ``expect`` block is not met; else **3**
@@ -73,6 +46,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT  # noqa: F401  (DEFAULT_ALPHA: the gate's default, re-exported)
+from bench.analyze.gate_stored import compare_runs, probe_checks
 from bench.analyze.power import mde_from_se
 from bench.analyze.snapshot import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, pairable
 from bench.analyze.stat_tests import compare, verdict
@@ -250,8 +224,11 @@ def _diff_dicts(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[
 
 def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: list[str], threshold: float,
                       alpha: float, n_boot: int = N_BOOT, seed: int = 0, pairing: bool = False,
-                      max_mde: float | None = None, normalize: bool = True, test: str | None = None) -> dict[str, Any]:
-    """Gate a candidate snapshot against a baseline snapshot.
+                      max_mde: float | None = None, normalize: bool = True, test: str | None = None,
+                      s2s: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Gate a candidate snapshot against a baseline snapshot: runs as the unit (:mod:`bench.analyze.gate_stored`,
+    with ``s2s`` the stored baseline's measured ``sweep_to_sweep``), or per-step samples with ``pairing`` or a
+    named ``test``.
 
     With ``normalize`` (default) ``step_time`` and ``throughput`` samples are speed-normalized
     (:mod:`bench.speed`) when both cells carry the same speed probe; each row then has
@@ -318,6 +295,12 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                     "CPUs, which shifts step times by tens of percent; rerun both on an idle machine before trusting "
                     "a verdict")
         notes.insert(0, line)
+    run_level = not pairing and test is None
+    busy = None
+    if max((v for v in (pb_max, pc_max) if v is not None), default=0.0) > CONTENDED_PSI:
+        busy = f"CPU pressure around the runs {max(v for v in (pb_max, pc_max) if v is not None):.0f} %"
+    probes = probe_checks(bmap, cmap, matched, metrics) if run_level and normalize else {}
+    notes += [f"{m}: {chk['note']}" for m, chk in probes.items()]
     rows = []
     for key in matched:
         bc, cc = bmap[key], cmap[key]
@@ -345,8 +328,16 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                 row["reason"] = f"missing samples: no {metric} samples in the {side} ({m.source})"
                 row.update(n_base=nb, n_cand=nc)
                 continue
-            paired = pairing and pairable(bc, cc, metric)
             why = normalizable(bc, cc, metric) if normalize else "--normalize off"
+            if run_level:  # runs as the unit (bench.analyze.gate_stored)
+                use = why is None and metric in probes and probes[metric]["apply"]
+                row.update(normalized=use, test="welch t on runs", **({} if use else {"normalize_reason": why or
+                                                                                       probes[metric]["note"]}))
+                row.update(compare_runs(bc, cc, metric, higher_is_better=m.higher_is_better, threshold=threshold,
+                                        alpha=alpha, max_mde=max_mde, probe=use, busy=busy,
+                                        s2s=s2s if metric == "step_time" else None))
+                continue
+            paired = pairing and pairable(bc, cc, metric)
             if why is None:
                 raw = compare(bg, cg, alpha=alpha, n_boot=0, ci=False, scale=m.scale, paired=paired, test=test)
                 bg, cg, sp = normalized_pair(bc, cc, metric, bg, cg)

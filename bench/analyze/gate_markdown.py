@@ -12,6 +12,23 @@ from bench.analyze.md import pct as _pct
 from bench.analyze.snapshot import METRICS
 from bench.analyze.stat_tests import TESTS
 
+#: ``settings`` keys of a gate against a stored baseline or another sweep: runs as the unit (the default) ...
+STORED_METHOD = {"method": "runs",
+                 "estimate": "exp(mean log run value cand - mean log run value base) - 1; run value = median "
+                             "timed step",
+                 "ci": "Welch t over runs (+ the stored baseline's measured sweep-offset variance), 1 - alpha"}
+#: ... or per-step samples (``--pairing auto`` or a named ``--test``)
+PER_STEP_METHOD = {"method": "steps", "estimate": "exp(hodges-lehmann shift of log samples) - 1",
+                   "ci": "bootstrap over repeats (and steps when < 4 repeats), percentile"}
+STORED_TEXT = (
+    "runs as the unit (bench.analyze.gate_stored): a run's value is the median of its timed steps; change = "
+    "exp(difference of the mean log run values) - 1; interval: Welch t at 1 - {alpha} with the variance of both "
+    "sides' run means plus, where the stored baseline measured it over its saved sweeps, twice a sweep's own offset "
+    "variance. Regression: the gate can see {max_mde:.0%} (its smallest visible change, as in the interleaved gate), "
+    "the interval above 0 and the change beyond {threshold:.0%}; unchanged: it can see {max_mde:.0%} and the "
+    "interval's upper end is below it; else cannot judge. Machine speed: each run's value is divided by its median "
+    "probe time only where the probe tracks the metric over these runs (the note gives the test).")
+
 
 def _cell_text(text: str) -> str:
     """A text in full, fit for a markdown table cell (``|`` escaped)."""
@@ -78,6 +95,10 @@ def render_markdown(result: dict[str, Any]) -> str:
                          f"{': ' + _cell_text(e['reason']) if e.get('reason') else ''} |")
     if result.get("notes"):
         lines += ["", "Notes:", *[f"- {n}" for n in result["notes"]]]
+    if s.get("method") == STORED_METHOD["method"]:
+        lines += ["", "Statistics: " + STORED_TEXT.format(alpha=s["alpha"], threshold=s["threshold"],
+                                                          max_mde=s["max_mde"]), ""]
+        return "\n".join(lines)
     lines += [
         "",
         "Statistics: relative change = exp(Hodges-Lehmann shift of log per-step samples) - 1. Paired "

@@ -61,7 +61,9 @@ def _timed(rec: dict[str, Any]) -> tuple[list[float], list[float]]:
 
 def block_pairs(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per cell id: ``label`` and ``pairs`` = per block with both versions ok, ``(block, log step ratio, log
-    probe ratio or None)``, plus ``failed`` (runs not ok, with version and block)."""
+    probe ratio or None, cpu side)``, plus ``failed`` (runs not ok, with version and block). ``cpu side`` is +1
+    (-1) when a side-by-side block (:mod:`bench.side_by_side`) ran the candidate on the higher (lower) numbered
+    CPU of the two, 0 when the runs were not pinned side by side."""
     runs: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
     out: dict[str, dict[str, Any]] = {}
     for r in records:
@@ -84,17 +86,43 @@ def block_pairs(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             if not vb or not vc:
                 continue
             dp = math.log(run_value(pc) / run_value(pb)) if pb and pc else None
-            out[cid]["pairs"].append((k, math.log(vc / vb), dp))
+            out[cid]["pairs"].append((k, math.log(vc / vb), dp, _cpu_side(pair)))
     return out
 
 
-def probe_check(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def _cpu_side(pair: dict[str, dict[str, Any]]) -> int:
+    """+1 / -1: the candidate ran on the higher / lower numbered CPU of a side-by-side block; 0 otherwise."""
+    from bench.side_by_side import run_cpu
+
+    cb, cc = (run_cpu(pair[v].get("_dir", "")) if pair[v].get("_dir") else None for v in ("baseline", "candidate"))
+    return 0 if cb is None or cc is None or cb == cc else (1 if cc > cb else -1)
+
+
+def cpu_term(d: Any, side: Any) -> tuple[np.ndarray, dict[str, Any] | None]:
+    """Remove the CPU effect of side-by-side blocks from the block log ratios ``d``: the model
+    ``d_k = mu + beta * side_k + e_k`` (``side`` +-1: which CPU the candidate had; an AB/BA cross-over design with
+    the CPU as the period effect, Senn, *Cross-over Trials in Clinical Research*, 2nd ed. 2002, ch. 3) fitted by
+    least squares; returns ``d - beta * side`` (mean = the fitted ``mu``, spread = the residuals) and
+    ``{"effect": exp(beta) - 1, "blocks": {side: count}}`` (how much slower the higher CPU made a run than the
+    lower), or ``d`` unchanged and ``None`` where the blocks were not side by side or each side has fewer than 2.
+    """
+    d, side = np.asarray(d, float), np.asarray(side, float)
+    n_hi, n_lo = int(np.sum(side > 0)), int(np.sum(side < 0))
+    if len(d) == 0 or n_hi + n_lo != len(d) or min(n_hi, n_lo) < 2:
+        return d, None
+    sc = side - side.mean()
+    beta = float(np.dot(sc, d - d.mean()) / np.dot(sc, sc))
+    return d - beta * side, {"effect": math.expm1(beta), "blocks": {"+1": n_hi, "-1": n_lo}}
+
+
+def probe_check(cells: dict[str, dict[str, Any]], unit: str = "block pairs") -> dict[str, Any]:
     """Whether the speed probe tracks the step time in this sweep (module text): ``apply`` (bool), ``r``,
     ``p`` (one-sided Pearson), ``sd_raw`` / ``sd_corrected`` (of the cell-centred block ratios), ``n`` pairs,
-    and ``note`` (why it is or is not applied)."""
+    and ``note`` (why it is or is not applied). ``unit`` names the values in the note (the stored-baseline gate
+    passes groups of runs: :func:`bench.analyze.gate_stored.runs_probe_check`)."""
     xs, ys = [], []
     for c in cells.values():
-        pairs = [(d, dp) for _, d, dp in c["pairs"] if dp is not None]
+        pairs = [(d, dp) for _, d, dp, _ in c["pairs"] if dp is not None]
         if len(pairs) < 2 or len(pairs) != len(c["pairs"]):
             continue
         d, dp = np.array(pairs, float).T
@@ -102,7 +130,7 @@ def probe_check(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
         ys += list(dp - dp.mean())
     out: dict[str, Any] = {"apply": False, "n": len(xs), "r": None, "p": None, "sd_raw": None, "sd_corrected": None}
     if len(xs) < 4:
-        out["note"] = f"speed probe not used: {len(xs)} block pairs with a probe (need 4 to test that it tracks)"
+        out["note"] = f"speed probe not used: {len(xs)} {unit} with a probe (need 4 to test that it tracks)"
         return out
     x, y = np.array(xs), np.array(ys)
     out["sd_raw"], out["sd_corrected"] = float(np.std(x)), float(np.std(x - y))
@@ -112,8 +140,8 @@ def probe_check(cells: dict[str, dict[str, Any]]) -> dict[str, Any]:
     res = sps.pearsonr(x, y, alternative="greater")
     out["r"], out["p"] = float(res.statistic), float(res.pvalue)
     out["apply"] = bool(out["p"] < PROBE_ALPHA and out["sd_corrected"] < out["sd_raw"])
-    fig = (f"r = {out['r']:+.2f}, one-sided p = {out['p']:.3g} over {len(x)} block pairs; spread of the block "
-           f"ratios {out['sd_raw']:.2%} raw, {out['sd_corrected']:.2%} corrected")
+    fig = (f"r = {out['r']:+.2f}, one-sided p = {out['p']:.3g} over {len(x)} {unit}; spread "
+           f"{out['sd_raw']:.2%} raw, {out['sd_corrected']:.2%} corrected")
     out["note"] = (f"speed probe applied: it tracks the step time in this sweep ({fig})" if out["apply"] else
                    f"speed probe NOT applied, raw run values compared: it does not track the step time in this "
                    f"sweep ({fig}; needs p < {PROBE_ALPHA} and a smaller corrected spread)")
@@ -156,11 +184,13 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
             row["reason"] = "; ".join(f"{f['version']} block {f['block']} {f['kind']}: {f['reason']}"
                                       for f in c["failed"])
             continue
-        d = np.array([x - (dp if probe["apply"] else 0.0) for _, x, dp in c["pairs"]], float)
+        d = np.array([x - (dp if probe["apply"] else 0.0) for _, x, dp, _ in c["pairs"]], float)
+        d, cpu = cpu_term(d, np.array([side for *_, side in c["pairs"]], float))
         row.update(judge_ratios(d, threshold=threshold, alpha=alpha, max_mde=max_mde, look=look, max_looks=max_looks,
-                                decide=decide, name=c["label"]))
+                                decide=decide, name=c["label"], fitted=int(cpu is not None)))
+        row["cpu_effect"] = cpu
         if row.get("change") is not None:
-            row["raw_change"] = math.expm1(float(np.mean([x for _, x, _ in c["pairs"]])))
+            row["raw_change"] = math.expm1(float(np.mean([x for _, x, _, _ in c["pairs"]])))
     counts = {v: sum(r["verdict"] == v for r in rows)
               for v in ("regression", "failed", "improvement", "unchanged", "noisy", "cannot judge")}
     if counts["regression"] or counts["failed"]:
@@ -169,19 +199,23 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
         verdict, code = "cannot judge", 3
     else:
         verdict, code = "pass", 0
-    return {"rows": rows, "probe": probe, "notes": [probe["note"]], "counts": counts, "verdict": verdict,
+    notes = [probe["note"]] + [f"{r['cell']}: side by side, a run on the higher numbered CPU took "
+                               f"{r['cpu_effect']['effect']:+.1%} longer (removed: a CPU term in the comparison)"
+                               for r in rows if r.get("cpu_effect")]
+    return {"rows": rows, "probe": probe, "notes": notes, "counts": counts, "verdict": verdict,
             "exit_code": code}
 
 
 def judge_ratios(d: Any, *, threshold: float, alpha: float, max_mde: float | None = None, look: int | None = None,
                  max_looks: int | None = None, decide: Callable[..., Any] | None = None,
-                 name: str = "") -> dict[str, Any]:
+                 name: str = "", fitted: int = 0) -> dict[str, Any]:
     """The gate's verdict on one cell from its block log ratios ``d`` (``log(v_cand / v_base)`` per block, a
     1-D array; module text). Returns the row fields: ``verdict`` (regression | improvement | unchanged | noisy),
     ``change``, ``ci_low``/``ci_high``, ``p_value``, ``sd_pair``, ``se``, ``df``, ``mde``
     (:func:`bench.analyze.power.gate_mde`), ``blocks_needed``, ``robust`` (:func:`robust_check`, computed only
     where the other rules call a change, else ``None``), ``reason``
-    and, with ``decide`` and ``look``, the look's ``decision``.
+    and, with ``decide`` and ``look``, the look's ``decision``. ``fitted``: terms besides the mean already removed
+    from ``d`` (:func:`cpu_term`), each costing a degree of freedom.
 
     A **regression** (improvement) needs all of: the interval above (below) 0, the mean log ratio beyond the
     threshold, the gate able to see ``max_mde`` (``mde <= max_mde``), and the robust check agreeing (the
@@ -194,11 +228,11 @@ def judge_ratios(d: Any, *, threshold: float, alpha: float, max_mde: float | Non
     d = np.asarray(d, float)
     n = len(d)
     row: dict[str, Any] = {"blocks": n, "verdict": "noisy", "reason": ""}
-    if n < 2:
-        row["reason"] = f"{n} complete block(s): a paired comparison needs 2 or more"
+    if n < 2 + fitted:
+        row["reason"] = f"{n} complete block(s): a paired comparison needs {2 + fitted} or more"
         return row
-    mean, sd = float(d.mean()), float(d.std(ddof=1))
-    se, df = sd / math.sqrt(n), n - 1
+    mean, sd = float(d.mean()), float(d.std(ddof=1 + fitted))
+    se, df = sd / math.sqrt(n), n - 1 - fitted
     row["sd_pair"], row["se"], row["df"] = sd, se, df
     row["change"] = math.expm1(mean)
     row["mde"] = gate_mde(sd, n, alpha=alpha, threshold=threshold)

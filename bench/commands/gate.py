@@ -42,6 +42,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="--interleave: wall time the gate may take (e.g. 90s, 10m, 1h); it stops before a block that "
                         "would likely end past it and says 'cannot judge' with the blocks that would do")
     p.add_argument("--force", action="store_true", help="--interleave: start a new gate sweep instead of resuming")
+    p.add_argument("--side-by-side", action="store_true",
+                   help="--interleave: run the baseline's and the candidate's run of a cell at the same time, each "
+                        "pinned to a CPU of its own (swapped between blocks), so machine drift hits both alike; "
+                        "needs 2 CPUs (docs/gate.md)")
     p.add_argument("--spawn", action="store_true", help="--interleave: a fresh process per run (no fork servers)")
     p.add_argument("--order-seed", type=int, default=None, metavar="N", help="--interleave: shuffle seed of the blocks")
     p.add_argument("--no-expect", action="store_true", help="do not check the matrix `expect` block")
@@ -177,7 +181,7 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
                                       threshold=args.threshold, alpha=args.alpha, max_mde=args.max_mde,
                                       normalize=args.normalize == "auto", force=args.force, spawn=args.spawn,
                                       order_seed=args.order_seed, out=args.out, on_event=on_event,
-                                      budget_s=budget_s)
+                                      budget_s=budget_s, side_by_side=getattr(args, "side_by_side", False))
     except BenchError as exc:
         append_step_summary(f"## Gate ERROR\n\n{exc}\n\n")
         raise

@@ -178,6 +178,15 @@ class ForkServerExecutor:
                 raise RuntimeError("fork server did not start")
             self.ready = True
 
+    def pin(self, cpus: set[int]) -> None:
+        """Runs forked from now on run on ``cpus`` only: the server's main thread forks them and a child inherits
+        its CPU affinity (``os.sched_setaffinity``); a server that does not start is left to :meth:`execute`."""
+        try:
+            self._ensure()
+            os.sched_setaffinity(self.proc.pid, cpus)
+        except (OSError, RuntimeError, AttributeError):
+            pass
+
     def execute(self, launch: ResolvedLaunch) -> ExecResult:
         """Run through the server when the argv is ``python -m module ...``; else with a local process."""
         argv = launch.argv

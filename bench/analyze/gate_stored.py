@@ -1,0 +1,175 @@
+"""Run-level comparison of two sweeps for ``gate --baseline`` (a stored baseline, or another sweep):
+:func:`compare_runs`, with the speed probe checked first (:func:`runs_probe_check`).
+
+The unit is the run, as in the interleaved gate and the report (:mod:`bench.analyze.gate_runs`): a run's value is
+:func:`bench.figures.run_value` (the median of its timed-step samples) and steps of one run are never treated as
+independent samples. Per matched cell, on the log scale (``x = log v`` for a time, ``-log v`` for a rate, so that
+``x`` grows when the cell gets worse): estimate ``mean(x_cand) - mean(x_base)``, standard error
+
+    ``se^2 = s_b^2 / n_b + s_c^2 / n_c + 2 * s_o^2``
+
+with ``s_b``, ``s_c`` the SDs of the runs' ``x`` on each side and ``s_o^2`` the **sweep offset variance** the
+stored baseline measured over its saved sweeps (:func:`bench.baseline.sweep_to_sweep`: the SD of a sweep's cell
+value across saves, minus the part its runs' spread explains), since the two sides are different sweeps and each
+carries its own offset; degrees of freedom by Welch-Satterthwaite over the three terms (Kalibera & Jones 2020:
+runs as the unit, the ratio on the log scale). Without a measured sweep-to-sweep figure (one save, or a sweep as
+reference) ``s_o`` is 0 and the note says that the interval holds within sweeps only.
+
+**Speed probe** (``--normalize auto``): each run's ``x`` minus the log of its median probe time, applied only
+where the probe tracks the metric **in these two sweeps**: over the runs of both sides, each (cell, side) centred
+on its own mean, ``x`` and the log probe correlate (one-sided Pearson ``p < PROBE_ALPHA``) and the corrected
+values spread less than the raw ones (:func:`bench.analyze.gate_runs.probe_check`, the interleaved gate's test,
+with runs instead of block pairs). Otherwise the raw run values are compared and the note says why.
+
+Verdict rules as the interleaved gate's (:func:`bench.analyze.gate_runs.judge_ratios`, without its rank check):
+**regression** when the gate can see ``max_mde`` (:func:`bench.analyze.power.mde_from_se` on this ``se`` and
+``df``, the formula of :func:`bench.analyze.power.gate_mde`), the interval is above 0 and the estimate beyond the
+threshold; **improvement** likewise below; **unchanged** when it can see ``max_mde`` and the interval's upper end
+is below it; else **noisy** (cannot judge). A busy machine (CPU pressure recorded around either side's runs above
+:data:`bench.analyze.snapshot.CONTENDED_PSI`) shifts whole sweeps by tens of percent, which no within-sweep spread
+shows: without a measured sweep-to-sweep figure the row is then "noisy" too.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+from scipy import stats as sps
+
+from bench.analyze.gate_runs import probe_check
+from bench.analyze.power import mde_from_se
+from bench.figures import run_value
+
+
+def run_logs(cell: dict[str, Any], metric: str, sign: float) -> tuple[list[float], list[float | None]]:
+    """Per ok repeat of a snapshot cell: ``sign * log(run value)`` and the log of the run's median probe time
+    (``None`` unless the probe covers every sample)."""
+    xs, ps = [], []
+    for r in cell.get("repeats") or []:
+        if r.get("status", "ok") != "ok":
+            continue
+        samples = r.get("samples") or {}
+        vals, pr = samples.get(metric) or [], samples.get("speed_probe") or []
+        v = run_value(vals)
+        if not v or v <= 0:
+            continue
+        xs.append(sign * math.log(v))
+        ps.append(math.log(run_value(pr)) if pr and len(pr) == len(vals) and min(pr) > 0 else None)
+    return xs, ps
+
+
+def runs_probe_check(sides: list[tuple[list[float], list[float | None]]]) -> dict[str, Any]:
+    """Whether the probe tracks the metric over the runs of these sweeps: ``sides`` = per (cell, side) the runs'
+    ``x`` and log probes (:func:`run_logs`); :func:`bench.analyze.gate_runs.probe_check` with each (cell, side) as
+    a group of runs."""
+    cells = {str(i): {"pairs": [(j, x, p, 0) for j, (x, p) in enumerate(zip(xs, ps))]}
+             for i, (xs, ps) in enumerate(sides)}
+    return probe_check(cells, unit="runs")
+
+
+def sweep_offset_var(s2s: dict[str, Any] | None, base_xs: list[float]) -> tuple[float, float | None]:
+    """``(s_o^2, df)``: the variance of one sweep's offset from a stored baseline's measured sweep-to-sweep SD
+    (minus the part the baseline's own run spread explains, floored at 0) and its degrees of freedom; ``(0, None)``
+    when not measured."""
+    sd = (s2s or {}).get("sd_log")
+    if sd is None:
+        return 0.0, None
+    within = float(np.var(base_xs, ddof=1)) / len(base_xs) if len(base_xs) > 1 else 0.0
+    return max(0.0, sd ** 2 - within), float((s2s or {}).get("df") or 1)
+
+
+def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: str, *, higher_is_better: bool,
+                 threshold: float, alpha: float, max_mde: float, probe: bool, s2s: dict[str, Any] | None = None,
+                 busy: str | None = None) -> dict[str, Any]:
+    """Compare one metric of two snapshot cells, runs as the unit (module text). ``probe``: apply the speed
+    probe (the caller ran :func:`runs_probe_check`); ``s2s``: the stored baseline's ``sweep_to_sweep``; ``busy``:
+    why the machine counts as busy (None when quiet).
+
+    Returns the row fields: ``verdict`` (regression | improvement | unchanged | noisy), ``change`` (relative
+    change of the metric), ``ci_low``/``ci_high``, ``p_value``, ``se``, ``df``, ``mde``, ``n_base``/``n_cand``
+    (runs), ``sd_base``/``sd_cand`` (of the runs' log values), ``sweep_offset_sd``, ``raw_change``, ``reason``.
+    """
+    sign = -1.0 if higher_is_better else 1.0
+    (xb, pb), (xc, pc) = run_logs(base_cell, metric, sign), run_logs(cand_cell, metric, sign)
+    row: dict[str, Any] = {"verdict": "noisy", "n_base": len(xb), "n_cand": len(xc), "reason": ""}
+    if len(xb) < 2 or len(xc) < 2:
+        row["verdict"] = "cannot judge"
+        row["reason"] = (f"too few runs: {len(xb)} baseline and {len(xc)} candidate run(s); a run-level comparison "
+                         "needs 2 or more runs per side (set the matrix's repeats)")
+        return row
+    raw = float(np.mean(xc) - np.mean(xb))
+    row.update(raw_change=math.expm1(sign * raw), base_median=float(np.median(np.exp(sign * np.array(xb)))),
+               cand_median=float(np.median(np.exp(sign * np.array(xc)))))
+    if probe:
+        xb = [x - p for x, p in zip(xb, pb)]
+        xc = [x - p for x, p in zip(xc, pc)]
+        row["speed_change"] = math.expm1(float(np.mean(pc) - np.mean(pb)))
+    diff = float(np.mean(xc) - np.mean(xb))
+    vo, df_o = sweep_offset_var(s2s, xb)
+    terms = [(float(np.var(xb, ddof=1)) / len(xb), len(xb) - 1), (float(np.var(xc, ddof=1)) / len(xc), len(xc) - 1)]
+    if df_o is not None:
+        terms.append((2 * vo, df_o))
+    se2 = sum(t for t, _ in terms)
+    se = math.sqrt(se2)
+    df = se2 ** 2 / sum(t ** 2 / d for t, d in terms) if se2 > 0 else float(len(xb) + len(xc) - 2)
+    h = float(sps.t.ppf(1 - alpha / 2, df)) * se
+    lo, hi = diff - h, diff + h
+    ends = sorted((math.expm1(sign * lo), math.expm1(sign * hi)))
+    row.update(change=math.expm1(sign * diff), ci_low=ends[0], ci_high=ends[1], se=se, df=df,
+               sd_base=math.sqrt(terms[0][0] * len(xb)), sd_cand=math.sqrt(terms[1][0] * len(xc)),
+               sweep_offset_sd=math.sqrt(vo) if df_o is not None else None,
+               p_value=float(2 * sps.t.sf(abs(diff) / se, df)) if se > 0 else (0.0 if diff else 1.0),
+               mde=mde_from_se(se, alpha=alpha, threshold=threshold, df=df))
+    thr, lim = math.log1p(threshold), math.log1p(max_mde)
+    sees = row["mde"] <= max_mde
+    if busy and df_o is None:
+        row["reason"] = (f"cannot judge: {busy}; a busy machine shifts whole sweeps by tens of percent, which the "
+                         "runs' spread does not show and this baseline has no measured sweep-to-sweep figure: rerun "
+                         "on an idle machine, or use `gate --interleave` (both versions in one sweep)")
+    elif sees and lo > 0 and diff > thr:
+        row["verdict"] = "regression"
+    elif sees and hi < 0 and diff < -thr:
+        row["verdict"] = "improvement"
+    elif sees and hi < lim:
+        row["verdict"] = "unchanged"
+    else:
+        need = row["runs_needed"] = runs_needed(row["sd_base"], row["sd_cand"], vo, alpha=alpha, threshold=threshold,
+                                                max_mde=max_mde)
+        more = (f"{need} runs per side would do at this spread" if need else
+                f"no number of runs per side gets under {max_mde:.0%} at this spread")
+        row["reason"] = (f"cannot judge: with {len(xb)} + {len(xc)} runs the gate sees a change of {row['mde']:.1%} "
+                         f"or more (limit {max_mde:.0%}), interval {ends[0]:+.1%} to {ends[1]:+.1%}"
+                         + (f" (a sweep's own offset, SD {math.sqrt(vo):.3f}, included)" if df_o is not None else "")
+                         + f"; {more}; an idle machine, or `gate --interleave`, would let it judge")
+    return row
+
+
+def runs_needed(sd_base: float, sd_cand: float, offset_var: float, *, alpha: float, threshold: float,
+                max_mde: float, limit: int = 1000) -> int | None:
+    """Fewest runs per side with which :func:`compare_runs` would see ``max_mde`` at these run SDs (of log values)
+    and sweep offset variance (the figure of :func:`bench.analyze.power.mde_from_se`, Welch df taken as
+    ``2 n - 2``); ``None`` when not even ``limit`` runs would (the offset alone is too large)."""
+    for n in range(2, limit + 1):
+        se = math.sqrt((sd_base ** 2 + sd_cand ** 2) / n + 2 * offset_var)
+        if mde_from_se(se, alpha=alpha, threshold=threshold, df=2 * n - 2) <= max_mde:
+            return n
+    return None
+
+
+def probe_checks(bmap: dict[str, Any], cmap: dict[str, Any], matched: list[str],
+                 metrics: list[str]) -> dict[str, dict[str, Any]]:
+    """Per speed-scaled metric, whether the probe tracks it over the runs of both sweeps (:func:`runs_probe_check`
+    on the matched cells (``bmap``/``cmap``: levels key -> snapshot cell) whose runs all carry a probe)."""
+    from bench.analyze.snapshot import METRICS
+    from bench.speed import normalizable
+
+    out = {}
+    for metric in metrics:
+        sign = -1.0 if METRICS[metric].higher_is_better else 1.0
+        sides = [run_logs(c, metric, sign) for k in matched if normalizable(bmap[k], cmap[k], metric) is None
+                 for c in (bmap[k], cmap[k])]
+        if sides:
+            out[metric] = runs_probe_check(sides)
+    return out

@@ -1,0 +1,99 @@
+"""``gate --baseline NAME`` compares runs (bench.analyze.gate_stored), as the user runs it (the CLI) on synthetic
+sweeps: the speed probe is used only where it tracks the step times over the runs of the two sweeps, a stored
+baseline saved more than once carries its measured sweep-to-sweep offset into the interval, and a busy machine
+without that figure cannot be judged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_gate_fixtures import log_normal_times, make_sweep
+
+from bench.cli import main
+
+CELLS = [{}, {"dynamic_bsz": 1}]
+
+
+@pytest.fixture(scope="module")
+def uri(tmp_path_factory):
+    from bench.tracking import Tracker
+
+    u = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    Tracker(u, "synth")
+    return u
+
+
+def _gate(root, uri, name="cand", baseline="base", *extra) -> tuple[int, dict]:
+    rc = main(["gate", "--baseline", baseline, "--candidate", name, "--results", str(root), "--tracking-uri", uri,
+               *extra])
+    return rc, json.loads(next((root / name).glob("*/gate/gate.json")).read_text())
+
+
+def _save(root, uri, sweep, name="base", *extra) -> None:
+    assert main(["baseline", "save", sweep, "--name", name, "--results", str(root), "--tracking-uri", uri, *extra]) == 0
+
+
+def test_probe_applied_where_it_tracks_refused_where_it_does_not(tmp_path, uri):
+    # each run's machine speed varies by 3 % and the probe sees it: the probe tracks, the 8 % slower machine of
+    # the candidate sweep is taken out
+    make_sweep(tmp_path, "synth", CELLS, repeats=5, steps=8, times=log_normal_times(sd=0.01), seed=1,
+               same_work=True, machine=1.0, machine_sd=0.03)
+    _save(tmp_path, uri, "synth")
+    make_sweep(tmp_path, "cand", CELLS, repeats=5, steps=8, times=log_normal_times(sd=0.01), seed=2,
+               same_work=True, machine=1.08, machine_sd=0.03)
+    rc, g = _gate(tmp_path, uri)
+    assert rc == 0 and all(r["normalized"] and r["verdict"] == "unchanged" for r in g["rows"]), g["rows"]
+    assert all(r["raw_change"] > 0.03 and abs(r["change"]) < 0.02 for r in g["rows"])
+    assert any("speed probe applied: it tracks" in n and "over 20 runs" in n for n in g["notes"]), g["notes"]
+    assert g["settings"]["method"] == "runs" and all(r["n_base"] == r["n_cand"] == 5 for r in g["rows"])
+
+    # the same shift, but within each sweep the runs vary (3 %) while the probe stays put: it does not track
+    # the step times here, so it is not applied and the raw runs are compared (the shift is then a regression)
+    make_sweep(tmp_path, "synth2", CELLS, repeats=5, steps=8, times=log_normal_times(sd=0.01, run_sd=0.03), seed=3,
+               same_work=True, machine=1.0)
+    _save(tmp_path, uri, "synth2", "base2")
+    make_sweep(tmp_path, "cand2", CELLS, repeats=5, steps=8, times=log_normal_times(sd=0.01, run_sd=0.03), seed=4,
+               same_work=True, machine=1.08)
+    rc, g = _gate(tmp_path, uri, "cand2", "base2")
+    assert not any(r["normalized"] for r in g["rows"])
+    note = next(n for n in g["notes"] if "speed probe" in n)
+    assert "NOT applied, raw run values compared: it does not track" in note
+    assert all(r["change"] == pytest.approx(r["raw_change"]) and r["change"] > 0.03 for r in g["rows"])
+    assert rc == 1 and "regression" in {r["verdict"] for r in g["rows"]}, g["rows"]
+    assert not any(r["verdict"] in ("unchanged", "improvement") for r in g["rows"])
+
+
+def test_measured_sweep_to_sweep_offset_is_in_the_interval(tmp_path, uri):
+    # three saves of the same code whose sweeps sit several percent apart (the machine moved between sweeps): the
+    # baseline measures that, and an 8 % slower candidate sweep is then not called a regression
+    for i, m in enumerate((1.0, 1.07, 0.94)):
+        make_sweep(tmp_path, f"s{i}", CELLS, repeats=5, steps=8, times=log_normal_times(base_s=2.0 * m, sd=0.01),
+                   seed=20 + i, same_work=True)
+        _save(tmp_path, uri, f"s{i}", "moving", *(["--force"] if i else []))
+    base = json.loads((tmp_path / "baselines" / "moving.json").read_text())
+    s2s = base["sweep_to_sweep"]
+    assert s2s["sweeps"] == 3 and 0.04 < s2s["sd_log"] < 0.1
+    make_sweep(tmp_path, "cand", CELLS, repeats=5, steps=8, times=log_normal_times(base_s=2.0 * 1.08, sd=0.01),
+               seed=30, same_work=True)
+    rc, g = _gate(tmp_path, uri, "cand", "moving")
+    assert rc == 3 and {r["verdict"] for r in g["rows"]} == {"noisy"}, g["rows"]
+    for r in g["rows"]:
+        assert r["sweep_offset_sd"] == pytest.approx(s2s["sd_log"], rel=0.2) and r["mde"] > 0.10
+        assert "a sweep's own offset" in r["reason"] and "no number of runs per side gets under 10%" in r["reason"]
+    assert any("measured over 3 saved sweeps" in n and "includes it" in n for n in g["notes"])
+    # a baseline saved once: the offset is unknown, the interval holds within sweeps only, and says so
+    _save(tmp_path, uri, "s0", "once")
+    rc, g = _gate(tmp_path, uri, "cand", "once")
+    assert all(r["sweep_offset_sd"] is None for r in g["rows"])
+    assert any("sweep-to-sweep variance unknown" in n and "not in the intervals" in n for n in g["notes"])
+
+
+def test_busy_machine_without_a_measured_offset_cannot_be_judged(tmp_path, uri):
+    make_sweep(tmp_path, "synth", CELLS, repeats=5, steps=8, times=log_normal_times(sd=0.01), seed=1, psi=2.0)
+    _save(tmp_path, uri, "synth")
+    make_sweep(tmp_path, "cand", CELLS, repeats=5, steps=8, times=log_normal_times(base_s=2.0, sd=0.01), seed=2,
+               psi=70.0)
+    rc, g = _gate(tmp_path, uri)
+    assert rc == 3 and {r["verdict"] for r in g["rows"]} == {"noisy"}
+    assert all(r["reason"].startswith("cannot judge: CPU pressure around the runs 70 %") for r in g["rows"])
