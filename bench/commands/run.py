@@ -14,7 +14,7 @@ from rich.table import Table
 
 from bench.commands.base import Command
 from bench.commands.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
-from bench.commands.run_planning import add_planning_arguments, prepare, print_planning
+from bench.commands.run_planning import add_planning_arguments, fixed_verdict_line, prepare, print_planning
 from bench.engines import engine_class, engines_with, get_engine
 from bench.figures import SUMMARY_STEP_TIME
 from bench.results import check_writable
@@ -293,6 +293,8 @@ def main(args: argparse.Namespace) -> int:
     finally:
         view.stop()
     print_summary(out.rows, console)
+    if verdict := fixed_verdict_line(prep, out.sweep_dir, threshold=args.threshold, alpha=args.alpha):
+        console.print(verdict, markup=False, soft_wrap=True)
     console.print(f"sweep folder: {out.sweep_dir}")
     console.print(f"summary: {out.sweep_dir / 'summary.md'}")
     from bench.tracking import ML_VIEW, run_url
