@@ -329,6 +329,24 @@ def run_target(name: str, model: NoiseCost, design: dict[str, Any], args: argpar
     return rows
 
 
+def kappa_check(model: NoiseCost, seed: int = 0, patterns: int = 300, runs: int = 200) -> None:
+    """Print, for timed steps per run ``n``, the variance of a run's median between runs (one shared step pattern per
+    simulated sweep, ``patterns`` sweeps of ``runs`` runs) against the planner's model
+    (:meth:`NoiseCost.run_var` without ``sd_run``: ``kappa(n, rho) sd_step^2 / n``, asymptotic in ``n``)."""
+    from bench.analyze.planning_model import kappa
+
+    rng = np.random.default_rng(seed)
+    print(f"\nmedian of n steps, run x step {model.sd_step:.4f}, shared pattern {model.sd_stepidx:.4f} (log SD): "
+          f"variance between runs, simulated vs the planner's kappa(n, rho) sd_step^2 / n")
+    print(f"{'n':>4} {'simulated':>10} {'model':>10} {'sim/model':>9} {'a mean':>10}")
+    for n in (2, 3, 4, 8, 9, 15, 16, 28, 29, 50, 100, 200):
+        sim = float(np.mean([np.var(np.median(rng.normal(0, model.sd_stepidx, n)
+                                              + rng.normal(0, model.sd_step, (runs, n)), axis=1), ddof=1)
+                             for _ in range(patterns)]))
+        mod = kappa(n, model.rho) * model.sd_step ** 2 / n
+        print(f"{n:>4} {sim:>10.2e} {mod:>10.2e} {sim / mod:>9.2f} {model.sd_step ** 2 / n:>10.2e}")
+
+
 def real_summary(sweep_dir: Path, threshold: float, alpha: float) -> str:
     """One line per real sweep: runs (ok), wall time from the first run's start to the last run's end, timed steps
     x blocks, and the decisions (a sequential sweep's last look; a fixed sweep decided once at its end)."""
@@ -368,7 +386,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     p.add_argument("--real", type=Path, nargs="+", default=None, metavar="SWEEP_DIR",
                    help="print runs, wall time and decisions of these finished real sweeps instead")
+    p.add_argument("--kappa-check", action="store_true",
+                   help="print the simulated variance of a run's median against the planner's model, then exit")
     args = p.parse_args(argv)
+    if args.kappa_check:
+        kappa_check(embedded_target(args.results)[0], args.seed)
+        return 0
     if args.real:
         for d in args.real:
             print(real_summary(d, args.threshold, args.alpha))
