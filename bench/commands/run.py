@@ -293,8 +293,6 @@ def main(args: argparse.Namespace) -> int:
     finally:
         view.stop()
     print_summary(out.rows, console)
-    if verdict := fixed_verdict_line(prep, out.sweep_dir, threshold=args.threshold, alpha=args.alpha):
-        console.print(verdict, markup=False, soft_wrap=True)
     console.print(f"sweep folder: {out.sweep_dir}")
     console.print(f"summary: {out.sweep_dir / 'summary.md'}")
     from bench.tracking import ML_VIEW, run_url
@@ -308,6 +306,8 @@ def main(args: argparse.Namespace) -> int:
                       "on its runs)", soft_wrap=True)
     console.print(f"executed {out.executed}, cached {out.skipped}, failed {out.failed}; wall {out.wall_s:.1f} s, "
                   f"in GRPO steps {out.in_step_s:.1f} s, harness overhead {out.overhead_share:.1%}")
+    if verdict := fixed_verdict_line(prep, out.sweep_dir, threshold=args.threshold, alpha=args.alpha):
+        console.print(verdict, markup=False, soft_wrap=True)
     if any(r["status"] != "ok" for r in out.rows):  # exit 1: one line on stderr says why
         bad = sum(r["status"] != "ok" for r in out.rows)
         print(f"error: {bad} cell(s) not ok ({out.failed} run(s) failed now): see the status column, "
