@@ -51,7 +51,7 @@ def replan(matrix: Any, plan: Any, results_root: Path, *, precision: float | Non
     Raises:
         BenchError: no factor varies among the plan's runs (nothing to plan for).
     """
-    from bench.analyze.planning import STEPS_RANGE, plan_allocation
+    from bench.analyze.planning import plan_allocation, steps_range_for
     from bench.analyze.planning_model import estimate_model, kj_optimal_steps
     from bench.errors import BenchError
     from bench.spec.matrix import Matrix
@@ -75,10 +75,8 @@ def replan(matrix: Any, plan: Any, results_root: Path, *, precision: float | Non
         raise BenchError(f"{matrix.source}: --precision/--budget: no factor varies among the runs (nothing to plan)")
     cells = [{f: r.levels.get(f) for f in factors} for r in sorted(plan.runs, key=lambda r: r.cell_id)]
     prof = len(base.profile_steps or [])
-    # every run replays the same batches, so an effect may depend on which steps are timed (dynamic_bsz on
-    # full.yaml: +16 % over steps 2-9, +6 % over steps 2-3): never time fewer steps than the matrix does
     own_timed = max(1, base.steps - base.warmup_steps - prof)
-    steps_range = (max(STEPS_RANGE[0], own_timed), max(STEPS_RANGE[1], own_timed))
+    steps_range = steps_range_for(own_timed)  # never fewer timed steps than the matrix (same batches)
     alloc, reached = plan_allocation(model, cells, factors, precision=precision, budget_s=budget_s, alpha=alpha,
                                      warmup=base.warmup_steps, profiled=prof, slots=slots, steps_range=steps_range)
     steps = base.warmup_steps + alloc.timed_steps + prof

@@ -20,9 +20,9 @@ sweep's wall time. Components and costs (:mod:`bench.analyze.planning_model`):
   ``matrix/full.yaml`` in ``--results`` (speed-normalized, as the report and the stop rule see them); the
   2 x 2 design of full.yaml on the embedded engine (4 runs per block, 8 timed steps per run);
 * ``verl_cpu``: measured the same way from the finished sweeps of matrix/verl_cpu.yaml's target in
-  ``--results`` (any steps and repeats: e.g. the matrix with ``repeats: 2``); without one, the figures of
-  issue 17 for costs (80 s start-up, 1 s per step, 20 s harness) and assumed noise (``--verl-sd-step``,
-  ``--verl-sd-run``); the one-at-a-time design of matrix/verl_cpu.yaml (5 runs per block, its timed steps).
+  ``--results`` (any steps and repeats) or from ``--verl-sweep``; without one, :data:`VERL_MEASURED` (the
+  components and costs measured on 2026-12-01 under load); the one-at-a-time design of matrix/verl_cpu.yaml
+  (5 runs per block, its timed steps).
 
 ``--real SWEEP_DIR ...`` instead prints, for finished real sweeps, their runs, wall time (first run's start to
 last run's end) and decisions: a sequential sweep's last look, a fixed sweep decided once at its end with the
@@ -44,16 +44,21 @@ import argparse
 import gc
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):  # before numpy: the fits are small, and
+    os.environ.setdefault(_var, "1")  # BLAS threads spinning on a loaded machine cost 4-5 x the CPU time
+
+import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.analyze import sequential  # noqa: E402
 from bench.analyze.planning import plan_allocation  # noqa: E402
 from bench.analyze.planning_model import NoiseCost, estimate_model  # noqa: E402
 from bench.analyze.sequential import EffectsStopRule  # noqa: E402
@@ -61,6 +66,13 @@ from bench.planning_apply import target_key, target_sweeps  # noqa: E402
 
 DRIFT = math.log(1.15)  # tests/drift_fake.py: +15 % over the sweep
 FIXED = (2, 3, 5)
+#: verl:cpu as measured on 2026-12-01 (docs/planning.md, "Noise and cost measured": matrix/verl_cpu.yaml with 2 repeats
+#: x 12 steps, 8 of 10 runs, niced under a load average of 20-27; those records were not kept)
+VERL_MEASURED = NoiseCost(sd_step=0.175, sd_run=0.0, sd_block=0.071, startup_s=271.0, step_s=1.33, warmup_step_s=14.4,
+                          profiled_step_s=5.3, harness_s=5.6, runs=8, sd_stepidx=0.077,
+                          sweeps=["verl_cpu measured 2026-12-01 under load (docs/planning.md; records not kept)"])
+R_MAX = 400  # most repeats searched for the smallest fixed design reaching the same rates
+_RUN_OBSERVATIONS = sequential.run_observations
 
 
 def matrix_model(name: str, results: Path) -> tuple[NoiseCost | None, Any]:
@@ -105,11 +117,9 @@ def embedded_design() -> dict[str, Any]:
     return {"factors": factors, "cells": cells, "timed": 8, "warmup": 1, "profiled": 1, "vary": "dynamic_bsz"}
 
 
-def verl_target(results: Path, sd_step: float, sd_run: float, sweep: Path | None = None
-                ) -> tuple[NoiseCost, dict[str, Any]]:
+def verl_target(results: Path, sweep: Path | None = None) -> tuple[NoiseCost, dict[str, Any]]:
     """matrix/verl_cpu.yaml's one-at-a-time design with the model measured from the finished runs of ``sweep``
-    (any status) or from the finished sweeps of its target in ``results``, else the issue's costs and the given
-    (assumed) noise."""
+    (any status) or from the finished sweeps of its target in ``results``, else :data:`VERL_MEASURED`."""
     from bench.results import load_records
 
     factors = ["rmsnorm_fused", "dynamic_bsz", "forward_prefetch", "graph_mode"]
@@ -120,11 +130,20 @@ def verl_target(results: Path, sd_step: float, sd_run: float, sweep: Path | None
         if model is None:
             raise SystemExit(f"--verl-sweep {sweep}: no cell with two finished runs (no run-to-run spread)")
     if model is None:
-        model = NoiseCost(sd_step=sd_step, sd_run=sd_run, sd_block=0.02, startup_s=80.0, step_s=1.0,
-                          warmup_step_s=8.0, profiled_step_s=2.4, harness_s=20.0,
-                          sweeps=["issue 17 figures, ASSUMED noise (no finished verl_cpu sweep)"])
+        model = VERL_MEASURED
     return model, {"factors": factors, "cells": cells, "timed": timed_of(m), "warmup": m.base.warmup_steps,
                    "profiled": len(m.base.profile_steps or []), "vary": "dynamic_bsz"}
+
+
+def fast_observations(records: Any) -> tuple[list[dict[str, Any]], list[float], list[int], list[str]]:
+    """:func:`bench.analyze.sequential.run_observations` for the simulated records of :func:`simulate` (one ok run
+    value each, its log kept as ``_log``, no speed probe, no node): the same levels, log values, blocks and nodes
+    without reading a record's per-step metrics (3-4 x faster for sweeps of hundreds of runs); any other record
+    goes through the original."""
+    if not all("_log" in r for r in records):
+        return _RUN_OBSERVATIONS(records)
+    return ([dict(r["levels"]) for r in records], [r["_log"] for r in records], [int(r["repeat"]) for r in records],
+            ["None"] * len(records))
 
 
 def simulate(model: NoiseCost, design: dict[str, Any], effect: float, n: int, repeats: int, rng: np.random.Generator,
@@ -139,11 +158,13 @@ def simulate(model: NoiseCost, design: dict[str, Any], effect: float, n: int, re
     pattern = rng.normal(0, model.sd_stepidx, n)  # the batches every run of this sweep replays
     for k in range(repeats):
         beta = rng.normal(0, model.sd_block)
-        for i in rng.permutation(len(cells)):
+        order = rng.permutation(len(cells))
+        meds = np.median(pattern + rng.normal(0, model.sd_step, (len(cells), n)), axis=1)  # a run's value: median
+        for i, med in zip(order, meds):
             c = cells[i]
             mu = effect * c.get(vary, 0) + beta + DRIFT * pos / max(total - 1, 1) + rng.normal(0, model.sd_run)
-            med = float(np.median(mu + pattern + rng.normal(0, model.sd_step, n)))
-            recs.append({"status": "ok", "repeat": k, "levels": c, "summary": {"step_time_samples_s": [math.exp(med)]}})
+            recs.append({"status": "ok", "repeat": k, "levels": c, "_log": mu + float(med),
+                         "summary": {"step_time_samples_s": [math.exp(mu + float(med))]}})
             pos += 1
         if stop is not None:
             look = stop.after_block(recs, k + 1)
@@ -203,51 +224,145 @@ def fixed_repeats_for(model: NoiseCost, design: dict[str, Any], precision: float
     return None
 
 
+def reaches(fixed: dict[str, float], seq: dict[str, float]) -> bool:
+    """Whether a fixed design's simulated rates reach the sequential design's: it decides at least as often (within
+    one percentage point). Its error rates (false "effect", wrong direction, coverage) are those of a one-look t
+    interval at alpha / m, which holds them by construction; they are printed, not matched (matching them
+    would chase the simulation noise of rates near 0: 200 sweeps give a false rate about +-1 %)."""
+    return fixed["decided"] >= seq["decided"] - 0.01
+
+
+class FixedDesigns:
+    """Simulated rates of fixed blocked designs (``n`` timed steps per run, ``R`` repeats, decided once at the end),
+    cached per ``(true effect, n, R)`` and seeded by them, so every search sees the same simulated sweeps."""
+
+    def __init__(self, model: NoiseCost, design: dict[str, Any], args: argparse.Namespace):
+        self.model, self.design, self.args = model, design, args
+        self.cache: dict[tuple[float, int, int], dict[str, float]] = {}
+
+    def rates(self, effect: float, n: int, r: int) -> dict[str, float]:
+        """:func:`score` of ``args.sweeps`` simulated sweeps of the fixed design."""
+        key = (effect, n, r)
+        if key not in self.cache:
+            a = self.args
+            rng = np.random.default_rng([a.seed, int(round(effect * 1e6)), n, r])
+            count = a.sweeps if r in FIXED or not getattr(a, "search_sweeps", None) else a.search_sweeps
+            self.cache[key] = score([simulate(self.model, self.design, effect, n, r, rng, None, a.alpha, a.threshold)
+                                     for _ in range(count)], self.design, effect)
+        return self.cache[key]
+
+    def smallest(self, scenarios: dict[float, dict[str, float]], n: int, start: int = 2) -> int | None:
+        """The fewest repeats ``R`` (2 to :data:`R_MAX`) with ``n`` timed steps whose rates :func:`reaches` the
+        sequential design's in every scenario (true effect -> its sequential rates): one fixed design, chosen
+        before the truth is known, as a group-sequential design's average sample number is compared with the
+        fixed sample size of the same power (Jennison & Turnbull 2000, ch. 1). Doubling from ``start``, then
+        bisection (the decided share grows with ``R`` up to simulation noise). ``None``: not even R_MAX."""
+        ok = lambda r: all(reaches(self.rates(e, n, r), seq)  # noqa: E731
+                           for e, seq in scenarios.items())
+        lo, hi = 1, max(2, start)
+        while not ok(hi):
+            if hi >= R_MAX:
+                return None
+            lo, hi = hi, min(2 * hi, R_MAX)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if mid >= 2 and ok(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+
 def run_target(name: str, model: NoiseCost, design: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Simulate every scenario of one target; print its table and the target's check; return the rows."""
+    from bench.analyze.planning import steps_range_for
+
     thr, alpha = args.threshold, args.alpha
     precision = args.precision or thr / 2
     alloc, reached = plan_allocation(model, design["cells"], design["factors"], precision=precision, alpha=alpha,
-                                     warmup=design["warmup"], profiled=design["profiled"])
+                                     warmup=design["warmup"], profiled=design["profiled"],
+                                     steps_range=steps_range_for(design["timed"]))
+    cost = lambda n: model.run_cost(n, design["warmup"], design["profiled"])  # noqa: E731
     print(f"\n## {name}: noise (log SD) run x step {model.sd_step:.4f}, shared step pattern {model.sd_stepidx:.4f}, "
           f"run {model.sd_run:.4f}, block {model.sd_block:.4f}; "
           f"cost start-up {model.startup_s:.1f} s, step {model.step_s:.2f} s, harness {model.harness_s:.1f} s "
           f"({', '.join(model.sweeps)[:120]})")
-    print(f"plan for +-{precision:.1%}: {alloc.timed_steps} timed steps x up to {alloc.repeats} blocks "
-          f"({'reached' if reached else 'NOT reached'}); fixed designs: {design['timed']} timed steps x {FIXED} "
-          f"repeats, and the plan's steps x blocks without stopping ('fixed plan')")
-    r_same = fixed_repeats_for(model, design, precision, alpha)
-    if r_same:
-        runs = r_same * len(design["cells"])
-        wall = runs * model.run_cost(design["timed"], design["warmup"], design["profiled"]) / 60
-        print(f"a fixed design with the matrix's {design['timed']} timed steps needs {r_same} repeats ({runs} runs, "
-              f"{wall:.0f} min) for the same precision at one look")
-    rows = []
-    hdr = f"{'true effect':>12} {'design':>12} {'runs':>6} {'wall min':>9} {'decided':>8} {'false':>7} {'wrong':>7} " \
-          f"{'cover':>7} {'runs/fixed':>10}"
-    print(hdr)
-    for mult in (0.0, 0.5, 1.0, 2.0):
-        effect = mult * math.log1p(thr)
-        out: dict[str, dict[str, float]] = {}
+    print(f"plan for +-{precision:.1%} (as `--precision {precision}`: at least the matrix's {design['timed']} timed "
+          f"steps): {alloc.timed_steps} timed steps x up to {alloc.repeats} blocks "
+          f"({'reached' if reached else 'NOT reached'}; {cost(alloc.timed_steps):.0f} s per run)")
+    mults = (0.0, 0.5, 1.0, 2.0)
+    effects = {m: m * math.log1p(thr) for m in mults}
+    out: dict[float, dict[str, dict[str, float]]] = {}
+    for mult, effect in effects.items():
         rng = np.random.default_rng([args.seed, int(mult * 10)])
         stop = EffectsStopRule(alloc.repeats, threshold=thr, alpha=alpha)
-        out["sequential"] = score([simulate(model, design, effect, alloc.timed_steps, alloc.repeats, rng, stop, alpha,
-                                           thr) for _ in range(args.sweeps)], design, effect)
+        out[mult] = {"sequential": score([simulate(model, design, effect, alloc.timed_steps, alloc.repeats, rng, stop,
+                                                   alpha, thr) for _ in range(args.sweeps)], design, effect)}
+    fixed = FixedDesigns(model, design, args)
+    seqs = {effects[m]: out[m]["sequential"] for m in mults}
+    r_prec = fixed_repeats_for(model, design, precision, alpha)
+    r_same = fixed.smallest(seqs, design["timed"], start=max(2, (r_prec or 8) // 2))
+    r_plan = fixed.smallest(seqs, alloc.timed_steps)
+    print(f"fixed designs: the matrix's {design['timed']} timed steps ({cost(design['timed']):.0f} s per run) x "
+          f"{FIXED} repeats; 'fixed plan': the plan's steps x blocks without stopping; 'same': the smallest fixed "
+          f"design with the matrix's steps that reaches the sequential design's decided share and error rates in "
+          f"every scenario: {r_same} repeats; with the plan's steps: {r_plan} repeats ('same/plan')")
+    print(f"{'true effect':>12} {'design':>16} {'runs':>6} {'wall min':>9} {'decided':>8} {'false':>7} {'wrong':>7} "
+          f"{'cover':>7} {'runs/same':>9} {'wall/same':>9} {'runs/same/plan':>14}")
+    rows = []
+    for mult, effect in effects.items():
+        o = out[mult]
         for r in FIXED:
-            out[f"fixed R={r}"] = score([simulate(model, design, effect, design["timed"], r, rng, None, alpha, thr)
-                                         for _ in range(args.sweeps)], design, effect)
-        out["fixed plan"] = score([simulate(model, design, effect, alloc.timed_steps, alloc.repeats, rng, None, alpha,
-                                            thr) for _ in range(args.sweeps)], design, effect)
-        seq = out["sequential"]
-        match = next((k for k in (*(f"fixed R={r}" for r in FIXED), "fixed plan")
-                      if out[k]["decided"] >= seq["decided"] - 0.01), None)
-        ratio = seq["runs"] / out[match]["runs"] if match else None
-        for k, v in out.items():
-            extra = (f"{ratio:.2f} ({match})" if ratio else "- (none)") if k == "sequential" else ""
-            print(f"{mult:>10.1f}xT {k:>12} {v['runs']:>6.1f} {v['wall_min']:>9.1f} {v['decided']:>8.1%} "
-                  f"{v['false']:>7.1%} {v['wrong']:>7.1%} {v['coverage']:>7.1%} {extra:>10}")
+            o[f"fixed R={r}"] = fixed.rates(effect, design["timed"], r)
+        o["fixed plan"] = fixed.rates(effect, alloc.timed_steps, alloc.repeats)
+        if r_same:
+            o[f"same R={r_same}"] = fixed.rates(effect, design["timed"], r_same)
+        if r_plan:
+            o[f"same/plan R={r_plan}"] = fixed.rates(effect, alloc.timed_steps, r_plan)
+        seq = o["sequential"]
+        same = o.get(f"same R={r_same}")
+        plan_same = o.get(f"same/plan R={r_plan}")
+        ratio = seq["runs"] / same["runs"] if same else None
+        wall_ratio = seq["wall_min"] / same["wall_min"] if same else None
+        ratio_plan = seq["runs"] / plan_same["runs"] if plan_same else None
+        for k, v in o.items():
+            f = lambda x, w: f"{x:>{w}.2f}" if x is not None else f"{'-':>{w}}"  # noqa: E731
+            extra = f"{f(ratio, 9)} {f(wall_ratio, 9)} {f(ratio_plan, 14)}" if k == "sequential" else ""
+            print(f"{mult:>10.1f}xT {k:>16} {v['runs']:>6.1f} {v['wall_min']:>9.1f} {v['decided']:>8.1%} "
+                  f"{v['false']:>7.1%} {v['wrong']:>7.1%} {v['coverage']:>7.1%} {extra}")
             rows.append({"target": name, "effect_x_threshold": mult, "design": k, **v,
-                         "runs_vs_fixed": ratio if k == "sequential" else None, "matched": match})
+                         "runs_vs_same": ratio if k == "sequential" else None,
+                         "wall_vs_same": wall_ratio if k == "sequential" else None,
+                         "runs_vs_same_plan": ratio_plan if k == "sequential" else None,
+                         "plan": [alloc.timed_steps, alloc.repeats], "same_repeats": r_same,
+                         "same_plan_repeats": r_plan})
+    seq_rows = [r for r in rows if r["design"] == "sequential"]
+    ratios = [r["runs_vs_same"] for r in seq_rows]
+    wrongs = [r["wrong"] for r in seq_rows if r["wrong"] == r["wrong"]]
+    print(f"{name}: target (runs <= 0.5 x the smallest fixed design with the matrix's steps that reaches the same "
+          f"rates): {'HOLDS' if all(x is not None and x <= 0.5 for x in ratios) else 'NOT met'} "
+          f"(runs ratio {', '.join('-' if x is None else f'{x:.2f}' for x in ratios)}); sequential: false "
+          f"<= {max(r['false'] for r in seq_rows):.1%}, wrong <= {max([0.0, *wrongs]):.1%}, "
+          f"coverage >= {min(r['coverage'] for r in seq_rows):.1%}")
     return rows
+
+
+def kappa_check(model: NoiseCost, seed: int = 0, patterns: int = 300, runs: int = 200) -> None:
+    """Print, for timed steps per run ``n``, the variance of a run's median between runs (one shared step pattern per
+    simulated sweep, ``patterns`` sweeps of ``runs`` runs) against the planner's model
+    (:meth:`NoiseCost.run_var` without ``sd_run``: ``kappa(n, rho) sd_step^2 / n``, asymptotic in ``n``)."""
+    from bench.analyze.planning_model import kappa
+
+    rng = np.random.default_rng(seed)
+    print(f"\nmedian of n steps, run x step {model.sd_step:.4f}, shared pattern {model.sd_stepidx:.4f} (log SD): "
+          f"variance between runs, simulated vs the planner's kappa(n, rho) sd_step^2 / n")
+    print(f"{'n':>4} {'simulated':>10} {'model':>10} {'sim/model':>9} {'a mean':>10}")
+    for n in (2, 3, 4, 8, 9, 15, 16, 28, 29, 50, 100, 200):
+        sim = float(np.mean([np.var(np.median(rng.normal(0, model.sd_stepidx, n)
+                                              + rng.normal(0, model.sd_step, (runs, n)), axis=1), ddof=1)
+                             for _ in range(patterns)]))
+        mod = kappa(n, model.rho) * model.sd_step ** 2 / n
+        print(f"{n:>4} {sim:>10.2e} {mod:>10.2e} {sim / mod:>9.2f} {model.sd_step ** 2 / n:>10.2e}")
 
 
 def real_summary(sweep_dir: Path, threshold: float, alpha: float) -> str:
@@ -283,20 +398,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--alpha", type=float, default=0.05)
     p.add_argument("--precision", type=float, default=None, help="plan precision (default threshold / 2)")
     p.add_argument("--targets", default="embedded,embedded_idle,verl_cpu")
-    p.add_argument("--verl-sd-step", type=float, default=0.10)
-    p.add_argument("--verl-sd-run", type=float, default=0.03)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--search-sweeps", type=int, default=None, metavar="N",
+                   help="simulated sweeps per scenario for the search of the smallest fixed design reaching the "
+                        "same rates (default --sweeps; fewer when its designs have hundreds of runs)")
     p.add_argument("--verl-sweep", type=Path, default=None, metavar="SWEEP_DIR",
                    help="verl_cpu: the model from this sweep's finished runs (any status, e.g. interrupted)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     p.add_argument("--real", type=Path, nargs="+", default=None, metavar="SWEEP_DIR",
                    help="print runs, wall time and decisions of these finished real sweeps instead")
+    p.add_argument("--kappa-check", action="store_true",
+                   help="print the simulated variance of a run's median against the planner's model, then exit")
     args = p.parse_args(argv)
+    if args.kappa_check:
+        kappa_check(embedded_target(args.results)[0], args.seed)
+        return 0
     if args.real:
         for d in args.real:
             print(real_summary(d, args.threshold, args.alpha))
         return 0
     gc.freeze()  # statsmodels' Holm step calls gc.collect() on every fit
+    sequential.run_observations = fast_observations  # simulated records: the same values, read faster
     t0 = time.time()
     rows = []
     for name in args.targets.split(","):
@@ -305,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "embedded_idle":
             model, design = idle_target()
         else:
-            model, design = verl_target(args.results, args.verl_sd_step, args.verl_sd_run, args.verl_sweep)
+            model, design = verl_target(args.results, args.verl_sweep)
         rows += run_target(name, model, design, args)
     print(f"\n{args.sweeps} sweeps per scenario and design; threshold {args.threshold:.0%}, alpha {args.alpha}; "
           f"{time.time() - t0:.0f} s")

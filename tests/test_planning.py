@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from bench.analyze.planning import block_wall_s, design_factors, evaluate, plan_allocation
+from bench.analyze.planning import block_wall_s, design_factors, evaluate, plan_allocation, steps_range_for
 from bench.analyze.planning_model import NoiseCost, estimate_model, kappa, kj_optimal_steps, step_components
 from bench.planning_apply import target_key
 
@@ -163,6 +163,35 @@ def test_shared_step_pattern_is_not_noise_and_the_plan_stops_adding_steps():
     assert kj_optimal_steps(naive, 1, 1) == math.inf
     old, _ = plan_allocation(naive, CELLS, FACTORS, precision=0.03, warmup=1, profiled=1)
     assert old.timed_steps > 2 * plan.timed_steps
+
+
+#: full.yaml's embedded target as measured in a quiet window (docs/planning.md): no run-to-run spread beyond the
+#: steps', a step pattern shared by the runs three times the run x step noise, a step about 1/5 of a run's fixed cost
+QUIET_EMBEDDED = dict(sd_step=0.063, sd_run=0.0, sd_block=0.0, startup_s=2.0, step_s=1.64, warmup_step_s=1.81,
+                      profiled_step_s=1.95, harness_s=2.57, sd_stepidx=0.186)
+
+
+def test_steps_range_starts_at_the_matrix_s_own_timed_steps():
+    assert steps_range_for(8) == (8, 200) and steps_range_for(1) == (2, 200) and steps_range_for(250) == (250, 250)
+
+
+def test_runs_barely_differ_so_the_plan_buys_steps_not_runs():
+    """Known components -> known allocation where runs barely differ (quiet embedded): more timed steps per run than
+    the matrix's 8 and fewer runs; against the fixed design with the matrix's 8 steps that reaches the same
+    half-width (the fewest repeats, same model) it needs at most half the runs and no more wall time."""
+    m = NoiseCost(**QUIET_EMBEDDED)
+    plan, ok = plan_allocation(m, CELLS, FACTORS, precision=0.025, warmup=1, profiled=1, steps_range=steps_range_for(8))
+    assert ok and plan.timed_steps > 2 * 8 and plan.half_width <= math.log1p(0.025)
+    fixed = next(e for r in range(2, 60)
+                 if (e := evaluate(m, CELLS, FACTORS, 8, r, alpha=0.05, warmup=1, profiled=1)).half_width
+                 <= math.log1p(0.025))
+    assert plan.runs <= 0.5 * fixed.runs, (plan, fixed)
+    assert plan.wall_s <= fixed.wall_s
+    # the same components with a run-to-run spread (0.02 log SD): more runs pay again
+    spread = NoiseCost(**{**QUIET_EMBEDDED, "sd_run": 0.02})
+    more, _ = plan_allocation(spread, CELLS, FACTORS, precision=0.025, warmup=1, profiled=1,
+                              steps_range=steps_range_for(8))
+    assert more.repeats > plan.repeats and more.timed_steps < plan.timed_steps
 
 
 def test_target_ignores_what_planning_changes():

@@ -149,6 +149,24 @@ def test_sequential_sweep_stops_early_and_resumes_in_the_middle(tmp_path, monkey
     assert "sequential stopping" in summary
 
 
+def test_fixed_sweep_console_says_what_is_decided_and_what_stays_undecided(tmp_path, monkeypatch, capsys):
+    """A fixed design (no --sequential) ends with its verdicts, decided once with the same rule: a 40 % slowdown of
+    dynamic_bsz is "slower"; rmsnorm_fused (no effect, 6 % run noise, 3 blocks) stays undecided, and the console
+    says how many more blocks would likely decide it and how to plan them."""
+    path = small_full(tmp_path, repeats=3)
+    fake = DriftExecutor(12, seed=4, effects={"dynamic_bsz": math.log(1.4)}, run_sd=0.06, step_sd=0.005, drift=0.0)
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake)
+    uri = f"sqlite:///{(tmp_path / 'm.db').as_posix()}"
+    rc = main(["run", str(path), "--order-seed", "2", "--results", str(tmp_path / "res"), "--tracking-uri", uri])
+    out = " ".join(capsys.readouterr().out.split())
+    assert rc == 0 and len(fake.calls) == 12
+    assert "verdicts of this fixed design (decided once at its end" in out
+    assert "dynamic_bsz: slower, beyond the threshold" in out
+    assert "Undecided: rmsnorm_fused (about" in out and "--precision P" in out
+    meta = json.loads(next((tmp_path / "res" / "full").glob("2*/sweep.json")).read_text())
+    assert "sequential" not in meta  # a fixed design stays one: nothing of a stop rule is recorded
+
+
 @pytest.mark.slow
 def test_real_embedded_sequential_sweep_resumes_in_the_middle(tmp_path):
     """The user's path: ``run_bench.py smoke.yaml --sequential`` (real embedded GRPO runs, 2 cells x up to 3 blocks),

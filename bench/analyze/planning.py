@@ -34,6 +34,15 @@ STEPS_RANGE = (2, 200)
 REPEATS_RANGE = (2, 30)
 
 
+def steps_range_for(own_timed: int) -> tuple[int, int]:
+    """Timed steps per run that a plan may choose for a matrix that times ``own_timed`` steps: from the matrix's
+    own count up (every run replays the same batches, so an effect can depend on which steps are timed:
+    dynamic_bsz on full.yaml's embedded target is +16 % over steps 2-9, +6 % over steps 2-3; timing fewer
+    steps would measure another quantity) to :data:`STEPS_RANGE`'s end."""
+    own = max(1, int(own_timed))
+    return max(STEPS_RANGE[0], own), max(STEPS_RANGE[1], own)
+
+
 def design_factors(cells: Sequence[dict[str, Any]], factors: Sequence[str], repeats: int, *,
                    interactions: bool = True, slots: int = 1) -> tuple[dict[str, float], int]:
     """Per main-effect term, ``m sqrt([(X'X)^-1]_jj)`` (its standard error per unit run SD), and the residual

@@ -141,3 +141,31 @@ def print_planning(prep: Prepared, console: Any) -> None:
         console.print(f"sequential stopping: after each of up to {r.max_looks} block(s) every main effect is decided "
                       f"(slower / faster / no change within +-{r.threshold:.1%}, error rate {r.alpha} over all looks: "
                       f"{METHOD}); the sweep stops when all are decided", markup=False, soft_wrap=True)
+
+
+def fixed_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0.05, alpha: float = 0.05) -> str | None:
+    """The console's last word on a fixed design (no stop rule): every main effect (and step-time ``expect`` claim)
+    decided once at the sweep's end with the sequential rule at one look (:class:`bench.analyze.sequential.
+    EffectsStopRule` with ``max_looks = 1``: the plain t interval at ``alpha / m``), and what stays undecided with
+    how many more blocks would likely decide it. ``None`` for a sequential sweep (its looks were printed) or when
+    nothing varies."""
+    if prep.stop_rule is not None:
+        return None
+    from bench.analyze.sequential import EffectsStopRule
+    from bench.results import load_records
+
+    look = EffectsStopRule(1, threshold=threshold, alpha=alpha, claims=prep.matrix.expect).after_block(
+        load_records(sweep_dir), 1)
+    if not look.decisions:
+        return None
+    text = "; ".join(d.text() for d in look.decisions)
+    why = []
+    for d in look.decisions:
+        if d.verdict == "undecided":
+            more = look.more_blocks.get(d.name)
+            why.append(f"{d.name} (" + ("no interval: too few runs per cell" if d.lo is None else
+                                        f"about {more} more block(s)" if more else "not within 100 more blocks") + ")")
+    tail = (". Undecided: " + ", ".join(why) + "; `--precision P` plans steps and blocks for them from this sweep's "
+            "noise and cost, `--sequential` stops when they are decided") if why else ""
+    return (f"verdicts of this fixed design (decided once at its end; change that matters +-{threshold:.0%}, error "
+            f"rate {alpha} over {len(look.decisions)} comparison(s)): {text}{tail}")

@@ -1,0 +1,60 @@
+"""Issue 17's target, on seeded simulated sweeps (benchmarks/bench_verdict.py, fewer sweeps than the benchmark):
+the planned sequential sweep of full.yaml's embedded target (quiet components) decides with its error rates kept
+and needs at most half the runs of the smallest fixed design with the matrix's steps that decides as often."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bench.analyze.planning import plan_allocation, steps_range_for
+from bench.analyze.planning_model import NoiseCost
+from bench.analyze.sequential import EffectsStopRule
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import bench_verdict as bv  # noqa: E402
+from test_planning import QUIET_EMBEDDED  # noqa: E402
+
+
+def test_fixed_designs_search_finds_the_fewest_repeats_that_decide_as_often():
+    """The search returns R such that R decides at least as often as the target rates and R - 1 does not."""
+    args = argparse.Namespace(seed=5, sweeps=40, alpha=0.05, threshold=0.05)
+    model, design = NoiseCost(**QUIET_EMBEDDED), bv.embedded_design()
+    fixed = bv.FixedDesigns(model, design, args)
+    goal = {0.0: {"decided": 0.9}}
+    r = fixed.smallest(goal, 8)
+    assert r is not None and r > 2
+    assert fixed.rates(0.0, 8, r)["decided"] >= 0.89 > fixed.rates(0.0, 8, r - 1)["decided"]
+    assert fixed.rates(0.0, 8, r) is fixed.rates(0.0, 8, r)  # cached: every search sees the same sweeps
+
+
+def test_planned_sequential_sweep_needs_at_most_half_the_runs_of_the_fixed_design():
+    """Quiet embedded components, true effects 0 and 2 x threshold of dynamic_bsz, 40 seeded sweeps each: the
+    sequential sweep of the plan (+-2.5 %) calls no false effect beyond alpha (binomial 99 % margin), never the
+    wrong direction, covers the truth in at least 93 % of its intervals, and runs at most half the runs of the
+    smallest fixed design (8 timed steps, R repeats) that decides as often in both scenarios."""
+    args = argparse.Namespace(seed=3, sweeps=40, alpha=0.05, threshold=0.05)
+    model, design = NoiseCost(**QUIET_EMBEDDED), bv.embedded_design()
+    plan, ok = plan_allocation(model, design["cells"], design["factors"], precision=0.025, warmup=1, profiled=1,
+                               steps_range=steps_range_for(design["timed"]))
+    assert ok and plan.timed_steps >= design["timed"]
+    seqs = {}
+    for mult in (0.0, 2.0):
+        effect = mult * math.log1p(0.05)
+        rng = np.random.default_rng([3, int(mult * 10)])
+        stop = EffectsStopRule(plan.repeats, threshold=0.05, alpha=0.05)
+        seqs[effect] = bv.score([bv.simulate(model, design, effect, plan.timed_steps, plan.repeats, rng, stop, 0.05,
+                                             0.05) for _ in range(args.sweeps)], design, effect)
+    for effect, s in seqs.items():
+        n_null = args.sweeps * (2 if effect == 0 else 1)  # comparisons whose true effect is 0
+        assert s["false"] <= 0.05 + 2.6 * math.sqrt(0.05 * 0.95 / n_null), s
+        assert effect == 0 or s["wrong"] == 0.0
+        assert s["coverage"] >= 0.93 and s["decided"] >= 0.95, s
+    r = bv.FixedDesigns(model, design, args).smallest(seqs, design["timed"])
+    assert r is not None
+    for s in seqs.values():
+        assert s["runs"] <= 0.5 * r * len(design["cells"]), (s["runs"], r)
