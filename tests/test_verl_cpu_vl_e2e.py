@@ -66,7 +66,7 @@ def test_real_vl_verl_run_on_cpu(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_PATCHES", "BENCH_RUN_DIR"))}
     argv = [sys.executable, str(ROOT / "run_bench.py"), str(matrix), "--results", str(results), "--tracking-uri", uri]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=2400)  # run limit 1800 s + MLflow
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
     sweep = (results / "verl_cpu_vl_ci" / "latest").resolve()
