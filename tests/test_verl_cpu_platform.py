@@ -291,3 +291,34 @@ def test_torchvision_op_schemas(tmp_path, tiny_vl_processor_dir):
     assert with_schemas["tokens"] == 4 + 2 + with_schemas["text_tokens"]
     without = _json(_run(code, tmp_path, patches="verl_cpu:off"))
     assert not without["ok"] and "torchvision::nms does not exist" in without["error"]
+
+
+@pytest.mark.skipif(not _HAS_TORCHVISION, reason="torchvision is not installed in the verl CPU stack "
+                    "(tools/install_verl_cpu.sh installs it with --no-deps)")
+def test_torchvision_op_schemas_each_route_alone(tmp_path):
+    """The schemas are declared by either route alone: right after ``torch`` loads (when the post-import hook
+    on ``torchvision.extension`` is skipped, as it once was in a Ray worker of a real run) or right after
+    ``torchvision.extension`` ran; each process reports which route acted. Removing a route fails its case."""
+    code = """
+    import json, sys
+    import bench_patches
+    from bench_patches import verl_cpu
+    routes = {"torch": verl_cpu._tv_schemas_at_torch_import, "torchvision.extension": verl_cpu._install_tv_schemas}
+    for name, hook in routes.items():
+        if name != sys.argv[1] and hook in bench_patches._HOOKS.get(name, []):
+            bench_patches._HOOKS[name].remove(hook)
+    try:
+        import torch
+        import torchvision
+        from torchvision.transforms.v2 import functional as F
+        got = {"ok": True, "shape": list(F.resize(torch.rand(3, 8, 6), [4, 3]).shape)}
+    except Exception as exc:
+        got = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    acts = bench_patches.REPORT.patches["verl_cpu"]["actions"]
+    got["routes"] = [a.split(") ", 1)[1].split(" so ")[0] for a in acts if a.startswith("torchvision_op_schemas")]
+    print(json.dumps(got))
+    """
+    for route, said in (("torch", "at torch import"), ("torchvision.extension", "after torchvision.extension")):
+        got = _json(_run(code.replace("sys.argv[1]", repr(route)), tmp_path, patches="verl_cpu:torchvision"))
+        assert got["ok"] and got["shape"] == [3, 4, 3], (route, got)
+        assert got["routes"] == [said], (route, got)

@@ -1,6 +1,9 @@
 """A real VL verl run on this CPU (CI's VL run): ``run_bench.py matrix/verl_cpu_vl.yaml`` launches
 ``verl.trainer.main_ppo`` on the tiny Qwen3-VL (``builtin:qwen3vl-tiny``) with image prompts (``builtin:vl``),
 through the runner, the patches, verl's file logger and profiler, the measurements, MLflow and the report.
+The run is the matrix's ``mrope_cache`` cell (cell a16e97746568: the MRoPE cache on in vLLM, every other factor
+off), so it also shows the cache acting in the vLLM process, and the Free ratio, phases and rollout long tail
+of a VL run in the record and the report.
 
 How the test knows the images took part (the evidence counters of ``bench_patches.verl_evidence``):
 
@@ -54,7 +57,8 @@ def test_real_vl_verl_run_on_cpu(tmp_path):
 
     m = yaml.safe_load((ROOT / "matrix" / "verl_cpu_vl.yaml").read_text())
     m["name"] = "verl_cpu_vl_ci"
-    m["factors"] = {"rmsnorm_fused": ["off"]}  # one run: the all-off reference of the VL matrix
+    # one run: the VL matrix's mrope_cache cell (the cache on in vLLM's MRoPE, every other factor off)
+    m["factors"] = {"rmsnorm_fused": ["off"], "mrope_cache": ["on"]}
     m["design"] = "full"
     matrix = tmp_path / "verl_cpu_vl_ci.yaml"
     matrix.write_text(yaml.safe_dump(m))
@@ -62,7 +66,7 @@ def test_real_vl_verl_run_on_cpu(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_PATCHES", "BENCH_RUN_DIR"))}
     argv = [sys.executable, str(ROOT / "run_bench.py"), str(matrix), "--results", str(results), "--tracking-uri", uri]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=2400)  # run limit 1800 s + MLflow
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
 
     sweep = (results / "verl_cpu_vl_ci" / "latest").resolve()
@@ -75,6 +79,15 @@ def test_real_vl_verl_run_on_cpu(tmp_path):
     traces = list((rdir / "profile").glob("*step3*.json.gz"))
     assert traces and json.loads(gzip.open(traces[0]).read())["traceEvents"]
     assert 0.0 < rec["free_ratio"]["3"] < 1.0 and 0 < rec["summary"]["rollout_share_median"] < 1
+    # the phases and the rollout long tail, as for a text run
+    phases = rec["summary"]["phase_median_s"]
+    assert all(phases[p] > 0 for p in ("gen", "old_log_prob", "ref", "update_actor")), phases
+    assert 0 <= rec["summary"]["long_tail_waste_median"] < 1 and rec["summary"]["response_length_max"] > 0
+    # mrope_cache: the vLLM processes computed cos/sin once per forward and the other layers reused them
+    assert rec["evidence_verdicts"]["mrope_cache"] == "confirmed", rec["evidence"]
+    mrope = rec["evidence"]["mrope_cache"]  # "confirmed: vllm_mrope_cache: F forwards, H of C layer calls reused"
+    forwards, hits = int(mrope.split("vllm_mrope_cache: ")[1].split()[0]), int(mrope.split(" forwards, ")[1].split()[0])
+    assert forwards > 0 and hits == 3 * forwards, mrope  # the tiny model's 4 layers: 3 reuse the first's
 
     counters = _counters(rdir)
     # the rollout: 3 steps x 4 prompts x n=2 requests, every one with its image; 64-128 px images in
@@ -102,4 +115,7 @@ def test_real_vl_verl_run_on_cpu(tmp_path):
     rep = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), "report", "verl_cpu_vl_ci", "--results",
                           str(results), "--tracking-uri", uri], capture_output=True, text=True, env=env, timeout=600)
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
-    assert "| all-off |" in (sweep / "report" / "report.md").read_text()
+    report = (sweep / "report" / "report.md").read_text()
+    phase_part, tail_part = report.split("## Phases, rollout share, Free ratio")[1].split("## Rollout long tail")
+    row = f"| {rec['label']} |"
+    assert row in phase_part and row in tail_part.split("## ")[0] and "%" in tail_part.split(row)[1].split("\n")[0]

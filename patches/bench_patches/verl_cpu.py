@@ -48,11 +48,14 @@ target (the driver, the Ray workers, vLLM's engine and its workers) and reports 
     reachable here (PyPI's 0.28.0, installed with ``--no-deps``) is a CUDA build whose compiled ops cannot
     load beside ``torch==2.13.0+cpu``, and ``import torchvision`` then dies in ``torchvision/
     _meta_registrations.py`` ("operator torchvision::nms does not exist": it registers fake kernels for ops
-    that were never declared). Right after ``torchvision.extension`` ran (it tried to load the ops), when
-    ``_has_ops()`` is false, torchvision's operator schemas (:data:`TORCHVISION_SCHEMAS`, the signatures of
-    its ``TORCH_LIBRARY_FRAGMENT`` blocks) are declared with ``torch.library``: the import then works and
-    image preprocessing (``transforms.v2`` on CPU tensors) never calls the ops themselves (calling one raises
-    torch's "no kernel" error). Where the compiled ops load, nothing is declared.
+    that were never declared). Where the compiled ops cannot load, torchvision's operator schemas
+    (:data:`TORCHVISION_SCHEMAS`, the signatures of its ``TORCH_LIBRARY_FRAGMENT`` blocks) are declared with
+    ``torch.library``, by whichever of two routes acts first: right after ``torch`` loads (torchvision's
+    ``_C`` library is tried as ``torchvision.extension`` would), or right after ``torchvision.extension`` ran
+    (a post-import hook alone was skipped once in a Ray worker: see :func:`_tv_schemas_at_torch_import`).
+    The import then works and image preprocessing (``transforms.v2`` on CPU tensors) never calls the ops
+    themselves (calling one raises torch's "no kernel" error). Where the compiled ops load, nothing is
+    declared.
 
 Mode: ``on`` (default); ``torchvision`` arms only ``torchvision_op_schemas`` (a stack with torchvision
 installed cannot import transformers' vision models without it: the tests of the other workarounds use
@@ -313,14 +316,61 @@ def _op_exists(name: str) -> bool:
         return False
 
 
-def _install_tv_schemas(module: ModuleType) -> None:
-    has_ops = getattr(module, "_has_ops", None)
-    if has_ops is None or has_ops():
-        return
+def _declare_and_report(route: str) -> None:
     declared = declare_torchvision_schemas()
     if declared:
         _action(f"torchvision_op_schemas: torchvision's compiled ops did not load; declared {len(declared)} "
-                f"operator schemas (torchvision::{', '.join(declared[:3])}, ...) so import torchvision works")
+                f"operator schemas (torchvision::{', '.join(declared[:3])}, ...) {route} so import torchvision works")
+
+
+def _install_tv_schemas(module: ModuleType) -> None:
+    """Route 1, after ``torchvision.extension`` ran: declare when its compiled ops are absent."""
+    has_ops = getattr(module, "_has_ops", None)
+    if has_ops is None or (has_ops() and _op_exists("nms")):
+        return
+    _declare_and_report("after torchvision.extension")
+
+
+def _torchvision_C() -> str | None:
+    """Path of torchvision's compiled ops library (``_C`` + an extension suffix), found without importing
+    torchvision; ``None`` where torchvision is not installed or already imported (route 1 acts there)."""
+    import importlib.machinery
+    import importlib.util
+    import os
+
+    if "torchvision" in sys.modules:
+        return None
+    try:
+        spec = importlib.util.find_spec("torchvision")
+    except (ImportError, ValueError):
+        return None
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = os.path.join(folder, f"_C{suffix}")
+            if os.path.exists(path):
+                return path
+    return None
+
+
+def _tv_schemas_at_torch_import(torch_module: ModuleType) -> None:
+    """Route 2, right after ``torch`` loads: where torchvision is installed, load its compiled ops as
+    ``torchvision.extension`` would (``torch.ops.load_library``), and declare the schemas when that fails.
+
+    Python's import loop walks ``sys.meta_path`` live, one finder at a time, releasing the import lock in
+    between: when another thread inserts and removes a finder in front (setuptools' ``_distutils_hack.shim``
+    around ``import distutils`` does), the loop can skip the post-import finder, and route 1's hook never runs
+    (seen once in a Ray worker of a real run: ``import torchvision`` failed on ``torchvision::nms``). Torch is
+    imported early in every process of a run, so this route rarely meets that window; either route suffices.
+    """
+    path = _torchvision_C()
+    if path is None or _op_exists("nms"):
+        return
+    try:
+        torch_module.ops.load_library(path)
+        return
+    except (OSError, ImportError, RuntimeError):
+        pass
+    _declare_and_report("at torch import")
 
 
 # ------------------------------------------------------------------------------------------ apply
@@ -330,6 +380,11 @@ def _action(text: str) -> None:
     rec: PatchRecord | None = _STATE["record"]
     if rec is not None:
         rec.action(text)
+
+
+def _arm_torchvision() -> None:
+    when_imported("torch", _tv_schemas_at_torch_import)
+    when_imported("torchvision.extension", _install_tv_schemas)
 
 
 def apply(mode: str | None, record: PatchRecord) -> None:
@@ -342,7 +397,7 @@ def apply(mode: str | None, record: PatchRecord) -> None:
         return
     _STATE["record"] = record
     if mode == "torchvision":  # only what importing transformers' vision models needs (tests of the others)
-        when_imported("torchvision.extension", _install_tv_schemas)
+        _arm_torchvision()
         record.status("armed", "torchvision: only torchvision_op_schemas")
         return
     version = install_vllm_alias()
@@ -353,6 +408,6 @@ def apply(mode: str | None, record: PatchRecord) -> None:
     when_imported("verl.workers.engine.fsdp.transformer_impl", _install_no_pin)
     when_imported("verl.trainer.ppo.v1.replay_buffer", _install_poll)
     when_imported("ray", _install_ray_init)
-    when_imported("torchvision.extension", _install_tv_schemas)
+    _arm_torchvision()
     if record["status"] == "pending":
         record.status("armed")
