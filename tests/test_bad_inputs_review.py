@@ -72,6 +72,7 @@ MATRICES: dict[str, tuple[str, str | tuple[str, ...]]] = {
     "model_component_too_long": (_base(model="'/tmp/" + "x" * 300 + "'"), ("base.model", "longer than 255")),
     "embedded_data_missing": (_base(embedded="{data: /surely/not/d.parquet}"),
                               ("base.embedded.data", "does not exist")),
+    "val_data_on_embedded": (_base(val_data="/surely/not/val.parquet"), ("base.val_data", "no validation set")),
     # exclusion rules and explicit cells on what the matrix does not vary
     "exclude_single_level": (TWO + "exclude:\n  - when: {rmsnorm_fused: on, dynamic_bsz: on}\n",
                              ("exclude[0].when.rmsnorm_fused", "single level")),
@@ -358,3 +359,25 @@ def test_a_store_that_keeps_nothing_is_an_outage(tmp_path, monkeypatch):
     finally:
         server.shutdown()
         server.server_close()
+
+
+STORAGES = {
+    "unknown_scheme": ("'ftp://x/y'", "unsupported storage"),
+    "journal_on_a_device": ("'journal:/dev/null'", "not a regular file"),
+    "journal_on_a_folder": ("'journal:/tmp'", "not a regular file"),
+    "journal_in_a_kernel_folder": ("'journal:/proc/bench-x.log'", "kernel file system"),
+    "sqlite_not_a_database": ("'sqlite:///m.yaml'", "not a SQLite database"),
+}
+
+
+@pytest.mark.parametrize("command", ["tune", "run"])
+@pytest.mark.parametrize("case", sorted(STORAGES))
+def test_bad_tune_storage_is_refused_before_anything_is_written(box, capsys, case, command):
+    """``tune.storage`` of the matrix (and ``--storage``) checked before ``optuna.db`` or the MLflow store exist,
+    by ``tune`` and, in the one validation pass, by ``run``."""
+    value, expected = STORAGES[case]
+    _write(box, GOOD + TUNE.replace("tune:\n", f"tune:\n  storage: {value}\n  n_trials: 1\n"))
+    check_refused(box, [command, "m.yaml", "--results", "res"], capsys, ("tune.storage", expected))
+    if command == "tune":
+        check_refused(box, ["tune", "m.yaml", "--results", "res", "--storage", value.strip("'")], capsys,
+                      ("--storage", expected))

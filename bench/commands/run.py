@@ -252,9 +252,9 @@ def main(args: argparse.Namespace) -> int:
     console = make_console(PLAIN_WIDTH)  # CI log or file: no colours, no 80-column default
     matrix = load_matrix(args.matrix, getattr(args, "overrides", None))  # its expect claims too
     if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command
-        from bench.spec.tune_space import parse_tune
+        from bench.tune.storage import check_tune_block
 
-        parse_tune(matrix)
+        check_tune_block(matrix)
     if getattr(args, "smoke", False):
         return smoke_main(args, matrix, console)
     plan = make_plan(matrix, strict=not args.dry_run)

@@ -169,6 +169,9 @@ class EmbeddedEngine(EngineBase):
         from bench.spec.matrix import did_you_mean
 
         fields = sorted(RunConfig.model_fields)
+        if base.val_data is not None:
+            raise ValueError("base.val_data: the embedded engine runs no validation set (allowed: leave it out; the "
+                             "verl engine uses it)")
         for key, value in base.embedded.items():
             if key not in RunConfig.model_fields:
                 raise ValueError(f"base.embedded: unknown key {key!r}{did_you_mean(key, fields)} "

@@ -67,36 +67,7 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
                          f"use sqlite:///PATH (allowed: {ALLOWED_URIS})")
     if scheme.split("+", 1)[0] not in SCHEMES:
         raise BenchError(f"--tracking-uri {uri}: unsupported scheme (allowed: {ALLOWED_URIS})")
-    dialect, _, driver = scheme.partition("+")
-    if dialect in DB_DRIVERS:
-        wanted = (driver,) if driver else DB_DRIVERS[dialect]
-        if not any(_importable(m) for m in wanted):
-            raise BenchError(f"--tracking-uri {uri}: no {dialect} driver installed (pip install one of: "
-                             f"{', '.join(wanted)}), or use sqlite:///PATH")
-    db = _sqlite_path(uri)
-    if scheme == "sqlite" and db is None:
-        raise BenchError(f"--tracking-uri {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
-    if db is not None:
-        from bench.paths import check_names
-
-        check_names("--tracking-uri", db)
-        folder = db.parent
-        while not folder.exists() and folder.parent != folder:
-            folder = folder.parent
-        if db.exists():
-            if not db.is_file():
-                raise BenchError(f"--tracking-uri {uri}: {db} is not a file")
-            try:
-                with open(db, "rb") as fh:
-                    head = fh.read(16)
-            except OSError as exc:
-                raise BenchError(f"--tracking-uri {uri}: cannot read {db}: {exc.strerror}") from None
-            if head and head != b"SQLite format 3\x00":
-                raise BenchError(f"--tracking-uri {uri}: {db} is not a SQLite database")
-            if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK | os.X_OK):
-                raise BenchError(f"--tracking-uri {uri}: {db} is not writable")
-        elif not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-            raise BenchError(f"--tracking-uri {uri}: folder {folder} is not writable")
+    check_database(uri, "--tracking-uri")
     if scheme in ("http", "https"):
         parsed = urllib.parse.urlparse(uri)
         if not parsed.hostname:
@@ -116,6 +87,47 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
             why = getattr(exc, "reason", None) or exc
             raise BenchError(f"--tracking-uri {uri}: tracking server unreachable ({why}); start it, or use "
                              "a sqlite:/// store and `run_bench.py sync` later") from None
+
+
+def check_database(uri: str, flag: str) -> None:
+    """The database part of a store URL, checked without writing anything: for ``sqlite:///PATH`` a file that is a
+    SQLite database (or absent, in a writable folder) with names of legal length; for a database server URL
+    (``postgresql``, ``mysql``, ``mssql``, with an optional ``+driver``) an installed driver. Other URLs pass.
+
+    Raises:
+        BenchError: naming ``flag``, the URL and what is wrong.
+    """
+    scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+    dialect, _, driver = scheme.partition("+")
+    if dialect in DB_DRIVERS:
+        wanted = (driver,) if driver else DB_DRIVERS[dialect]
+        if not any(_importable(m) for m in wanted):
+            raise BenchError(f"{flag} {uri}: no {dialect} driver installed (pip install one of: "
+                             f"{', '.join(wanted)}), or use sqlite:///PATH")
+    db = _sqlite_path(uri)
+    if scheme == "sqlite" and db is None:
+        raise BenchError(f"{flag} {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
+    if db is not None:
+        from bench.paths import check_names
+
+        check_names(flag, db)
+        folder = db.parent
+        while not folder.exists() and folder.parent != folder:
+            folder = folder.parent
+        if db.exists():
+            if not db.is_file():
+                raise BenchError(f"{flag} {uri}: {db} is not a file")
+            try:
+                with open(db, "rb") as fh:
+                    head = fh.read(16)
+            except OSError as exc:
+                raise BenchError(f"{flag} {uri}: cannot read {db}: {exc.strerror}") from None
+            if head and head != b"SQLite format 3\x00":
+                raise BenchError(f"{flag} {uri}: {db} is not a SQLite database")
+            if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK | os.X_OK):
+                raise BenchError(f"{flag} {uri}: {db} is not writable")
+        elif not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise BenchError(f"{flag} {uri}: folder {folder} is not writable")
 
 
 def _importable(module: str) -> bool:
