@@ -149,9 +149,13 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
         BenchError: bad name, existing baseline without ``force``, unknown sweep, incomplete sweep, a
             sweep with too few timed steps per cell to ever pass the gate.
     """
-    if not _NAME.match(name):
-        raise BenchError(f"--name {name!r}: use letters, digits, '_', '-', '.' (starting with a letter or digit)")
+    if not _NAME.match(name) or len(name) > 100:
+        raise BenchError(f"--name {name[:60]!r}: use at most 100 letters, digits, '_', '-', '.' (starting with a "
+                         "letter or digit)")
     out = baselines_dir(results) / f"{name}.json"
+    from bench.paths import check_folder
+
+    check_folder("--results", baselines_dir(results))  # <results>/baselines a file, a dangling link ...
     if out.exists() and not force:
         raise BenchError(f"--name {name}: baseline {out} exists (use --force to replace it)")
     sweep = find_sweep(sweep_ref, results)
@@ -284,15 +288,24 @@ def main(args: argparse.Namespace) -> int:
                   "unusually slow and scattered; a baseline from an idle machine makes a sharper gate", file=sys.stderr)
         return 0
     if args.action == "list":
+        if args.target:
+            raise BenchError(f"baseline list: takes no argument, got {args.target!r} (allowed: baseline show NAME)")
         d = baselines_dir(args.results)
         files = sorted(d.glob("*.json")) if d.is_dir() else []
         if not files:
             print(f"no baselines in {d}")
+        bad = []
         for f in files:
-            data = read_json(f) or {}
+            try:
+                data = load_baseline(str(f), args.results)
+            except BenchError as exc:  # listed last, named on stderr
+                bad.append(str(exc))
+                continue
             when = time.strftime("%Y-%m-%d %H:%M", time.localtime(data.get("created_at") or 0))
-            print(f"{f.stem:24} {data.get('engine')}/{data.get('platform'):6} {len(data.get('cells') or [])} cells  "
+            print(f"{f.stem:24} {data.get('engine')}/{data.get('platform')!s:6} {len(data.get('cells') or [])} cells  "
                   f"sweep {((data.get('source') or {}).get('sweep'))}  saved {when}")
+        if bad:
+            raise BenchError(bad[0] + (f" (and {len(bad) - 1} more unusable baseline file(s))" if len(bad) > 1 else ""))
         return 0
     if not args.target:
         raise BenchError("baseline show: give the baseline name or file")

@@ -123,11 +123,24 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
     command = getattr(args, "command", None) or "run"
     check_names("--results", args.results)
     dry = bool(getattr(args, "dry_run", False))
-    if command in ("run", "tune") or (command == "baseline" and getattr(args, "action", None) == "save"):
+    writes = command in ("run", "tune") or (command == "baseline" and getattr(args, "action", None) == "save") or \
+        (command == "gate" and getattr(args, "interleave", None) is not None)
+    if writes:
         check_folder("--results", args.results)
+    elif Path(args.results).exists() and not Path(args.results).is_dir():
+        raise BenchError(f"--results {args.results}: not a folder (allowed: a results folder)")
+    for flag in ("ray_address", "interleave", "storage", "study"):  # given, but empty: never "not given"
+        value = getattr(args, flag, None)
+        if isinstance(value, str) and not value.strip():
+            raise BenchError(f"--{flag.replace('_', '-')} {value!r}: empty (leave the option out for the default)")
+    if command == "run" and not dry:
+        given = [f for f in ("json", "verbose") if getattr(args, f, False)]
+        if given:
+            raise BenchError(f"--{given[0]}: only with --dry-run (it changes what the dry run prints)")
     if getattr(args, "out", None) is not None:
         check_folder("--out", args.out)
-    if command in WRITES_MLFLOW and (command != "sync" or args.tracking_uri_given):
+    interleaved = command == "gate" and getattr(args, "interleave", None) is not None  # runs a sweep
+    if (command in WRITES_MLFLOW or interleaved) and (command != "sync" or args.tracking_uri_given):
         check_tracking_uri(args.tracking_uri, probe=not dry)
     elif in_memory(args.tracking_uri):  # gate/report/compare/baseline log to MLflow too: never to a lost store
         check_tracking_uri(args.tracking_uri, probe=False)

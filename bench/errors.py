@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import threading
+from typing import Any
 
 
 class BenchError(Exception):
@@ -79,3 +81,11 @@ def current_step() -> str | None:
     """The innermost step in progress in the calling thread, or ``None``."""
     steps = _steps()
     return steps[-1] if steps else None
+
+
+def did_you_mean(word: Any, allowed: Any) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``allowed`` to ``word`` (difflib ratio >= 0.6), else ``''``."""
+    if not isinstance(word, str):
+        return ""
+    hit = difflib.get_close_matches(word, [str(a) for a in allowed], n=1)
+    return f" (did you mean {hit[0]!r}?)" if hit else ""

@@ -138,8 +138,12 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
             nothing to check.
     """
     bad = [m for m in metrics if m not in METRICS]
-    if bad:
-        raise BenchError(f"--metric {bad[0]}: unknown metric (allowed: {', '.join(METRICS)})")
+    if bad or not metrics:
+        from bench.errors import did_you_mean
+
+        word = bad[0] if bad else ""
+        raise BenchError(f"--metric {word!r}: unknown metric{did_you_mean(word, METRICS)} "
+                         f"(allowed: {', '.join(METRICS)})")
     if not 0 <= threshold < 1:
         raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
     if not 0 < alpha < 0.5:

@@ -23,8 +23,9 @@ from bench.errors import BenchError
 
 #: nesting depth above which a YAML document is refused (a matrix is a few levels deep)
 MAX_YAML_DEPTH = 64
-#: nodes a YAML document may expand to with every alias expanded (a matrix has a few hundred)
-MAX_YAML_NODES = 100_000
+#: nodes a YAML document may expand to with every alias expanded (a matrix has a few hundred; the pure-Python
+#: parser composes about 10 000 nodes a second on a busy core, so the cap also bounds the time spent parsing)
+MAX_YAML_NODES = 20_000
 #: bytes read per ``read`` call
 _CHUNK = 1 << 16
 
@@ -169,7 +170,23 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
     return out
 
 
+def _construct_number(loader: StrictLoader, node: yaml.ScalarNode) -> Any:
+    value = loader.construct_scalar(node)
+    if ":" in value:  # YAML 1.1 base 60 (``1:30`` is 90): never what a matrix means
+        raise yaml.constructor.ConstructorError(
+            None, None, f"{value!r} is a base-60 number in YAML 1.1 (quote it if it is text)", node.start_mark)
+    tag = node.tag.rsplit(":", 1)[-1]
+    return getattr(yaml.constructor.SafeConstructor, f"construct_yaml_{tag}")(loader, node)
+
+
+def _refuse_binary(loader: StrictLoader, node: yaml.Node) -> Any:
+    raise yaml.constructor.ConstructorError(None, None, "binary values (!!binary) are not allowed", node.start_mark)
+
+
 StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_number)
+StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_number)
+StrictLoader.add_constructor("tag:yaml.org,2002:binary", _refuse_binary)
 
 
 def expanded_size(node: yaml.Node, limit: int = MAX_YAML_NODES, memo: dict[int, int] | None = None) -> int:
@@ -233,4 +250,9 @@ def yaml_error_line(path: str | Path, text: str, exc: yaml.YAMLError) -> str:
         mark = getattr(exc, "context_mark", None) or mark
     where = f"{path}:{mark.line + 1}" if mark else str(path)
     kind = "YAML refused" if isinstance(exc, YamlTooLarge) else "malformed YAML"
-    return f"{where}: {kind}: {getattr(exc, 'problem', None) or exc}"
+    problem = str(getattr(exc, "problem", None) or exc)
+    if problem.startswith("could not determine a constructor for the tag"):  # PyYAML's words for a tag
+        tag = problem.removeprefix("could not determine a constructor for the tag").strip(" '")
+        tag = tag.replace("tag:yaml.org,2002:", "!!")
+        kind, problem = "YAML refused", f"tag {tag} is not allowed (plain YAML only: no tags)"
+    return f"{where}: {kind}: {problem}"

@@ -85,3 +85,18 @@ def check_folder(flag: str, path: str | Path, *, extra: tuple[str, ...] = ()) ->
         readonly = False
     if readonly or not os.access(probe, os.W_OK | os.X_OK):
         raise BenchError(f"{flag} {path}: folder is not writable ({probe}{', a read-only mount' if readonly else ''})")
+
+
+def check_matrix_folder(results: str | Path, name: str) -> None:
+    """Refuse ``<results>/<name>`` (where a sweep of matrix ``name`` goes) when it, or its ``latest`` entry, is
+    not what the harness made there (a file, or a ``latest`` that is not a link), before anything is written.
+
+    Raises:
+        BenchError: naming the entry and what to do.
+    """
+    base = Path(results) / name
+    if os.path.lexists(base) and not base.is_dir():
+        raise BenchError(f"{base}: exists and is not a results folder (move it away)")
+    latest = base / "latest"
+    if os.path.lexists(latest) and not latest.is_symlink():
+        raise BenchError(f"{latest}: exists and is not the 'latest' link (move it away)")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -221,7 +222,12 @@ def find_sweep(ref: str | Path, root: Path) -> Path:
         if (cand / SWEEP).exists():
             check_sweep_meta(cand / SWEEP)
             return cand.resolve()
-    raise BenchError(f"{ref}: no sweep found (give a sweep folder, or a matrix name under {root})")
+    names = sorted(p.name for p in Path(root).iterdir() if (p / "latest" / SWEEP).exists()) if Path(root).is_dir() \
+        else []
+    from bench.errors import did_you_mean
+
+    raise BenchError(f"{ref}: no sweep found{did_you_mean(str(ref), names)} (give a sweep folder, or a matrix name "
+                     f"under {root}: {', '.join(names[:20]) or 'none yet'})")
 
 
 def check_sweep_meta(path: Path) -> dict:
@@ -241,6 +247,13 @@ def check_sweep_meta(path: Path) -> dict:
         if not (isinstance(run, dict) and isinstance(run.get("cell_id"), str) and isinstance(run.get("label"), str)
                 and isinstance(run.get("levels"), dict)):
             raise BenchError(f"{path}: plan.runs[{i}]: needs cell_id, label and levels")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", run["cell_id"]):  # a folder of this sweep
+            raise BenchError(f"{path}: plan.runs[{i}].cell_id {run['cell_id'][:60]!r}: not a cell folder name")
+    seq = meta.get("sequential") if isinstance(meta.get("sequential"), dict) else {}
+    for key, value in (("plan.repeats", meta["plan"].get("repeats", 1)),
+                       ("sequential.stopped_after", seq.get("stopped_after") or 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
+            raise BenchError(f"{path}: not a sweep record: {key} {value!r} (allowed: an integer >= 1)")
     for key in ("engine", "platform", "matrix_name"):
         if not isinstance(meta.get(key), str):
             raise BenchError(f"{path}: not a sweep record: {key} missing")

@@ -57,9 +57,17 @@ def _not_negative(v: float) -> float:
     return v
 
 
+def _fraction(v: float) -> float:
+    if not 0 <= v <= 1:
+        raise ValueError(f"{v} is not a fraction in [0, 1]")
+    return v
+
+
 #: a finite number (any sign); a finite number >= 0 (seconds, GiB, tokens/s)
 Finite = Annotated[float, AfterValidator(_finite)]
 Seconds = Annotated[float, AfterValidator(_finite), AfterValidator(_not_negative)]
+#: a share of a step (the Free ratio, the rollout share): finite, in [0, 1]
+Fraction = Annotated[float, AfterValidator(_finite), AfterValidator(_fraction)]
 Steps = list[StrictInt]
 
 
@@ -79,12 +87,12 @@ class RunSummary(BaseModel):
     step_time_median_s: Seconds | None = None
     step_time_iqr_s: Seconds | None = None
     step_time_mean_s: Seconds | None = None
-    rollout_share_median: Finite | None = None
+    rollout_share_median: Fraction | None = None
     throughput_median: Seconds | None = None
     phase_median_s: dict[str, Finite | None] = Field(default_factory=dict)
     peak_memory_gb: Seconds | None = None
     peak_memory_source: str | None = None
-    free_ratio_median: Finite | None = None
+    free_ratio_median: Fraction | None = None
     long_tail_waste_median: Finite | None = None
 
     @model_validator(mode="after")
@@ -101,7 +109,15 @@ class RunSummary(BaseModel):
         return self
 
 
+def _step_keys(steps: dict[str, Any]) -> dict[str, Any]:
+    for step in steps:
+        if not (step.isdigit() and step.isascii() and int(step) <= 10_000_000):  # verl logs validation at step 0
+            raise ValueError(f"step {step[:20]!r}: not a step number (0, 1, 2, ...)")
+    return steps
+
+
 def _check_steps(steps: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    _step_keys(steps)
     for step, metrics in steps.items():
         for key, value in metrics.items():
             if key.startswith(_TIMED_PREFIXES) and value is not None:
@@ -138,7 +154,7 @@ class RunRecord(BaseModel):
     reason: str = ""
     log_tail: str = ""
     steps: Annotated[dict[str, dict[str, Any]], AfterValidator(_check_steps)] = Field(default_factory=dict)
-    free_ratio: dict[str, Seconds | None] = Field(default_factory=dict)
+    free_ratio: Annotated[dict[str, Fraction | None], AfterValidator(_step_keys)] = Field(default_factory=dict)
     summary: RunSummary = Field(default_factory=RunSummary)
     warnings: list[str] = Field(default_factory=list)
 

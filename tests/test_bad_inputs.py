@@ -65,7 +65,7 @@ MATRICES: dict[str, tuple[str | bytes, str]] = {
     "empty_file": ("", "must be a mapping"),
     "nul_bytes": (b"name: t\n\x00\x01", "binary content"),
     "not_utf8": (b"name: \xff\xfe\n", "not UTF-8"),
-    "python_tag": ("name: !!python/object/apply:os.system ['true']\n", "malformed YAML"),
+    "python_tag": ("name: !!python/object/apply:os.system ['true']\n", "tag !!python/object/apply:os.system is not allowed"),
     "deep_nesting": ("name: t\nx: " + "[" * 5000 + "]" * 5000 + "\n", "YAML"),
     "steps_zero": (_base(steps=0, warmup_steps=0), "base.steps"),
     "steps_huge": (_base(steps=10**9), "base.steps"),
@@ -105,7 +105,8 @@ MATRICES: dict[str, tuple[str | bytes, str]] = {
         "exactly one of resolution or generators",
     ),
     "no_runnable_cell": (
-        "name: t\nplatform: cpu\nfactors:\n  dynamic_bsz: [on]\nexclude:\n  - when: {dynamic_bsz: on}\n",
+        "name: t\nplatform: cpu\nfactors:\n  dynamic_bsz: [off, on]\nexclude:\n  - when: {dynamic_bsz: on}\n"
+        "  - when: {dynamic_bsz: off}\n",
         "no runnable cell",
     ),
     "factor_levels_repeat": ("name: t\nfactors:\n  dynamic_bsz: [on, on]\n", "levels must be distinct"),

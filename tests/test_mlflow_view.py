@@ -176,7 +176,7 @@ base:
   ppo_mini_batch_size: 4
   micro_batch_size_per_gpu: 2
   max_response_length: 16
-  data: /nonexistent/train.parquet   # every run stops at start: recorded as failed
+  data: BROKEN   # a file that is not a parquet: every run stops at start, recorded as failed
 factors:
   dynamic_bsz: [on, off]
 design: full
@@ -187,7 +187,8 @@ design: full
 def test_a_failed_child_says_why_on_its_own_page(tmp_path):
     from bench.tracking.records import run_start
 
-    (tmp_path / "crash.yaml").write_text(CRASH)
+    (tmp_path / "broken.parquet").write_text("not a parquet file")
+    (tmp_path / "crash.yaml").write_text(CRASH.replace("BROKEN", str(tmp_path / "broken.parquet")))
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
     assert main(["run", str(tmp_path / "crash.yaml"), "--results", str(tmp_path / "res"), "--tracking-uri", uri]) == 1
     sweep = next((tmp_path / "res" / "crashview").glob("2*"))
@@ -199,7 +200,7 @@ def test_a_failed_child_says_why_on_its_own_page(tmp_path):
         rec = recs[(child.data.tags["cell_id"], 0)]
         text = child.data.tags[NOTE]
         assert child.info.status == "FAILED" and rec["status"] == "failed"
-        assert f"Failure ({rec['failure_kind']}): {rec['reason']}" in text and "/nonexistent/train.parquet" in text
+        assert f"Failure ({rec['failure_kind']}): {rec['reason']}" in text and "broken.parquet" in text
         assert "Last lines of `run.log`:" in text
         last = [ln for ln in rec["log_tail"].splitlines() if ln.strip()][-1]
         assert last in text

@@ -169,7 +169,7 @@ base:
   ppo_mini_batch_size: 4
   micro_batch_size_per_gpu: 2
   max_response_length: 16
-  data: /nonexistent/train.parquet   # every run stops at start: recorded as failed, the sweep goes on
+  data: BROKEN   # a file that is not a parquet: every run stops at start, recorded as failed, the sweep goes on
 factors:
   dynamic_bsz: [on, off]
 design: full
@@ -177,7 +177,8 @@ design: full
 
 
 def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
-    (tmp_path / "crash.yaml").write_text(CRASH)
+    (tmp_path / "broken.parquet").write_text("not a parquet file")
+    (tmp_path / "crash.yaml").write_text(CRASH.replace("BROKEN", str(tmp_path / "broken.parquet")))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     p = bench(["crash.yaml", "--results", "res", "--tracking-uri", uri], tmp_path)
     assert p.returncode == 1, p.stdout + p.stderr
@@ -189,7 +190,7 @@ def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
     assert sorted(recs) == [0, 1]  # the first failure did not stop the sweep
     for rec in recs.values():
         assert rec["status"] == "failed" and rec["failure_kind"] == "bad_input"
-        assert "/nonexistent/train.parquet" in rec["reason"] and rec["log_tail"]
+        assert "broken.parquet" in rec["reason"] and rec["log_tail"]
     _, parents, children = runs_of(uri, "crash")
     assert len(parents) == 1 and sorted(c.data.tags["status"] for c in children) == ["failed", "failed"]
 

@@ -17,7 +17,7 @@ from typing import Any
 from bench.errors import BenchError
 from bench.figures import METRICS, SUMMARY_STEP_TIME, Snapshot
 from bench.measure import step_samples
-from bench.results import SWEEP, load_records, read_json
+from bench.results import SWEEP, check_sweep_meta, load_records
 from bench.spec.optimizations import factor_keys
 from bench.speed import PROBE_METRIC, probe_spec
 
@@ -120,9 +120,9 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
     candidate's, so summaries and reports of a gate sweep describe the code under test).
     """
     sweep = Path(sweep)
-    meta = read_json(sweep / SWEEP)
-    if not meta:
-        raise BenchError(f"{sweep}: not a sweep folder ({SWEEP} missing or unreadable)")
+    if not (sweep / SWEEP).exists():
+        raise BenchError(f"{sweep}: not a sweep folder ({SWEEP} missing)")
+    meta = check_sweep_meta(sweep / SWEEP)  # named with what is wrong (bench.results)
     records = load_records(sweep)
     if meta.get("code_versions"):
         records = [r for r in records if r.get("code_version") == (version or "candidate")]

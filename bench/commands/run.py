@@ -248,9 +248,9 @@ def main(args: argparse.Namespace) -> int:
     console = make_console(PLAIN_WIDTH)  # CI log or file: no colours, no 80-column default
     matrix = load_matrix(args.matrix, getattr(args, "overrides", None))  # its expect claims too
     if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command
-        from bench.spec.tune_space import parse_tune
+        from bench.tune.storage import check_tune_block
 
-        parse_tune(matrix)
+        check_tune_block(matrix)
     if getattr(args, "smoke", False):
         return smoke_main(args, matrix, console)
     plan = make_plan(matrix, strict=not args.dry_run)
@@ -276,6 +276,9 @@ def main(args: argparse.Namespace) -> int:
     get_engine(matrix.engine).preflight(matrix, [r.launch for r in plan.runs], plan.platform)
     check_writable(args.results)
     from bench.execution.sweep import Sweep
+    from bench.paths import check_matrix_folder
+
+    check_matrix_folder(args.results, matrix.name)
 
     executor = make_executor(args, matrix.engine, plan.platform)
     if hasattr(executor, "describe"):  # --parallel: how many runs at once, on which nodes
@@ -294,7 +297,13 @@ def main(args: argparse.Namespace) -> int:
     from bench.tracking import ML_VIEW, run_url
 
     link = run_url(args.tracking_uri, out.experiment_id, out.parent_run_id)
-    if link:
+    from bench.tracking.upload_queue import pending, read_queue
+
+    if pending(out.sweep_dir):  # an outage (or a store that kept nothing): say so, never show a dead link
+        why = read_queue(out.sweep_dir).get("reason") or "the store did not take the uploads"
+        console.print(f"MLflow: not uploaded ({why}); queued in {out.sweep_dir}: run `run_bench.py sync "
+                      f"{out.sweep_dir}` when the store is back", markup=False, soft_wrap=True)
+    elif link:
         console.print(f"MLflow: {link}", soft_wrap=True)
     else:
         console.print(f"MLflow: {args.tracking_uri} (parent run {out.parent_run_id}); browse with "

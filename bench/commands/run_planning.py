@@ -41,12 +41,16 @@ def parse_duration(text: str) -> float:
 
     t = str(text).strip().lower()
     if re.fullmatch(r"\d+(\.\d+)?", t):
-        return float(t)
-    m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", t)
-    if not t or not m or not any(m.groups()):
-        raise BenchError(f"--budget {text!r}: not a duration (allowed: e.g. 20m, 1h30m, 900s, 600)")
-    h, mi, s = (float(g) if g else 0.0 for g in m.groups())
-    return h * 3600 + mi * 60 + s
+        seconds = float(t)
+    else:
+        m = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?", t)
+        if not t or not m or not any(m.groups()):
+            raise BenchError(f"--budget {text!r}: not a duration (allowed: e.g. 20m, 1h30m, 900s, 600)")
+        h, mi, s = (float(g) if g else 0.0 for g in m.groups())
+        seconds = h * 3600 + mi * 60 + s
+    if not 0 < seconds <= 30 * 86400:  # the range of --timeout (bench.cli.FLAG_RANGES)
+        raise BenchError(f"--budget {text!r}: allowed range (0 s, 30 days]")
+    return seconds
 
 
 def planned_slots(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ import sys
 from pathlib import Path
 
 from bench.commands.base import Command
-from bench.results import SWEEP, find_sweep, read_json
+from bench.errors import BenchError
+from bench.results import SWEEP, check_sweep_meta, find_sweep
 from bench.tracking.upload_queue import QUEUE, check_sweep_files, pending, sync_sweep
 
 
@@ -36,20 +37,29 @@ def main(args: argparse.Namespace) -> int:
             return 0
     done = {"children": 0, "parents": 0, "closed": 0}
     left = 0
+    errors: list[BenchError] = []
     for sweep in sweeps:
-        meta = read_json(sweep / SWEEP) or {}
-        uri = args.tracking_uri if getattr(args, "tracking_uri_given", False) else (
-            meta.get("tracking_uri") or args.tracking_uri)
-        check_tracking_uri(uri)
-        check_sweep_files(sweep)  # before the store is opened: a bad file is refused with nothing written
-        tracker = Tracker(uri, meta.get("matrix_name") or sweep.parent.name)
-        warn = lambda kind, d: print(f"warning: {d['message']}", file=sys.stderr)  # noqa: E731
-        for k, v in sync_sweep(sweep, tracker, warn).items():
-            done[k] += v
+        try:
+            meta = check_sweep_meta(sweep / SWEEP)
+            uri = args.tracking_uri if getattr(args, "tracking_uri_given", False) else (
+                meta.get("tracking_uri") or args.tracking_uri)
+            check_tracking_uri(uri)
+            check_sweep_files(sweep)  # before the store is opened: with no usable run, refused with nothing written
+            tracker = Tracker(uri, meta.get("matrix_name") or sweep.parent.name)
+            warn = lambda kind, d: print(f"warning: {d['message']}", file=sys.stderr)  # noqa: E731
+            for k, v in sync_sweep(sweep, tracker, warn).items():
+                done[k] += v
+        except BenchError as exc:  # named below; the other sweeps are still synced
+            errors.append(exc)
+            if not pending(sweep):
+                continue
         left += pending(sweep)
-        print(f"{sweep}: {uri}: " + ("still pending" if pending(sweep) else "in sync"))
+        print(f"{sweep}: " + ("still pending" if pending(sweep) else "in sync"))
     print(f"logged {done['children']} child run(s), created {done['parents']} parent run(s), "
           f"closed {done['closed']} parent run(s); {left} sweep(s) still pending")
+    if errors:  # one line: the first unusable file (the queue of its sweep stays)
+        more = f" (and {len(errors) - 1} more sweep(s) with unusable files)" if len(errors) > 1 else ""
+        raise type(errors[0])(f"{errors[0]}{more}")
     return 1 if left else 0
 
 

@@ -21,8 +21,11 @@ def default_cache_dir() -> Path:
 
 def default_profile_steps(base: Base) -> list[int]:
     """The steps run under the profiler: ``base.profile_steps``, or the last step only (so earlier measured
-    steps are timed without profiler overhead). Step numbers are 1-based."""
-    return list(base.profile_steps) if base.profile_steps is not None else [base.steps]
+    steps are timed without profiler overhead); none when the last step is the only measured one (a step plan
+    always leaves a timed step: the only measured step is timed, not profiled). Step numbers are 1-based."""
+    if base.profile_steps is not None:
+        return list(base.profile_steps)
+    return [base.steps] if base.steps - base.warmup_steps >= 2 else []
 
 
 def device_available(platform: str) -> bool:

@@ -11,7 +11,7 @@ from typing import Any
 from bench.engines.base import EngineBase, Launch
 from bench.engines.common import default_profile_steps, device_available
 from bench.errors import BenchError
-from bench.spec.loading import expand_env
+from bench.spec.loading import expand_env, value_message
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism
 
@@ -48,37 +48,54 @@ _BASE_OWNED = {"device": "platform", "ppo_max_token_len_per_gpu": "base.ppo_max_
 
 
 def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
-    """``value`` of ``model``/``data`` with ``${VAR}`` expanded and checked: a ``builtin:`` name must be known;
-    a model path must be a folder with ``config.json`` (a data path is left to the run, which records a
-    missing file as its failure). An unset variable is left as written when not ``strict`` (a dry run
-    shows it), and then nothing is checked.
+    """``value`` of ``model``/``data`` with ``${VAR}`` expanded and checked before anything runs: not empty; a
+    ``builtin:`` name must be known; a model path must be a folder with ``config.json``; a data path must be a
+    readable regular file (a verl RL parquet; its content is read by the run). An unset variable is left as
+    written when not ``strict`` (a dry run shows it), and then nothing is checked.
 
     Raises:
-        BenchError: unset variable (``strict``), unknown builtin name, missing path (naming ``key``).
+        BenchError: unset variable (``strict``), empty value, unknown builtin name, missing, over-long or
+            unusable path (naming ``key``).
     """
+    import os
     from pathlib import Path
 
     from bench.engines.builtins.data import BUILTINS
     from bench.engines.builtins.model import BUILTIN_MODEL
+    from bench.paths import check_names
     from bench.spec.matrix import did_you_mean
 
     value = expand_env(value, file="base", key=key.removeprefix("base."), strict=strict)
     if "${" in value:
         return value
     builtins = [BUILTIN_MODEL] if kind == "model" else list(BUILTINS)
+    if not value.strip():
+        raise BenchError(f"{key}: empty (allowed: {', '.join(builtins)}, or a path; leave the key out for the "
+                         "default)")
     if value.startswith("builtin:"):
         if value not in builtins:
             raise BenchError(f"{key}: unknown builtin {kind} {value!r}{did_you_mean(value, builtins)} "
                              f"(allowed: {', '.join(builtins)}, or a path)")
         return value
-    if kind == "data":  # read by the run itself: a missing file fails that run, recorded with its reason
-        return value
+    check_names(key, Path(value))
     path = Path(value).expanduser()
-    if not path.exists():
+    try:
+        exists = path.exists()
+        usable = (path / "config.json").is_file() if kind == "model" else path.is_file()
+        readable = os.access(path, os.R_OK)
+    except OSError as exc:
+        raise BenchError(f"{key}: {kind} path {value}: {exc.strerror}") from None
+    if not exists:
         raise BenchError(f"{key}: {kind} path {value} does not exist (allowed: {', '.join(builtins)}, or a path)")
-    if not (path / "config.json").is_file():
+    if kind == "model" and not usable:
         raise BenchError(f"{key}: {value} is not a Hugging Face checkpoint (no config.json)")
-    return value
+    if kind == "data" and not usable:
+        raise BenchError(f"{key}: data path {value} is not a file (allowed: a verl RL parquet file, or "
+                         f"{', '.join(builtins)})")
+    if not readable:
+        raise BenchError(f"{key}: {kind} path {value} is not readable")
+    # a run starts in its own run folder: a relative path is the user's, resolved against the current folder
+    return value if path.is_absolute() or value.startswith("~") else os.path.abspath(value)
 
 
 def _fill(value: Any, ctx: dict[str, Any]) -> Any:
@@ -152,6 +169,9 @@ class EmbeddedEngine(EngineBase):
         from bench.spec.matrix import did_you_mean
 
         fields, options = sorted(RunConfig.model_fields), base.options(cls.options_key)
+        if base.val_data is not None:
+            raise ValueError("base.val_data: the embedded engine runs no validation set (allowed: leave it out; the "
+                             "verl engine uses it)")
         for key, value in options.items():
             if key not in RunConfig.model_fields:
                 raise ValueError(f"base.embedded: unknown key {key!r}{did_you_mean(key, fields)} "
@@ -170,8 +190,7 @@ class EmbeddedEngine(EngineBase):
             err = exc.errors()[0]
             key = ".".join(str(p) for p in err["loc"]) or "(root)"
             where = f"base.embedded.{key}" if key in options else f"base.{key}"
-            raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}, got {err.get('input')!r}") \
-                from None
+            raise ValueError(f"{where}: {value_message(err)}") from None
         for key in ("model", "data"):
             value = options.get(key)
             if value is not None:
@@ -201,9 +220,9 @@ class EmbeddedEngine(EngineBase):
             ppo_max_token_len_per_gpu=ctx["ppo_max_token_len"],
             log_prob_max_token_len_per_gpu=ctx["log_prob_max_token_len"],
         )
-        if base.model:
+        if base.model is not None:
             config["model"] = _check_source("model", base.model, "base.model", strict)
-        if base.data:
+        if base.data is not None:
             config["data"] = _check_source("data", base.data, "base.data", strict)
         for ov in base.overrides:  # not passed to this engine, but an unset variable is still a mistake
             expand_env(ov, file="base", key="overrides", strict=strict)
@@ -222,8 +241,7 @@ class EmbeddedEngine(EngineBase):
             where = f"base.embedded.{key}" if key in options else f"base.{key}"
             if key not in options and key not in _SHARED_KEYS:
                 where = f"base (embedded run config {key})"
-            raise BenchError(f"{where}: {err['msg'].removeprefix('Value error, ')} "
-                             f"(engine embedded), got {err.get('input')!r}") from None
+            raise BenchError(f"{where}: {value_message(err)} (engine embedded)") from None
         env = {k: expand_env(v, file="base", key=f"env.{k}", strict=strict) for k, v in base.env.items()}
         notes = [f"base.env.{k}: {v} has an unset variable; left as written (a real run stops on it)"
                  for k, v in env.items() if "${" in v]

@@ -95,7 +95,10 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
                             model: type[BaseModel] = Matrix) -> str:
     """One line naming file, line (when found), dotted key, the bad value and what is allowed, for the first
     error of ``exc`` (pydantic's own wording is replaced where it names its internals)."""
-    err = exc.errors()[0]
+    errs = exc.errors()
+    err = errs[0]
+    if any(e["type"] == "missing" for e in errs):  # a misspelled key is both missing and unknown: name the typo
+        err = next((e for e in errs if e["type"] == "extra_forbidden"), err)
     loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p in DESIGN_TYPES))
     key = ".".join(str(p) for p in loc)
     if prefix:
@@ -110,9 +113,6 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
         msg = (f"missing 'type' (allowed: {', '.join(DESIGN_TYPES)})" if kind == "union_tag_not_found" else
                f"unknown design {got!r}{did_you_mean(got, DESIGN_TYPES)} (allowed: {', '.join(DESIGN_TYPES)})")
         key = key.removesuffix(".type") if not prefix else key
-    elif kind == "literal_error":
-        allowed = msg.replace("Input should be ", "")
-        msg = f"allowed: {allowed}, got {bad!r}"
     elif kind == "extra_forbidden":
         raw_loc = err["loc"]
         if raw_loc[:1] == ("design",) and len(raw_loc) > 2 and raw_loc[1] in DESIGN_TYPES:
@@ -121,22 +121,40 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
             holder = {typing.get_args(c.model_fields["type"].annotation)[0]: c
                       for c in typing.get_args(schema.Design)}.get(raw_loc[1])
         else:
-            holder = _model_at(model, loc) if not prefix else None
+            from bench.expect import ExpectBlock
+
+            holder = _model_at(ExpectBlock if loc[:1] == ("expect",) else model, loc) if not prefix else None
         allowed = getattr(holder, "allowed_keys", None)  # a model with extra keys of its own (``Base``)
         fields = (allowed() if allowed else sorted(holder.model_fields)) if holder is not None else []
         msg = "unknown key" + did_you_mean(loc[-1], fields) + (f" (allowed: {', '.join(fields)})" if fields else "")
-    elif kind == "missing":
-        msg = "required key missing"
-    elif kind in _EXPECTED:
-        msg = f"expected {_EXPECTED[kind]}, got {_type_name(bad)} {_short(bad)}"
-    elif kind.startswith(("greater_than", "less_than")) or kind in ("too_short", "too_long", "string_too_long",
-                                                                     "string_pattern_mismatch", "finite_number"):
-        msg = f"{msg.replace('Input should be', 'must be').replace('String should', 'must')}, got {_short(bad)}"
+    else:
+        msg = value_message(err)
     line = _line_of(text, loc) if text else None
     where = f"{file}:{line}" if line else str(file)
     if not key:  # a check of the whole model: its message names the key itself
         return f"{where}: {msg}"
     return f"{where}: {key}: {msg}"
+
+
+def value_message(err: dict[str, Any]) -> str:
+    """What is wrong with a value, in the harness's words, for one pydantic error (``ValidationError.errors()``
+    item): the expected type, range or size and the bad value; a check's own message as it is."""
+    kind, bad, ctx = err["type"], err.get("input"), err.get("ctx") or {}
+    msg = err["msg"].removeprefix("Value error, ")
+    if kind == "missing":
+        return "required key missing"
+    if kind in _EXPECTED:
+        return f"expected {_EXPECTED[kind]}, got {_type_name(bad)} {_short(bad)}"
+    if kind in ("too_short", "too_long"):
+        n = ctx.get("min_length") if kind == "too_short" else ctx.get("max_length")
+        return f"must hold {'at least' if kind == 'too_short' else 'at most'} {n} item(s), got {_short(bad)}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {_short(bad)}"
+    if kind.startswith(("greater_than", "less_than")) or kind in ("string_too_long", "string_pattern_mismatch"):
+        return f"{msg.replace('Input should be', 'must be').replace('String should', 'must')}, got {_short(bad)}"
+    if kind == "literal_error":
+        return f"allowed: {msg.replace('Input should be ', '')}, got {bad!r}"
+    return msg.replace("Input should be", "must be")
 
 
 def _short(value: Any) -> str:
@@ -199,6 +217,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path)
 
 
 def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
+    if not os.path.lexists(path):  # a near miss of an existing matrix file is named
+        folder = path.parent if path.parent.is_dir() else Path(".")
+        near = [str(folder / p.name) for p in (*folder.glob("*.yaml"), *folder.glob("*.yml"))]
+        raise BenchError(f"{path}: cannot read matrix: no such file{did_you_mean(str(path), near)}")
     text = read_text(path, MAX_MATRIX_BYTES, "matrix")
     try:
         raw = load_yaml(text)

@@ -13,7 +13,6 @@ Reading the file (strict YAML, ``${VAR}`` expansion, overrides, one-line errors)
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 from typing import Any, Literal, Union
@@ -21,7 +20,9 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import InitErrorDetails, ValidationError
 
+from bench.errors import did_you_mean  # noqa: F401 - re-exported (bench.spec.matrix.did_you_mean)
 from bench.expect import ExpectBlock
+from bench.spec.base_checks import check_batch_sizes, check_env, check_override_form
 from bench.spec.optimizations import REGISTRY, factor_keys
 
 #: upper bounds of matrix numbers (a typo such as ``repeats: 1000000000000`` is refused, not planned)
@@ -33,6 +34,9 @@ MAX_REPEATS = 1000
 MAX_NAME = 100
 #: names the harness itself uses directly under the results folder (a matrix of that name would collide)
 RESERVED_NAMES = ("logs", "baselines", "mlartifacts", "mlflow.db", "optuna.db", "latest")
+#: the stores' files under the results folder and their sidecars (``mlflow.db-wal``, ``optuna.db-journal``,
+#: ``mlflow.db.lock``): a matrix name may not start with these
+STORE_PREFIXES = ("mlflow.db", "optuna.db")
 #: suffix of the folder of ``run --smoke`` (``<matrix>-smoke``), which a matrix name must not end with
 SMOKE_SUFFIX = "-smoke"
 #: builtin model and data names of the multimodal (Qwen3-VL) targets (see :meth:`Base.is_multimodal`)
@@ -40,13 +44,6 @@ MULTIMODAL_BUILTINS = ("builtin:qwen3vl-tiny", "builtin:vl")
 #: verl data keys that feed images or videos to the model (``data.image_key=images``)
 MULTIMODAL_DATA_KEYS = ("data.image_key", "data.video_key")
 
-
-def did_you_mean(word: Any, allowed: Any) -> str:
-    """`` (did you mean 'x'?)`` for the closest of ``allowed`` to ``word`` (difflib ratio >= 0.6), else ``''``."""
-    if not isinstance(word, str):
-        return ""
-    hit = difflib.get_close_matches(word, [str(a) for a in allowed], n=1)
-    return f" (did you mean {hit[0]!r}?)" if hit else ""
 
 _LEVEL_WORDS = {"off": 0, "on": 1, False: 0, True: 1, "false": 0, "true": 1}
 
@@ -85,32 +82,6 @@ def parse_cell(raw: dict[str, Any], where: str = "") -> dict[str, int]:
         except ValueError as exc:
             raise ValueError(f"{dotted}{key}: {exc}") from None
     return out
-
-
-def check_batch_sizes(base: Any) -> None:
-    """Batch-size divisibility as verl requires it (``ray_trainer`` and the FSDP workers' asserts).
-
-    With world = ``n_gpus_per_node * nnodes``: ``train_batch_size`` is a multiple of
-    ``ppo_mini_batch_size``; ``train_batch_size * n`` and ``ppo_mini_batch_size * n`` are multiples of
-    the world size; the per-GPU mini-batch ``ppo_mini_batch_size * n / world`` is a multiple of
-    ``micro_batch_size_per_gpu``.
-
-    Raises:
-        ValueError: naming the keys and values that do not divide.
-    """
-    world = base.n_gpus_per_node * base.nnodes
-    if base.train_batch_size % base.ppo_mini_batch_size:
-        raise ValueError(f"ppo_mini_batch_size ({base.ppo_mini_batch_size}) must divide train_batch_size "
-                         f"({base.train_batch_size})")
-    if (base.train_batch_size * base.n) % world:
-        raise ValueError(f"train_batch_size * n ({base.train_batch_size * base.n}) must be a multiple of "
-                         f"n_gpus_per_node * nnodes ({world})")
-    mini = base.ppo_mini_batch_size * base.n
-    if mini % world:
-        raise ValueError(f"ppo_mini_batch_size * n ({mini}) must be a multiple of n_gpus_per_node * nnodes ({world})")
-    if (mini // world) % base.micro_batch_size_per_gpu:
-        raise ValueError(f"micro_batch_size_per_gpu ({base.micro_batch_size_per_gpu}) must divide the per-GPU "
-                         f"mini-batch ppo_mini_batch_size * n / (n_gpus_per_node * nnodes) ({mini // world})")
 
 
 class Base(BaseModel):
@@ -173,6 +144,9 @@ class Base(BaseModel):
     def options(self, key: str) -> dict[str, Any]:
         """The engine sub-block ``base.<key>`` (empty when the matrix has none)."""
         return (self.__pydantic_extra__ or {}).get(key) or {}
+
+    _env = field_validator("env")(classmethod(lambda cls, v: check_env(v)))
+    _overrides = field_validator("overrides")(classmethod(lambda cls, v: check_override_form(v)))
 
     @model_validator(mode="after")
     def _check(self) -> "Base":
@@ -313,9 +287,10 @@ class Matrix(BaseModel):
     @field_validator("name")
     @classmethod
     def _name(cls, value: str) -> str:
-        if value in RESERVED_NAMES or value.endswith(SMOKE_SUFFIX):
+        if value in RESERVED_NAMES or value.endswith(SMOKE_SUFFIX) or value.startswith(STORE_PREFIXES):
             raise ValueError(f"{value!r} collides with the harness's own entries under the results folder "
-                             f"({', '.join(RESERVED_NAMES)}, <matrix>{SMOKE_SUFFIX}); choose another name")
+                             f"({', '.join(RESERVED_NAMES)}, {', '.join(p + '*' for p in STORE_PREFIXES)}, "
+                             f"<matrix>{SMOKE_SUFFIX}); choose another name")
         return value
 
     @field_validator("factors", mode="before")
@@ -355,6 +330,12 @@ class Matrix(BaseModel):
     def _cells_and_excludes(self) -> "Matrix":
         if isinstance(self.design, ExplicitDesign):
             self.design.cells = [parse_cell(c, f"design.cells[{i}]") for i, c in enumerate(self.design.cells)]
+            for i, cell in enumerate(self.design.cells):
+                for key, level in cell.items():
+                    if level not in self.factors.get(key, [level] if not self.factors else []):
+                        raise ValueError(f"design.cells[{i}].{key}: {key} at {level} is not among the matrix's "
+                                         f"factors and levels ({self.factors or 'none listed'}); list it under "
+                                         "factors")
         for i, rule in enumerate(self.exclude):
             rule.when = parse_cell(rule.when, f"exclude[{i}].when")
             for key, level in rule.when.items():
@@ -365,6 +346,10 @@ class Matrix(BaseModel):
                 if level not in self.factors[key]:
                     raise ValueError(f"exclude[{i}].when.{key}: level {level} is not among the matrix's levels "
                                      f"{self.factors[key]}; the rule matches no cell")
+                if len(self.factors[key]) == 1:
+                    raise ValueError(f"exclude[{i}].when.{key}: {key} has a single level {self.factors[key]} in this "
+                                     "matrix, so the rule drops every cell or none (vary the factor, or remove "
+                                     f"{key} from the rule)")
         check = getattr(_engines().engine_class(self.engine), "check_options", None)  # the engine's sub-block
         if check is not None:
             check(self.base)

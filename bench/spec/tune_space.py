@@ -185,7 +185,7 @@ def parse_tune(matrix: Matrix, text: str | None = None) -> TuneBlock:
     try:
         return TuneBlock(**matrix.tune)
     except ValidationError as exc:
-        raise BenchError(format_validation_error(src, exc, text or "", prefix="tune")) from None
+        raise BenchError(format_validation_error(src, exc, text or "", prefix="tune", model=TuneBlock)) from None
 
 
 def seq_len(base: Base) -> int:

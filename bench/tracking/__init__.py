@@ -166,13 +166,17 @@ class Tracker:
         run = self.client.create_run(self.experiment_id, run_name=name, start_time=_ms(start_time),
                                      tags=self._tags(tags, description))
         self._log(run.info.run_id, params=params)
+        if not self.parent_alive(run.info.run_id):  # a store that answers but keeps nothing: an outage
+            raise RuntimeError(f"the tracking store did not keep the new parent run {run.info.run_id!r} (writes lost)")
         return run.info.run_id
 
     def parent_alive(self, run_id: str) -> bool:
-        """Whether the parent run exists in this store (resume reuses it)."""
+        """Whether the parent run exists in this store under that id (resume reuses it)."""
+        if not run_id:
+            return False
         try:
-            self.client.get_run(run_id)
-            return True
+            run = self.client.get_run(run_id)
+            return bool(run is not None and run.info.run_id == run_id)
         except Exception:
             return False
 

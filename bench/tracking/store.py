@@ -16,8 +16,13 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_R
                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5"}
 #: seconds the start-up reachability probe of an ``http(s)://`` tracking server may take
 PROBE_TIMEOUT_S = 5.0
-#: URI schemes a tracking URI may use
-SCHEMES = ("sqlite", "http", "https", "file", "postgresql", "mysql", "mssql", "databricks")
+#: URI schemes a tracking URI may use (MLflow 3 no longer opens a ``file:`` store: refused with a hint)
+SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
+#: database schemes -> the Python modules SQLAlchemy may use as their driver (one must be importable)
+DB_DRIVERS = {"postgresql": ("psycopg2", "psycopg", "pg8000"), "mysql": ("pymysql", "MySQLdb", "mysql.connector"),
+              "mssql": ("pyodbc", "pymssql")}
+#: what a tracking URI may be, for messages
+ALLOWED_URIS = "sqlite:///PATH, http(s)://HOST:PORT or a database URL (postgresql://, mysql://, mssql://)"
 
 
 def http_defaults() -> None:
@@ -52,39 +57,17 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
         BenchError: naming ``--tracking-uri``, the URI and what is wrong.
     """
     if not isinstance(uri, str) or not uri.strip() or "\x00" in uri:
-        raise BenchError(f"--tracking-uri {uri!r}: empty or not a URI (allowed: sqlite:///PATH, http(s)://HOST:PORT, "
-                         "file:PATH or a database URL)")
+        raise BenchError(f"--tracking-uri {uri!r}: empty or not a URI (allowed: {ALLOWED_URIS})")
     if in_memory(uri):
         raise BenchError(f"--tracking-uri {uri}: an in-memory database keeps nothing after this process (runs "
                          "would be lost); use sqlite:///PATH or a tracking server")
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+    if scheme == "file" or (scheme == "" and uri.strip()):
+        raise BenchError(f"--tracking-uri {uri}: MLflow {_mlflow_version()} keeps no file store (a folder of runs); "
+                         f"use sqlite:///PATH (allowed: {ALLOWED_URIS})")
     if scheme.split("+", 1)[0] not in SCHEMES:
-        raise BenchError(f"--tracking-uri {uri}: unsupported scheme (allowed: sqlite:///PATH, http(s)://HOST:PORT, "
-                         "file:PATH or a database URL)")
-    db = _sqlite_path(uri)
-    if scheme == "sqlite" and db is None:
-        raise BenchError(f"--tracking-uri {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
-    if db is not None:
-        from bench.paths import check_names
-
-        check_names("--tracking-uri", db)
-        folder = db.parent
-        while not folder.exists() and folder.parent != folder:
-            folder = folder.parent
-        if db.exists():
-            if not db.is_file():
-                raise BenchError(f"--tracking-uri {uri}: {db} is not a file")
-            try:
-                with open(db, "rb") as fh:
-                    head = fh.read(16)
-            except OSError as exc:
-                raise BenchError(f"--tracking-uri {uri}: cannot read {db}: {exc.strerror}") from None
-            if head and head != b"SQLite format 3\x00":
-                raise BenchError(f"--tracking-uri {uri}: {db} is not a SQLite database")
-            if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK | os.X_OK):
-                raise BenchError(f"--tracking-uri {uri}: {db} is not writable")
-        elif not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-            raise BenchError(f"--tracking-uri {uri}: folder {folder} is not writable")
+        raise BenchError(f"--tracking-uri {uri}: unsupported scheme (allowed: {ALLOWED_URIS})")
+    check_database(uri, "--tracking-uri")
     if scheme in ("http", "https"):
         parsed = urllib.parse.urlparse(uri)
         if not parsed.hostname:
@@ -104,6 +87,65 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
             why = getattr(exc, "reason", None) or exc
             raise BenchError(f"--tracking-uri {uri}: tracking server unreachable ({why}); start it, or use "
                              "a sqlite:/// store and `run_bench.py sync` later") from None
+
+
+def check_database(uri: str, flag: str) -> None:
+    """The database part of a store URL, checked without writing anything: for ``sqlite:///PATH`` a file that is a
+    SQLite database (or absent, in a writable folder) with names of legal length; for a database server URL
+    (``postgresql``, ``mysql``, ``mssql``, with an optional ``+driver``) an installed driver. Other URLs pass.
+
+    Raises:
+        BenchError: naming ``flag``, the URL and what is wrong.
+    """
+    scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+    dialect, _, driver = scheme.partition("+")
+    if dialect in DB_DRIVERS:
+        wanted = (driver,) if driver else DB_DRIVERS[dialect]
+        if not any(_importable(m) for m in wanted):
+            raise BenchError(f"{flag} {uri}: no {dialect} driver installed (pip install one of: "
+                             f"{', '.join(wanted)}), or use sqlite:///PATH")
+    db = _sqlite_path(uri)
+    if scheme == "sqlite" and db is None:
+        raise BenchError(f"{flag} {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
+    if db is not None:
+        from bench.paths import check_names
+
+        check_names(flag, db)
+        folder = db.parent
+        while not folder.exists() and folder.parent != folder:
+            folder = folder.parent
+        if db.exists():
+            if not db.is_file():
+                raise BenchError(f"{flag} {uri}: {db} is not a file")
+            try:
+                with open(db, "rb") as fh:
+                    head = fh.read(16)
+            except OSError as exc:
+                raise BenchError(f"{flag} {uri}: cannot read {db}: {exc.strerror}") from None
+            if head and head != b"SQLite format 3\x00":
+                raise BenchError(f"{flag} {uri}: {db} is not a SQLite database")
+            if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK | os.X_OK):
+                raise BenchError(f"{flag} {uri}: {db} is not writable")
+        elif not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise BenchError(f"{flag} {uri}: folder {folder} is not writable")
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _mlflow_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mlflow")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 def _artifact_location(tracking_uri: str, experiment: str) -> str | None:

@@ -118,13 +118,17 @@ def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     return tags, params
 
 
-def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Check, before MLflow is touched, every file a sync reads: ``sweep.json``, each run record
-    (:func:`bench.run_record.read_record`) and each cell's ``spec.json``; returns (sweep meta, cell id -> RunSpec).
+    (:func:`bench.run_record.read_record`) and each cell's ``spec.json``.
+
+    Returns:
+        (sweep meta, cell id -> RunSpec of the cells whose ``spec.json`` is usable, one line per unusable
+        record or spec, records first).
 
     Raises:
-        BenchError: naming the first unusable file and what is wrong (:class:`~bench.run_record.RecordError`
-            for a record; the count of further ones).
+        BenchError: ``sweep.json`` is unusable, or no run at all could be uploaded (every record or spec
+            unusable): the first unusable file is named, with the count of further ones, nothing uploaded.
     """
     from pydantic import ValidationError
 
@@ -134,21 +138,26 @@ def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
     sweep_dir = Path(sweep_dir)
     meta = check_sweep_meta(sweep_dir / SWEEP)
-    bad = corrupt_records(sweep_dir)
-    if bad:
-        more = f" (and {len(bad) - 1} more)" if len(bad) > 1 else ""
-        raise RecordError(f"{bad[0]}{more}; nothing uploaded: fix the file or move its run folder away")
+    problems = corrupt_records(sweep_dir)
     specs = {}
     for entry in meta["plan"]["runs"]:
         path = sweep_dir / entry["cell_id"] / "spec.json"
         try:
             specs[entry["cell_id"]] = RunSpec.model_validate(read_json(path))
-        except ValidationError as exc:
+        except (ValidationError, BenchError) as exc:
+            if isinstance(exc, BenchError):
+                problems.append(str(exc))
+                continue
             err = exc.errors()[0]
             what = ".".join(str(p) for p in err["loc"]) or "the file"
-            raise BenchError(f"{path}: not a usable run spec ({'missing or not JSON' if what == 'the file' else what}"
-                             f": {err['type']})") from None
-    return meta, specs
+            problems.append(f"{path}: not a usable run spec ({'missing or not JSON' if what == 'the file' else what}"
+                            f": {err['type']})")
+    bad_records = {line.split(": ", 1)[0] for line in problems}
+    usable = [r for cid in specs for r in sorted((sweep_dir / cid).glob("r*/record.json")) if str(r) not in bad_records]
+    if problems and not usable:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise RecordError(f"{problems[0]}{more}; nothing uploaded: fix the file or move its run folder away")
+    return meta, specs, problems
 
 
 def sync_sweep(
@@ -157,10 +166,13 @@ def sync_sweep(
     """Upload everything of one sweep that MLflow lacks; returns counts ``{"children", "parents", "closed"}``.
 
     Stops at the first failing MLflow call (the tracker is marked down; the queue file stays). Every file it
-    reads is checked first (:func:`check_sweep_files`): an unusable one is named and nothing is uploaded.
+    reads is checked first (:func:`check_sweep_files`): the usable runs are uploaded, and the unusable records
+    and specs are then named in one error (the queue file stays, the parent stays open until they are fixed);
+    when no run is usable nothing is uploaded.
 
     Raises:
-        BenchError: the folder is not a sweep, or a record or spec cannot be used (the queue file stays).
+        BenchError: the folder is not a sweep, or a record or spec cannot be used (the queue file stays; the
+            other runs are uploaded first).
     """
     from bench.run_record import RecordError, read_record
     from bench.spec.matrix import Matrix
@@ -169,11 +181,11 @@ def sync_sweep(
 
     on_event = on_event or (lambda kind, data: None)
     sweep_dir = Path(sweep_dir)
-    meta, specs = check_sweep_files(sweep_dir)
+    meta, specs, corrupt = check_sweep_files(sweep_dir)
     counts = {"children": 0, "parents": 0, "closed": 0}
     if tracker.down:
         return counts
-    corrupt: list[str] = []
+    named = set(corrupt)
     try:
         with doing(f"syncing {sweep_dir} to MLflow"):
             parent = meta.get("parent_run_id")
@@ -191,7 +203,9 @@ def sync_sweep(
             except Exception:
                 matrix = Matrix.model_construct(**meta["matrix"])
             for entry in meta["plan"]["runs"]:
-                spec = specs[entry["cell_id"]]
+                spec = specs.get(entry["cell_id"])
+                if spec is None:  # its spec.json is unusable (named in corrupt)
+                    continue
                 for k in range(int(meta["plan"].get("repeats", 1))):
                     rdir = run_dir(sweep_dir, spec.cell_id, k)
                     if (rdir / MLFLOW_MARK).exists():
@@ -199,7 +213,8 @@ def sync_sweep(
                     try:
                         rec = read_record(rdir / "record.json")
                     except RecordError as exc:
-                        corrupt.append(str(exc))
+                        if str(exc) not in named:
+                            corrupt.append(str(exc))
                         continue
                     if rec is None:
                         continue

@@ -117,11 +117,9 @@ def resolve_settings(matrix: Matrix, *, results: Path, tracking_uri: str, study:
         url, url_from = block.storage, f"{src}: tune.storage:"
     else:
         url, url_from = default_storage(results), "storage"
-    from bench.tracking.store import in_memory
+    from bench.tune.storage import check_storage
 
-    if in_memory(url):
-        raise BenchError(f"{url_from} {url}: an in-memory database keeps no study after this process (trials would "
-                         "be lost); use sqlite:///PATH, journal:PATH or a database server")
+    check_storage(url, url_from)  # before anything is written
     settings = TuneSettings(matrix, block, platform, space, notes, cell, name, url, url_from, n, t,
                             Path(results), tracking_uri)
     # one real spec as a check: conflicts, exclusions, engine refusals surface now, before anything is written

@@ -32,6 +32,55 @@ def redact(url: str) -> str:
         return url.split("@")[-1] if "@" in url else url
 
 
+#: what an Optuna storage may be, for messages
+ALLOWED_STORAGES = "sqlite:///PATH, journal:PATH, or a database server URL (postgresql://, mysql://)"
+
+
+def check_storage(url: str, where: str = "--storage") -> None:
+    """Check an Optuna storage URL without writing anything: not in memory; ``journal:PATH`` a regular file or
+    absent, in a folder the harness may write (:func:`bench.paths.check_folder`); a SQLAlchemy URL of a known
+    database with its driver installed, a sqlite file that is a database (:func:`bench.tracking.store.check_database`).
+
+    Raises:
+        BenchError: naming ``where``, the URL and what is wrong.
+    """
+    import os
+
+    from bench.paths import check_folder, check_names
+    from bench.tracking.store import DB_DRIVERS, check_database, in_memory
+
+    if not url.strip() or "\x00" in url:
+        raise BenchError(f"{where} {url!r}: empty or not a URL (allowed: {ALLOWED_STORAGES})")
+    if in_memory(url):
+        raise BenchError(f"{where} {url}: an in-memory database keeps no study after this process (trials would "
+                         "be lost); use sqlite:///PATH, journal:PATH or a database server")
+    if url.startswith("journal:"):
+        path = Path(url.removeprefix("journal:").removeprefix("//"))
+        check_names(where, path)
+        if os.path.lexists(path) and not path.is_file():
+            raise BenchError(f"{where} {url}: {path} is not a regular file (a journal is a file)")
+        check_folder(where, path.parent)
+        return
+    dialect = url.split("://", 1)[0].lower().partition("+")[0] if "://" in url else ""
+    if dialect not in ("sqlite", *DB_DRIVERS):
+        raise BenchError(f"{where} {redact(url)}: unsupported storage (allowed: {ALLOWED_STORAGES})")
+    check_database(url, where)
+
+
+def check_tune_block(matrix: Any) -> None:
+    """A matrix's ``tune`` block as every command checks it: its schema (:func:`bench.spec.tune_space.parse_tune`)
+    and the storage it names (:func:`check_storage`).
+
+    Raises:
+        BenchError: naming the file, the key and what is wrong.
+    """
+    from bench.spec.tune_space import parse_tune
+
+    block = parse_tune(matrix)
+    if block.storage:
+        check_storage(block.storage, f"{matrix.source or 'matrix'}: tune.storage:")
+
+
 def open_storage(url: str, where: str = "--storage") -> Any:
     """An Optuna storage: ``journal:PATH`` (journal file) or any SQLAlchemy URL (RDB).
 
