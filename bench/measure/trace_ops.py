@@ -82,11 +82,14 @@ class OpStore:
         """Many events at once (float64 arrays and their names); the same as :meth:`add` for each."""
         if not names:
             return
-        if set(map(type, names)) != {str}:
-            keep = [i for i, n in enumerate(names) if type(n) is str]
-            ts, dur, names = ts[keep], dur[keep], [names[i] for i in keep]
         table = self.names
-        ids = [table.setdefault(n, len(table)) for n in names]
+        try:
+            ids = list(map(table.__getitem__, names))  # known names (the usual case): one C-level lookup each
+        except (KeyError, TypeError):
+            if set(map(type, names)) != {str}:
+                keep = [i for i, n in enumerate(names) if type(n) is str]
+                ts, dur, names = ts[keep], dur[keep], [names[i] for i in keep]
+            ids = [table.setdefault(n, len(table)) for n in names]
         cols = self.dev if thread is None else self._cols(thread)
         cols[0].frombytes(np.ascontiguousarray(ts, dtype=np.float64).tobytes())
         cols[1].frombytes(np.ascontiguousarray(dur, dtype=np.float64).tobytes())
