@@ -77,3 +77,23 @@ def test_the_default_check_is_the_engines_options_model(tmp_path):
             "base.knobs.work: Input should be greater than or equal to 1, got 0")
     finally:
         unregister("with_schema")
+
+
+def test_every_engine_capability_is_read_somewhere():
+    """No dead capability on the interface: every public attribute of ``EngineBase`` is read (``x.attr``, or named
+    as a string as in ``capability(engine, "attr")``) by some module of bench/; a class body that sets it does not
+    count."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "bench"
+    read: set[str] = set()
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Load):
+                read.add(node.attr)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                read.add(node.value)
+    capabilities = {k for k in vars(EngineBase) if not k.startswith("_")}
+    assert {"options_key", "options_model", "forkserver_preload", "startup_text"} <= capabilities
+    assert sorted(capabilities - read) == []

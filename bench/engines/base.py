@@ -58,7 +58,6 @@ class Engine(Protocol):
         forkserver_platforms: platforms on which runs may fork from a warm server (``--spawn`` turns it off).
         forkserver_preload: modules that server imports once before forking runs of this engine.
         supports_smoke: ``run --smoke`` can exercise this engine's launches on a CPU.
-        has_speed_probe: runs log the machine-speed probe (:mod:`bench.speed`) next to each step.
 
     Methods with a default in :class:`EngineBase`: ``check_options`` (validate the engine's ``base``
     sub-block when the matrix is read), ``id_config`` (the run config as it names a cell),
@@ -73,7 +72,6 @@ class Engine(Protocol):
     forkserver_platforms: tuple[str, ...]
     forkserver_preload: tuple[str, ...]
     supports_smoke: bool
-    has_speed_probe: bool
 
     def build(
         self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool
@@ -110,7 +108,6 @@ class EngineBase:
     forkserver_platforms: tuple[str, ...] = ()
     forkserver_preload: tuple[str, ...] = ()
     supports_smoke: bool = False
-    has_speed_probe: bool = False
 
     #: the schema of the ``base.<options_key>`` block (a pydantic model, e.g. with ``extra="forbid"``), checked
     #: by the default :meth:`check_options`; ``None``: no schema (or an own :meth:`check_options`)
