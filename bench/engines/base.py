@@ -15,7 +15,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism
@@ -52,12 +52,12 @@ class Engine(Protocol):
         name: the ``engine:`` value of a matrix file.
         options_key: the key under ``base`` holding this engine's own settings, or ``None``: a matrix may
             then hold a mapping ``base.<options_key>`` (any matrix, whatever its engine; empty by default),
-            which this engine reads with ``base.options(options_key)`` and checks with ``check_options``.
+            which this engine reads with ``base.options(options_key)`` and checks with ``check_options``
+            (by default against its pydantic ``options_model``).
         shows_config: ``--dry-run`` prints the run config the launch writes (the embedded run config).
         forkserver_platforms: platforms on which runs may fork from a warm server (``--spawn`` turns it off).
         forkserver_preload: modules that server imports once before forking runs of this engine.
         supports_smoke: ``run --smoke`` can exercise this engine's launches on a CPU.
-        has_speed_probe: runs log the machine-speed probe (:mod:`bench.speed`) next to each step.
 
     Methods with a default in :class:`EngineBase`: ``check_options`` (validate the engine's ``base``
     sub-block when the matrix is read), ``id_config`` (the run config as it names a cell),
@@ -72,7 +72,6 @@ class Engine(Protocol):
     forkserver_platforms: tuple[str, ...]
     forkserver_preload: tuple[str, ...]
     supports_smoke: bool
-    has_speed_probe: bool
 
     def build(
         self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool
@@ -109,16 +108,29 @@ class EngineBase:
     forkserver_platforms: tuple[str, ...] = ()
     forkserver_preload: tuple[str, ...] = ()
     supports_smoke: bool = False
-    has_speed_probe: bool = False
+
+    #: the schema of the ``base.<options_key>`` block (a pydantic model, e.g. with ``extra="forbid"``), checked
+    #: by the default :meth:`check_options`; ``None``: no schema (or an own :meth:`check_options`)
+    options_model: type[BaseModel] | None = None
 
     @classmethod
     def check_options(cls, base: Base) -> None:
-        """Check this engine's sub-block ``base.options(options_key)`` when a matrix of this engine is read
-        (its own schema: keys, types, ranges); default: nothing to check.
+        """Check this engine's sub-block ``base.options(options_key)`` when a matrix of this engine is read:
+        by default against :attr:`options_model` (nothing to check without one); an engine whose block needs
+        more (values that must agree with ``base``) overrides this.
 
         Raises:
-            ValueError: naming ``base.<options_key>.<key>``, the bad value and what is allowed.
+            ValueError: naming ``base.<options_key>.<key>``, what is wrong and the value given.
         """
+        if cls.options_model is None or not cls.options_key:
+            return
+        try:
+            cls.options_model.model_validate(base.options(cls.options_key))
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = ".".join(["base", cls.options_key, *map(str, err["loc"])])
+            raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}, got {err.get('input')!r}") \
+                from None
 
     @staticmethod
     def id_config(config: dict[str, Any]) -> dict[str, Any]:

@@ -117,7 +117,6 @@ class EmbeddedEngine(EngineBase):
     forkserver_preload = ("torch", "transformers", "verl.trainer.ppo.core_algos", "verl.utils.seqlen_balancing",
                           "verl.utils.tracking", "bench.engines.embedded.run")
     supports_smoke = False
-    has_speed_probe = True
 
     @staticmethod
     def placeholders() -> dict[str, str]:
