@@ -116,9 +116,10 @@ class VersionedExecutor:
         self.side = side_by_side
         if side_by_side is not None:  # the sweep's block loop runs a block's runs through it (two at once)
             self.run_block = lambda items, run_one: side_by_side.run_block(items, run_one, on_interrupt=self.close)
-            # started here, in the harness's main thread: a fork server dies with the thread that started it
-            # (PR_SET_PDEATHSIG), and the threads of a side-by-side block end with the block
-            self.executors = {v: make(root) for v, root in roots.items()}
+        # every version's executor started here, at once, in the harness's main thread: the fork servers import in
+        # parallel (measured: the second version's lazy start cost 17-27 s of a 100 s gate), and a fork server dies
+        # with the thread that started it (PR_SET_PDEATHSIG; the threads of a side-by-side block end with the block)
+        self.executors = {v: make(root) for v, root in roots.items()}
 
     def execute(self, launch: ResolvedLaunch) -> ExecResult:
         """Run ``launch`` with the executor of its version.

@@ -88,6 +88,27 @@ def _make_repo(dst: Path) -> Path:
     return dst
 
 
+def _interrupt_when(cmd: list[str], repo: Path, env: dict, results: Path, name: str, count: int) -> tuple[int, str]:
+    """Start the gate and send it Ctrl-C once ``count`` run folders hold ``name``; its exit code and output.
+
+    Ctrl-C reaches the harness as in a terminal, also when pytest itself was started in the background (a shell
+    starts background jobs with SIGINT ignored, and an ignored signal stays ignored across exec)."""
+    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        deadline = time.time() + 400
+        while len(list(results.glob(f"gate_e2e/2*/*/r*/{name}"))) < count and time.time() < deadline:
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out
+
+
 @pytest.mark.slow
 def test_interleaved_gate_with_a_git_revision_as_baseline_resumes(tmp_path):
     repo = _make_repo(tmp_path / "repo")
@@ -97,22 +118,8 @@ def test_interleaved_gate_with_a_git_revision_as_baseline_resumes(tmp_path):
            "--interleave", "HEAD~1", "--matrix", str(tmp_path / "m.yaml"), "--blocks", "2", "--order-seed", "3"]
     env = {**os.environ, "PYTHONPATH": str(repo)}
     # 1st invocation: interrupted (Ctrl-C) once two runs have finished
-    # Ctrl-C reaches the harness as in a terminal, also when pytest itself was started in the background (a shell
-    # starts background jobs with SIGINT ignored, and an ignored signal stays ignored across exec)
-    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline = time.time() + 400
-        while len(list(results.glob("gate_e2e/2*/*/r*/record.json"))) < 2 and time.time() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.5)
-        proc.send_signal(signal.SIGINT)
-        out1, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, out1
+    rc1, out1 = _interrupt_when(cmd, repo, env, results, "record.json", 2)
+    assert rc1 == 130, out1
     assert len(_git(repo, "worktree", "list").strip().splitlines()) == 1, "temporary worktree left behind"
     (sweep,) = [p for p in (results / "gate_e2e").iterdir() if p.name[0].isdigit()]
     first = {p: p.read_text() for p in sweep.glob("*/r*/record.json")}
@@ -167,20 +174,8 @@ def test_side_by_side_gate_runs_both_versions_at_once_on_two_cpus_and_resumes(tm
            "--interleave", "HEAD~1", "--matrix", str(tmp_path / "m.yaml"), "--blocks", "2", "--order-seed", "5",
            "--side-by-side"]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    proc = subprocess.Popen(cmd, cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    try:
-        deadline = time.time() + 400
-        while len(list(results.glob("gate_e2e/2*/*/r*/affinity.json"))) < 4 and time.time() < deadline:
-            assert proc.poll() is None, proc.stdout.read()
-            time.sleep(0.2)
-        proc.send_signal(signal.SIGINT)  # block 1's runs have started
-        out1, _ = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, out1
+    rc1, out1 = _interrupt_when(cmd, repo, env, results, "affinity.json", 4)  # block 1's runs have started
+    assert rc1 == 130, out1
     (sweep,) = [p for p in (results / "gate_e2e").iterdir() if p.name[0].isdigit()]
     first = {p: p.read_text() for p in sweep.glob("*/r*/record.json")}
     assert {p.parent.name for p in first} <= {"r0", "r0-baseline", "r1", "r1-baseline"}
