@@ -158,8 +158,11 @@ def fixed_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0.0
     from bench.analyze.sequential import EffectsStopRule
     from bench.results import load_records
 
-    look = EffectsStopRule(1, threshold=threshold, alpha=alpha, claims=prep.matrix.expect).after_block(
-        load_records(sweep_dir), 1)
+    try:  # an informational line after a finished sweep: a failure here must not fail the sweep
+        look = EffectsStopRule(1, threshold=threshold, alpha=alpha, claims=prep.matrix.expect).after_block(
+            load_records(sweep_dir), 1)
+    except Exception as exc:  # noqa: BLE001
+        return f"verdicts of this fixed design: not computed ({type(exc).__name__}: {exc})"
     if not look.decisions:
         return None
     text = "; ".join(d.text() for d in look.decisions)
