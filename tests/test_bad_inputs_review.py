@@ -84,6 +84,7 @@ MATRICES: dict[str, tuple[str, str | tuple[str, ...]]] = {
     "embedded_lr_zero": (_base(embedded="{lr: 0}"), ("base.embedded.lr", "must be greater than 0")),
     "embedded_lr_text": (_base(embedded="{lr: fast}"), ("base.embedded.lr", "expected a number")),
     "tune_key_misspelled": (GOOD + "tune:\n  spaec: {}\n", ("tune.spaec", "did you mean 'space'")),
+    "tune_param_key_misspelled": (GOOD + TUNE.replace("high: 4", "hgh: 4"), ("hgh", "did you mean 'high'")),
     "tune_unknown_key_lists_allowed": (GOOD + "tune:\n  direction: up\n" + TUNE[len("tune:\n"):],
                                        ("tune.direction", "allowed:")),
     "expect_unknown_key_lists_allowed": (GOOD + "expect:\n  - {factor: dynamic_bsz, effct: faster}\n",

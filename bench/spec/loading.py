@@ -63,8 +63,10 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model that holds the last key of ``loc`` (for "did you mean" among its fields)."""
+    keyed = False  # the previous part was a mapping field: this part is one of its keys, not a field
     for part in loc[:-1]:
-        if not isinstance(part, str):
+        if keyed or not isinstance(part, str):
+            keyed = False
             continue
         field = model.model_fields.get(part)
         if field is None:
@@ -75,7 +77,7 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
             cands += [b for b in typing.get_args(a) if isinstance(b, type) and issubclass(b, BaseModel)]
         if not cands:
             return None
-        model = cands[0]
+        model, keyed = cands[0], typing.get_origin(ann) is dict
     return model
 
 
