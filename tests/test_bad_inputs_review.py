@@ -5,6 +5,7 @@ first pass left: data paths checked before the sweep, the default step plan leav
 on a single-level factor, ``sync`` uploading the good records of a sweep that has a bad one, a tracking store that
 answers but keeps nothing.
 """
+# ruff: noqa: F811 - the fixtures box and sweep_box come from _badinput; tests take them as parameters
 
 from __future__ import annotations
 
@@ -14,28 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from _badinput import GOOD, check_refused
-
-
-def _base(**kv: object) -> str:
-    """GOOD with ``base`` keys set (values as YAML text)."""
-    out = []
-    for line in GOOD.splitlines():
-        if line.startswith("  ") and line.strip().split(":")[0] in kv:
-            continue
-        out.append(line)
-        if line == "base:":
-            out += [f"  {k}: {v}" for k, v in kv.items()]
-    return "\n".join(out) + "\n"
-
-
-@pytest.fixture()
-def box(tmp_path, monkeypatch):
-    """A fresh working folder; no MLflow variable, the test variable unset."""
-    monkeypatch.chdir(tmp_path)
-    for var in ("MLFLOW_TRACKING_URI", "GITHUB_STEP_SUMMARY", "BENCH_TEST_SURELY_UNSET_VAR"):
-        monkeypatch.delenv(var, raising=False)
-    return tmp_path
+from _badinput import GOOD, box, check_refused, edit_json, give_specs, sweep_box  # noqa: F401 - fixtures
+from _badinput import base as _base
 
 
 def _write(box: Path, text: str, name: str = "m.yaml") -> str:
@@ -177,13 +158,6 @@ def test_gate_interleave_checks_its_results_folder(box, capsys):
 
 # -- the results files and the commands that read them --------------------------------------------------------------
 
-@pytest.fixture()
-def sweep_box(box):
-    """A results folder with a real-shaped synthetic sweep ``synth`` (2 cells x 2 repeats)."""
-    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
-
-    make_sweep(box / "res", "synth", EMBEDDED_CELLS[:2], repeats=2, seed=1)
-    return box
 
 
 def _sweep(box: Path) -> Path:
@@ -194,10 +168,6 @@ def _record(box: Path) -> Path:
     return sorted(_sweep(box).glob("*/r0/record.json"))[0]
 
 
-def _edit(path: Path, fn) -> None:
-    data = json.loads(path.read_text())
-    fn(data)
-    path.write_text(json.dumps(data))
 
 
 RECORDS = {
@@ -218,7 +188,7 @@ READERS = {
 @pytest.mark.parametrize("case", sorted(RECORDS))
 def test_wrong_record_is_named(sweep_box, capsys, case, command):
     rec = _record(sweep_box)
-    _edit(rec, RECORDS[case][0])
+    edit_json(rec, RECORDS[case][0])
     check_refused(sweep_box, [*READERS[command], "--results", "res"], capsys, ("record.json", RECORDS[case][1]))
 
 
@@ -232,7 +202,7 @@ SWEEPS = {
 @pytest.mark.parametrize("command", sorted(READERS) + ["sync"])
 @pytest.mark.parametrize("case", sorted(SWEEPS))
 def test_wrong_sweep_file_is_named(sweep_box, capsys, case, command):
-    _edit(_sweep(sweep_box) / "sweep.json", SWEEPS[case][0])
+    edit_json(_sweep(sweep_box) / "sweep.json", SWEEPS[case][0])
     argv = [*(READERS.get(command) or ["sync", "synth"]), "--results", "res"]
     check_refused(sweep_box, argv, capsys, ("sweep.json", SWEEPS[case][1]))
 
@@ -270,13 +240,6 @@ def test_baseline_list_names_an_unusable_file(sweep_box, capsys):
     check_refused(sweep_box, ["baseline", "list", "--results", "res"], capsys, "bad.json")
 
 
-def _give_specs(sweep: Path) -> None:
-    """The synthetic sweep has no spec.json: give each cell one (as a real sweep has)."""
-    meta = json.loads((sweep / "sweep.json").read_text())
-    for run in meta["plan"]["runs"]:
-        spec = {k: run[k] for k in ("cell_id", "levels", "cells", "not_applicable")}
-        spec.update(engine="embedded", platform="cpu", launch={"argv": ["true"]}, timeout_s=60.0)
-        (sweep / run["cell_id"] / "spec.json").write_text(json.dumps(spec))
 
 
 def test_sync_uploads_the_good_records_and_names_the_bad_one(sweep_box, capsys):
@@ -286,7 +249,7 @@ def test_sync_uploads_the_good_records_and_names_the_bad_one(sweep_box, capsys):
     from bench.tracking.upload_queue import QUEUE
 
     sweep = _sweep(sweep_box)
-    _give_specs(sweep)
+    give_specs(sweep)
     (sweep / QUEUE).write_text("{}")
     rec = _record(sweep_box)
     good = rec.read_text()
@@ -313,7 +276,7 @@ def test_sync_of_every_sweep_goes_on_past_a_bad_one(sweep_box, capsys):
 
     other = make_sweep(sweep_box / "res", "other", EMBEDDED_CELLS[:1], repeats=1, seed=2)
     for sweep in (_sweep(sweep_box), other):
-        _give_specs(sweep)
+        give_specs(sweep)
         (sweep / QUEUE).write_text("{}")
     for rec in _sweep(sweep_box).glob("*/r*/record.json"):
         rec.write_text("{")
