@@ -179,9 +179,15 @@ class ResultsDir:
         return sorted(p for p in self.base.iterdir() if not p.is_symlink() and p.is_dir() and (p / SWEEP).exists())
 
     def find_resumable(self, fingerprint: str, platform: str) -> Path | None:
-        """The newest sweep of the same matrix content and platform, or ``None``."""
+        """The newest sweep of the same matrix content and platform, or ``None``. A sweep whose ``sweep.json``
+        is unusable is never resumed: what is wrong is added to :attr:`unusable` (the sweep names it)."""
+        self.unusable: list[str] = []
         for sweep in reversed(self.sweeps()):
-            meta = read_json(sweep / SWEEP) or {}
+            try:
+                meta = check_sweep_meta(sweep / SWEEP)
+            except BenchError as exc:
+                self.unusable.append(str(exc))
+                continue
             if meta.get("fingerprint") == fingerprint and meta.get("platform") == platform:
                 return sweep
         return None

@@ -345,3 +345,19 @@ def test_bad_tune_storage_is_refused_before_anything_is_written(box, capsys, cas
     if command == "tune":
         check_refused(box, ["tune", "m.yaml", "--results", "res", "--storage", value.strip("'")], capsys,
                       ("--storage", expected))
+
+
+@pytest.mark.parametrize("bad", ["{", '{"plan": {"runs": []}, "fingerprint": "f"}', "[1]"])
+def test_resume_names_an_unusable_sweep_file_and_never_resumes_it(sweep_box, bad):
+    """Resume reads each earlier sweep's ``sweep.json`` through its validator: a truncated or wrong one is named
+    (the sweep warns with it) and never resumed, whatever its fingerprint."""
+    from bench.results import ResultsDir
+
+    good = _sweep(sweep_box)
+    meta = json.loads((good / "sweep.json").read_text())
+    broken = good.parent / "29990101-000000-broken"
+    broken.mkdir()
+    (broken / "sweep.json").write_text(bad)
+    rd = ResultsDir(sweep_box / "res", "synth")
+    assert rd.find_resumable(meta["fingerprint"], meta["platform"]) == good
+    assert len(rd.unusable) == 1 and str(broken / "sweep.json") in rd.unusable[0]
