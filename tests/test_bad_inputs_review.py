@@ -361,3 +361,46 @@ def test_resume_names_an_unusable_sweep_file_and_never_resumes_it(sweep_box, bad
     rd = ResultsDir(sweep_box / "res", "synth")
     assert rd.find_resumable(meta["fingerprint"], meta["platform"]) == good
     assert len(rd.unusable) == 1 and str(broken / "sweep.json") in rd.unusable[0]
+
+
+IGNORED = {  # options that would be ignored without the one they act with
+    "smoke_steps_without_smoke": (["run", "m.yaml", "--smoke-steps", "3"], "only with --smoke"),
+    "threshold_without_a_plan": (["run", "m.yaml", "--threshold", "0.1"], "only with --sequential"),
+    "alpha_without_a_plan": (["run", "m.yaml", "--alpha=0.1"], "only with --sequential"),
+    "parallel_without_ray_dry_run": (["run", "m.yaml", "--parallel", "auto", "--dry-run"], "only with --ray-address"),
+    "order_seed_with_sequential_order": (["run", "m.yaml", "--order", "sequential", "--order-seed", "3"],
+                                         "only with --order blocked"),
+    **{f"gate_{opt[2:].replace('-', '_')}_without_interleave": (
+        ["gate", "--baseline", "synth", "--candidate", "synth", opt, *([value] if value else [])],
+        "only with --interleave") for opt, value in (("--set", "base.steps=4"), ("--blocks", "4"),
+                                                     ("--budget", "5m"), ("--force", ""), ("--spawn", ""),
+                                                     ("--order-seed", "3"))},
+}
+
+
+@pytest.mark.parametrize("case", sorted(IGNORED))
+def test_an_option_that_would_be_ignored_is_refused(sweep_box, capsys, case):
+    argv, expected = IGNORED[case]
+    _write(sweep_box, GOOD)
+    check_refused(sweep_box, [*argv, "--results", "res"], capsys, (argv[2].split("=")[0] if argv[0] == "run" else "", expected))
+
+
+BASELINES = {
+    "nan_sample": (float("nan"), "not a finite number"),
+    "negative_sample": (-1.0, "is negative"),
+    "infinite_sample": (float("inf"), "not a finite number"),
+}
+
+
+@pytest.mark.parametrize("command", ["gate", "compare", "show"])
+@pytest.mark.parametrize("case", sorted(BASELINES))
+def test_a_baseline_with_a_bad_sample_is_named(sweep_box, capsys, case, command):
+    """A stored baseline's samples are finite and not negative (a NaN made the gate pass without a word)."""
+    from bench.baseline import save
+
+    out, _, _ = save("synth", "bl", sweep_box / "res", None)
+    value, expected = BASELINES[case]
+    edit_json(out, lambda d: d["cells"][0]["repeats"][0]["samples"]["step_time"].__setitem__(0, value))
+    argv = {"gate": ["gate", "--baseline", "bl", "--candidate", "synth"], "compare": ["compare", "bl", "synth"],
+            "show": ["baseline", "show", "bl"]}[command]
+    check_refused(sweep_box, [*argv, "--results", "res"], capsys, ("bl.json", "not a valid baseline", expected))
