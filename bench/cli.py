@@ -54,7 +54,7 @@ _PLANNED = ("--sequential", "--precision", "--budget")
 #: given alone they would be ignored without a word
 NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
     "run": {"--smoke-steps": ("--smoke",), "--threshold": _PLANNED, "--alpha": _PLANNED,
-            "--parallel": ("--ray-address",), "--json": ("--dry-run",), "--verbose": ("--dry-run",)},
+            "--json": ("--dry-run",), "--verbose": ("--dry-run",)},
     "gate": {opt: ("--interleave",) for opt in ("--set", "--blocks", "--budget", "--force", "--spawn", "--order-seed")},
 }
 #: subcommands that write to the MLflow store (its URI is checked before anything else happens)
@@ -130,6 +130,8 @@ def check_flag_combinations(command: str, argv: list[str], args: argparse.Namesp
     for opt, partners in NEEDS.get(command, {}).items():
         if given(opt) and not any(given(p) for p in partners):
             raise BenchError(f"{opt}: only with {' or '.join(partners)} (alone it would be ignored)")
+    if command == "run" and getattr(args, "parallel", None) is not None and not getattr(args, "ray_address", None):
+        raise BenchError(f"--parallel {args.parallel}: needs --ray-address (the Ray cluster whose nodes run the runs)")
     if command == "run" and given("--order-seed") and getattr(args, "order", "blocked") != "blocked":
         raise BenchError("--order-seed: only with --order blocked (a sequential order has no shuffle)")
 

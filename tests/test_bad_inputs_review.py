@@ -367,7 +367,7 @@ IGNORED = {  # options that would be ignored without the one they act with
     "smoke_steps_without_smoke": (["run", "m.yaml", "--smoke-steps", "3"], "only with --smoke"),
     "threshold_without_a_plan": (["run", "m.yaml", "--threshold", "0.1"], "only with --sequential"),
     "alpha_without_a_plan": (["run", "m.yaml", "--alpha=0.1"], "only with --sequential"),
-    "parallel_without_ray_dry_run": (["run", "m.yaml", "--parallel", "auto", "--dry-run"], "only with --ray-address"),
+    "parallel_without_ray_dry_run": (["run", "m.yaml", "--parallel", "auto", "--dry-run"], "needs --ray-address"),
     "order_seed_with_sequential_order": (["run", "m.yaml", "--order", "sequential", "--order-seed", "3"],
                                          "only with --order blocked"),
     **{f"gate_{opt[2:].replace('-', '_')}_without_interleave": (
@@ -382,7 +382,8 @@ IGNORED = {  # options that would be ignored without the one they act with
 def test_an_option_that_would_be_ignored_is_refused(sweep_box, capsys, case):
     argv, expected = IGNORED[case]
     _write(sweep_box, GOOD)
-    check_refused(sweep_box, [*argv, "--results", "res"], capsys, (argv[2].split("=")[0] if argv[0] == "run" else "", expected))
+    flag = argv[2].split("=")[0] if argv[0] == "run" else ""
+    check_refused(sweep_box, [*argv, "--results", "res"], capsys, (flag, expected))
 
 
 BASELINES = {
