@@ -232,6 +232,9 @@ class EmbeddedEngine(EngineBase):
                 f"base.embedded: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(RunConfig.model_fields))})"
             )
         config.update(base.embedded)
+        for key in ("model", "data"):  # the sub-block's own paths: checked and resolved like base's
+            if base.embedded.get(key) is not None:
+                config[key] = _check_source(key, str(base.embedded[key]), f"base.embedded.{key}", strict)
         config.update({k: _fill(v, ctx) for k, v in mechanism.config.items()})
         try:
             config = RunConfig.model_validate(config).model_dump()
