@@ -132,12 +132,18 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-def check_writable(root: Path) -> None:
-    """Fail early, writing nothing, when ``root`` (or its nearest existing parent) is not writable.
+def check_writable(root: Path, matrix_name: str | None = None) -> None:
+    """Fail early, writing nothing, when ``root`` (or its nearest existing parent) is not writable, or (given
+    ``matrix_name``) when ``<root>/<matrix_name>`` or its ``latest`` is not what the harness made there
+    (:func:`bench.paths.check_matrix_folder`).
 
     Raises:
         BenchError: naming the folder.
     """
+    if matrix_name is not None:
+        from bench.paths import check_matrix_folder
+
+        check_matrix_folder(root, matrix_name)
     root = Path(root)
     probe = root
     while not probe.exists():

@@ -90,6 +90,16 @@ def queue_upload(sweep_dir: Path, tracking_uri: str, reason: str, parent_finish:
         pass
 
 
+def queued_line(sweep_dir: Path) -> str | None:
+    """The console line of a sweep whose uploads are queued (an outage, or a store that kept nothing), or ``None``
+    when nothing is pending."""
+    if not pending(sweep_dir):
+        return None
+    why = read_queue(sweep_dir).get("reason") or "the store did not take the uploads"
+    return (f"MLflow: not uploaded ({why}); queued in {sweep_dir}: run `run_bench.py sync {sweep_dir}` when the "
+            "store is back")
+
+
 def pending(sweep_dir: Path) -> bool:
     """Whether the sweep has a queue file (uploads pending)."""
     return (Path(sweep_dir) / QUEUE).exists()
@@ -284,5 +294,5 @@ def sync_matrix(base: Path, tracker, skip: Path | None = None,
     return total
 
 
-__all__ = ["QUEUE", "MLFLOW_MARK", "read_queue", "queue_upload", "pending", "sync_sweep", "sync_matrix",
+__all__ = ["QUEUE", "MLFLOW_MARK", "read_queue", "queue_upload", "pending", "queued_line", "sync_sweep", "sync_matrix",
            "check_sweep_files"]
