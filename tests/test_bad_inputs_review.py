@@ -405,3 +405,10 @@ def test_a_baseline_with_a_bad_sample_is_named(sweep_box, capsys, case, command)
     argv = {"gate": ["gate", "--baseline", "bl", "--candidate", "synth"], "compare": ["compare", "bl", "synth"],
             "show": ["baseline", "show", "bl"]}[command]
     check_refused(sweep_box, [*argv, "--results", "res"], capsys, ("bl.json", "not a valid baseline", expected))
+
+
+def test_gate_interleave_checks_the_tune_block_too(box, capsys):
+    """One validation pass: the tune block of ``gate --interleave --matrix`` is checked like ``run``'s."""
+    _write(box, GOOD + TUNE.replace("tune:\n", "tune:\n  storage: 'journal:/dev/null'\n"))
+    check_refused(box, ["gate", "--interleave", "HEAD", "--matrix", "m.yaml", "--results", "res"], capsys,
+                  ("tune.storage", "not a regular file"))
