@@ -69,7 +69,9 @@ def resolve_baseline(ref: str, results: Path) -> Path:
     if _NAME.match(ref) and cand.is_file():
         return cand
     known = sorted(x.stem for x in baselines_dir(results).glob("*.json")) if baselines_dir(results).is_dir() else []
-    raise BenchError(f"--baseline {ref}: unknown baseline (no file {cand}; known: "
+    from bench.errors import did_you_mean
+
+    raise BenchError(f"--baseline {ref}: unknown baseline{did_you_mean(ref, known)} (no file {cand}; known: "
                      f"{', '.join(known) or 'none, save one with `run_bench.py baseline save SWEEP --name NAME`'})")
 
 

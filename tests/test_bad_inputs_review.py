@@ -412,3 +412,11 @@ def test_gate_interleave_checks_the_tune_block_too(box, capsys):
     _write(box, GOOD + TUNE.replace("tune:\n", "tune:\n  storage: 'journal:/dev/null'\n"))
     check_refused(box, ["gate", "--interleave", "HEAD", "--matrix", "m.yaml", "--results", "res"], capsys,
                   ("tune.storage", "not a regular file"))
+
+
+def test_baseline_name_near_miss(sweep_box, capsys):
+    from bench.baseline import save
+
+    save("synth", "main", sweep_box / "res", None)
+    check_refused(sweep_box, ["gate", "--baseline", "mian", "--candidate", "synth", "--results", "res"], capsys,
+                  ("--baseline mian", "did you mean 'main'"))
