@@ -40,7 +40,8 @@ factors:
 #: fragments that only a library's own wording would contain (never shown to the user)
 LIBRARY_TEXT = ("Unable to extract tag", "Input should be a valid dictionary", "Generators are not valid",
                 "exceeded maximum size", "validation error for", "pydantic", "For further information visit",
-                "Traceback", "sqlalchemy", "yaml.constructor")
+                "Traceback", "sqlalchemy", "yaml.constructor", "Input should be", "after validation",
+                "could not determine a constructor", "Can't load plugin", "maintenance mode", "tag:yaml.org")
 
 
 def tree(folder: Path) -> dict[str, tuple[int, int]]:
