@@ -158,10 +158,12 @@ def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any], 
             if isinstance(exc, BenchError):
                 problems.append(str(exc))
                 continue
+            from bench.spec.loading import value_message
+
             err = exc.errors()[0]
-            what = ".".join(str(p) for p in err["loc"]) or "the file"
-            problems.append(f"{path}: not a usable run spec ({'missing or not JSON' if what == 'the file' else what}"
-                            f": {err['type']})")
+            what = ".".join(str(p) for p in err["loc"])
+            problems.append(f"{path}: not a usable run spec ("
+                            + (f"{what}: {value_message(err)})" if what else "missing or not JSON)"))
     bad_records = {line.split(": ", 1)[0] for line in problems}
     usable = [r for cid in specs for r in sorted((sweep_dir / cid).glob("r*/record.json")) if str(r) not in bad_records]
     if problems and not usable:
