@@ -420,3 +420,19 @@ def test_baseline_name_near_miss(sweep_box, capsys):
     save("synth", "main", sweep_box / "res", None)
     check_refused(sweep_box, ["gate", "--baseline", "mian", "--candidate", "synth", "--results", "res"], capsys,
                   ("--baseline mian", "did you mean 'main'"))
+
+
+def test_sync_names_an_unusable_spec_and_uploads_the_other_cell(sweep_box, capsys):
+    from bench.cli import main
+    from bench.tracking.upload_queue import QUEUE
+
+    sweep = _sweep(sweep_box)
+    give_specs(sweep)
+    (sweep / QUEUE).write_text("{}")
+    spec = sorted(sweep.glob("*/spec.json"))[0]
+    edit_json(spec, lambda d: d.update(cell_id=5))
+    rc = main(["sync", "synth", "--results", "res", "--tracking-uri", f"sqlite:///{sweep_box}/res/mlflow.db"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and str(spec) in lines[0] and "cell_id: expected a string" in lines[0], err
+    assert len(list(sweep.glob("*/r*/mlflow.json"))) == 2 and not list(spec.parent.glob("r*/mlflow.json"))
