@@ -69,7 +69,9 @@ def resolve_baseline(ref: str, results: Path) -> Path:
     if _NAME.match(ref) and cand.is_file():
         return cand
     known = sorted(x.stem for x in baselines_dir(results).glob("*.json")) if baselines_dir(results).is_dir() else []
-    raise BenchError(f"--baseline {ref}: unknown baseline (no file {cand}; known: "
+    from bench.errors import did_you_mean
+
+    raise BenchError(f"--baseline {ref}: unknown baseline{did_you_mean(ref, known)} (no file {cand}; known: "
                      f"{', '.join(known) or 'none, save one with `run_bench.py baseline save SWEEP --name NAME`'})")
 
 
@@ -106,11 +108,14 @@ def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
     """
     from pydantic import BaseModel, ConfigDict, ValidationError
 
+    from bench.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
+    from bench.spec.loading import value_message
+
     class _Repeat(BaseModel):
         model_config = ConfigDict(extra="allow")
         repeat: int | None = None
         status: str | None = None
-        samples: dict[str, list[float | None]]
+        samples: dict[str, list[Seconds | None]]
 
     class _Cell(BaseModel):
         model_config = ConfigDict(extra="allow")
@@ -135,7 +140,7 @@ def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(x) for x in err["loc"])
-        raise BenchError(f"{path}: not a valid baseline: {key}: {err['msg']}") from None
+        raise BenchError(f"{path}: not a valid baseline: {key}: {value_message(err)}") from None
 
 
 def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, force: bool = False,

@@ -49,6 +49,14 @@ FLAG_RANGES: dict[str, tuple[float, float, bool]] = {
     "order_seed": (0, 2**32 - 1, True),
     "smoke_steps": (1, 10, True),
 }
+_PLANNED = ("--sequential", "--precision", "--budget")
+#: options that only act together with another one (subcommand -> option -> any of these must be given too):
+#: given alone they would be ignored without a word
+NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
+    "run": {"--smoke-steps": ("--smoke",), "--threshold": _PLANNED, "--alpha": _PLANNED,
+            "--json": ("--dry-run",), "--verbose": ("--dry-run",)},
+    "gate": {opt: ("--interleave",) for opt in ("--set", "--blocks", "--budget", "--force", "--spawn", "--order-seed")},
+}
 #: subcommands that write to the MLflow store (its URI is checked before anything else happens)
 WRITES_MLFLOW = ("run", "tune", "sync")
 #: options of every subcommand that take a value (to find the subcommand when options come first)
@@ -109,6 +117,25 @@ def check_flag_ranges(args: argparse.Namespace) -> None:
                 raise BenchError(f"{flag} {value}: allowed range {bracket}{low}, {high}]")
 
 
+def check_flag_combinations(command: str, argv: list[str], args: argparse.Namespace) -> None:
+    """Refuse an option that would be ignored: one of :data:`NEEDS` given without what it acts with, and a
+    ``run --order-seed`` with ``--order sequential`` (which has no shuffle).
+
+    Raises:
+        BenchError: naming the option and what it needs.
+    """
+    def given(opt: str) -> bool:
+        return any(a == opt or a.startswith(opt + "=") for a in argv)
+
+    for opt, partners in NEEDS.get(command, {}).items():
+        if given(opt) and not any(given(p) for p in partners):
+            raise BenchError(f"{opt}: only with {' or '.join(partners)} (alone it would be ignored)")
+    if command == "run" and getattr(args, "parallel", None) is not None and not getattr(args, "ray_address", None):
+        raise BenchError(f"--parallel {args.parallel}: needs --ray-address (the Ray cluster whose nodes run the runs)")
+    if command == "run" and given("--order-seed") and getattr(args, "order", "blocked") != "blocked":
+        raise BenchError("--order-seed: only with --order blocked (a sequential order has no shuffle)")
+
+
 def check_paths_and_uri(args: argparse.Namespace) -> None:
     """Paths and the tracking URI, checked before any subcommand writes anything: ``--results`` and ``--out``
     (:func:`bench.paths.check_folder`), and the tracking URI of a subcommand that writes to MLflow (reachability
@@ -133,10 +160,7 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
         value = getattr(args, flag, None)
         if isinstance(value, str) and not value.strip():
             raise BenchError(f"--{flag.replace('_', '-')} {value!r}: empty (leave the option out for the default)")
-    if command == "run" and not dry:
-        given = [f for f in ("json", "verbose") if getattr(args, f, False)]
-        if given:
-            raise BenchError(f"--{given[0]}: only with --dry-run (it changes what the dry run prints)")
+
     if getattr(args, "out", None) is not None:
         check_folder("--out", args.out)
     interleaved = command == "gate" and getattr(args, "interleave", None) is not None  # runs a sweep
@@ -240,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 parser.error(f"unrecognized arguments: {' '.join(extra)}")
         check_flag_ranges(args)
+        check_flag_combinations(args.command or "run", argv, args)
         args.tracking_uri_given = args.tracking_uri is not None
         if args.tracking_uri is None:
             args.tracking_uri = default_tracking_uri(args.results)

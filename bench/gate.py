@@ -149,7 +149,9 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     if not 0 < alpha < 0.5:
         raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
     if test is not None and test not in TESTS:
-        raise BenchError(f"--test {test}: unknown test (allowed: {', '.join(TESTS)})")
+        from bench.errors import did_you_mean
+
+        raise BenchError(f"--test {test}: unknown test{did_you_mean(test, TESTS)} (allowed: {', '.join(TESTS)})")
     sweep = find_sweep(candidate_ref, results)
     cand = snapshot(sweep, results)
     expects = validate_expect(cand.get("expect"), cand["source"].get("matrix_file") or sweep) if check_expect else []

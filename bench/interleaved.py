@@ -112,6 +112,10 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
         raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
     t0 = time.time()
     matrix = load_matrix(matrix_path, overrides)
+    if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command
+        from bench.tune.storage import check_tune_block
+
+        check_tune_block(matrix)
     plan = make_plan(matrix)
     n_blocks = blocks if blocks is not None else max(matrix.repeats, DEFAULT_BLOCKS)
     if n_blocks < 2:

@@ -132,12 +132,18 @@ def read_json(path: Path) -> Any | None:
         return None
 
 
-def check_writable(root: Path) -> None:
-    """Fail early, writing nothing, when ``root`` (or its nearest existing parent) is not writable.
+def check_writable(root: Path, matrix_name: str | None = None) -> None:
+    """Fail early, writing nothing, when ``root`` (or its nearest existing parent) is not writable, or (given
+    ``matrix_name``) when ``<root>/<matrix_name>`` or its ``latest`` is not what the harness made there
+    (:func:`bench.paths.check_matrix_folder`).
 
     Raises:
         BenchError: naming the folder.
     """
+    if matrix_name is not None:
+        from bench.paths import check_matrix_folder
+
+        check_matrix_folder(root, matrix_name)
     root = Path(root)
     probe = root
     while not probe.exists():
@@ -179,9 +185,15 @@ class ResultsDir:
         return sorted(p for p in self.base.iterdir() if not p.is_symlink() and p.is_dir() and (p / SWEEP).exists())
 
     def find_resumable(self, fingerprint: str, platform: str) -> Path | None:
-        """The newest sweep of the same matrix content and platform, or ``None``."""
+        """The newest sweep of the same matrix content and platform, or ``None``. A sweep whose ``sweep.json``
+        is unusable is never resumed: what is wrong is added to :attr:`unusable` (the sweep names it)."""
+        self.unusable: list[str] = []
         for sweep in reversed(self.sweeps()):
-            meta = read_json(sweep / SWEEP) or {}
+            try:
+                meta = check_sweep_meta(sweep / SWEEP)
+            except BenchError as exc:
+                self.unusable.append(str(exc))
+                continue
             if meta.get("fingerprint") == fingerprint and meta.get("platform") == platform:
                 return sweep
         return None

@@ -58,7 +58,7 @@ def _not_negative(v: float) -> float:
 
 
 def _fraction(v: float) -> float:
-    if not 0 <= v <= 1:
+    if not 0 <= v <= 1 + 1e-6:  # a share of one step (rounding of the parts may reach 1 + a few ulp)
         raise ValueError(f"{v} is not a fraction in [0, 1]")
     return v
 

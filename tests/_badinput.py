@@ -7,11 +7,13 @@ Cases run in-process through :func:`bench.cli.main` (the error boundary of ``run
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from bench.cli import main
 
@@ -38,7 +40,8 @@ factors:
 #: fragments that only a library's own wording would contain (never shown to the user)
 LIBRARY_TEXT = ("Unable to extract tag", "Input should be a valid dictionary", "Generators are not valid",
                 "exceeded maximum size", "validation error for", "pydantic", "For further information visit",
-                "Traceback", "sqlalchemy", "yaml.constructor")
+                "Traceback", "sqlalchemy", "yaml.constructor", "Input should be", "after validation",
+                "could not determine a constructor", "Can't load plugin", "maintenance mode", "tag:yaml.org")
 
 
 def tree(folder: Path) -> dict[str, tuple[int, int]]:
@@ -84,3 +87,50 @@ def check_refused(box: Path, argv: list[str], capsys, expected: str | tuple[str,
     assert not left, f"processes left running: {left}"
     assert wall < cap_s, f"took {wall:.1f} s"
     return lines[0]
+
+
+def base(**kv: object) -> str:
+    """:data:`GOOD` with ``base`` keys set (values written as YAML text)."""
+    out = []
+    for line in GOOD.splitlines():
+        if line.startswith("  ") and line.strip().split(":")[0] in kv:
+            continue
+        out.append(line)
+        if line == "base:":
+            out += [f"  {k}: {v}" for k, v in kv.items()]
+    return "\n".join(out) + "\n"
+
+
+@pytest.fixture()
+def box(tmp_path, monkeypatch):
+    """A fresh working folder; no MLflow variable, no job summary, the test variable unset."""
+    monkeypatch.chdir(tmp_path)
+    for var in ("MLFLOW_TRACKING_URI", "GITHUB_STEP_SUMMARY", "BENCH_TEST_SURELY_UNSET_VAR"):
+        monkeypatch.delenv(var, raising=False)
+    return tmp_path
+
+
+@pytest.fixture()
+def sweep_box(box):
+    """A results folder with a real-shaped synthetic sweep ``synth`` (test_gate_fixtures.make_sweep: 2 cells x 2
+    repeats)."""
+    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
+
+    make_sweep(box / "res", "synth", EMBEDDED_CELLS[:2], repeats=2, seed=1)
+    return box
+
+
+def edit_json(path: Path, fn) -> None:
+    """Rewrite the JSON file ``path`` with ``fn`` applied to its content (in place)."""
+    data = json.loads(path.read_text())
+    fn(data)
+    path.write_text(json.dumps(data))
+
+
+def give_specs(sweep: Path) -> None:
+    """A synthetic sweep has no ``spec.json``: give each cell one, as a real sweep has (for ``sync``)."""
+    meta = json.loads((sweep / "sweep.json").read_text())
+    for run in meta["plan"]["runs"]:
+        spec = {k: run[k] for k in ("cell_id", "levels", "cells", "not_applicable")}
+        spec.update(engine="embedded", platform="cpu", launch={"argv": ["true"]}, timeout_s=60.0)
+        (sweep / run["cell_id"] / "spec.json").write_text(json.dumps(spec))

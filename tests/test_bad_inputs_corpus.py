@@ -3,16 +3,17 @@
 no process left, a time cap). Property-based cases: ``test_bad_inputs_hypothesis.py``; signals, pipes and
 stores through the real entry point: ``test_bad_inputs_io.py``.
 """
+# ruff: noqa: F811 - the fixtures box and sweep_box come from _badinput; tests take them as parameters
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from pathlib import Path
 
 import pytest
-from _badinput import GOOD, check_refused
+from _badinput import GOOD, box, check_refused, edit_json, give_specs, sweep_box  # noqa: F401 - fixtures
+from _badinput import base as _base
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -24,25 +25,6 @@ TUNE = """tune:
 """
 
 
-def _base(**kv: object) -> str:
-    """GOOD with ``base`` keys set (values as YAML text)."""
-    out = []
-    for line in GOOD.splitlines():
-        if line.startswith("  ") and line.strip().split(":")[0] in kv:
-            continue
-        out.append(line)
-        if line == "base:":
-            out += [f"  {k}: {v}" for k, v in kv.items()]
-    return "\n".join(out) + "\n"
-
-
-@pytest.fixture()
-def box(tmp_path, monkeypatch):
-    """A fresh working folder; no MLflow variable, no job summary, the test variable unset."""
-    monkeypatch.chdir(tmp_path)
-    for var in ("MLFLOW_TRACKING_URI", "GITHUB_STEP_SUMMARY", "BENCH_TEST_SURELY_UNSET_VAR"):
-        monkeypatch.delenv(var, raising=False)
-    return tmp_path
 
 
 # -- accepted although wrong: the matrix ---------------------------------------------------------------------
@@ -300,46 +282,36 @@ def test_bad_tune_flags(box, capsys, case):
 
 # -- corrupt or odd results files -------------------------------------------------------------------------------
 
-@pytest.fixture()
-def sweep_box(box):
-    """A results folder with a real-shaped synthetic sweep ``synth`` (test_gate_fixtures.make_sweep)."""
-    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
-
-    make_sweep(box / "res", "synth", EMBEDDED_CELLS[:2], repeats=2, seed=1)
-    return box
 
 
 def _record(box: Path) -> Path:
     return next((box / "res" / "synth" / "latest").resolve().glob("*/r0/record.json"))
 
 
-def _edit(path: Path, fn) -> None:
-    data = json.loads(path.read_text())
-    fn(data)
-    path.write_text(json.dumps(data))
 
 
 RECORDS = {
     "truncated": (lambda p: p.write_text(p.read_text()[: len(p.read_text()) // 2]), "truncated"),
     "empty": (lambda p: p.write_text(""), "empty file"),
     "a_list": (lambda p: p.write_text("[1, 2]"), "expected a JSON object"),
-    "repeat_string": (lambda p: _edit(p, lambda d: d.update(repeat="0")), "repeat"),
-    "repeat_bool": (lambda p: _edit(p, lambda d: d.update(repeat=False)), "repeat"),
-    "status_unknown": (lambda p: _edit(p, lambda d: d.update(status="done")), "status"),
-    "no_cell_id": (lambda p: _edit(p, lambda d: d.pop("cell_id")), "cell_id"),
-    "wrong_folder": (lambda p: _edit(p, lambda d: d.update(repeat=7)), "does not match its folder"),
-    "summary_list": (lambda p: _edit(p, lambda d: d.update(summary=[1])), "summary"),
-    "steps_string": (lambda p: _edit(p, lambda d: d.update(steps="x")), "steps"),
+    "repeat_string": (lambda p: edit_json(p, lambda d: d.update(repeat="0")), "repeat"),
+    "repeat_bool": (lambda p: edit_json(p, lambda d: d.update(repeat=False)), "repeat"),
+    "status_unknown": (lambda p: edit_json(p, lambda d: d.update(status="done")), "status"),
+    "no_cell_id": (lambda p: edit_json(p, lambda d: d.pop("cell_id")), "cell_id"),
+    "wrong_folder": (lambda p: edit_json(p, lambda d: d.update(repeat=7)), "does not match its folder"),
+    "summary_list": (lambda p: edit_json(p, lambda d: d.update(summary=[1])), "summary"),
+    "steps_string": (lambda p: edit_json(p, lambda d: d.update(steps="x")), "steps"),
     "median_nan": (lambda p: p.write_text(p.read_text().replace('"step_time_median_s": ',
                                                                 '"step_time_median_s": NaN, "x_": ')),
                    "step_time_median_s"),
-    "median_zero": (lambda p: _edit(p, lambda d: d["summary"].update(step_time_median_s=0.0)), "step_time_median_s"),
-    "sample_infinite": (lambda p: _edit(p, lambda d: d["summary"].update(step_time_samples_s=[1.0, float("inf")])),
+    "median_zero": (lambda p: edit_json(p, lambda d: d["summary"].update(step_time_median_s=0.0)),
+                    "step_time_median_s"),
+    "sample_infinite": (lambda p: edit_json(p, lambda d: d["summary"].update(step_time_samples_s=[1.0, float("inf")])),
                         "step_time_samples_s"),
-    "sample_negative": (lambda p: _edit(p, lambda d: d["summary"].update(step_time_samples_s=[-1.0])), "negative"),
-    "step_time_nan": (lambda p: _edit(p, lambda d: next(iter(d["steps"].values())).update(
+    "sample_negative": (lambda p: edit_json(p, lambda d: d["summary"].update(step_time_samples_s=[-1.0])), "negative"),
+    "step_time_nan": (lambda p: edit_json(p, lambda d: next(iter(d["steps"].values())).update(
         {"timing_s/step": float("nan")})), "timing_s/step"),
-    "timed_steps_strings": (lambda p: _edit(p, lambda d: d["summary"].update(timed_steps=["2"])), "timed_steps"),
+    "timed_steps_strings": (lambda p: edit_json(p, lambda d: d["summary"].update(timed_steps=["2"])), "timed_steps"),
     "is_a_pipe": (lambda p: (p.unlink(), os.mkfifo(p)), "is a pipe"),
     "is_a_folder": (lambda p: (p.unlink(), p.mkdir()), "is a folder"),
     "binary": (lambda p: p.write_bytes(b"\x00\xff\xfe"), "not a usable run record"),
@@ -369,11 +341,7 @@ def test_bad_queue_file_is_kept_aside_and_named(sweep_box, capsys):
     from bench.tracking.upload_queue import QUEUE
 
     sweep = (sweep_box / "res" / "synth" / "latest").resolve()
-    meta = json.loads((sweep / "sweep.json").read_text())
-    for run in meta["plan"]["runs"]:  # the synthetic sweep has no spec.json: give each cell one
-        spec = {k: run[k] for k in ("cell_id", "levels", "cells", "not_applicable")}
-        spec.update(engine="embedded", platform="cpu", launch={"argv": ["true"]}, timeout_s=60.0)
-        (sweep / run["cell_id"] / "spec.json").write_text(json.dumps(spec))
+    give_specs(sweep)
     (sweep / QUEUE).write_text("{not json")
     rc = main(["sync", "--results", "res", "--tracking-uri", f"sqlite:///{sweep_box}/res/mlflow.db"])
     out, err = capsys.readouterr()

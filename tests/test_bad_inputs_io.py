@@ -164,6 +164,7 @@ def test_run_to_a_store_that_loses_child_runs_queues_them_and_sync_uploads_later
                         "--tracking-uri", uri], cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "Traceback" not in p.stdout + p.stderr and "uploads queued" in p.stdout + p.stderr
+    assert "MLflow: not uploaded (" in p.stdout and "run `run_bench.py sync" in p.stdout  # no link to a lost run
     sweep = (tmp_path / "res" / "lossy" / "latest").resolve()
     assert list(sweep.glob("*/r0/record.json")) and not list(sweep.glob("*/r0/mlflow.json"))
     assert (sweep / "mlflow_queue.json").exists()

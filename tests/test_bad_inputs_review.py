@@ -5,6 +5,7 @@ first pass left: data paths checked before the sweep, the default step plan leav
 on a single-level factor, ``sync`` uploading the good records of a sweep that has a bad one, a tracking store that
 answers but keeps nothing.
 """
+# ruff: noqa: F811 - the fixtures box and sweep_box come from _badinput; tests take them as parameters
 
 from __future__ import annotations
 
@@ -14,28 +15,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from _badinput import GOOD, check_refused
-
-
-def _base(**kv: object) -> str:
-    """GOOD with ``base`` keys set (values as YAML text)."""
-    out = []
-    for line in GOOD.splitlines():
-        if line.startswith("  ") and line.strip().split(":")[0] in kv:
-            continue
-        out.append(line)
-        if line == "base:":
-            out += [f"  {k}: {v}" for k, v in kv.items()]
-    return "\n".join(out) + "\n"
-
-
-@pytest.fixture()
-def box(tmp_path, monkeypatch):
-    """A fresh working folder; no MLflow variable, the test variable unset."""
-    monkeypatch.chdir(tmp_path)
-    for var in ("MLFLOW_TRACKING_URI", "GITHUB_STEP_SUMMARY", "BENCH_TEST_SURELY_UNSET_VAR"):
-        monkeypatch.delenv(var, raising=False)
-    return tmp_path
+from _badinput import GOOD, box, check_refused, edit_json, give_specs, sweep_box  # noqa: F401 - fixtures
+from _badinput import base as _base
 
 
 def _write(box: Path, text: str, name: str = "m.yaml") -> str:
@@ -84,6 +65,7 @@ MATRICES: dict[str, tuple[str, str | tuple[str, ...]]] = {
     "embedded_lr_zero": (_base(embedded="{lr: 0}"), ("base.embedded.lr", "must be greater than 0")),
     "embedded_lr_text": (_base(embedded="{lr: fast}"), ("base.embedded.lr", "expected a number")),
     "tune_key_misspelled": (GOOD + "tune:\n  spaec: {}\n", ("tune.spaec", "did you mean 'space'")),
+    "tune_param_key_misspelled": (GOOD + TUNE.replace("high: 4", "hgh: 4"), ("hgh", "did you mean 'high'")),
     "tune_unknown_key_lists_allowed": (GOOD + "tune:\n  direction: up\n" + TUNE[len("tune:\n"):],
                                        ("tune.direction", "allowed:")),
     "expect_unknown_key_lists_allowed": (GOOD + "expect:\n  - {factor: dynamic_bsz, effct: faster}\n",
@@ -176,13 +158,6 @@ def test_gate_interleave_checks_its_results_folder(box, capsys):
 
 # -- the results files and the commands that read them --------------------------------------------------------------
 
-@pytest.fixture()
-def sweep_box(box):
-    """A results folder with a real-shaped synthetic sweep ``synth`` (2 cells x 2 repeats)."""
-    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
-
-    make_sweep(box / "res", "synth", EMBEDDED_CELLS[:2], repeats=2, seed=1)
-    return box
 
 
 def _sweep(box: Path) -> Path:
@@ -193,10 +168,6 @@ def _record(box: Path) -> Path:
     return sorted(_sweep(box).glob("*/r0/record.json"))[0]
 
 
-def _edit(path: Path, fn) -> None:
-    data = json.loads(path.read_text())
-    fn(data)
-    path.write_text(json.dumps(data))
 
 
 RECORDS = {
@@ -217,7 +188,7 @@ READERS = {
 @pytest.mark.parametrize("case", sorted(RECORDS))
 def test_wrong_record_is_named(sweep_box, capsys, case, command):
     rec = _record(sweep_box)
-    _edit(rec, RECORDS[case][0])
+    edit_json(rec, RECORDS[case][0])
     check_refused(sweep_box, [*READERS[command], "--results", "res"], capsys, ("record.json", RECORDS[case][1]))
 
 
@@ -231,7 +202,7 @@ SWEEPS = {
 @pytest.mark.parametrize("command", sorted(READERS) + ["sync"])
 @pytest.mark.parametrize("case", sorted(SWEEPS))
 def test_wrong_sweep_file_is_named(sweep_box, capsys, case, command):
-    _edit(_sweep(sweep_box) / "sweep.json", SWEEPS[case][0])
+    edit_json(_sweep(sweep_box) / "sweep.json", SWEEPS[case][0])
     argv = [*(READERS.get(command) or ["sync", "synth"]), "--results", "res"]
     check_refused(sweep_box, argv, capsys, ("sweep.json", SWEEPS[case][1]))
 
@@ -269,13 +240,6 @@ def test_baseline_list_names_an_unusable_file(sweep_box, capsys):
     check_refused(sweep_box, ["baseline", "list", "--results", "res"], capsys, "bad.json")
 
 
-def _give_specs(sweep: Path) -> None:
-    """The synthetic sweep has no spec.json: give each cell one (as a real sweep has)."""
-    meta = json.loads((sweep / "sweep.json").read_text())
-    for run in meta["plan"]["runs"]:
-        spec = {k: run[k] for k in ("cell_id", "levels", "cells", "not_applicable")}
-        spec.update(engine="embedded", platform="cpu", launch={"argv": ["true"]}, timeout_s=60.0)
-        (sweep / run["cell_id"] / "spec.json").write_text(json.dumps(spec))
 
 
 def test_sync_uploads_the_good_records_and_names_the_bad_one(sweep_box, capsys):
@@ -285,7 +249,7 @@ def test_sync_uploads_the_good_records_and_names_the_bad_one(sweep_box, capsys):
     from bench.tracking.upload_queue import QUEUE
 
     sweep = _sweep(sweep_box)
-    _give_specs(sweep)
+    give_specs(sweep)
     (sweep / QUEUE).write_text("{}")
     rec = _record(sweep_box)
     good = rec.read_text()
@@ -312,7 +276,7 @@ def test_sync_of_every_sweep_goes_on_past_a_bad_one(sweep_box, capsys):
 
     other = make_sweep(sweep_box / "res", "other", EMBEDDED_CELLS[:1], repeats=1, seed=2)
     for sweep in (_sweep(sweep_box), other):
-        _give_specs(sweep)
+        give_specs(sweep)
         (sweep / QUEUE).write_text("{}")
     for rec in _sweep(sweep_box).glob("*/r*/record.json"):
         rec.write_text("{")
@@ -381,3 +345,94 @@ def test_bad_tune_storage_is_refused_before_anything_is_written(box, capsys, cas
     if command == "tune":
         check_refused(box, ["tune", "m.yaml", "--results", "res", "--storage", value.strip("'")], capsys,
                       ("--storage", expected))
+
+
+@pytest.mark.parametrize("bad", ["{", '{"plan": {"runs": []}, "fingerprint": "f"}', "[1]"])
+def test_resume_names_an_unusable_sweep_file_and_never_resumes_it(sweep_box, bad):
+    """Resume reads each earlier sweep's ``sweep.json`` through its validator: a truncated or wrong one is named
+    (the sweep warns with it) and never resumed, whatever its fingerprint."""
+    from bench.results import ResultsDir
+
+    good = _sweep(sweep_box)
+    meta = json.loads((good / "sweep.json").read_text())
+    broken = good.parent / "29990101-000000-broken"
+    broken.mkdir()
+    (broken / "sweep.json").write_text(bad)
+    rd = ResultsDir(sweep_box / "res", "synth")
+    assert rd.find_resumable(meta["fingerprint"], meta["platform"]) == good
+    assert len(rd.unusable) == 1 and str(broken / "sweep.json") in rd.unusable[0]
+
+
+IGNORED = {  # options that would be ignored without the one they act with
+    "smoke_steps_without_smoke": (["run", "m.yaml", "--smoke-steps", "3"], "only with --smoke"),
+    "threshold_without_a_plan": (["run", "m.yaml", "--threshold", "0.1"], "only with --sequential"),
+    "alpha_without_a_plan": (["run", "m.yaml", "--alpha=0.1"], "only with --sequential"),
+    "parallel_without_ray_dry_run": (["run", "m.yaml", "--parallel", "auto", "--dry-run"], "needs --ray-address"),
+    "order_seed_with_sequential_order": (["run", "m.yaml", "--order", "sequential", "--order-seed", "3"],
+                                         "only with --order blocked"),
+    **{f"gate_{opt[2:].replace('-', '_')}_without_interleave": (
+        ["gate", "--baseline", "synth", "--candidate", "synth", opt, *([value] if value else [])],
+        "only with --interleave") for opt, value in (("--set", "base.steps=4"), ("--blocks", "4"),
+                                                     ("--budget", "5m"), ("--force", ""), ("--spawn", ""),
+                                                     ("--order-seed", "3"))},
+}
+
+
+@pytest.mark.parametrize("case", sorted(IGNORED))
+def test_an_option_that_would_be_ignored_is_refused(sweep_box, capsys, case):
+    argv, expected = IGNORED[case]
+    _write(sweep_box, GOOD)
+    flag = argv[2].split("=")[0] if argv[0] == "run" else ""
+    check_refused(sweep_box, [*argv, "--results", "res"], capsys, (flag, expected))
+
+
+BASELINES = {
+    "nan_sample": (float("nan"), "not a finite number"),
+    "negative_sample": (-1.0, "is negative"),
+    "infinite_sample": (float("inf"), "not a finite number"),
+}
+
+
+@pytest.mark.parametrize("command", ["gate", "compare", "show"])
+@pytest.mark.parametrize("case", sorted(BASELINES))
+def test_a_baseline_with_a_bad_sample_is_named(sweep_box, capsys, case, command):
+    """A stored baseline's samples are finite and not negative (a NaN made the gate pass without a word)."""
+    from bench.baseline import save
+
+    out, _, _ = save("synth", "bl", sweep_box / "res", None)
+    value, expected = BASELINES[case]
+    edit_json(out, lambda d: d["cells"][0]["repeats"][0]["samples"]["step_time"].__setitem__(0, value))
+    argv = {"gate": ["gate", "--baseline", "bl", "--candidate", "synth"], "compare": ["compare", "bl", "synth"],
+            "show": ["baseline", "show", "bl"]}[command]
+    check_refused(sweep_box, [*argv, "--results", "res"], capsys, ("bl.json", "not a valid baseline", expected))
+
+
+def test_gate_interleave_checks_the_tune_block_too(box, capsys):
+    """One validation pass: the tune block of ``gate --interleave --matrix`` is checked like ``run``'s."""
+    _write(box, GOOD + TUNE.replace("tune:\n", "tune:\n  storage: 'journal:/dev/null'\n"))
+    check_refused(box, ["gate", "--interleave", "HEAD", "--matrix", "m.yaml", "--results", "res"], capsys,
+                  ("tune.storage", "not a regular file"))
+
+
+def test_baseline_name_near_miss(sweep_box, capsys):
+    from bench.baseline import save
+
+    save("synth", "main", sweep_box / "res", None)
+    check_refused(sweep_box, ["gate", "--baseline", "mian", "--candidate", "synth", "--results", "res"], capsys,
+                  ("--baseline mian", "did you mean 'main'"))
+
+
+def test_sync_names_an_unusable_spec_and_uploads_the_other_cell(sweep_box, capsys):
+    from bench.cli import main
+    from bench.tracking.upload_queue import QUEUE
+
+    sweep = _sweep(sweep_box)
+    give_specs(sweep)
+    (sweep / QUEUE).write_text("{}")
+    spec = sorted(sweep.glob("*/spec.json"))[0]
+    edit_json(spec, lambda d: d.update(cell_id=5))
+    rc = main(["sync", "synth", "--results", "res", "--tracking-uri", f"sqlite:///{sweep_box}/res/mlflow.db"])
+    out, err = capsys.readouterr()
+    lines = err.strip().splitlines()
+    assert rc == 2 and len(lines) == 1 and str(spec) in lines[0] and "cell_id: expected a string" in lines[0], err
+    assert len(list(sweep.glob("*/r*/mlflow.json"))) == 2 and not list(spec.parent.glob("r*/mlflow.json"))

@@ -36,7 +36,8 @@ CASES = {
     ),
     "unknown_key": ("name: t\nbase:\n  stepz: 3\n", "base.stepz: unknown key"),
     "no_runnable_cell": (
-        "name: t\nplatform: cpu\nfactors:\n  dynamic_bsz: [on]\nexclude:\n  - when: {dynamic_bsz: on}\n",
+        "name: t\nplatform: cpu\nfactors:\n  dynamic_bsz: [off, on]\nexclude:\n  - when: {dynamic_bsz: on}\n"
+        "  - when: {dynamic_bsz: off}\n",
         "no runnable cell",
     ),
     "bad_engine": ("name: t\nengine: megatron\n", "engine: allowed: 'embedded' or 'verl', got 'megatron'"),

@@ -138,7 +138,7 @@ def test_bad_search_space_is_one_line_exit_2(tmp_path, capsys, case):
 
 @pytest.mark.parametrize("url, expected", [
     ("sqlite:///{tmp}/no/such/folder/optuna.db", "cannot open Optuna storage"),
-    ("nosuchdb://host/x", "cannot open Optuna storage"),
+    ("nosuchdb://host/x", "unsupported storage"),
     ("results/optuna.db", "not a URL"),
     ("journal:{tmp}/no/such/folder/journal.log", "does not exist"),
 ])

@@ -274,11 +274,8 @@ def main(args: argparse.Namespace) -> int:
         print_planning(prep, console)
         return 0
     get_engine(matrix.engine).preflight(matrix, [r.launch for r in plan.runs], plan.platform)
-    check_writable(args.results)
+    check_writable(args.results, matrix.name)
     from bench.execution.sweep import Sweep
-    from bench.paths import check_matrix_folder
-
-    check_matrix_folder(args.results, matrix.name)
 
     executor = make_executor(args, matrix.engine, plan.platform)
     if hasattr(executor, "describe"):  # --parallel: how many runs at once, on which nodes
@@ -297,12 +294,10 @@ def main(args: argparse.Namespace) -> int:
     from bench.tracking import ML_VIEW, run_url
 
     link = run_url(args.tracking_uri, out.experiment_id, out.parent_run_id)
-    from bench.tracking.upload_queue import pending, read_queue
+    from bench.tracking.upload_queue import queued_line
 
-    if pending(out.sweep_dir):  # an outage (or a store that kept nothing): say so, never show a dead link
-        why = read_queue(out.sweep_dir).get("reason") or "the store did not take the uploads"
-        console.print(f"MLflow: not uploaded ({why}); queued in {out.sweep_dir}: run `run_bench.py sync "
-                      f"{out.sweep_dir}` when the store is back", markup=False, soft_wrap=True)
+    if queued := queued_line(out.sweep_dir):  # an outage (or a store that kept nothing): never a dead link
+        console.print(queued, markup=False, soft_wrap=True)
     elif link:
         console.print(f"MLflow: {link}", soft_wrap=True)
     else:

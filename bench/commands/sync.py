@@ -39,6 +39,7 @@ def main(args: argparse.Namespace) -> int:
     left = 0
     errors: list[BenchError] = []
     for sweep in sweeps:
+        uri = args.tracking_uri
         try:
             meta = check_sweep_meta(sweep / SWEEP)
             uri = args.tracking_uri if getattr(args, "tracking_uri_given", False) else (
@@ -54,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
             if not pending(sweep):
                 continue
         left += pending(sweep)
-        print(f"{sweep}: " + ("still pending" if pending(sweep) else "in sync"))
+        print(f"{sweep}: {uri}: " + ("still pending" if pending(sweep) else "in sync"))
     print(f"logged {done['children']} child run(s), created {done['parents']} parent run(s), "
           f"closed {done['closed']} parent run(s); {left} sweep(s) still pending")
     if errors:  # one line: the first unusable file (the queue of its sweep stays)

@@ -231,6 +231,9 @@ class EmbeddedEngine(EngineBase):
                 f"base.embedded: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(RunConfig.model_fields))})"
             )
         config.update(options)
+        for key in ("model", "data"):  # the sub-block's own paths: checked and resolved like base's
+            if options.get(key) is not None:
+                config[key] = _check_source(key, str(options[key]), f"base.embedded.{key}", strict)
         config.update({k: _fill(v, ctx) for k, v in mechanism.config.items()})
         try:
             config = RunConfig.model_validate(config).model_dump()

@@ -63,8 +63,10 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
 
 def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
     """The pydantic model that holds the last key of ``loc`` (for "did you mean" among its fields)."""
+    keyed = False  # the previous part was a mapping field: this part is one of its keys, not a field
     for part in loc[:-1]:
-        if not isinstance(part, str):
+        if keyed or not isinstance(part, str):
+            keyed = False
             continue
         field = model.model_fields.get(part)
         if field is None:
@@ -75,7 +77,7 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
             cands += [b for b in typing.get_args(a) if isinstance(b, type) and issubclass(b, BaseModel)]
         if not cands:
             return None
-        model = cands[0]
+        model, keyed = cands[0], typing.get_origin(ann) is dict
     return model
 
 
@@ -136,6 +138,10 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
     return f"{where}: {key}: {msg}"
 
 
+#: the name patterns of the schemas (matrix ``name``, ``tune.study``), in words
+_PATTERN_WORDS = {r"^[A-Za-z0-9][A-Za-z0-9_.-]*$": "letters, digits, '_', '.' and '-', starting with a letter or digit"}
+
+
 def value_message(err: dict[str, Any]) -> str:
     """What is wrong with a value, in the harness's words, for one pydantic error (``ValidationError.errors()``
     item): the expected type, range or size and the bad value; a check's own message as it is."""
@@ -150,6 +156,8 @@ def value_message(err: dict[str, Any]) -> str:
         return f"must hold {'at least' if kind == 'too_short' else 'at most'} {n} item(s), got {_short(bad)}"
     if kind == "finite_number":
         return f"must be a finite number, got {_short(bad)}"
+    if kind == "string_pattern_mismatch" and ctx.get("pattern") in _PATTERN_WORDS:  # the rule, not the regex
+        return f"must be {_PATTERN_WORDS[ctx['pattern']]}, got {_short(bad)}"
     if kind.startswith(("greater_than", "less_than")) or kind in ("string_too_long", "string_pattern_mismatch"):
         return f"{msg.replace('Input should be', 'must be').replace('String should', 'must')}, got {_short(bad)}"
     if kind == "literal_error":

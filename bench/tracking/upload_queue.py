@@ -90,6 +90,16 @@ def queue_upload(sweep_dir: Path, tracking_uri: str, reason: str, parent_finish:
         pass
 
 
+def queued_line(sweep_dir: Path) -> str | None:
+    """The console line of a sweep whose uploads are queued (an outage, or a store that kept nothing), or ``None``
+    when nothing is pending."""
+    if not pending(sweep_dir):
+        return None
+    why = read_queue(sweep_dir).get("reason") or "the store did not take the uploads"
+    return (f"MLflow: not uploaded ({why}); queued in {sweep_dir}: run `run_bench.py sync {sweep_dir}` when the "
+            "store is back")
+
+
 def pending(sweep_dir: Path) -> bool:
     """Whether the sweep has a queue file (uploads pending)."""
     return (Path(sweep_dir) / QUEUE).exists()
@@ -148,10 +158,12 @@ def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any], 
             if isinstance(exc, BenchError):
                 problems.append(str(exc))
                 continue
+            from bench.spec.loading import value_message
+
             err = exc.errors()[0]
-            what = ".".join(str(p) for p in err["loc"]) or "the file"
-            problems.append(f"{path}: not a usable run spec ({'missing or not JSON' if what == 'the file' else what}"
-                            f": {err['type']})")
+            what = ".".join(str(p) for p in err["loc"])
+            problems.append(f"{path}: not a usable run spec ("
+                            + (f"{what}: {value_message(err)})" if what else "missing or not JSON)"))
     bad_records = {line.split(": ", 1)[0] for line in problems}
     usable = [r for cid in specs for r in sorted((sweep_dir / cid).glob("r*/record.json")) if str(r) not in bad_records]
     if problems and not usable:
@@ -284,5 +296,5 @@ def sync_matrix(base: Path, tracker, skip: Path | None = None,
     return total
 
 
-__all__ = ["QUEUE", "MLFLOW_MARK", "read_queue", "queue_upload", "pending", "sync_sweep", "sync_matrix",
+__all__ = ["QUEUE", "MLFLOW_MARK", "read_queue", "queue_upload", "pending", "queued_line", "sync_sweep", "sync_matrix",
            "check_sweep_files"]

@@ -61,7 +61,9 @@ def check_storage(url: str, where: str = "--storage") -> None:
             raise BenchError(f"{where} {url}: {path} is not a regular file (a journal is a file)")
         check_folder(where, path.parent)
         return
-    dialect = url.split("://", 1)[0].lower().partition("+")[0] if "://" in url else ""
+    if "://" not in url:
+        raise BenchError(f"{where} {url}: not a URL (allowed: {ALLOWED_STORAGES})")
+    dialect = url.split("://", 1)[0].lower().partition("+")[0]
     if dialect not in ("sqlite", *DB_DRIVERS):
         raise BenchError(f"{where} {redact(url)}: unsupported storage (allowed: {ALLOWED_STORAGES})")
     check_database(url, where)
