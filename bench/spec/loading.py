@@ -125,7 +125,7 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
         else:
             from bench.expect import ExpectBlock
 
-            holder = _model_at(ExpectBlock if loc[:1] == ("expect",) else model, loc) if not prefix else None
+            holder = _model_at(ExpectBlock if loc[:1] == ("expect",) else model, loc)
         allowed = getattr(holder, "allowed_keys", None)  # a model with extra keys of its own (``Base``)
         fields = (allowed() if allowed else sorted(holder.model_fields)) if holder is not None else []
         msg = "unknown key" + did_you_mean(loc[-1], fields) + (f" (allowed: {', '.join(fields)})" if fields else "")
