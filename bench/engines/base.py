@@ -127,10 +127,15 @@ class EngineBase:
         try:
             cls.options_model.model_validate(base.options(cls.options_key))
         except ValidationError as exc:
+            from bench.errors import did_you_mean
+            from bench.spec.loading import value_message
+
             err = exc.errors()[0]
             where = ".".join(["base", cls.options_key, *map(str, err["loc"])])
-            raise ValueError(f"{where}: {err['msg'].removeprefix('Value error, ')}, got {err.get('input')!r}") \
-                from None
+            fields = sorted(cls.options_model.model_fields)
+            msg = (f"unknown key{did_you_mean(str(err['loc'][-1]), fields)} (allowed: {', '.join(fields)})"
+                   if err["type"] == "extra_forbidden" else value_message(err))
+            raise ValueError(f"{where}: {msg}") from None
 
     @staticmethod
     def id_config(config: dict[str, Any]) -> dict[str, Any]:
