@@ -72,6 +72,13 @@ def test_sigterm_during_yaml_parsing_is_honoured_within_2_s(tmp_path, kind):
             proc.wait()
     err = proc.stderr.read()
     assert waited < 2.0, f"took {waited:.2f} s after SIGTERM"
+    assert not (tmp_path / "res").exists()
+    if kind == "expanding" and "expands to more than" in err:
+        # the cap was reached just before the signal: the refusal was printed and the interpreter was shutting
+        # down (Python restores the default SIGTERM action there), so the exit is 2 or the signal itself
+        assert proc.returncode in (2, -signal.SIGTERM), (proc.returncode, err)
+        assert "Traceback" not in err
+        return
     assert proc.returncode == 143, (proc.returncode, err)
     assert err.strip().startswith("terminated") and "Traceback" not in err
     assert not (tmp_path / "res").exists()
