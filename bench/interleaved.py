@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import random
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
@@ -45,7 +46,10 @@ class GateStopRule:
     is pass or regression (never before ``min_blocks``), the planned blocks are done, or (with ``budget_s``,
     wall seconds counted from ``t0``, the rule's creation unless set) another block would likely end past the
     budget: the mean wall time of the blocks after the first (which carries the start-up) is the forecast.
-    Stopping early never spends more error than planned: the intervals stay those of ``max_blocks`` looks."""
+    Stopping early never spends more error than planned: the intervals are those of ``max_blocks`` looks, except
+    that a look where the budget ends the sweep with cells undecided is its final analysis and spends all the
+    alpha left (:func:`bench.analyze.sequential.obf_boundaries` ``final_look``; the clock, not the data, chose
+    it); ``final_look`` records it."""
 
     def __init__(self, *, threshold: float, alpha: float, max_mde: float | None, normalize: bool,
                  max_blocks: int, min_blocks: int = 3, budget_s: float | None = None,
@@ -53,11 +57,14 @@ class GateStopRule:
         self.threshold, self.alpha, self.max_mde, self.normalize = threshold, alpha, max_mde, normalize
         self.max_looks, self.min_blocks = max_blocks, min_blocks
         self.budget_s, self.clock, self.t0, self.t_first = budget_s, clock, clock(), None
+        self.final_look: int | None = None
 
-    def compare(self, records: list[dict[str, Any]], look: int) -> dict[str, Any]:
-        """The gate's comparison at ``look`` (``paired_comparison`` result)."""
+    def compare(self, records: list[dict[str, Any]], look: int, final: bool = False) -> dict[str, Any]:
+        """The gate's comparison at ``look`` (``paired_comparison`` result); ``final``: the look ends the sweep
+        before the planned blocks (budget spent), its intervals spend all the alpha left."""
         return paired_comparison(records, threshold=self.threshold, alpha=self.alpha, max_mde=self.max_mde,
-                                 normalize=self.normalize, look=look, max_looks=self.max_looks, decide=decide)
+                                 normalize=self.normalize, look=look, max_looks=self.max_looks,
+                                 decide=partial(decide, final=final))
 
     def after_block(self, records: list[dict[str, Any]], look: int) -> Look:
         """Compare the blocks so far; stop when no cell is left undecided (or the planned blocks are done)."""
@@ -72,11 +79,21 @@ class GateStopRule:
         else:
             per_block = (now - self.t_first) / (look - 1)
             over = self.budget_s is not None and not done and elapsed + per_block > self.budget_s
+        if over and look < self.max_looks:  # the budget ends the sweep here: its final analysis
+            self.final_look = look
+            res = self.compare(records, look, final=True)
+            undecided = [r["cell"] for r in res["rows"] if r["verdict"] in ("noisy", "cannot judge")]
         stop = done or over or look >= self.max_looks
-        reason = ("every cell decided" if done else
-                  f"budget {self.budget_s:.0f} s: {elapsed:.0f} s spent, a block takes {per_block:.0f} s; undecided: "
-                  f"{', '.join(undecided)}" if over else f"planned blocks done; undecided: {', '.join(undecided)}"
-                  if stop else f"undecided: {', '.join(undecided) or 'too few blocks'}")
+        left = ", ".join(undecided) or "none"
+        if done:
+            reason = "every cell decided"
+        elif over:
+            reason = (f"budget {self.budget_s:.0f} s: {elapsed:.0f} s spent, a block takes {per_block:.0f} s; "
+                      f"final look (the alpha left spent); undecided: {left}")
+        elif stop:
+            reason = f"planned blocks done; undecided: {left}"
+        else:
+            reason = f"undecided: {', '.join(undecided) or 'too few blocks'}"
         line = f"gate look {look}/{self.max_looks}: {res['verdict']}; " + ", ".join(
             f"{r['cell']} {r['verdict']}" + (f" {r['change']:+.1%}" if r.get("change") is not None else "")
             for r in res["rows"])
@@ -148,7 +165,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
                         order_seed=order_seed, stop_rule=rule, code_versions=versions).run()
     records = load_records(outcome.sweep_dir)
     look = max((r["repeat"] for r in records), default=-1) + 1
-    res = rule.compare(records, look)
+    res = rule.compare(records, look, final=rule.final_look == look)
     result: dict[str, Any] = {
         "format": "grpo-bench-gate", "format_version": 2, "kind": "interleaved", "created_at": time.time(),
         "settings": {"threshold": threshold, "alpha": alpha, "max_mde": 2 * threshold if max_mde is None else max_mde,
@@ -158,7 +175,8 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
                      "estimate": "exp(mean over blocks of log(run value cand / run value base)) - 1; run value = "
                                  "median timed step",
                      "ci": "paired t over blocks (Kalibera & Jones 2020), repeated confidence interval at this look "
-                           "(bench.analyze.sequential: O'Brien-Fleming spending over the planned blocks)"},
+                           "(bench.analyze.sequential: O'Brien-Fleming spending over the planned blocks; a look "
+                           "where the budget ends the sweep spends all the alpha left)"},
         "baseline": {"ref": base["ref"], "commit": base.get("commit"), "kind": base.get("kind")},
         "candidate": {"ref": cand["ref"], "commit": cand.get("commit"), "dirty": cand.get("dirty"),
                       "sweep": str(outcome.sweep_dir), "matrix": matrix.name, "engine": plan.engine,

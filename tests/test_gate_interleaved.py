@@ -196,6 +196,30 @@ def test_stop_rule_stops_once_every_cell_is_decided_or_the_budget_ends():
     assert rule.after_block(_sweep(0.0, blocks=12, sd_run=0.2, seed=9), 12).stop  # the budget ends
 
 
+def test_a_look_where_the_budget_ends_the_gate_spends_the_alpha_left():
+    """A budget that ends the sweep at look 8 of 14 makes look 8 the final analysis: its interval is the one of
+    the remaining alpha (narrower than look 8's in the 14-look plan), the decision says ``final``, and a gate
+    that the plan's look-8 interval could not decide is decided."""
+    from bench.interleaved import GateStopRule
+
+    now = [0.0]
+    recs = _sweep(0.08, blocks=8, sd_run=0.04, sd_block=0.05, seed=2)
+    plain = GateStopRule(threshold=0.05, alpha=0.01, max_mde=None, normalize=True, max_blocks=14)
+    mid = plain.after_block(recs, 8)  # no budget: an ordinary look 8 of 14
+    assert not mid.stop and mid.decisions[0].verdict == "undecided" and not mid.decisions[0].final
+    rule = GateStopRule(threshold=0.05, alpha=0.01, max_mde=None, normalize=True, max_blocks=14, budget_s=80,
+                        clock=lambda: now[0])
+    for k in range(1, 8):  # blocks of 10 s: after look 8 (80 s) another block would end past the budget
+        now[0] = 10.0 * k
+        assert not rule.after_block(_sweep(0.08, blocks=k, sd_run=0.04, sd_block=0.05, seed=2), k).stop
+    now[0] = 80.0
+    last = rule.after_block(recs, 8)
+    d, d0 = last.decisions[0], mid.decisions[0]
+    assert last.stop and rule.final_look == 8 and d.final and "final look" in last.reason
+    assert d.estimate == pytest.approx(d0.estimate) and (d.hi - d.lo) < 0.75 * (d0.hi - d0.lo)
+    assert d.verdict == "slower" and "regression" in last.line
+
+
 def test_bad_interleave_inputs_are_one_line_errors(tmp_path, capsys):
     from bench.cli import main
 

@@ -41,6 +41,24 @@ def test_obf_boundaries_spend_alpha_over_the_looks():
     assert obf_spending(1.0, 0.05) == pytest.approx(0.05)
 
 
+def test_a_final_look_before_the_plan_ends_spends_the_alpha_left():
+    """The budget ends a 5-look plan at look 3: looks 1-2 keep their boundaries, look 3 spends the rest, and the
+    chance of crossing any of the three (Brownian motion at t = 1/5, 2/5, 3/5) is alpha (Lan & DeMets 1983)."""
+    plan, cut = obf_boundaries(0.05, 5), obf_boundaries(0.05, 5, final_look=3)
+    assert len(cut) == 3 and cut[:2] == plan[:2] and cut[2] < plan[2]
+    assert obf_boundaries(0.05, 5, final_look=5) == plan
+    rng = np.random.default_rng(1)
+    z = rng.normal(size=(200_000, 3)).cumsum(1) / np.sqrt(np.arange(1, 4))  # Z at t = k / 5 (scale-free)
+    assert (np.abs(z) >= np.array(cut)).any(1).mean() == pytest.approx(0.05, abs=0.003)
+    assert (np.abs(z) >= np.array(plan[:3])).any(1).mean() < 0.03  # without it: alpha left unspent
+    assert critical_value(8, alpha=0.05, look=3, max_looks=5, final=True) < critical_value(8, alpha=0.05, look=3,
+                                                                                            max_looks=5)
+    d = decide(0.05, 0.02, 8, threshold=0.05, alpha=0.05, look=3, max_looks=5, final=True)
+    assert d.final and not decide(0.05, 0.02, 8, threshold=0.05, alpha=0.05, look=5, max_looks=5, final=True).final
+    with pytest.raises(ValueError, match="final_look 6 not in 1..5"):
+        obf_boundaries(0.05, 5, final_look=6)
+
+
 def test_decision_rule_reads_the_interval():
     kw = dict(threshold=0.05, alpha=0.05, look=3, max_looks=3)
     assert decide(0.10, 0.01, 10, **kw).verdict == "slower" and decide(0.10, 0.01, 10, **kw).matters is True

@@ -15,11 +15,10 @@ any decision read off them, at any look, keeps its error rate (checked by simula
 ``benchmarks/bench_verdict.py`` and ``tests/test_sequential.py``).
 
 Why not a confidence sequence (Howard & Ramdas 2021; the mSPRT of Johari, Pekelis & Walsh 2017):
-they are valid for an unbounded number of looks at unknown times, which costs width; a sweep has a
-planned maximum number of blocks (the plan's repeats) and few runs per look, and its variance is
-estimated on 3-20 degrees of freedom, where a sub-Gaussian sequence with a known variance bound does
-not apply and a t-based one is very wide. O'Brien-Fleming spending keeps almost all of ``alpha`` for
-the last looks: the final interval is barely wider than the fixed design's.
+they are valid for unboundedly many looks, which costs width; a sweep plans its maximum of blocks, has few
+runs per look and estimates its variance on 3-20 degrees of freedom, where a t-based sequence is very wide.
+O'Brien-Fleming spending keeps almost all of ``alpha`` for the last looks (the final interval is barely wider
+than the fixed design's), and a look where the budget ends the sweep spends the rest (:func:`obf_boundaries`).
 
 Decision (:func:`decide`) for one comparison on the log scale (log of the step-time ratio; positive =
 slower), interval ``[lo, hi]`` and threshold ``h = log(1 + threshold)``:
@@ -63,7 +62,7 @@ def obf_spending(t: float, alpha: float) -> float:
 
 
 @lru_cache(maxsize=256)
-def obf_boundaries(alpha: float, max_looks: int, grid: int = 401) -> tuple[float, ...]:
+def obf_boundaries(alpha: float, max_looks: int, grid: int = 401, final_look: int | None = None) -> tuple[float, ...]:
     """Two-sided z boundaries ``c_1 .. c_K`` of equally spaced looks (``t_k = k / K``) spending ``alpha``
     by :func:`obf_spending`.
 
@@ -73,23 +72,32 @@ def obf_boundaries(alpha: float, max_looks: int, grid: int = 401) -> tuple[float
     ``grid`` points and ``c_k`` solves ``P(continue to k-1, |S_k| >= c_k sqrt(t_k)) = alpha(t_k) -
     alpha(t_{k-1})``. Accurate to about 1e-4 in ``c_k``.
 
+    ``final_look = k``: the budget ends the sweep at look ``k``, its final analysis, which spends **all the alpha
+    left** (``alpha - alpha(t_{k-1})``, information ``t_k = k / K``); returns ``c_1 .. c_k`` (Lan & DeMets 1983;
+    Jennison & Turnbull 2000, sec. 7.2.2, the last analysis takes the rest of the spending function).
+
     Raises:
-        ValueError: ``max_looks < 1`` or ``alpha`` not in (0, 1).
+        ValueError: ``max_looks < 1``, ``alpha`` not in (0, 1), or ``final_look`` not in 1..``max_looks``.
     """
     if max_looks < 1 or not 0 < alpha < 1:
         raise ValueError(f"obf_boundaries: need max_looks >= 1 and 0 < alpha < 1 (got {max_looks}, {alpha})")
+    last = max_looks if final_look is None else int(final_look)
+    if not 1 <= last <= max_looks:
+        raise ValueError(f"obf_boundaries: final_look {final_look} not in 1..{max_looks}")
     ts = [k / max_looks for k in range(1, max_looks + 1)]
-    c1 = float(sps.norm.ppf(1 - obf_spending(ts[0], alpha) / 2))
+    spent = lambda k: alpha if k == last - 1 else obf_spending(ts[k], alpha)  # noqa: E731 (by look k + 1)
+
+    c1 = float(sps.norm.ppf(1 - spent(0) / 2))
     bounds = [min(c1, 40.0)]
     b = bounds[0] * math.sqrt(ts[0])
     s = np.linspace(-b, b, grid)
     dens = sps.norm.pdf(s, scale=math.sqrt(ts[0]))
-    for k in range(1, max_looks):
+    for k in range(1, last):
         sd = math.sqrt(ts[k] - ts[k - 1])
         w = np.full(grid, s[1] - s[0])
         w[[0, -1]] *= 0.5
         mass = dens * w
-        target = obf_spending(ts[k], alpha) - obf_spending(ts[k - 1], alpha)
+        target = spent(k) - spent(k - 1)
 
         def cross(c: float, mass=mass, sd=sd, tk=ts[k]) -> float:
             bb = c * math.sqrt(tk)
@@ -109,15 +117,15 @@ def obf_boundaries(alpha: float, max_looks: int, grid: int = 401) -> tuple[float
 
 
 @lru_cache(maxsize=65536)
-def critical_value(df: float, *, alpha: float, look: int, max_looks: int) -> float | None:
+def critical_value(df: float, *, alpha: float, look: int, max_looks: int, final: bool = False) -> float | None:
     """Multiplier ``q`` of the standard error for the repeated interval at ``look`` of ``max_looks``:
     the t quantile on ``df`` degrees of freedom at the nominal level of the O'Brien-Fleming boundary
     (:func:`obf_boundaries`). ``None`` without degrees of freedom. A look beyond ``max_looks`` uses the
-    last boundary (the plan is spent)."""
+    last boundary (the plan is spent); a ``final`` one spends all the alpha left (``final_look``)."""
     if df is None or df < 1:
         return None
     k = min(max(int(look), 1), max(int(max_looks), 1))
-    c = obf_boundaries(float(alpha), max(int(max_looks), 1))[k - 1]
+    c = obf_boundaries(float(alpha), max(int(max_looks), 1), final_look=k if final else None)[k - 1]
     p = float(sps.norm.sf(c))
     if p <= 1e-300:
         return float("inf")
@@ -131,7 +139,8 @@ class Decision:
     ``lo``/``hi``: the repeated confidence interval (``None`` when no interval can be formed);
     ``change*``: the same as relative changes (``exp - 1``); ``threshold``: the relative change that
     matters (e.g. 0.05); ``alpha``: this comparison's share of the error rate; ``matters``: for
-    ``slower``/``faster``, whether the whole interval is beyond the threshold (``None``: not known yet).
+    ``slower``/``faster``, whether the whole interval is beyond the threshold (``None``: not known yet);
+    ``final``: the look ended the sweep before its planned last look and spent all the alpha left.
     """
 
     name: str
@@ -150,6 +159,7 @@ class Decision:
     change: float = 0.0
     change_lo: float | None = None
     change_hi: float | None = None
+    final: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -163,13 +173,14 @@ class Decision:
 
 
 def decide(estimate: float, se: float | None, df: float, *, threshold: float, alpha: float, look: int,
-           max_looks: int, name: str = "") -> Decision:
+           max_looks: int, name: str = "", final: bool = False) -> Decision:
     """Decide one comparison at ``look`` (1-based) of ``max_looks`` from its log-scale ``estimate`` and
     standard error ``se`` on ``df`` degrees of freedom (rules in the module text).
 
     Args:
         threshold: the relative change that matters (0.05 = 5 %); compared on the log scale.
         alpha: the error rate of this comparison over all looks (two-sided).
+        final: the budget ends the sweep at this look: it spends all the alpha left (:func:`critical_value`).
 
     Raises:
         ValueError: ``threshold`` not in [0, 1).
@@ -177,9 +188,11 @@ def decide(estimate: float, se: float | None, df: float, *, threshold: float, al
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold {threshold}: must be a fraction in [0, 1)")
     h = math.log1p(threshold)
-    q = critical_value(df, alpha=alpha, look=look, max_looks=max_looks) if se is not None and se >= 0 else None
+    q = (critical_value(df, alpha=alpha, look=look, max_looks=max_looks, final=final)
+         if se is not None and se >= 0 else None)
     d = Decision(name=name, verdict="undecided", estimate=float(estimate), se=se, df=float(df), lo=None, hi=None,
-                 threshold=threshold, alpha=alpha, look=look, max_looks=max_looks, change=math.expm1(estimate))
+                 threshold=threshold, alpha=alpha, look=look, max_looks=max_looks, change=math.expm1(estimate),
+                 final=bool(final and look < max_looks))
     if q is None or not math.isfinite(q) or not math.isfinite(estimate):
         return d
     d.lo, d.hi = estimate - q * se, estimate + q * se
