@@ -22,21 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure._common import MeasureError, rel_path
-from bench.measure.ascend_step_trace import OUTPUT_DIR, read_step_trace_csv
+from bench.measure.ascend_step_trace import OUTPUT_DIR, int_or_none, read_step_trace_csv
 from bench.measure.trace_cache import CACHE_DIR, HashingReader
 
 KERNEL_DETAILS_CSV = "kernel_details.csv"
 TRACE_VIEW_JSON = "trace_view.json"
 _REQUIRED = ("Name", "Duration(us)")
-
-
-def _step_of(text: str | None) -> int | None:
-    s = (text or "").strip()
-    try:
-        f = float(s)
-    except ValueError:
-        return None
-    return int(f) if math.isfinite(f) and f == int(f) else None
 
 
 def _number(text: str | None) -> float | None:
@@ -92,7 +83,7 @@ def parse_kernel_details_hashed(path: str | os.PathLike, engine: str | None = No
                 if dur is None or dur < 0 or not name:
                     bad += 1
                     continue
-                step = _step_of(rec[i_step]) if i_step is not None else None
+                step = int_or_none(rec[i_step]) if i_step is not None else None
                 slot = acc.setdefault(step, {}).get(name)
                 if slot is None:
                     acc[step][name] = [1, dur]
