@@ -24,6 +24,7 @@ from typing import Any
 from bench.measure._common import MeasureError, rel_path
 from bench.measure.ascend_step_trace import OUTPUT_DIR, int_or_none, read_step_trace_csv
 from bench.measure.trace_cache import CACHE_DIR, HashingReader
+from bench.measure.trace_ops import op_rows, step_entry
 
 KERNEL_DETAILS_CSV = "kernel_details.csv"
 TRACE_VIEW_JSON = "trace_view.json"
@@ -122,14 +123,8 @@ def kernel_top(details: dict[str, Any], step: int | None, window_us: float | Non
     """The top ``n`` kernels of ``step`` in a :func:`parse_kernel_details_hashed` result, as the device half of
     a top-operators table (``{"name", "calls", "self_ms", "share"}``; ``share`` = time / ``window_us``);
     ``None`` when the file has no such step (a file without steps answers for any step)."""
-    steps = details.get("steps") or []
-    hit = next((s for s in steps if s.get("step") == step), None)
-    if hit is None and len(steps) == 1 and steps[0].get("step") is None:
-        hit = steps[0]
-    if hit is None:
-        return None
-    return [{"name": name, "calls": c, "self_ms": round(t / 1e3, 3),
-             "share": round(t / window_us, 4) if window_us else None} for name, c, t in hit["ops"][:n]]
+    hit = step_entry(details.get("steps") or [], step)
+    return None if hit is None else op_rows(hit["ops"][:n], window_us)
 
 
 def profile_files(profile) -> dict[str, str]:

@@ -24,18 +24,10 @@ from bench.measure._common import MeasureError
 from bench.measure.ascend import find_ascend_profiles
 from bench.measure.ascend_kernels import kernel_top, profile_files
 from bench.measure.trace_cache import CACHE_DIR
-from bench.measure.trace_ops import TOP_N
+from bench.measure.trace_ops import TOP_N, step_entry
 from bench.measure.trace_pool import parse_files
 
 __all__ = ["TOP_N", "step_top_ops", "top_ops"]
-
-
-def _entry(tables: list[dict], step: int | None) -> dict | None:
-    """The table of ``step`` among a trace's per-window tables (a trace without windows answers for any step)."""
-    hit = next((t for t in tables if t.get("step") == step), None)
-    if hit is None and len(tables) == 1 and tables[0].get("step") is None:
-        hit = tables[0]
-    return hit
 
 
 def top_ops(path: str | os.PathLike, step: int | None = None, n: int = TOP_N) -> dict[str, Any]:
@@ -75,7 +67,7 @@ def _ascend_top(rdir: Path, rank: int | None, step: int, memo: dict, n: int) -> 
             jobs.append(("step_trace", prof.output))
         got = dict(zip([k for k, _ in jobs], parse_files(jobs, cache_dir=cache)))
         trace = got.get("trace") if isinstance(got.get("trace"), dict) else None
-        table = _entry(trace["top_ops"], step) if trace else None
+        table = step_entry(trace["top_ops"], step) if trace else None
         window = table["window_ms"] * 1e3 if table and table.get("window_ms") else None
         if window is None and isinstance(got.get("step_trace"), dict):
             window = _window_us(got["step_trace"]["rows"], step)
@@ -118,7 +110,7 @@ def step_top_ops(rdir: str | os.PathLike, step: int | str, sources: list[dict], 
             if path not in memo:
                 memo[path] = parse_files([("trace", path)], cache_dir=rdir / CACHE_DIR)[0]
             got = memo[path]
-            hit = _entry(got["top_ops"], k) if isinstance(got, dict) else None
+            hit = step_entry(got["top_ops"], k) if isinstance(got, dict) else None
             if hit:
                 return {"source": name, "window_ms": hit["window_ms"], "cpu": hit["cpu"][:n],
                         "device": hit["device"][:n]}
