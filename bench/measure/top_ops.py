@@ -57,15 +57,19 @@ def _window_us(rows: list[dict], step: int) -> float | None:
 
 def _ascend_top(rdir: Path, rank: int | None, step: int, memo: dict, n: int) -> dict | None:
     """Top operators of ``step`` from one Ascend rank's files, through the cache."""
-    cache = rdir / CACHE_DIR
-    for prof in memo.setdefault("profiles", find_ascend_profiles(rdir)):
+    if "profiles" not in memo:  # once per run folder, not once per step
+        memo["profiles"] = find_ascend_profiles(rdir)
+    for prof in memo["profiles"]:
         if prof.rank != rank:
             continue
-        files = profile_files(prof)
-        jobs = [(k, p) for k, p in files.items()]
-        if prof.output and prof.output.endswith(".csv"):
-            jobs.append(("step_trace", prof.output))
-        got = dict(zip([k for k, _ in jobs], parse_files(jobs, cache_dir=cache)))
+        if ("ascend", prof.path) not in memo:  # a rank's files are looked up (hashed) once, not once per step
+            files = profile_files(prof)
+            jobs = list(files.items())
+            if prof.output and prof.output.endswith(".csv"):
+                jobs.append(("step_trace", prof.output))
+            memo["ascend", prof.path] = files, dict(zip([k for k, _ in jobs],
+                                                        parse_files(jobs, cache_dir=rdir / CACHE_DIR)))
+        files, got = memo["ascend", prof.path]
         trace = got.get("trace") if isinstance(got.get("trace"), dict) else None
         table = step_entry(trace["top_ops"], step) if trace else None
         window = table["window_ms"] * 1e3 if table and table.get("window_ms") else None
