@@ -42,7 +42,7 @@ from bench.analyze.snapshot import (
     cpu_pressure,
     snapshot,
 )
-from bench.errors import BenchError
+from bench.errors import BenchError, did_you_mean
 from bench.figures import METRICS
 from bench.metadata import machine
 from bench.results import atomic_write_json, find_sweep, read_json
@@ -69,8 +69,6 @@ def resolve_baseline(ref: str, results: Path) -> Path:
     if _NAME.match(ref) and cand.is_file():
         return cand
     known = sorted(x.stem for x in baselines_dir(results).glob("*.json")) if baselines_dir(results).is_dir() else []
-    from bench.errors import did_you_mean
-
     raise BenchError(f"--baseline {ref}: unknown baseline{did_you_mean(ref, known)} (no file {cand}; known: "
                      f"{', '.join(known) or 'none, save one with `run_bench.py baseline save SWEEP --name NAME`'})")
 

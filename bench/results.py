@@ -31,7 +31,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from bench.errors import BenchError
+from bench.errors import BenchError, did_you_mean
 from bench.inputs import read_bytes
 from bench.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
 
@@ -236,8 +236,6 @@ def find_sweep(ref: str | Path, root: Path) -> Path:
             return cand.resolve()
     names = sorted(p.name for p in Path(root).iterdir() if (p / "latest" / SWEEP).exists()) if Path(root).is_dir() \
         else []
-    from bench.errors import did_you_mean
-
     raise BenchError(f"{ref}: no sweep found{did_you_mean(str(ref), names)} (give a sweep folder, or a matrix name "
                      f"under {root}: {', '.join(names[:20]) or 'none yet'})")
 
