@@ -23,8 +23,9 @@ from typing import Any
 
 from bench.measure._common import MeasureError, rel_path
 from bench.measure.ascend_step_trace import OUTPUT_DIR, int_or_none, read_step_trace_csv
-from bench.measure.trace_cache import CACHE_DIR, HashingReader
+from bench.measure.trace_cache import CACHE_DIR, HashingReader, content_hash
 from bench.measure.trace_ops import op_rows, step_entry
+from bench.measure.trace_pool import parse_files
 
 KERNEL_DETAILS_CSV = "kernel_details.csv"
 TRACE_VIEW_JSON = "trace_view.json"
@@ -109,8 +110,6 @@ def parse_step_trace_hashed(path: str | os.PathLike, engine: str | None = None) 
     """The rows of one ``step_trace_time.csv`` (:func:`~bench.measure.ascend_step_trace.read_step_trace_csv`,
     rank unset) as ``{"rows": [StepTraceRow fields]}``, and the file's content hash. The file is a few rows per
     step: it is read twice (hash, rows), which costs nothing beside the parse of a trace."""
-    from bench.measure.trace_cache import content_hash
-
     rows = read_step_trace_csv(path)
     try:
         digest = content_hash(path)
@@ -141,8 +140,6 @@ def rank_files(profiles: list, run_dir: Path) -> tuple[list[dict], list[dict], l
     per file its rank, relative path and per-step summary (kernels and their time; the trace's Free ratio per
     window), and the errors as warnings."""
     jobs = [(kind, path, prof) for prof in profiles for kind, path in profile_files(prof).items()]
-    from bench.measure.trace_pool import parse_files  # the pool runs this module's parsers
-
     got = parse_files([(kind, path) for kind, path, _ in jobs], cache_dir=run_dir / CACHE_DIR)
     kernels: list[dict] = []
     traces: list[dict] = []
