@@ -145,3 +145,21 @@ def test_top_operators_of_every_step_look_each_rank_up_once(tmp_path, monkeypatc
     _, prof = profile_summary(rec, run, 0.25)
     assert [s["top_ops"]["device"][0]["name"] for s in prof["steps"].values()] == ["MatMulV2", "MatMulV2"]
     assert calls == {"profiles": 1, "parse": 1}  # rank 0 answers both steps
+
+
+def test_without_a_trace_view_the_window_is_msprofs_step_time(tmp_path):
+    """A rank without ``trace_view.json``: its top operators' window is the step's ``Computing + Communication(Not
+    Overlapped) + Free`` of ``step_trace_time.csv`` (600 + 150 + 251 us for rank 1)."""
+    run = _run(tmp_path, ranks=2)
+    for p in run.glob("*_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json"):
+        p.unlink()
+    got = collect(run)
+    rec = {"free_ratio": {str(k): v for k, v in got["free_ratio"].items()}, "summary": {"profiled_steps": [3]},
+           "free_ratio_detail": {str(k): v for k, v in got["free_ratio_detail"].items()}}
+    from bench.measure.top_ops import step_top_ops
+
+    top = step_top_ops(run, 3, [{"kind": "ascend", "source": "rank 1"}])
+    assert top["window_ms"] == 1.001 and top["cpu"] == []
+    assert top["device"][0] == {"name": "MatMulV2", "calls": 3, "self_ms": 0.12, "share": round(120 / 1001, 4)}
+    _, prof = profile_summary(rec, run, 0.25)
+    assert prof["steps"]["3"]["top_ops"]["window_ms"] == 1.0  # rank 0, the step's first source

@@ -23,6 +23,7 @@ from typing import Any
 from bench.measure._common import MeasureError
 from bench.measure.ascend import find_ascend_profiles
 from bench.measure.ascend_kernels import kernel_top, profile_files
+from bench.measure.ascend_step_trace import StepTraceRow
 from bench.measure.trace_cache import CACHE_DIR
 from bench.measure.trace_ops import TOP_N, step_entry
 from bench.measure.trace_pool import parse_files
@@ -50,7 +51,7 @@ def top_ops(path: str | os.PathLike, step: int | None = None, n: int = TOP_N) ->
 
 def _window_us(rows: list[dict], step: int) -> float | None:
     """msprof's step time of ``step`` (``Computing + Communication(Not Overlapped) + Free``, us) in a rank's rows."""
-    total = sum(r["computing_us"] + r["communication_not_overlapped_us"] + r["free_us"] for r in rows
+    total = sum(StepTraceRow(**r).step_time_us for r in rows
                 if r.get("step") == step or (r.get("step") is None and len(rows) == 1))
     return total or None
 
