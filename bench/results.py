@@ -165,6 +165,8 @@ class ResultsDir:
     def __init__(self, root: Path, matrix_name: str):
         self.root = Path(root)
         self.base = self.root / matrix_name
+        #: what was wrong with each sweep the last :meth:`find_resumable` passed over (its ``sweep.json``)
+        self.unusable: list[str] = []
 
     def lock(self) -> FileLock:
         """A lock for this matrix's folder; acquire with ``with rd.lock():``.
@@ -187,7 +189,7 @@ class ResultsDir:
     def find_resumable(self, fingerprint: str, platform: str) -> Path | None:
         """The newest sweep of the same matrix content and platform, or ``None``. A sweep whose ``sweep.json``
         is unusable is never resumed: what is wrong is added to :attr:`unusable` (the sweep names it)."""
-        self.unusable: list[str] = []
+        self.unusable = []
         for sweep in reversed(self.sweeps()):
             try:
                 meta = check_sweep_meta(sweep / SWEEP)
