@@ -45,7 +45,7 @@ except ImportError:  # pragma: no cover - xxhash is a dependency; exercised by f
 VERSIONS = {"trace": 2, "kernel_details": 1, "step_trace": 1}
 #: folder name, inside a run folder
 CACHE_DIR = ".trace_cache"
-#: bytes read at a time by :func:`content_hash`
+#: bytes read at a time by :meth:`HashingReader.digest`
 BLOCK = 8 << 20
 
 
@@ -143,13 +143,10 @@ class HashingReader:
 
 
 def content_hash(path: str | os.PathLike) -> str:
-    """:data:`HASH` of every byte of the file (32 hex digits). Raises ``OSError`` when it cannot be read."""
-    h = new_hasher()
-    buf = bytearray(BLOCK)
-    with open(path, "rb", buffering=0) as fh, memoryview(buf) as view:
-        while n := fh.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
+    """:data:`HASH` of every byte of the file (32 hex digits; :func:`hashlib.file_digest`). Raises ``OSError``
+    when it cannot be read."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, new_hasher).hexdigest()
 
 
 def entry_name(kind: str, digest: str) -> str:
