@@ -23,7 +23,7 @@ from typing import Any
 
 from bench.measure._common import MeasureError, rel_path
 from bench.measure.ascend_step_trace import OUTPUT_DIR, int_or_none, read_step_trace_csv
-from bench.measure.trace_cache import CACHE_DIR, HashingReader, content_hash
+from bench.measure.trace_cache import CACHE_DIR, content_hash, open_hashed
 from bench.measure.trace_ops import op_rows, step_entry
 from bench.measure.trace_pool import parse_files
 
@@ -42,11 +42,7 @@ def _number(text: str | None) -> float | None:
 
 def _hashed_text(path: str | os.PathLike):
     """``(binary file, hashing reader, text stream)`` of a CSV (``utf-8-sig``: a byte-order mark is dropped)."""
-    try:
-        fh = open(path, "rb")
-    except OSError as exc:
-        raise MeasureError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    raw = HashingReader(fh)
+    fh, raw = open_hashed(path)
     return fh, raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")  # type: ignore[arg-type]
 
 

@@ -27,6 +27,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.measure._common import MeasureError
 
@@ -140,6 +141,19 @@ class HashingReader:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def open_hashed(path: str | os.PathLike, what: str = "") -> tuple[Any, HashingReader]:
+    """``(binary file, HashingReader over it)``: a file a parser reads through the hash (close the file when done).
+
+    Raises:
+        MeasureError: ``<path>: cannot read[ <what>]: <why>`` when it cannot be opened.
+    """
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise MeasureError(f"{path}: cannot read{' ' + what if what else ''}: {exc.strerror or exc}") from exc
+    return fh, HashingReader(fh)
 
 
 def content_hash(path: str | os.PathLike) -> str:
