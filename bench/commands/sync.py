@@ -46,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
                 meta.get("tracking_uri") or args.tracking_uri)
             check_tracking_uri(uri)
             # before the store is opened: with no usable run, refused with nothing written
-            checked = check_sweep_files(sweep)
+            checked = check_sweep_files(sweep, meta)  # sweep.json read once, above
             tracker = Tracker(uri, meta.get("matrix_name") or sweep.parent.name)
             warn = lambda kind, d: print(f"warning: {d['message']}", file=sys.stderr)  # noqa: E731
             for k, v in sync_sweep(sweep, tracker, warn, checked=checked).items():  # its files read once

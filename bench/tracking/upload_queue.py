@@ -128,8 +128,10 @@ def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     return tags, params
 
 
-def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """Check, before MLflow is touched, every file a sync reads: ``sweep.json``, each run record
+def check_sweep_files(sweep_dir: Path, meta: dict[str, Any] | None = None
+                      ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Check, before MLflow is touched, every file a sync reads: ``sweep.json`` (``meta``: its content as
+    :func:`bench.results.check_sweep_meta` already returned it to the caller), each run record
     (:func:`bench.run_record.read_record`) and each cell's ``spec.json``.
 
     Returns:
@@ -147,7 +149,7 @@ def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any], 
     from bench.spec.plan import RunSpec
 
     sweep_dir = Path(sweep_dir)
-    meta = check_sweep_meta(sweep_dir / SWEEP)
+    meta = check_sweep_meta(sweep_dir / SWEEP) if meta is None else meta
     problems = corrupt_records(sweep_dir)
     specs = {}
     for entry in meta["plan"]["runs"]:
