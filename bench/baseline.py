@@ -25,6 +25,7 @@ a baseline must be complete.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import re
 import sys
@@ -42,7 +43,7 @@ from bench.analyze.snapshot import (
     cpu_pressure,
     snapshot,
 )
-from bench.errors import BenchError
+from bench.errors import BenchError, did_you_mean
 from bench.figures import METRICS
 from bench.metadata import machine
 from bench.results import atomic_write_json, find_sweep, read_json
@@ -69,8 +70,6 @@ def resolve_baseline(ref: str, results: Path) -> Path:
     if _NAME.match(ref) and cand.is_file():
         return cand
     known = sorted(x.stem for x in baselines_dir(results).glob("*.json")) if baselines_dir(results).is_dir() else []
-    from bench.errors import did_you_mean
-
     raise BenchError(f"--baseline {ref}: unknown baseline{did_you_mean(ref, known)} (no file {cand}; known: "
                      f"{', '.join(known) or 'none, save one with `run_bench.py baseline save SWEEP --name NAME`'})")
 
@@ -99,17 +98,12 @@ def load_baseline(ref: str, results: Path) -> dict[str, Any]:
     return data
 
 
-def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
-    """Check the parts of a baseline every reader indexes (``source``, each cell's ``key``, ``label``,
-    ``levels`` and ``repeats`` with their ``samples``), so a hand-edited file fails as one line.
-
-    Raises:
-        BenchError: naming the file and the first missing or mistyped key.
-    """
-    from pydantic import BaseModel, ConfigDict, ValidationError
+@functools.cache
+def _shape_model() -> Any:
+    """The pydantic model of the parts of a baseline every reader indexes (built once, on first use)."""
+    from pydantic import BaseModel, ConfigDict
 
     from bench.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
-    from bench.spec.loading import value_message
 
     class _Repeat(BaseModel):
         model_config = ConfigDict(extra="allow")
@@ -135,8 +129,22 @@ def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
         source: _Source
         cells: list[_Cell]
 
+    return _Shape
+
+
+def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
+    """Check the parts of a baseline every reader indexes (``source``, each cell's ``key``, ``label``,
+    ``levels`` and ``repeats`` with their ``samples``), so a hand-edited file fails as one line.
+
+    Raises:
+        BenchError: naming the file and the first missing or mistyped key.
+    """
+    from pydantic import ValidationError
+
+    from bench.spec.loading import value_message
+
     try:
-        _Shape.model_validate(data)
+        _shape_model().model_validate(data)
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(x) for x in err["loc"])

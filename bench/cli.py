@@ -150,8 +150,9 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
     command = getattr(args, "command", None) or "run"
     check_names("--results", args.results)
     dry = bool(getattr(args, "dry_run", False))
+    interleaved = command == "gate" and getattr(args, "interleave", None) is not None  # runs a sweep
     writes = command in ("run", "tune") or (command == "baseline" and getattr(args, "action", None) == "save") or \
-        (command == "gate" and getattr(args, "interleave", None) is not None)
+        interleaved
     if writes:
         check_folder("--results", args.results)
     elif Path(args.results).exists() and not Path(args.results).is_dir():
@@ -163,7 +164,6 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
 
     if getattr(args, "out", None) is not None:
         check_folder("--out", args.out)
-    interleaved = command == "gate" and getattr(args, "interleave", None) is not None  # runs a sweep
     if (command in WRITES_MLFLOW or interleaved) and (command != "sync" or args.tracking_uri_given):
         check_tracking_uri(args.tracking_uri, probe=not dry)
     elif in_memory(args.tracking_uri):  # gate/report/compare/baseline log to MLflow too: never to a lost store

@@ -102,7 +102,8 @@ class VersionedExecutor:
 
     Args:
         make: ``make(root) -> Executor`` for a version's checkout (a fork server importing that checkout, or a
-            plain local executor); called once per version, on its first run.
+            plain local executor); called for every version when this executor is made (and again for a version
+            whose executor was closed, on its next run).
         roots: version name -> checkout folder.
         side_by_side: a :class:`bench.side_by_side.SideBySide`: both versions' runs of a cell at once, each on a
             CPU of its own (``gate --side-by-side``); ``None``: one run at a time.
@@ -112,14 +113,13 @@ class VersionedExecutor:
 
     def __init__(self, make: Callable[[Path], Executor], roots: dict[str, Path], side_by_side: Any = None):
         self.make, self.roots = make, roots
-        self.executors: dict[str, Executor] = {}
         self.side = side_by_side
         if side_by_side is not None:  # the sweep's block loop runs a block's runs through it (two at once)
             self.run_block = lambda items, run_one: side_by_side.run_block(items, run_one, on_interrupt=self.close)
         # every version's executor started here, at once, in the harness's main thread: the fork servers import in
         # parallel (measured: the second version's lazy start cost 17-27 s of a 100 s gate), and a fork server dies
         # with the thread that started it (PR_SET_PDEATHSIG; the threads of a side-by-side block end with the block)
-        self.executors = {v: make(root) for v, root in roots.items()}
+        self.executors: dict[str, Executor] = {v: make(root) for v, root in roots.items()}
 
     def execute(self, launch: ResolvedLaunch) -> ExecResult:
         """Run ``launch`` with the executor of its version.

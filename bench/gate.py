@@ -30,7 +30,7 @@ from bench.analyze.gate_markdown import (
 from bench.analyze.snapshot import METRICS, snapshot
 from bench.analyze.stat_tests import TESTS, describe_tests
 from bench.baseline import load_baseline
-from bench.errors import BenchError
+from bench.errors import BenchError, did_you_mean
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 
 
@@ -139,8 +139,6 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     """
     bad = [m for m in metrics if m not in METRICS]
     if bad or not metrics:
-        from bench.errors import did_you_mean
-
         word = bad[0] if bad else ""
         raise BenchError(f"--metric {word!r}: unknown metric{did_you_mean(word, METRICS)} "
                          f"(allowed: {', '.join(METRICS)})")
@@ -149,8 +147,6 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     if not 0 < alpha < 0.5:
         raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
     if test is not None and test not in TESTS:
-        from bench.errors import did_you_mean
-
         raise BenchError(f"--test {test}: unknown test{did_you_mean(test, TESTS)} (allowed: {', '.join(TESTS)})")
     sweep = find_sweep(candidate_ref, results)
     cand = snapshot(sweep, results)

@@ -31,7 +31,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from bench.errors import BenchError
+from bench.errors import BenchError, did_you_mean
 from bench.inputs import read_bytes
 from bench.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
 
@@ -165,6 +165,8 @@ class ResultsDir:
     def __init__(self, root: Path, matrix_name: str):
         self.root = Path(root)
         self.base = self.root / matrix_name
+        #: what was wrong with each sweep the last :meth:`find_resumable` passed over (its ``sweep.json``)
+        self.unusable: list[str] = []
 
     def lock(self) -> FileLock:
         """A lock for this matrix's folder; acquire with ``with rd.lock():``.
@@ -187,7 +189,7 @@ class ResultsDir:
     def find_resumable(self, fingerprint: str, platform: str) -> Path | None:
         """The newest sweep of the same matrix content and platform, or ``None``. A sweep whose ``sweep.json``
         is unusable is never resumed: what is wrong is added to :attr:`unusable` (the sweep names it)."""
-        self.unusable: list[str] = []
+        self.unusable = []
         for sweep in reversed(self.sweeps()):
             try:
                 meta = check_sweep_meta(sweep / SWEEP)
@@ -236,8 +238,6 @@ def find_sweep(ref: str | Path, root: Path) -> Path:
             return cand.resolve()
     names = sorted(p.name for p in Path(root).iterdir() if (p / "latest" / SWEEP).exists()) if Path(root).is_dir() \
         else []
-    from bench.errors import did_you_mean
-
     raise BenchError(f"{ref}: no sweep found{did_you_mean(str(ref), names)} (give a sweep folder, or a matrix name "
                      f"under {root}: {', '.join(names[:20]) or 'none yet'})")
 

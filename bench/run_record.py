@@ -280,16 +280,34 @@ def read_record(path: str | Path) -> dict[str, Any] | None:
     return None if model is None else model.model_dump(exclude_unset=True) | {"schema_version": SCHEMA_VERSION}
 
 
-def load_records(sweep: str | Path) -> list[dict[str, Any]]:
+def load_records(sweep: str | Path, cache: dict[Path, Any] | None = None) -> list[dict[str, Any]]:
     """Every run record of a sweep (``<cell id>/r<k>/record.json``), ordered by cell id then repeat, each with
     ``_dir`` (its run folder).
+
+    ``cache``: a dict kept by the caller across calls on the same sweep (a sequential sweep looks after every
+    block): a record whose file is unchanged since it was read (same inode, size and ``st_mtime_ns``; records are
+    written whole by ``os.replace``) is taken from it, as a fresh dict, instead of being read and validated again.
 
     Raises:
         RecordError: the first record that cannot be used (naming it and what is wrong).
     """
     out = []
     for path in sorted(Path(sweep).glob(f"*/r*/{RECORD}")):
-        rec = read_record(path)
+        if cache is None:
+            rec = read_record(path)
+        else:
+            try:
+                st = path.stat()
+                key: tuple | None = (st.st_ino, st.st_size, st.st_mtime_ns)
+            except OSError:
+                key = None  # read_record says what is wrong
+            hit = cache.get(path)
+            if key is not None and hit is not None and hit[0] == key:
+                rec = None if hit[1] is None else dict(hit[1])
+            else:
+                rec = read_record(path)
+                if key is not None:
+                    cache[path] = (key, dict(rec) if rec is not None else None)
         if rec is not None:
             rec["_dir"] = str(path.parent)
             out.append(rec)

@@ -97,3 +97,21 @@ def test_busy_machine_without_a_measured_offset_cannot_be_judged(tmp_path, uri):
     rc, g = _gate(tmp_path, uri)
     assert rc == 3 and {r["verdict"] for r in g["rows"]} == {"noisy"}
     assert all(r["reason"].startswith("cannot judge: CPU pressure around the runs 70 %") for r in g["rows"])
+
+
+@pytest.mark.parametrize("sd, offset_var, max_mde", [(0.1, 0.0, 0.1), (0.3, 0.0, 0.1), (0.1, 2e-4, 0.1),
+                                                      (0.1, 0.01, 0.1), (0.0, 0.0, 0.2)])
+def test_runs_needed_is_the_first_run_count_that_sees_max_mde(sd, offset_var, max_mde):
+    """The bisection finds the first n of the linear scan over 2..1000 (None when no n does: a large offset)."""
+    import math
+
+    from bench.analyze.gate_stored import runs_needed
+    from bench.analyze.power import mde_from_se
+
+    def sees(n):
+        return mde_from_se(math.sqrt(2 * sd ** 2 / n + 2 * offset_var), alpha=0.05, threshold=0.05,
+                           df=2 * n - 2) <= max_mde
+
+    scan = next((n for n in range(2, 1001) if sees(n)), None)
+    assert runs_needed(sd, sd, offset_var, alpha=0.05, threshold=0.05, max_mde=max_mde) == scan
+    assert scan is None if offset_var == 0.01 else scan >= 2

@@ -121,3 +121,45 @@ def test_kernel_details_reader(tmp_path):
     bad.write_text("Step Id,Name,Start Time(us)\n1,A,2\n")
     with pytest.raises(Exception, match=r"k3.csv: not a kernel_details.csv: missing column\(s\) \['Duration\(us\)'\]"):
         parse_kernel_details_hashed(bad)
+
+
+def test_top_operators_of_every_step_look_each_rank_up_once(tmp_path, monkeypatch):
+    """The MLflow summary of a run with two profiled Ascend steps finds the profiles and hashes a rank's files once
+    for the run, not once per step (``step_top_ops``'s memo)."""
+    import bench.measure.top_ops as top_ops
+
+    run = _run(tmp_path, ranks=2)
+    got = collect(run)
+    calls = {"profiles": 0, "parse": 0}
+
+    def counted(name, real):
+        def wrapper(*args, **kwargs):
+            calls[name] += 1
+            return real(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(top_ops, "find_ascend_profiles", counted("profiles", top_ops.find_ascend_profiles))
+    monkeypatch.setattr(top_ops, "parse_files", counted("parse", top_ops.parse_files))
+    rec = {"free_ratio": {str(k): v for k, v in got["free_ratio"].items()}, "summary": {"profiled_steps": [3, 4]},
+           "free_ratio_detail": {str(k): v for k, v in got["free_ratio_detail"].items()}}
+    _, prof = profile_summary(rec, run, 0.25)
+    assert [s["top_ops"]["device"][0]["name"] for s in prof["steps"].values()] == ["MatMulV2", "MatMulV2"]
+    assert calls == {"profiles": 1, "parse": 1}  # rank 0 answers both steps
+
+
+def test_without_a_trace_view_the_window_is_msprofs_step_time(tmp_path):
+    """A rank without ``trace_view.json``: its top operators' window is the step's ``Computing + Communication(Not
+    Overlapped) + Free`` of ``step_trace_time.csv`` (600 + 150 + 251 us for rank 1)."""
+    run = _run(tmp_path, ranks=2)
+    for p in run.glob("*_ascend_pt/ASCEND_PROFILER_OUTPUT/trace_view.json"):
+        p.unlink()
+    got = collect(run)
+    rec = {"free_ratio": {str(k): v for k, v in got["free_ratio"].items()}, "summary": {"profiled_steps": [3]},
+           "free_ratio_detail": {str(k): v for k, v in got["free_ratio_detail"].items()}}
+    from bench.measure.top_ops import step_top_ops
+
+    top = step_top_ops(run, 3, [{"kind": "ascend", "source": "rank 1"}])
+    assert top["window_ms"] == 1.001 and top["cpu"] == []
+    assert top["device"][0] == {"name": "MatMulV2", "calls": 3, "self_ms": 0.12, "share": round(120 / 1001, 4)}
+    _, prof = profile_summary(rec, run, 0.25)
+    assert prof["steps"]["3"]["top_ops"]["window_ms"] == 1.0  # rank 0, the step's first source

@@ -85,3 +85,31 @@ def test_write_record_refuses_what_the_loader_would_refuse(tmp_path):
     assert not (tmp_path / "record.json").exists()
     write_record(tmp_path, good)
     assert json.loads((tmp_path / "record.json").read_text()) == good
+
+
+def test_load_records_with_a_cache_reads_only_new_or_rewritten_records(tmp_path, monkeypatch):
+    """A sequential sweep looks after every block (:func:`bench.execution.blocks.run_blocks`): with a cache, an
+    unchanged record is not read again, a rewritten one is, and every call returns the same content as a plain
+    :func:`~bench.run_record.load_records` in fresh dicts."""
+    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
+
+    import bench.run_record as run_record
+
+    sweep = make_sweep(tmp_path, "synth", EMBEDDED_CELLS[:2], repeats=2, steps=6)
+    real, reads = run_record.read_record, []
+    monkeypatch.setattr(run_record, "read_record", lambda p: reads.append(p) or real(p))
+    cache: dict = {}
+    first = run_record.load_records(sweep, cache=cache)
+    assert len(reads) == 4 and first == run_record.load_records(sweep)
+    reads.clear()
+    first[0]["status"] = "changed by a reader"  # a caller's edit does not reach the cache
+    again = run_record.load_records(sweep, cache=cache)
+    assert reads == [] and again == run_record.load_records(sweep) and again[0] is not first[0]
+    path = Path(again[1]["_dir"]) / "record.json"
+    rec = json.loads(path.read_text())
+    rec["summary"]["step_time_median_s"] = 9.5
+    (path.parent / "tmp.json").write_text(json.dumps(rec))
+    (path.parent / "tmp.json").replace(path)  # rewritten whole, as the harness writes a record
+    reads.clear()
+    third = run_record.load_records(sweep, cache=cache)
+    assert reads == [path] and third[1]["summary"]["step_time_median_s"] == 9.5

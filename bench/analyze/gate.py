@@ -285,20 +285,19 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     pc = [cpu_pressure(cmap[k]) for k in matched]
     pb_max = max((v for v in pb if v is not None), default=None)
     pc_max = max((v for v in pc if v is not None), default=None)
-    if pb_max is not None or pc_max is not None:
+    psi_max = max((v for v in (pb_max, pc_max) if v is not None), default=None)  # either side's highest
+    if psi_max is not None:
         fmt = lambda v: "-" if v is None else f"{v:.0f} %"  # noqa: E731
         line = (
             f"CPU pressure during the runs (PSI some avg60, highest): baseline {fmt(pb_max)}, candidate {fmt(pc_max)}"
         )
-        if max(v for v in (pb_max, pc_max) if v is not None) > CONTENDED_PSI:
+        if psi_max > CONTENDED_PSI:
             line = ("**contended machine**: " + line + f" (above {CONTENDED_PSI:.0f} %): other jobs competed for the "
                     "CPUs, which shifts step times by tens of percent; rerun both on an idle machine before trusting "
                     "a verdict")
         notes.insert(0, line)
     run_level = not pairing and test is None
-    busy = None
-    if max((v for v in (pb_max, pc_max) if v is not None), default=0.0) > CONTENDED_PSI:
-        busy = f"CPU pressure around the runs {max(v for v in (pb_max, pc_max) if v is not None):.0f} %"
+    busy = f"CPU pressure around the runs {psi_max:.0f} %" if psi_max is not None and psi_max > CONTENDED_PSI else None
     probes = probe_checks(bmap, cmap, matched, metrics) if run_level and normalize else {}
     notes += [f"{m}: {chk['note']}" for m, chk in probes.items()]
     rows = []

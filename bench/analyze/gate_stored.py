@@ -32,6 +32,7 @@ shows: without a measured sweep-to-sweep figure the row is then "noisy" too.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Any
 
@@ -150,12 +151,15 @@ def runs_needed(sd_base: float, sd_cand: float, offset_var: float, *, alpha: flo
                 max_mde: float, limit: int = 1000) -> int | None:
     """Fewest runs per side with which :func:`compare_runs` would see ``max_mde`` at these run SDs (of log values)
     and sweep offset variance (the figure of :func:`bench.analyze.power.mde_from_se`, Welch df taken as
-    ``2 n - 2``); ``None`` when not even ``limit`` runs would (the offset alone is too large)."""
-    for n in range(2, limit + 1):
+    ``2 n - 2``); ``None`` when not even ``limit`` runs would (the offset alone is too large). The figure falls as
+    ``n`` grows (smaller ``se``, more df), so the first ``n`` is found by bisection (:func:`bisect.bisect_left`)."""
+    def sees(n: int) -> bool:
         se = math.sqrt((sd_base ** 2 + sd_cand ** 2) / n + 2 * offset_var)
-        if mde_from_se(se, alpha=alpha, threshold=threshold, df=2 * n - 2) <= max_mde:
-            return n
-    return None
+        return mde_from_se(se, alpha=alpha, threshold=threshold, df=2 * n - 2) <= max_mde
+
+    ns = range(2, limit + 1)
+    i = bisect.bisect_left(ns, True, key=sees)
+    return ns[i] if i < len(ns) else None
 
 
 def probe_checks(bmap: dict[str, Any], cmap: dict[str, Any], matched: list[str],

@@ -219,11 +219,8 @@ def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
 
 def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""):
     """Ray job executor with ``--ray-address``; the fork server where the engine allows it on this platform
-    (``forkserver_platforms``: embedded CPU runs) unless ``--spawn``; else a fresh local process per run."""
-    if getattr(args, "parallel", None) is not None and not getattr(args, "ray_address", None):
-        from bench.errors import BenchError
-
-        raise BenchError(f"--parallel {args.parallel}: needs --ray-address (the Ray cluster whose nodes run the runs)")
+    (``forkserver_platforms``: embedded CPU runs) unless ``--spawn``; else a fresh local process per run. A
+    ``--parallel`` without ``--ray-address`` never gets here (:func:`bench.cli.check_flag_combinations`)."""
     if getattr(args, "ray_address", None):
         from bench.execution.ray_executor import RayJobExecutor
 

@@ -45,17 +45,19 @@ def main(args: argparse.Namespace) -> int:
             uri = args.tracking_uri if getattr(args, "tracking_uri_given", False) else (
                 meta.get("tracking_uri") or args.tracking_uri)
             check_tracking_uri(uri)
-            check_sweep_files(sweep)  # before the store is opened: with no usable run, refused with nothing written
+            # before the store is opened: with no usable run, refused with nothing written
+            checked = check_sweep_files(sweep, meta)  # sweep.json read once, above
             tracker = Tracker(uri, meta.get("matrix_name") or sweep.parent.name)
             warn = lambda kind, d: print(f"warning: {d['message']}", file=sys.stderr)  # noqa: E731
-            for k, v in sync_sweep(sweep, tracker, warn).items():
+            for k, v in sync_sweep(sweep, tracker, warn, checked=checked).items():  # its files read once
                 done[k] += v
         except BenchError as exc:  # named below; the other sweeps are still synced
             errors.append(exc)
             if not pending(sweep):
                 continue
-        left += pending(sweep)
-        print(f"{sweep}: {uri}: " + ("still pending" if pending(sweep) else "in sync"))
+        still = pending(sweep)
+        left += still
+        print(f"{sweep}: {uri}: " + ("still pending" if still else "in sync"))
     print(f"logged {done['children']} child run(s), created {done['parents']} parent run(s), "
           f"closed {done['closed']} parent run(s); {left} sweep(s) still pending")
     if errors:  # one line: the first unusable file (the queue of its sweep stays)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bench.errors import did_you_mean
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism
 
@@ -127,7 +128,6 @@ class EngineBase:
         try:
             cls.options_model.model_validate(base.options(cls.options_key))
         except ValidationError as exc:
-            from bench.errors import did_you_mean
             from bench.spec.loading import value_message
 
             err = exc.errors()[0]

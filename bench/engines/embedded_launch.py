@@ -10,7 +10,7 @@ from typing import Any
 
 from bench.engines.base import EngineBase, Launch
 from bench.engines.common import default_profile_steps, device_available
-from bench.errors import BenchError
+from bench.errors import BenchError, did_you_mean
 from bench.spec.loading import expand_env, value_message
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism
@@ -63,7 +63,6 @@ def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
     from bench.engines.builtins.data import BUILTINS
     from bench.engines.builtins.model import BUILTIN_MODEL
     from bench.paths import check_names
-    from bench.spec.matrix import did_you_mean
 
     value = expand_env(value, file="base", key=key.removeprefix("base."), strict=strict)
     if "${" in value:
@@ -165,7 +164,6 @@ class EmbeddedEngine(EngineBase):
         from pydantic import ValidationError
 
         from bench.engines.embedded.config import RunConfig
-        from bench.spec.matrix import did_you_mean
 
         fields, options = sorted(RunConfig.model_fields), base.options(cls.options_key)
         if base.val_data is not None:

@@ -61,9 +61,10 @@ def run_blocks(todo: Sequence[tuple[Any, int]], run_one: RunOne, *, stop_rule: A
     state = meta.setdefault("sequential", {})
     state.update({"method": METHOD, "max_looks": stop_rule.max_looks, "looks": [], "stopped_after": None,
                   "threshold": getattr(stop_rule, "threshold", None), "alpha": getattr(stop_rule, "alpha", None)})
+    records: dict[Path, Any] = {}  # the records read at earlier looks: only new or rewritten ones are read again
     for i, block in enumerate(split_blocks(todo), start=1):
         run_block(block, run_one)
-        look = stop_rule.after_block(load_records(sweep_dir), i)
+        look = stop_rule.after_block(load_records(sweep_dir, cache=records), i)
         state["looks"].append(look.to_dict())
         if look.stop:
             state["stopped_after"] = i

@@ -196,7 +196,7 @@ class Sweep:
     def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
         fp = gate_fingerprint(self.matrix.fingerprint(), self.code_versions)  # the matrix's own without versions
         sweep_dir = None if self.force else self.rd.find_resumable(fp, self.plan.platform)
-        for problem in getattr(self.rd, "unusable", []):  # an older sweep whose sweep.json cannot be read
+        for problem in self.rd.unusable:  # an older sweep whose sweep.json cannot be read
             self.on_event("warn", {"message": f"{problem}; that sweep is not resumed"})
         if sweep_dir is not None:
             meta = read_json(sweep_dir / SWEEP)

@@ -22,21 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.measure._common import MeasureError, rel_path
-from bench.measure.ascend_step_trace import OUTPUT_DIR, read_step_trace_csv
-from bench.measure.trace_cache import CACHE_DIR, HashingReader
+from bench.measure.ascend_step_trace import OUTPUT_DIR, int_or_none, read_step_trace_csv
+from bench.measure.trace_cache import CACHE_DIR, content_hash, open_hashed
+from bench.measure.trace_ops import op_rows, step_entry
+from bench.measure.trace_pool import parse_files
 
 KERNEL_DETAILS_CSV = "kernel_details.csv"
 TRACE_VIEW_JSON = "trace_view.json"
 _REQUIRED = ("Name", "Duration(us)")
-
-
-def _step_of(text: str | None) -> int | None:
-    s = (text or "").strip()
-    try:
-        f = float(s)
-    except ValueError:
-        return None
-    return int(f) if math.isfinite(f) and f == int(f) else None
 
 
 def _number(text: str | None) -> float | None:
@@ -49,11 +42,7 @@ def _number(text: str | None) -> float | None:
 
 def _hashed_text(path: str | os.PathLike):
     """``(binary file, hashing reader, text stream)`` of a CSV (``utf-8-sig``: a byte-order mark is dropped)."""
-    try:
-        fh = open(path, "rb")
-    except OSError as exc:
-        raise MeasureError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    raw = HashingReader(fh)
+    fh, raw = open_hashed(path)
     return fh, raw, io.TextIOWrapper(raw, encoding="utf-8-sig", newline="")  # type: ignore[arg-type]
 
 
@@ -92,7 +81,7 @@ def parse_kernel_details_hashed(path: str | os.PathLike, engine: str | None = No
                 if dur is None or dur < 0 or not name:
                     bad += 1
                     continue
-                step = _step_of(rec[i_step]) if i_step is not None else None
+                step = int_or_none(rec[i_step]) if i_step is not None else None
                 slot = acc.setdefault(step, {}).get(name)
                 if slot is None:
                     acc[step][name] = [1, dur]
@@ -117,8 +106,6 @@ def parse_step_trace_hashed(path: str | os.PathLike, engine: str | None = None) 
     """The rows of one ``step_trace_time.csv`` (:func:`~bench.measure.ascend_step_trace.read_step_trace_csv`,
     rank unset) as ``{"rows": [StepTraceRow fields]}``, and the file's content hash. The file is a few rows per
     step: it is read twice (hash, rows), which costs nothing beside the parse of a trace."""
-    from bench.measure.trace_cache import content_hash
-
     rows = read_step_trace_csv(path)
     try:
         digest = content_hash(path)
@@ -131,14 +118,8 @@ def kernel_top(details: dict[str, Any], step: int | None, window_us: float | Non
     """The top ``n`` kernels of ``step`` in a :func:`parse_kernel_details_hashed` result, as the device half of
     a top-operators table (``{"name", "calls", "self_ms", "share"}``; ``share`` = time / ``window_us``);
     ``None`` when the file has no such step (a file without steps answers for any step)."""
-    steps = details.get("steps") or []
-    hit = next((s for s in steps if s.get("step") == step), None)
-    if hit is None and len(steps) == 1 and steps[0].get("step") is None:
-        hit = steps[0]
-    if hit is None:
-        return None
-    return [{"name": name, "calls": c, "self_ms": round(t / 1e3, 3),
-             "share": round(t / window_us, 4) if window_us else None} for name, c, t in hit["ops"][:n]]
+    hit = step_entry(details.get("steps") or [], step)
+    return None if hit is None else op_rows(hit["ops"][:n], window_us)
 
 
 def profile_files(profile) -> dict[str, str]:
@@ -155,8 +136,6 @@ def rank_files(profiles: list, run_dir: Path) -> tuple[list[dict], list[dict], l
     per file its rank, relative path and per-step summary (kernels and their time; the trace's Free ratio per
     window), and the errors as warnings."""
     jobs = [(kind, path, prof) for prof in profiles for kind, path in profile_files(prof).items()]
-    from bench.measure.trace_pool import parse_files  # the pool runs this module's parsers
-
     got = parse_files([(kind, path) for kind, path, _ in jobs], cache_dir=run_dir / CACHE_DIR)
     kernels: list[dict] = []
     traces: list[dict] = []

@@ -96,7 +96,9 @@ class StepTraceRow:
         return self.free_us / total if total > 0 else math.nan
 
 
-def _int_or_none(text: object) -> int | None:
+def int_or_none(text: object) -> int | None:
+    """An integer-valued cell (``"3"``, ``"3.0"``, ``3``) as ``int``; ``None`` when empty, not a number, not
+    finite or not whole (a step label, a device or rank id)."""
     if text is None:
         return None
     s = str(text).strip()
@@ -140,8 +142,8 @@ def read_step_trace_csv(path: str | os.PathLike, rank: int | None = None) -> lis
                     StepTraceRow(
                         source=str(p),
                         rank=rank,
-                        device_id=_int_or_none(rec.get("Device_id")),
-                        step=_int_or_none(label),
+                        device_id=int_or_none(rec.get("Device_id")),
+                        step=int_or_none(label),
                         step_label=label,
                         **values,
                     )
@@ -180,8 +182,8 @@ def read_step_trace_db(path: str | os.PathLike, rank: int | None = None) -> list
                 StepTraceRow(
                     source=str(p),
                     rank=rank,
-                    device_id=_int_or_none(rec.get("deviceId")),
-                    step=_int_or_none(label),
+                    device_id=int_or_none(rec.get("deviceId")),
+                    step=int_or_none(label),
                     step_label=label,
                     **{fld: _num(rec.get(col)) for col, fld in DB_COLUMNS.items()},
                 )
@@ -213,7 +215,7 @@ def rank_of(ascend_pt_dir: str | os.PathLike) -> int | None:
             except (OSError, ValueError):
                 continue
             if isinstance(info, dict):
-                r = _int_or_none(info.get("rank_id"))
+                r = int_or_none(info.get("rank_id"))
                 if r is not None and r >= 0:
                     return r
     return None

@@ -23,19 +23,12 @@ from typing import Any
 from bench.measure._common import MeasureError
 from bench.measure.ascend import find_ascend_profiles
 from bench.measure.ascend_kernels import kernel_top, profile_files
+from bench.measure.ascend_step_trace import StepTraceRow
 from bench.measure.trace_cache import CACHE_DIR
-from bench.measure.trace_ops import TOP_N
+from bench.measure.trace_ops import TOP_N, step_entry
 from bench.measure.trace_pool import parse_files
 
 __all__ = ["TOP_N", "step_top_ops", "top_ops"]
-
-
-def _entry(tables: list[dict], step: int | None) -> dict | None:
-    """The table of ``step`` among a trace's per-window tables (a trace without windows answers for any step)."""
-    hit = next((t for t in tables if t.get("step") == step), None)
-    if hit is None and len(tables) == 1 and tables[0].get("step") is None:
-        hit = tables[0]
-    return hit
 
 
 def top_ops(path: str | os.PathLike, step: int | None = None, n: int = TOP_N) -> dict[str, Any]:
@@ -58,24 +51,28 @@ def top_ops(path: str | os.PathLike, step: int | None = None, n: int = TOP_N) ->
 
 def _window_us(rows: list[dict], step: int) -> float | None:
     """msprof's step time of ``step`` (``Computing + Communication(Not Overlapped) + Free``, us) in a rank's rows."""
-    total = sum(r["computing_us"] + r["communication_not_overlapped_us"] + r["free_us"] for r in rows
+    total = sum(StepTraceRow(**r).step_time_us for r in rows
                 if r.get("step") == step or (r.get("step") is None and len(rows) == 1))
     return total or None
 
 
 def _ascend_top(rdir: Path, rank: int | None, step: int, memo: dict, n: int) -> dict | None:
     """Top operators of ``step`` from one Ascend rank's files, through the cache."""
-    cache = rdir / CACHE_DIR
-    for prof in memo.setdefault("profiles", find_ascend_profiles(rdir)):
+    if "profiles" not in memo:  # once per run folder, not once per step
+        memo["profiles"] = find_ascend_profiles(rdir)
+    for prof in memo["profiles"]:
         if prof.rank != rank:
             continue
-        files = profile_files(prof)
-        jobs = [(k, p) for k, p in files.items()]
-        if prof.output and prof.output.endswith(".csv"):
-            jobs.append(("step_trace", prof.output))
-        got = dict(zip([k for k, _ in jobs], parse_files(jobs, cache_dir=cache)))
+        if ("ascend", prof.path) not in memo:  # a rank's files are looked up (hashed) once, not once per step
+            files = profile_files(prof)
+            jobs = list(files.items())
+            if prof.output and prof.output.endswith(".csv"):
+                jobs.append(("step_trace", prof.output))
+            memo["ascend", prof.path] = files, dict(zip([k for k, _ in jobs],
+                                                        parse_files(jobs, cache_dir=rdir / CACHE_DIR)))
+        files, got = memo["ascend", prof.path]
         trace = got.get("trace") if isinstance(got.get("trace"), dict) else None
-        table = _entry(trace["top_ops"], step) if trace else None
+        table = step_entry(trace["top_ops"], step) if trace else None
         window = table["window_ms"] * 1e3 if table and table.get("window_ms") else None
         if window is None and isinstance(got.get("step_trace"), dict):
             window = _window_us(got["step_trace"]["rows"], step)
@@ -118,7 +115,7 @@ def step_top_ops(rdir: str | os.PathLike, step: int | str, sources: list[dict], 
             if path not in memo:
                 memo[path] = parse_files([("trace", path)], cache_dir=rdir / CACHE_DIR)[0]
             got = memo[path]
-            hit = _entry(got["top_ops"], k) if isinstance(got, dict) else None
+            hit = step_entry(got["top_ops"], k) if isinstance(got, dict) else None
             if hit:
                 return {"source": name, "window_ms": hit["window_ms"], "cpu": hit["cpu"][:n],
                         "device": hit["device"][:n]}

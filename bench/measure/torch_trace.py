@@ -36,7 +36,7 @@ import numpy as np
 
 from bench.measure._common import MeasureError
 from bench.measure.chrome_trace import Intervals
-from bench.measure.trace_cache import HashingReader
+from bench.measure.trace_cache import open_hashed
 from bench.measure.trace_ops import top_table
 from bench.measure.trace_scan import scan_trace
 
@@ -147,12 +147,8 @@ def parse_trace_hashed(path: str | os.PathLike, engine: str | None = None) -> tu
     """:func:`parse_trace_free` and the content hash of the file (:func:`bench.measure.trace_cache.content_hash`)
     from the same read: every byte is hashed as the parser reads it. Raises as :func:`parse_trace_free`."""
     p = Path(path)
-    try:
-        fh = open(p, "rb")
-    except OSError as exc:
-        raise MeasureError(f"{p}: cannot read trace: {exc.strerror or exc}") from exc
+    fh, raw = open_hashed(p, "trace")
     with fh:
-        raw = HashingReader(fh)
         result = parse_trace_free(p, engine=engine, raw=raw)
         try:
             return result, raw.digest()

@@ -27,6 +27,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from bench.measure._common import MeasureError
 
@@ -45,7 +46,7 @@ except ImportError:  # pragma: no cover - xxhash is a dependency; exercised by f
 VERSIONS = {"trace": 2, "kernel_details": 1, "step_trace": 1}
 #: folder name, inside a run folder
 CACHE_DIR = ".trace_cache"
-#: bytes read at a time by :func:`content_hash`
+#: bytes read at a time by :meth:`HashingReader.digest`
 BLOCK = 8 << 20
 
 
@@ -142,14 +143,24 @@ class HashingReader:
         self.close()
 
 
+def open_hashed(path: str | os.PathLike, what: str = "") -> tuple[Any, HashingReader]:
+    """``(binary file, HashingReader over it)``: a file a parser reads through the hash (close the file when done).
+
+    Raises:
+        MeasureError: ``<path>: cannot read[ <what>]: <why>`` when it cannot be opened.
+    """
+    try:
+        fh = open(path, "rb")
+    except OSError as exc:
+        raise MeasureError(f"{path}: cannot read{' ' + what if what else ''}: {exc.strerror or exc}") from exc
+    return fh, HashingReader(fh)
+
+
 def content_hash(path: str | os.PathLike) -> str:
-    """:data:`HASH` of every byte of the file (32 hex digits). Raises ``OSError`` when it cannot be read."""
-    h = new_hasher()
-    buf = bytearray(BLOCK)
-    with open(path, "rb", buffering=0) as fh, memoryview(buf) as view:
-        while n := fh.readinto(buf):
-            h.update(view[:n])
-    return h.hexdigest()
+    """:data:`HASH` of every byte of the file (32 hex digits; :func:`hashlib.file_digest`). Raises ``OSError``
+    when it cannot be read."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, new_hasher).hexdigest()
 
 
 def entry_name(kind: str, digest: str) -> str:

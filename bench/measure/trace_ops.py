@@ -259,7 +259,22 @@ def top_table(store: OpStore, spans: list[tuple[int | None, float, float]] | Non
         entry: dict[str, Any] = {"step": step, "window_ms": None if window is None else round(window / 1e3, 3)}
         for kind in ("cpu", "device"):
             ops = sorted(tables[kind].get(w, []), key=lambda o: (-o[2], o[0]))[:n]
-            entry[kind] = [{"name": name, "calls": c, "self_ms": round(t / 1e3, 3),
-                            "share": round(t / window, 4) if window else None} for name, c, t in ops]
+            entry[kind] = op_rows(ops, window)
         out.append(entry)
     return out
+
+
+def op_rows(ops: list, window_us: float | None) -> list[dict[str, Any]]:
+    """Operators ``(name, calls, total self time us)`` as rows of a top-operators table: ``{"name", "calls",
+    "self_ms", "share"}`` (``share`` = time / ``window_us``, ``None`` without a window)."""
+    return [{"name": name, "calls": c, "self_ms": round(t / 1e3, 3),
+             "share": round(t / window_us, 4) if window_us else None} for name, c, t in ops]
+
+
+def step_entry(entries: list[dict], step: int | None) -> dict | None:
+    """The entry of ``step`` among per-step entries (each with a ``"step"`` key); a list whose only entry has no
+    step (a file without steps) answers for any step; ``None`` when there is none."""
+    hit = next((e for e in entries if e.get("step") == step), None)
+    if hit is None and len(entries) == 1 and entries[0].get("step") is None:
+        hit = entries[0]
+    return hit

@@ -49,33 +49,35 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
-#: the ``engine`` of a lookup without a parse (a miss answers ``None``)
-_LOOKUP_ONLY = "lookup only"
+def _unreadable(path: str, exc: OSError) -> MeasureError:
+    return MeasureError(f"{path}: cannot read: {exc.strerror or exc}")
 
 
-def _job(kind: str, path: str, engine: str | MeasureError | None, cache_dir: str | None,
-         lookup: bool) -> tuple[dict | MeasureError, bool]:
-    """One file: ``(result dict or the error that says why not, whether it came from the cache)``; ``engine``
-    may be the error that a bad ``BENCH_TRACE_ENGINE`` raised: a file that must be parsed gets it."""
-    cdir = Path(cache_dir) if cache_dir else None
+def _lookup(kind: str, path: str, cache_dir: str) -> dict | MeasureError | None:
+    """The cached result of one file (its content hashed here), ``None`` on a miss, or the error that says why
+    the file cannot be read."""
     try:
-        if cdir is not None and lookup:
-            hit = trace_cache.load(cdir, kind, trace_cache.content_hash(path))
-            if hit is not None:
-                return hit, True
-        if engine is _LOOKUP_ONLY:
-            return None, False  # type: ignore[return-value]
-        if isinstance(engine, MeasureError):
-            return engine, False
+        return trace_cache.load(Path(cache_dir), kind, trace_cache.content_hash(path))
+    except OSError as exc:
+        return _unreadable(path, exc)
+
+
+def _parse(kind: str, path: str, engine: str | MeasureError | None, cache_dir: str | None) -> dict | MeasureError:
+    """One file parsed, its result stored in ``cache_dir`` (when given) under the hash of the bytes parsed, or the
+    error that says why not; ``engine`` may be the error that a bad ``BENCH_TRACE_ENGINE`` raised: the file gets
+    it."""
+    if isinstance(engine, MeasureError):
+        return engine
+    try:
         module, func = PARSERS[kind].split(":")
         result, digest = getattr(importlib.import_module(module), func)(path, engine)
     except MeasureError as exc:
-        return exc, False
+        return exc
     except OSError as exc:
-        return MeasureError(f"{path}: cannot read: {exc.strerror or exc}"), False
-    if cdir is not None:
-        trace_cache.store(cdir, kind, digest, result)
-    return result, False
+        return _unreadable(path, exc)
+    if cache_dir:
+        trace_cache.store(Path(cache_dir), kind, digest, result)
+    return result
 
 
 def _context():
@@ -115,7 +117,7 @@ def parse_files(
     cdir = str(cache_dir) if cache_dir is not None and mode != "off" else None
     lookup = trace_cache.has_entries(Path(cdir)) if cdir else False
     out: list[dict | MeasureError | None] = [None] * len(jobs)
-    flags = [False] * len(jobs)
+    hits = 0
     try:
         engine = resolve_engine(engine)  # here, not in a worker: a forkserver's environment may be older
     except MeasureError as exc:
@@ -123,24 +125,25 @@ def parse_files(
     todo = list(range(len(jobs)))
     if lookup:  # hashing is cheaper than starting a pool: the lookups are done here, the misses parsed below
         for i in todo:
-            out[i], flags[i] = _job(jobs[i][0], str(jobs[i][1]), _LOOKUP_ONLY, cdir, True)
+            out[i] = _lookup(jobs[i][0], str(jobs[i][1]), cdir)  # type: ignore[arg-type]
+        hits = sum(isinstance(o, dict) for o in out)
         todo = [i for i in todo if out[i] is None]
     n_workers = min(workers or default_workers(), len(todo))
     size = sum(_size(jobs[i][1]) for i in todo)
     if n_workers >= 2 and size >= POOL_MIN_BYTES:
         try:
             with ProcessPoolExecutor(max_workers=n_workers, mp_context=_context()) as pool:
-                futures = {i: pool.submit(_job, jobs[i][0], str(jobs[i][1]), engine, cdir, False) for i in todo}
+                futures = {i: pool.submit(_parse, jobs[i][0], str(jobs[i][1]), engine, cdir) for i in todo}
                 for i, fut in futures.items():
-                    out[i], flags[i] = fut.result()
+                    out[i] = fut.result()
         except (OSError, BrokenProcessPool):  # no processes here (a sandbox, a worker killed): one by one
             pass
     for i in todo:
         if out[i] is None:
-            out[i], flags[i] = _job(jobs[i][0], str(jobs[i][1]), engine, cdir, False)
+            out[i] = _parse(jobs[i][0], str(jobs[i][1]), engine, cdir)
     if stats is not None:
-        stats["hits"] = stats.get("hits", 0) + sum(flags)
-        stats["parsed"] = stats.get("parsed", 0) + sum(1 for f, o in zip(flags, out) if not f and isinstance(o, dict))
+        stats["hits"] = stats.get("hits", 0) + hits
+        stats["parsed"] = stats.get("parsed", 0) + sum(isinstance(out[i], dict) for i in todo)
     return out  # type: ignore[return-value]
 
 

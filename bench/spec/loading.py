@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from bench.errors import BenchError, doing
+from bench.errors import BenchError, did_you_mean, doing
 from bench.inputs import StrictLoader, load_yaml, read_text, yaml_error_line
-from bench.spec.matrix import DESIGN_TYPES, Matrix, did_you_mean
+from bench.spec.matrix import DESIGN_TYPES, Matrix
 
 __all__ = ["StrictLoader", "load_yaml", "load_matrix", "apply_overrides", "expand_env", "format_validation_error"]
 

@@ -20,7 +20,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import InitErrorDetails, ValidationError
 
-from bench.errors import did_you_mean  # noqa: F401 - re-exported (bench.spec.matrix.did_you_mean)
+from bench.errors import did_you_mean
 from bench.expect import ExpectBlock
 from bench.spec.base_checks import check_batch_sizes, check_env, check_override_form
 from bench.spec.optimizations import REGISTRY, factor_keys

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from bench.errors import BenchError
+from bench.errors import BenchError, did_you_mean
 from bench.figures import SUMMARY_STEP_TIME, SUMMARY_THROUGHPUT
 from bench.spec.loading import format_validation_error
 from bench.spec.matrix import Base, Matrix, parse_cell
@@ -121,8 +121,6 @@ class TuneBlock(BaseModel):
         if isinstance(raw, dict):
             for name in raw:
                 if name not in PARAMS:
-                    from bench.spec.matrix import did_you_mean
-
                     raise ValueError(f"unknown parameter {name!r}{did_you_mean(name, PARAMS)} "
                                      f"(allowed: {', '.join(PARAMS)})")
         return raw

@@ -128,8 +128,10 @@ def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
     return tags, params
 
 
-def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
-    """Check, before MLflow is touched, every file a sync reads: ``sweep.json``, each run record
+def check_sweep_files(sweep_dir: Path, meta: dict[str, Any] | None = None
+                      ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
+    """Check, before MLflow is touched, every file a sync reads: ``sweep.json`` (``meta``: its content as
+    :func:`bench.results.check_sweep_meta` already returned it to the caller), each run record
     (:func:`bench.run_record.read_record`) and each cell's ``spec.json``.
 
     Returns:
@@ -147,7 +149,7 @@ def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any], 
     from bench.spec.plan import RunSpec
 
     sweep_dir = Path(sweep_dir)
-    meta = check_sweep_meta(sweep_dir / SWEEP)
+    meta = check_sweep_meta(sweep_dir / SWEEP) if meta is None else meta
     problems = corrupt_records(sweep_dir)
     specs = {}
     for entry in meta["plan"]["runs"]:
@@ -173,14 +175,16 @@ def check_sweep_files(sweep_dir: Path) -> tuple[dict[str, Any], dict[str, Any], 
 
 
 def sync_sweep(
-    sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]], None] | None = None
+    sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]], None] | None = None,
+    checked: tuple[dict[str, Any], dict[str, Any], list[str]] | None = None,
 ) -> dict[str, int]:
     """Upload everything of one sweep that MLflow lacks; returns counts ``{"children", "parents", "closed"}``.
 
     Stops at the first failing MLflow call (the tracker is marked down; the queue file stays). Every file it
-    reads is checked first (:func:`check_sweep_files`): the usable runs are uploaded, and the unusable records
-    and specs are then named in one error (the queue file stays, the parent stays open until they are fixed);
-    when no run is usable nothing is uploaded.
+    reads is checked first (:func:`check_sweep_files`; ``checked``: what that returned for this sweep, when the
+    caller ran it before opening the store, so no record is read twice): the usable runs are uploaded, and the
+    unusable records and specs are then named in one error (the queue file stays, the parent stays open until
+    they are fixed); when no run is usable nothing is uploaded.
 
     Raises:
         BenchError: the folder is not a sweep, or a record or spec cannot be used (the queue file stays; the
@@ -193,7 +197,8 @@ def sync_sweep(
 
     on_event = on_event or (lambda kind, data: None)
     sweep_dir = Path(sweep_dir)
-    meta, specs, corrupt = check_sweep_files(sweep_dir)
+    meta, specs, corrupt = checked if checked is not None else check_sweep_files(sweep_dir)
+    corrupt = list(corrupt)
     counts = {"children": 0, "parents": 0, "closed": 0}
     if tracker.down:
         return counts
