@@ -55,7 +55,8 @@ _PLANNED = ("--sequential", "--precision", "--budget")
 NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
     "run": {"--smoke-steps": ("--smoke",), "--threshold": _PLANNED, "--alpha": _PLANNED,
             "--json": ("--dry-run",), "--verbose": ("--dry-run",)},
-    "gate": {opt: ("--interleave",) for opt in ("--set", "--blocks", "--budget", "--force", "--spawn", "--order-seed")},
+    "gate": {opt: ("--interleave",) for opt in ("--set", "--blocks", "--budget", "--force", "--spawn", "--order-seed",
+                                                  "--side-by-side")},
 }
 #: subcommands that write to the MLflow store (its URI is checked before anything else happens)
 WRITES_MLFLOW = ("run", "tune", "sync")

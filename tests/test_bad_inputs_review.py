@@ -374,7 +374,7 @@ IGNORED = {  # options that would be ignored without the one they act with
         ["gate", "--baseline", "synth", "--candidate", "synth", opt, *([value] if value else [])],
         "only with --interleave") for opt, value in (("--set", "base.steps=4"), ("--blocks", "4"),
                                                      ("--budget", "5m"), ("--force", ""), ("--spawn", ""),
-                                                     ("--order-seed", "3"))},
+                                                     ("--order-seed", "3"), ("--side-by-side", ""))},
 }
 
 
