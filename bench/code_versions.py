@@ -3,9 +3,10 @@ with its own version's code.
 
 * :func:`baseline_checkout`: a git revision checked out into a temporary ``git worktree`` (detached, removed
   at the end, also on an error or Ctrl-C), or a folder holding another checkout of the harness as it is.
-* :class:`VersionedExecutor`: one executor per version; a run goes to the one its launch names
-  (``BENCH_CODE_VERSION``). The fork server imports the harness's own code before forking, so each version
-  gets its own server, started in and importing from that version's checkout.
+* :class:`VersionedExecutor`: sends a run to the executor of the version its launch names
+  (``BENCH_CODE_VERSION``): by default (``shared``) ONE fork server for both versions, whose children drop the
+  server's ``bench`` modules and import their own version's harness (the heavy third-party modules stay
+  preloaded); side by side, one pinned server per version, started in and importing from its checkout.
 """
 
 from __future__ import annotations
@@ -107,19 +108,26 @@ class VersionedExecutor:
         roots: version name -> checkout folder.
         side_by_side: a :class:`bench.side_by_side.SideBySide`: both versions' runs of a cell at once, each on a
             CPU of its own (``gate --side-by-side``); ``None``: one run at a time.
+        shared: one executor for every version, made from this checkout (a fork server whose children import
+            ``bench`` afresh from their version's checkout: ``execute(launch, code_root=...)``). Both versions'
+            runs are then forked from the same process image, so whatever one server process does to its runs
+            (memory layout of the preloaded modules, its CPU placement) hits both versions alike; with one server
+            per version such a process-level offset would differ between the versions and pose as a change.
     """
 
     name = "versioned"
 
-    def __init__(self, make: Callable[[Path], Executor], roots: dict[str, Path], side_by_side: Any = None):
-        self.make, self.roots = make, roots
+    def __init__(self, make: Callable[[Path], Executor], roots: dict[str, Path], side_by_side: Any = None,
+                 shared: Path | None = None):
+        self.make, self.roots, self.shared = make, roots, shared
         self.side = side_by_side
         if side_by_side is not None:  # the sweep's block loop runs a block's runs through it (two at once)
             self.run_block = lambda items, run_one: side_by_side.run_block(items, run_one, on_interrupt=self.close)
         # every version's executor started here, at once, in the harness's main thread: the fork servers import in
         # parallel (measured: the second version's lazy start cost 17-27 s of a 100 s gate), and a fork server dies
         # with the thread that started it (PR_SET_PDEATHSIG; the threads of a side-by-side block end with the block)
-        self.executors: dict[str, Executor] = {v: make(root) for v, root in roots.items()}
+        self.executors: dict[str, Executor] = ({"shared": make(shared)} if shared is not None else
+                                               {v: make(root) for v, root in roots.items()})
 
     def execute(self, launch: ResolvedLaunch) -> ExecResult:
         """Run ``launch`` with the executor of its version.
@@ -130,6 +138,10 @@ class VersionedExecutor:
         version = launch.env.get("BENCH_CODE_VERSION")
         if version not in self.roots:
             raise BenchError(f"run {launch.run_dir}: code version {version!r} unknown (known: {sorted(self.roots)})")
+        if self.shared is not None:
+            if "shared" not in self.executors:
+                self.executors["shared"] = self.make(self.shared)
+            return self.executors["shared"].execute(launch, code_root=self.roots[version])
         if version not in self.executors:
             self.executors[version] = self.make(self.roots[version])
         ex = self.executors[version]

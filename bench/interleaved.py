@@ -5,8 +5,8 @@ folder with another checkout: :func:`bench.code_versions.baseline_checkout`) and
 working tree) run in ONE blocked sweep of the matrix: each block holds a run of every cell under each version,
 in random order (:func:`bench.spec.plan.interleaved_order`), so machine drift hits both alike (asv
 ``continuous --interleave-rounds``). Every run executes its own version's code: ``PYTHONPATH`` and ``{repo}``
-name that version's checkout, and each version has its own fork server (or process) started in it
-(:class:`bench.code_versions.VersionedExecutor`). Cell ids do not change: the version is a run attribute
+name that version's checkout; both versions' runs are forked from one fork server, each child importing its own
+version's harness (:class:`bench.code_versions.VersionedExecutor` ``shared``). Cell ids do not change: the version is a run attribute
 (``code_version`` in the record, folder ``r<k>-baseline`` for the baseline's runs). Both versions' records
 stay in the one gate sweep; rerunning the same command resumes an interrupted one (same matrix, same baseline
 commit), ``--force`` starts a new one.
@@ -160,7 +160,11 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
         side = SideBySide(seed=order_seed if order_seed is not None else random.randrange(2**31))
     with baseline_checkout(baseline_ref) as base:
         versions = {BASELINE: base, CANDIDATE: cand}
-        executor = VersionedExecutor(make, {k: Path(v["root"]) for k, v in versions.items()}, side_by_side=side)
+        roots = {k: Path(v["root"]) for k, v in versions.items()}
+        # one fork server for both versions (each child imports its version's harness): a per-server offset of
+        # speed cannot differ between the versions; side by side, each version keeps its own (pinned) server
+        executor = VersionedExecutor(make, roots, side_by_side=side,
+                                     shared=roots[CANDIDATE] if fork and side is None else None)
         outcome = Sweep(matrix, plan, results, tracking_uri, executor=executor, force=force, on_event=on_event,
                         order_seed=order_seed, stop_rule=rule, code_versions=versions).run()
     records = load_records(outcome.sweep_dir)

@@ -146,6 +146,15 @@ def test_interleaved_gate_with_a_git_revision_as_baseline_resumes(tmp_path):
         assert marker.exists() == (r["code_version"] == "candidate"), (r["code_version"], marker)
         if marker.exists():
             assert str(repo) in marker.read_text()
+        # both versions forked from one server (its children import their own version's harness)
+        launcher = json.loads((marker.parent / "launcher.json").read_text())
+        assert launcher["launcher"] == "forkserver"
+        assert (Path(launcher["code_root"]) == repo) == (r["code_version"] == "candidate"), launcher
+    served: dict[int, set[str]] = {}  # one server per invocation (interrupted + resumed: two), each for both versions
+    for p in sweep.glob("*/r*/launcher.json"):
+        data = json.loads(p.read_text())
+        served.setdefault(data["server_pid"], set()).add(data["code_root"])
+    assert len(served) <= 2 and any(len(roots) == 2 for roots in served.values()), served
     gate = json.loads((sweep / "gate" / "gate.json").read_text())
     (row,) = gate["rows"]
     assert row["blocks"] == 2 and row["raw_change"] > 0.2, row  # 0.6 s more per ~0.5 s step

@@ -74,8 +74,14 @@ def _child(req: dict) -> None:
         os.environ.clear()
         os.environ.update(req["env"])
         sys.argv = [req["module"], *req["args"]]
+        root = REPO_ROOT
+        if req.get("code_root"):  # a server shared by code versions: this run's version of the harness, fresh
+            root = Path(req["code_root"])
+            for name in [m for m in sys.modules if m == "bench" or m.startswith("bench.")]:
+                del sys.modules[name]
+            sys.path.insert(0, str(root))
         if os.environ.get("BENCH_PATCHES"):
-            sys.path.insert(0, str(REPO_ROOT / "patches"))
+            sys.path.insert(0, str(root / "patches"))
             import bench_patches
 
             bench_patches.activate_from_env()
@@ -187,8 +193,13 @@ class ForkServerExecutor:
         except (OSError, RuntimeError, AttributeError):
             pass
 
-    def execute(self, launch: ResolvedLaunch) -> ExecResult:
-        """Run through the server when the argv is ``python -m module ...``; else with a local process."""
+    def execute(self, launch: ResolvedLaunch, code_root: Path | None = None) -> ExecResult:
+        """Run through the server when the argv is ``python -m module ...``; else with a local process.
+
+        ``code_root``: the checkout whose harness code this run executes when one server serves several code
+        versions (the interleaved gate): the child drops the server's ``bench`` modules and imports ``bench`` (and
+        ``patches/``) from ``code_root``; the heavy third-party modules stay preloaded, shared by both versions.
+        """
         argv = launch.argv
         if (
             len(argv) < 3
@@ -203,11 +214,13 @@ class ForkServerExecutor:
         try:
             self._ensure()
             (launch.run_dir / "launcher.json").write_text(json.dumps(
-                {"launcher": "forkserver", "preloaded": list(self.preload),
+                {"launcher": "forkserver", "preloaded": list(self.preload), "server_pid": self.proc.pid,
+                 "code_root": None if code_root is None else str(code_root),
                  "note": "environment replaced at fork; variables read at import time of preloaded "
-                         "modules keep the fork server's values"}) + "\n")
+                         "modules keep the fork server's values"
+                         + ("; bench imported afresh from code_root" if code_root is not None else "")}) + "\n")
             req = {"module": argv[2], "args": argv[3:], "env": env, "cwd": str(launch.run_dir),
-                   "log": str(launch.run_dir / "run.log")}
+                   "log": str(launch.run_dir / "run.log"), "code_root": None if code_root is None else str(code_root)}
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
             pid = json.loads(self.proc.stdout.readline())["pid"]
