@@ -6,10 +6,10 @@ working tree) run in ONE blocked sweep of the matrix: each block holds a run of 
 in random order (:func:`bench.spec.plan.interleaved_order`), so machine drift hits both alike (asv
 ``continuous --interleave-rounds``). Every run executes its own version's code: ``PYTHONPATH`` and ``{repo}``
 name that version's checkout; both versions' runs are forked from one fork server, each child importing its own
-version's harness (:class:`bench.code_versions.VersionedExecutor` ``shared``). Cell ids do not change: the version is a run attribute
-(``code_version`` in the record, folder ``r<k>-baseline`` for the baseline's runs). Both versions' records
-stay in the one gate sweep; rerunning the same command resumes an interrupted one (same matrix, same baseline
-commit), ``--force`` starts a new one.
+version's harness (:class:`bench.code_versions.VersionedExecutor` ``shared``). Cell ids do not change: the
+version is a run attribute (``code_version`` in the record, folder ``r<k>-baseline`` for the baseline's runs).
+Both versions' records stay in the one gate sweep; rerunning the same command resumes an interrupted one (same
+matrix, same baseline commit), ``--force`` starts a new one.
 
 The comparison is run-level and paired by block (:func:`bench.analyze.gate_runs.paired_comparison`). With
 ``--blocks N`` the sweep plans ``N`` blocks; after each complete block the stop rule
