@@ -138,13 +138,12 @@ class VersionedExecutor:
         version = launch.env.get("BENCH_CODE_VERSION")
         if version not in self.roots:
             raise BenchError(f"run {launch.run_dir}: code version {version!r} unknown (known: {sorted(self.roots)})")
+        key, root = ("shared", self.shared) if self.shared is not None else (version, self.roots[version])
+        if key not in self.executors:  # closed (interrupted side-by-side block, dead server): made again
+            self.executors[key] = self.make(root)
+        ex = self.executors[key]
         if self.shared is not None:
-            if "shared" not in self.executors:
-                self.executors["shared"] = self.make(self.shared)
-            return self.executors["shared"].execute(launch, code_root=self.roots[version])
-        if version not in self.executors:
-            self.executors[version] = self.make(self.roots[version])
-        ex = self.executors[version]
+            return ex.execute(launch, code_root=self.roots[version])
         cpu = self.side.current_cpu() if self.side is not None else None
         if cpu is None:
             return ex.execute(launch)

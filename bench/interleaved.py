@@ -68,24 +68,22 @@ class GateStopRule:
 
     def after_block(self, records: list[dict[str, Any]], look: int) -> Look:
         """Compare the blocks so far; stop when no cell is left undecided (or the planned blocks are done)."""
-        res = self.compare(records, look)
-        undecided = [r["cell"] for r in res["rows"] if r["verdict"] in ("noisy", "cannot judge")]
-        done = look >= self.min_blocks and not undecided
         now = self.clock()
         elapsed = now - self.t0  # the block loop counts looks from 1 in this process, resumed or not
         if look <= 1 or self.t_first is None:  # the first block carries the start-up (worktree, fork servers)
             self.t_first, per_block = now, elapsed
-            over = self.budget_s is not None and not done and elapsed > self.budget_s
+            over = self.budget_s is not None and elapsed > self.budget_s
         else:
             per_block = (now - self.t_first) / (look - 1)
-            over = self.budget_s is not None and not done and elapsed + per_block > self.budget_s
-        if over and look < self.max_looks:  # the budget ends the sweep here: its final analysis
+            over = self.budget_s is not None and elapsed + per_block > self.budget_s
+        if over and look < self.max_looks:  # the budget ends the sweep here: its final analysis (one comparison)
             self.final_look = look
-            res = self.compare(records, look, final=True)
-            undecided = [r["cell"] for r in res["rows"] if r["verdict"] in ("noisy", "cannot judge")]
+        res = self.compare(records, look, final=self.final_look == look)
+        undecided = [r["cell"] for r in res["rows"] if r["verdict"] in ("noisy", "cannot judge")]
+        done = look >= self.min_blocks and not undecided
         stop = done or over or look >= self.max_looks
         left = ", ".join(undecided) or "none"
-        if done:
+        if done and self.final_look != look:
             reason = "every cell decided"
         elif over:
             reason = (f"budget {self.budget_s:.0f} s: {elapsed:.0f} s spent, a block takes {per_block:.0f} s; "

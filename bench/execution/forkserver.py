@@ -211,16 +211,17 @@ class ForkServerExecutor:
         env.update(launch.env)
         start = time.perf_counter()
         oom0 = oom_kills()
+        root = None if code_root is None else str(code_root)
         try:
             self._ensure()
             (launch.run_dir / "launcher.json").write_text(json.dumps(
                 {"launcher": "forkserver", "preloaded": list(self.preload), "server_pid": self.proc.pid,
-                 "code_root": None if code_root is None else str(code_root),
+                 "code_root": root,
                  "note": "environment replaced at fork; variables read at import time of preloaded "
                          "modules keep the fork server's values"
-                         + ("; bench imported afresh from code_root" if code_root is not None else "")}) + "\n")
+                         + ("; bench imported afresh from code_root" if root else "")}) + "\n")
             req = {"module": argv[2], "args": argv[3:], "env": env, "cwd": str(launch.run_dir),
-                   "log": str(launch.run_dir / "run.log"), "code_root": None if code_root is None else str(code_root)}
+                   "log": str(launch.run_dir / "run.log"), "code_root": root}
             self.proc.stdin.write(json.dumps(req) + "\n")
             self.proc.stdin.flush()
             pid = json.loads(self.proc.stdout.readline())["pid"]
