@@ -181,7 +181,7 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
     for c in snap["cells"]:
         c["summary"] = _cell_summary(c)
     old = read_json(out) if out.exists() else None
-    snap["history"] = ((old or {}).get("history") or [])[-(HISTORY - 1):] + [_history_entry(snap)]
+    snap["history"] = ((old or {}).get("history") or [])[-(HISTORY - 1):] + [history_entry(snap)]
     snap["sweep_to_sweep"] = sweep_to_sweep(snap["history"])
     atomic_write_json(out, snap)
     warn = tag_parent(tracking_uri, snap, {"bench.baseline": name, f"bench.baseline.{name}": out.name})
@@ -192,44 +192,63 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
 HISTORY = 20
 
 
-def _history_entry(snap: dict[str, Any]) -> dict[str, Any]:
-    """One saved sweep in a baseline's history: per cell (factor levels) the log of its value (geometric mean of
-    its runs' median step times)."""
+def history_entry(snap: dict[str, Any]) -> dict[str, Any]:
+    """One saved sweep in a baseline's history: per cell (factor levels) the log of its value, the mean over its ok
+    runs of the log run value (:func:`bench.analyze.gate_stored.run_logs`: the median of a run's timed step times),
+    as ``log_step_time``; and, where every such run carries the speed probe at every step, the same less the log of
+    the run's median probe time as ``log_step_time_normalized`` (the values the gate compares when it applies the
+    probe, so that the offset it allows for is measured on the same scale)."""
+    import numpy as np
+
+    from bench.analyze.gate_stored import run_logs
+
+    cells, normed = {}, {}
+    for c in snap["cells"]:
+        xs, ps = run_logs(c, "step_time", 1.0)
+        if xs:
+            cells[c["key"]] = float(np.mean(xs))
+            if all(p is not None for p in ps):
+                normed[c["key"]] = float(np.mean([x - p for x, p in zip(xs, ps)]))
+    return {"sweep": snap["source"].get("sweep"), "created_at": snap.get("created_at"), "log_step_time": cells,
+            "log_step_time_normalized": normed}
+
+
+def _pooled_sd(history: list[dict[str, Any]], field: str) -> tuple[float | None, int]:
+    """Pooled SD over cells of ``field``'s per-cell log values across the saved sweeps, and its degrees of
+    freedom (sum over cells of saves - 1); ``(None, 0)`` when no cell was saved twice."""
     import math
 
     import numpy as np
 
-    cells = {}
-    for c in snap["cells"]:
-        vals = [float(np.median(r["samples"]["step_time"])) for r in c["repeats"] if r["samples"].get("step_time")]
-        if vals:
-            cells[c["key"]] = float(np.mean([math.log(v) for v in vals]))
-    return {"sweep": snap["source"].get("sweep"), "created_at": snap.get("created_at"), "log_step_time": cells}
+    keys = {k for h in history for k in h.get(field) or {}}
+    ss, df = 0.0, 0
+    for k in keys:
+        xs = np.array([h[field][k] for h in history if k in (h.get(field) or {})])
+        if len(xs) > 1:
+            ss += float(np.sum((xs - xs.mean()) ** 2))
+            df += len(xs) - 1
+    return (math.sqrt(ss / df), df) if df else (None, 0)
 
 
 def sweep_to_sweep(history: list[dict[str, Any]]) -> dict[str, Any]:
     """How much a stored baseline moves from one sweep to the next, measured over its saved sweeps: ``sd_log``
-    = pooled SD over cells of the log cell step time across the saves (``None`` with fewer than 2), ``sweeps``,
-    and ``note`` (what a gate against this baseline must allow for: a stored baseline is for tracking over time;
-    for a verdict, run the interleaved gate)."""
+    = pooled SD over cells of the log cell step time across the saves (``None`` with fewer than 2) and its ``df``;
+    ``normalized``: the same of the speed-normalized values (``{"sd_log", "df"}``; ``None`` where no cell was saved
+    twice with the probe), which the gate uses where it applies the probe; ``sweeps``; ``note`` (what a gate
+    against this baseline must allow for: a stored baseline is for tracking over time; for a verdict, run the
+    interleaved gate)."""
     import math
 
-    import numpy as np
-
-    keys = {k for h in history for k in h.get("log_step_time", {})}
-    ss, df = 0.0, 0
-    for k in keys:
-        xs = np.array([h["log_step_time"][k] for h in history if k in h.get("log_step_time", {})])
-        if len(xs) > 1:
-            ss += float(np.sum((xs - xs.mean()) ** 2))
-            df += len(xs) - 1
-    if not df:
-        return {"sd_log": None, "sweeps": len(history),
+    sd, df = _pooled_sd(history, "log_step_time")
+    nsd, ndf = _pooled_sd(history, "log_step_time_normalized")
+    if sd is None:
+        return {"sd_log": None, "sweeps": len(history), "normalized": None,
                 "note": f"sweep-to-sweep variance unknown: measured over {len(history)} saved sweep(s), needs 2 or "
                         "more (save this name again with --force after another sweep)"}
-    sd = math.sqrt(ss / df)
+    speed = f"; speed-normalized {nsd:.3f} (about {math.expm1(nsd):.1%})" if nsd is not None else ""
     return {"sd_log": sd, "sweeps": len(history), "df": df,
-            "note": f"sweep-to-sweep SD of log step time {sd:.3f} (about {math.expm1(sd):.1%}), measured over "
+            "normalized": {"sd_log": nsd, "df": ndf} if nsd is not None else None,
+            "note": f"sweep-to-sweep SD of log step time {sd:.3f} (about {math.expm1(sd):.1%}){speed}, measured over "
                     f"{len(history)} saved sweeps: a gate against this stored baseline cannot tell changes of that "
                     "order from the machine (`gate --interleave` compares both versions in one sweep)"}
 

@@ -138,18 +138,22 @@ class VersionedExecutor:
         version = launch.env.get("BENCH_CODE_VERSION")
         if version not in self.roots:
             raise BenchError(f"run {launch.run_dir}: code version {version!r} unknown (known: {sorted(self.roots)})")
-        key, root = ("shared", self.shared) if self.shared is not None else (version, self.roots[version])
-        if key not in self.executors:  # closed (interrupted side-by-side block, dead server): made again
-            self.executors[key] = self.make(root)
-        ex = self.executors[key]
         if self.shared is not None:
-            return ex.execute(launch, code_root=self.roots[version])
+            return self._executor("shared", self.shared).execute(launch, code_root=self.roots[version])
+        ex = self._executor(version, self.roots[version])
         cpu = self.side.current_cpu() if self.side is not None else None
         if cpu is None:
             return ex.execute(launch)
         pin = getattr(ex, "pin", None)
         return self.side.released(launch.run_dir, lambda: ex.execute(launch),
                                   prepare=(lambda: pin({cpu})) if pin is not None else (lambda: None))
+
+    def _executor(self, key: str, root: Path) -> Executor:
+        """The executor under ``key``, made again from ``root`` when it was closed (an interrupted side-by-side
+        block, a dead server)."""
+        if key not in self.executors:
+            self.executors[key] = self.make(root)
+        return self.executors[key]
 
     def close(self) -> None:
         """Close every version's executor (fork servers end)."""

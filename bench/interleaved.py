@@ -47,7 +47,7 @@ class GateStopRule:
     wall seconds counted from ``t0``, the rule's creation unless set) another block would likely end past the
     budget: the mean wall time of the blocks after the first (which carries the start-up) is the forecast.
     Stopping early never spends more error than planned: the intervals are those of ``max_blocks`` looks, except
-    that a look where the budget ends the sweep with cells undecided is its final analysis and spends all the
+    that a look where the budget ends the sweep is its final analysis and spends all the
     alpha left (:func:`bench.analyze.sequential.obf_boundaries` ``final_look``; the clock, not the data, chose
     it); ``final_look`` records it."""
 

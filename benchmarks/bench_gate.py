@@ -567,36 +567,49 @@ def sweep_to_sweep_cmd(args: argparse.Namespace) -> None:
     save --force`` keeps), the part of it that the runs' own spread explains, the sweep's own offset SD, and the
     smallest change a stored-baseline gate (:func:`bench.analyze.gate_stored.compare_runs`) could then see with
     ``--runs`` runs per side."""
+    from bench.analyze.gate_stored import run_logs
     from bench.analyze.power import mde_from_se
-    from bench.baseline import sweep_to_sweep
-    from bench.figures import run_value
+    from bench.analyze.snapshot import record_samples
+    from bench.baseline import history_entry, sweep_to_sweep
     from bench.run_record import load_records
 
     tries = [json.loads(x) for x in (Path(args.from_dir) / "interleaved_tries.jsonl").read_text().splitlines()]
-    history, within, run_vars = [], [], []
+    history = []
+    within: dict[str, list[float]] = {"raw": [], "normalized": []}
+    run_vars: dict[str, list[float]] = {"raw": [], "normalized": []}
     for t in tries:
-        cells: dict[str, list[float]] = {}
+        by_cell: dict[str, list[dict]] = {}
         for r in load_records(t["sweep"]):
             if r.get("code_version") == "baseline" and r.get("status") == "ok" and r["repeat"] > 0:
-                cells.setdefault(r["cell_id"], []).append(math.log(run_value(r["summary"]["step_time_samples_s"])))
-        history.append({"sweep": t["sweep"], "log_step_time": {k: float(np.mean(v)) for k, v in cells.items()}})
-        run_vars += [float(np.var(v, ddof=1)) for v in cells.values() if len(v) > 1]
-        within += [float(np.var(v, ddof=1)) / len(v) for v in cells.values() if len(v) > 1]
+                by_cell.setdefault(r["cell_id"], []).append({"status": "ok", "samples": record_samples(r)})
+        cells = [{"key": k, "repeats": reps} for k, reps in by_cell.items()]
+        history.append(history_entry({"cells": cells, "source": {"sweep": t["sweep"]}}))  # as `baseline save` keeps it
+        for c in cells:  # the values the gate compares (bench.analyze.gate_stored.run_logs), on both scales
+            xs, ps = run_logs(c, "step_time", 1.0)
+            scales = {"raw": xs, "normalized": [x - p for x, p in zip(xs, ps)] if None not in ps else []}
+            for key, v in scales.items():
+                if len(v) > 1:
+                    run_vars[key].append(float(np.var(v, ddof=1)))
+                    within[key].append(float(np.var(v, ddof=1)) / len(v))
     s2s = sweep_to_sweep(history)
     print(f"{len(history)} sweeps of the baseline code ({args.from_dir}): {s2s['note']}")
-    if s2s["sd_log"] is None:
-        return
-    off = math.sqrt(max(0.0, s2s["sd_log"] ** 2 - float(np.mean(within))))
-    run_sd = math.sqrt(float(np.mean(run_vars)))
-    se_in = math.sqrt(2 * run_sd ** 2 / args.runs)
-    se = math.sqrt(se_in ** 2 + 2 * off ** 2)
 
     def see(x: float) -> str:
         return f"{mde_from_se(x, alpha=DEFAULT_ALPHA, threshold=DEFAULT_THRESHOLD):.1%}"
 
-    print(f"SD of a run's log step time within a sweep {run_sd:.3f}, of the mean of a sweep's runs "
-          f"{math.sqrt(float(np.mean(within))):.3f}; a sweep's own offset: SD {off:.3f}. A stored-baseline gate with "
-          f"{args.runs} runs per side sees {see(se)} at best (offsets ignored, within sweeps only: {see(se_in)})")
+    for scale, fig in (("raw", s2s), ("speed-normalized", s2s.get("normalized"))):
+        key = "raw" if scale == "raw" else "normalized"
+        if not fig or fig.get("sd_log") is None or not within[key]:
+            continue
+        off = math.sqrt(max(0.0, fig["sd_log"] ** 2 - float(np.mean(within[key]))))
+        run_sd = math.sqrt(float(np.mean(run_vars[key])))
+        se_in = math.sqrt(2 * run_sd ** 2 / args.runs)
+        se = math.sqrt(se_in ** 2 + 2 * off ** 2)
+        print(f"{scale}: SD of a run's log step time within a sweep {run_sd:.3f}, of the mean of a sweep's runs "
+              f"{math.sqrt(float(np.mean(within[key]))):.3f}; a sweep's own offset: SD {off:.3f}. A stored-baseline "
+              f"gate with {args.runs} runs per side sees {see(se)} at best (offsets ignored, within sweeps only: "
+              f"{see(se_in)})")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

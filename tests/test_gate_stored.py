@@ -89,6 +89,32 @@ def test_measured_sweep_to_sweep_offset_is_in_the_interval(tmp_path, uri):
     assert any("sweep-to-sweep variance unknown" in n and "not in the intervals" in n for n in g["notes"])
 
 
+def test_sweep_offset_is_measured_on_the_scale_the_gate_compares(tmp_path, uri):
+    """Three saves whose machine ran 7 % faster or slower from sweep to sweep, the probe seeing it: raw, the sweeps
+    sit several percent apart; speed-normalized they do not. The gate applies the probe, so it allows for the
+    normalized offset, and an identical candidate sweep on an 8 % slower machine passes. (With the raw figure,
+    as before this test, the interval of the normalized values carried a raw offset of about 6 % on one df and
+    the gate could not judge: what CI saw on the real embedded gate.)"""
+    for i, m in enumerate((1.0, 1.07, 0.94)):
+        make_sweep(tmp_path, f"n{i}", CELLS, repeats=5, steps=8, times=log_normal_times(sd=0.01), seed=40 + i,
+                   same_work=True, machine=m, machine_sd=0.03)
+        _save(tmp_path, uri, f"n{i}", "speedy", *(["--force"] if i else []))
+    s2s = json.loads((tmp_path / "baselines" / "speedy.json").read_text())["sweep_to_sweep"]
+    assert 0.04 < s2s["sd_log"] < 0.1 and s2s["normalized"]["df"] == 2 * len(CELLS)
+    assert s2s["normalized"]["sd_log"] < 0.02 and "speed-normalized" in s2s["note"]
+    make_sweep(tmp_path, "candn", CELLS, repeats=5, steps=8, times=log_normal_times(sd=0.01), seed=50,
+               same_work=True, machine=1.08, machine_sd=0.03)
+    rc, g = _gate(tmp_path, uri, "candn", "speedy")
+    assert rc == 0 and {r["verdict"] for r in g["rows"]} == {"unchanged"}, g["rows"]
+    for r in g["rows"]:
+        assert r["normalized"] and r["sweep_offset_scale"] == "speed-normalized" and r["raw_change"] > 0.04
+        assert r["sweep_offset_sd"] < 0.02 and r["mde"] < 0.10
+    # where the probe is not applied (--normalize off) the raw figure is the one allowed for
+    rc, g = _gate(tmp_path, uri, "candn", "speedy", "--normalize", "off")
+    assert all(r["sweep_offset_scale"] == "raw" and r["sweep_offset_sd"] > 0.04 for r in g["rows"]), g["rows"]
+    assert rc != 0
+
+
 def test_busy_machine_without_a_measured_offset_cannot_be_judged(tmp_path, uri):
     make_sweep(tmp_path, "synth", CELLS, repeats=5, steps=8, times=log_normal_times(sd=0.01), seed=1, psi=2.0)
     _save(tmp_path, uri, "synth")

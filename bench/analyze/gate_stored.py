@@ -10,10 +10,11 @@ independent samples. Per matched cell, on the log scale (``x = log v`` for a tim
 
 with ``s_b``, ``s_c`` the SDs of the runs' ``x`` on each side and ``s_o^2`` the **sweep offset variance** the
 stored baseline measured over its saved sweeps (:func:`bench.baseline.sweep_to_sweep`: the SD of a sweep's cell
-value across saves, minus the part its runs' spread explains), since the two sides are different sweeps and each
-carries its own offset; degrees of freedom by Welch-Satterthwaite over the three terms (Kalibera & Jones 2020:
-runs as the unit, the ratio on the log scale). Without a measured sweep-to-sweep figure (one save, or a sweep as
-reference) ``s_o`` is 0 and the note says that the interval holds within sweeps only.
+value across saves, minus the part its runs' spread explains; on the scale compared, speed-normalized where the
+probe is applied, :func:`sweep_offset_var`), since the two sides are different sweeps and each carries its own
+offset; degrees of freedom by Welch-Satterthwaite over the three terms (Kalibera & Jones 2020: runs as the unit,
+the ratio on the log scale). Without a measured sweep-to-sweep figure (one save, or a sweep as reference) ``s_o``
+is 0 and the note says that the interval holds within sweeps only.
 
 **Speed probe** (``--normalize auto``): each run's ``x`` minus the log of its median probe time, applied only
 where the probe tracks the metric **in these two sweeps**: over the runs of both sides, each (cell, side) centred
@@ -70,15 +71,25 @@ def runs_probe_check(sides: list[tuple[list[float], list[float | None]]]) -> dic
     return probe_check(cells, unit="runs")
 
 
-def sweep_offset_var(s2s: dict[str, Any] | None, base_xs: list[float]) -> tuple[float, float | None]:
-    """``(s_o^2, df)``: the variance of one sweep's offset from a stored baseline's measured sweep-to-sweep SD
-    (minus the part the baseline's own run spread explains, floored at 0) and its degrees of freedom; ``(0, None)``
-    when not measured."""
-    sd = (s2s or {}).get("sd_log")
+def sweep_offset_var(s2s: dict[str, Any] | None, base_xs: list[float],
+                     normalized: bool = False) -> tuple[float, float | None, str | None]:
+    """``(s_o^2, df, scale)``: the variance of one sweep's offset from a stored baseline's measured sweep-to-sweep
+    SD (minus the part the baseline's own run spread explains, floored at 0), its degrees of freedom and the scale
+    it was measured on (``"raw"`` or ``"speed-normalized"``); ``(0, None, None)`` when not measured.
+
+    ``normalized``: the compared values are speed-normalized (the probe applied): the baseline's
+    speed-normalized figure is used, measured on the same scale; a baseline saved without it (older files, or
+    sweeps without the probe) gives the raw figure, which is larger on a machine whose speed moves between
+    sweeps (conservative: the interval is wider, never narrower)."""
+    s2s = s2s or {}
+    fig, scale = s2s, "raw"
+    if normalized and (s2s.get("normalized") or {}).get("sd_log") is not None:
+        fig, scale = s2s["normalized"], "speed-normalized"
+    sd = fig.get("sd_log")
     if sd is None:
-        return 0.0, None
+        return 0.0, None, None
     within = float(np.var(base_xs, ddof=1)) / len(base_xs) if len(base_xs) > 1 else 0.0
-    return max(0.0, sd ** 2 - within), float((s2s or {}).get("df") or 1)
+    return max(0.0, sd ** 2 - within), float(fig.get("df") or 1), scale
 
 
 def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: str, *, higher_is_better: bool,
@@ -108,7 +119,7 @@ def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
         xc = [x - p for x, p in zip(xc, pc)]
         row["speed_change"] = math.expm1(float(np.mean(pc) - np.mean(pb)))
     diff = float(np.mean(xc) - np.mean(xb))
-    vo, df_o = sweep_offset_var(s2s, xb)
+    vo, df_o, scale = sweep_offset_var(s2s, xb, normalized=probe)
     terms = [(float(np.var(xb, ddof=1)) / len(xb), len(xb) - 1), (float(np.var(xc, ddof=1)) / len(xc), len(xc) - 1)]
     if df_o is not None:
         terms.append((2 * vo, df_o))
@@ -120,7 +131,7 @@ def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
     ends = sorted((math.expm1(sign * lo), math.expm1(sign * hi)))
     row.update(change=math.expm1(sign * diff), ci_low=ends[0], ci_high=ends[1], se=se, df=df,
                sd_base=math.sqrt(terms[0][0] * len(xb)), sd_cand=math.sqrt(terms[1][0] * len(xc)),
-               sweep_offset_sd=math.sqrt(vo) if df_o is not None else None,
+               sweep_offset_sd=math.sqrt(vo) if df_o is not None else None, sweep_offset_scale=scale,
                p_value=float(2 * sps.t.sf(abs(diff) / se, df)) if se > 0 else (0.0 if diff else 1.0),
                mde=mde_from_se(se, alpha=alpha, threshold=threshold, df=df))
     thr, lim = math.log1p(threshold), math.log1p(max_mde)
@@ -142,7 +153,8 @@ def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
                 f"no number of runs per side gets under {max_mde:.0%} at this spread")
         row["reason"] = (f"cannot judge: with {len(xb)} + {len(xc)} runs the gate sees a change of {row['mde']:.1%} "
                          f"or more (limit {max_mde:.0%}), interval {ends[0]:+.1%} to {ends[1]:+.1%}"
-                         + (f" (a sweep's own offset, SD {math.sqrt(vo):.3f}, included)" if df_o is not None else "")
+                         + (f" (a sweep's own offset, SD {math.sqrt(vo):.3f} {scale}, included)" if df_o is not None
+                            else "")
                          + f"; {more}; an idle machine, or `gate --interleave`, would let it judge")
     return row
 
