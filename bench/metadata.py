@@ -126,8 +126,19 @@ def machine() -> dict[str, Any]:
 
 def host_load() -> dict[str, float | None]:
     """CPU contention on this host: PSI ``some`` avg10/avg60 of ``/proc/pressure/cpu`` (% of time a
-    task waited for a CPU; ``None`` where PSI is absent) and the 1-minute load average per CPU."""
-    out: dict[str, float | None] = {"cpu_pressure_avg10": None, "cpu_pressure_avg60": None, "load1_per_cpu": None}
+    task waited for a CPU; ``None`` where PSI is absent), the 1-minute load average per CPU, and from the first
+    line of ``/proc/stat`` the cumulative CPU seconds of all CPUs (``cpu_total_s``) and the part the hypervisor
+    gave to others while this VM's CPUs were runnable (``cpu_steal_s``, the ``steal`` column; 0 on bare metal).
+    Two readings give the steal share of the interval between them (:func:`steal_share`)."""
+    out: dict[str, float | None] = {"cpu_pressure_avg10": None, "cpu_pressure_avg60": None, "load1_per_cpu": None,
+                                    "cpu_total_s": None, "cpu_steal_s": None}
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+        hz = os.sysconf("SC_CLK_TCK")
+        out["cpu_total_s"] = sum(ticks[:8]) / hz  # user nice system idle iowait irq softirq steal (guest is in user)
+        out["cpu_steal_s"] = (ticks[7] if len(ticks) > 7 else 0) / hz
+    except (OSError, ValueError, IndexError):
+        pass
     try:
         kv = dict(x.split("=") for x in Path("/proc/pressure/cpu").read_text().splitlines()[0].split()[1:])
         out["cpu_pressure_avg10"], out["cpu_pressure_avg60"] = float(kv["avg10"]), float(kv["avg60"])
@@ -138,3 +149,11 @@ def host_load() -> dict[str, float | None]:
     except OSError:
         pass
     return out
+
+
+def steal_share(before: dict[str, Any], after: dict[str, Any]) -> float | None:
+    """The share of this machine's CPU time the hypervisor gave to others between two :func:`host_load`
+    readings (``d cpu_steal_s / d cpu_total_s``, 0-1); ``None`` when either lacks the figures or no time passed."""
+    if None in (before.get("cpu_steal_s"), after.get("cpu_steal_s")) or after["cpu_total_s"] <= before["cpu_total_s"]:
+        return None
+    return (after["cpu_steal_s"] - before["cpu_steal_s"]) / (after["cpu_total_s"] - before["cpu_total_s"])

@@ -24,6 +24,12 @@ sweep's wall time. Components and costs (:mod:`bench.analyze.planning_model`):
   components and costs measured on 2026-12-01 under load); the one-at-a-time design of matrix/verl_cpu.yaml
   (5 runs per block, its timed steps).
 
+``--bracket-probe SWEEP_DIR ...`` instead says whether the harness's machine-speed probe around each run
+(:mod:`bench.execution.machine_probe`, the verl engine's runs) tracks the runs' speed in those sweeps: the gate's
+own test (:func:`bench.analyze.gate_stored.runs_probe_check`: each cell's runs centred on their own mean,
+one-sided Pearson, corrected spread smaller than raw) on the log run values (median timed step) against the log
+of the probe's before/after geometric mean, and against each window alone.
+
 ``--real SWEEP_DIR ...`` instead prints, for finished real sweeps, their runs, wall time (first run's start to
 last run's end) and decisions: a sequential sweep's last look, a fixed sweep decided once at its end with the
 same rule (one look, alpha shared by the main effects).
@@ -389,6 +395,35 @@ def real_summary(sweep_dir: Path, threshold: float, alpha: float) -> str:
             f"({len(ok)} ok), {wall / 60:.1f} min, {base.get('steps')} steps per run; {how}: {line}")
 
 
+def bracket_summary(sweep_dirs: list[Path]) -> str:
+    """Whether the bracket probe tracks the run values of these sweeps (module text), as text lines."""
+    from bench.analyze.gate_stored import runs_probe_check
+    from bench.analyze.snapshot import record_samples
+    from bench.figures import run_value
+    from bench.metadata import steal_share
+    from bench.run_record import load_records
+
+    groups: dict[str, dict[str, list[tuple[float, float, float, float]]]] = {}
+    for d in sweep_dirs:
+        for r in load_records(d):
+            mp, st = r.get("machine_probe"), record_samples(r)["step_time"]
+            if r.get("status") != "ok" or not mp or not st:
+                continue
+            hl = r.get("host_load") or {}
+            share = steal_share(hl.get("before") or {}, hl.get("after") or {})
+            steal = None if share is None else -math.log1p(-min(share, 0.99))  # time lost to steal, a log factor
+            row = (math.log(run_value(st)), math.log(mp["median_s"]), math.log(mp["before"]["median_s"]),
+                   math.log(mp["after"]["median_s"]), steal)
+            groups.setdefault(str(d), {}).setdefault(r["cell_id"], []).append(row)
+    lines = [f"bracket probe over {sum(len(v) for g in groups.values() for v in g.values())} ok runs with a probe "
+             f"in {len(sweep_dirs)} sweep(s); each (sweep, cell) centred on its own mean"]
+    for i, what in ((1, "before/after geometric mean"), (2, "before the run"), (3, "after the run"),
+                    (4, "CPU steal share over the run (-log(1 - share), from host_load)")):
+        sides = [([x[0] for x in rows], [x[i] for x in rows]) for g in groups.values() for rows in g.values()]
+        lines.append(f"  {what}: {runs_probe_check(sides)['note']}")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=ROOT / "results",
@@ -407,11 +442,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     p.add_argument("--real", type=Path, nargs="+", default=None, metavar="SWEEP_DIR",
                    help="print runs, wall time and decisions of these finished real sweeps instead")
+    p.add_argument("--bracket-probe", type=Path, nargs="+", default=None, metavar="SWEEP_DIR",
+                   help="say whether the harness's probe around each run tracks the run values of these sweeps")
     p.add_argument("--kappa-check", action="store_true",
                    help="print the simulated variance of a run's median against the planner's model, then exit")
     args = p.parse_args(argv)
     if args.kappa_check:
         kappa_check(embedded_target(args.results)[0], args.seed)
+        return 0
+    if args.bracket_probe:
+        print(bracket_summary(args.bracket_probe))
         return 0
     if args.real:
         for d in args.real:

@@ -82,6 +82,11 @@ def test_real_verl_sweep_on_cpu(tmp_path):
         # the config verl composed
         cfg = yaml.safe_load((rdir / "hydra" / ".hydra" / "config.yaml").read_text())
         assert cfg["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is bool(level)
+        # the harness timed the machine-speed probe right before and right after the run (bench.execution)
+        mp = rec["machine_probe"]
+        assert mp["spec"].startswith("bracket:matmul") and mp["before"]["reps"] >= 5 and mp["after"]["reps"] >= 5
+        assert mp["before"]["at"] < rec["started_at"] < mp["after"]["at"]
+        assert mp["before"]["min_s"] <= mp["before"]["median_s"] <= mp["before"]["max_s"] and 0 < mp["median_s"] < 1
     # token-budget micro-batches differ from fixed-size ones: the factor changed the work
     micro = {lv: int(r["evidence"]["dynamic_bsz"].split(" into ")[1].split()[0]) for lv, r in by_level.items()}
     assert micro[0] != micro[1]

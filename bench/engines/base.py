@@ -59,6 +59,9 @@ class Engine(Protocol):
         forkserver_platforms: platforms on which runs may fork from a warm server (``--spawn`` turns it off).
         forkserver_preload: modules that server imports once before forking runs of this engine.
         supports_smoke: ``run --smoke`` can exercise this engine's launches on a CPU.
+        bracket_probe: the harness times the machine-speed probe kernel right before and right after each run
+            on the CPU (platform ``cpu``) of the harness's own machine (:mod:`bench.execution.machine_probe`): for
+            an engine whose runs do not time the probe between their own steps.
 
     Methods with a default in :class:`EngineBase`: ``check_options`` (validate the engine's ``base``
     sub-block when the matrix is read), ``id_config`` (the run config as it names a cell),
@@ -73,6 +76,7 @@ class Engine(Protocol):
     forkserver_platforms: tuple[str, ...]
     forkserver_preload: tuple[str, ...]
     supports_smoke: bool
+    bracket_probe: bool
 
     def build(
         self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool
@@ -109,6 +113,7 @@ class EngineBase:
     forkserver_platforms: tuple[str, ...] = ()
     forkserver_preload: tuple[str, ...] = ()
     supports_smoke: bool = False
+    bracket_probe: bool = False
 
     #: the schema of the ``base.<options_key>`` block (a pydantic model, e.g. with ``extra="forbid"``), checked
     #: by the default :meth:`check_options`; ``None``: no schema (or an own :meth:`check_options`)

@@ -3,6 +3,7 @@ a tune trial and the verl_cpu smoke do per run."""
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import time
@@ -43,20 +44,45 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     if launch.config:
         cfg = json.loads(json.dumps(launch.config).replace("{run_dir}", str(rdir.resolve())))
         atomic_write_text(rdir / launch.config_file, yaml.safe_dump(cfg, sort_keys=False))
+    probe = _bracket_probe(spec.engine, executor) if spec.platform == "cpu" else None
+    before = probe.window() if probe else None
     started = time.time()
     load0 = host_load()
     res = executor.execute(launch_res)
     t_ran = time.time()
+    after = probe.window() if probe else None
     rec = build_record(rdir, res, spec=spec.model_dump(mode="json"), repeat=repeat, warmup_steps=warmup_steps,
                        started_at=started, classify_failure=capability(spec.engine, "classify_failure"))
     rec["host_load"] = {"before": load0, "after": host_load()}  # the gate reports contention from it
     rec["label"] = spec.label
     rec["all_off"] = spec.is_all_off()
+    if probe:
+        from bench.execution.machine_probe import bracket_record
+
+        rec["machine_probe"] = bracket_record(probe, before, after)
     if spec.code_version:
         rec["code_version"], rec["code_commit"] = spec.code_version, (code or {}).get("commit")
     rec["timing"] = run_timing(rec, harness_s=(started - t_enter) + (time.time() - t_ran))
     write_record(rdir, rec)
     return rec
+
+
+def _bracket_probe(engine: str, executor: Executor):
+    """The harness's :class:`bench.execution.machine_probe.BracketProbe` when ``engine`` asks for one
+    (``bracket_probe``) and the run executes on this machine (the local executor), else ``None``. Taken only for
+    runs on the CPU (the caller): the kernel times the CPU, not a device (3 s per run an accelerator would pay for
+    nothing)."""
+    if not capability(engine, "bracket_probe", False) or getattr(executor, "name", "") != "local":
+        return None
+    return _shared_probe()
+
+
+@functools.cache
+def _shared_probe():
+    """The harness's one BracketProbe, built at its first use (imports torch, warms the kernel)."""
+    from bench.execution.machine_probe import BracketProbe
+
+    return BracketProbe()
 
 
 def run_timing(rec: dict[str, Any], harness_s: float) -> dict[str, float]:

@@ -91,6 +91,7 @@ class VerlEngine(EngineBase):
 
     name = "verl"
     supports_smoke = True  # the other capabilities keep EngineBase's defaults
+    bracket_probe = True  # Ray, workers and vLLM cannot time the probe between steps: the harness times it around
 
     def __init__(self, verl_version: str | None = None) -> None:
         self.verl_version = verl_version

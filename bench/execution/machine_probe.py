@@ -1,0 +1,62 @@
+"""The machine's speed right before and right after a run, timed by the harness (:class:`BracketProbe`).
+
+An engine whose runs cannot time the speed probe between their own steps (a real verl run: Ray, FSDP workers and
+the rollout engine in other processes) gets the same fixed kernel timed by the harness around the run instead: for
+about :data:`SECONDS` before the launch and again after the run has ended, when no run process competes with it.
+On a shared VM whose speed moves from minute to minute, a run taking two minutes runs at about the speed these two
+windows see; whether that holds on a machine is measured, not assumed (``benchmarks/bench_verdict.py
+bracket-probe``: over the runs of a sweep, each cell centred on its own mean, do the run values and the bracket's
+probe times correlate). The record keeps it as ``machine_probe`` (:func:`bracket_record`); no figure uses it until
+that check says it tracks.
+
+The kernel is the embedded engine's speed probe (:data:`bench.engines.embedded.speed_probe.PROBE`, one intra-op
+thread, about 30 ms on the CI VM), so its time means the same thing in both engines; the spec is prefixed
+``bracket:`` so that a bracket probe is never compared with an in-run one.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any
+
+#: seconds of kernel repetitions per window (before and after a run); the window's figure is their median
+SECONDS = 1.5
+#: fewest repetitions per window, however slow the machine
+MIN_REPS = 5
+
+
+class BracketProbe:
+    """Times the speed-probe kernel in the harness process; build once per sweep (imports torch, makes the
+    operands, warms the kernel), then :meth:`window` before and after each run.
+
+    Args:
+        seconds: length of one window in seconds (at least :data:`MIN_REPS` repetitions).
+    """
+
+    def __init__(self, seconds: float = SECONDS) -> None:
+        from bench.engines.embedded.speed_probe import SpeedProbe, spec
+
+        self.seconds = seconds
+        self.spec = "bracket:" + spec()
+        self._probe = SpeedProbe()
+
+    def window(self) -> dict[str, float]:
+        """Repeat the kernel for :attr:`seconds` (at least :data:`MIN_REPS` times); returns ``{"median_s",
+        "min_s", "max_s", "reps", "at"}`` (kernel seconds; ``at`` = epoch seconds at the window's start)."""
+        at = time.time()
+        t_end = time.perf_counter() + self.seconds
+        times: list[float] = []
+        while len(times) < MIN_REPS or time.perf_counter() < t_end:
+            times.append(self._probe.measure())
+        return {"median_s": statistics.median(times), "min_s": min(times), "max_s": max(times), "reps": len(times),
+                "at": at}
+
+
+def bracket_record(probe: BracketProbe, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
+    """The record's ``machine_probe`` block: ``spec``, ``before`` and ``after`` windows (:meth:`BracketProbe.window`)
+    and ``median_s``, the geometric mean of the two windows' medians (seconds of the kernel; lower = faster)."""
+    import math
+
+    return {"spec": probe.spec, "before": before, "after": after,
+            "median_s": math.sqrt(before["median_s"] * after["median_s"])}
