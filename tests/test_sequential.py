@@ -162,6 +162,9 @@ def test_sequential_sweep_stops_early_and_resumes_in_the_middle(tmp_path, monkey
     assert meta2["sequential"]["stopped_after"] == stopped
     assert len(resumed.calls) == 4 * stopped - 6  # block 1 and 2 runs of block 2 cached; the rest ran
     assert [lk["look"] for lk in meta2["sequential"]["looks"]] == list(range(1, stopped + 1))
+    # look 1 is recomputed from block 1's runs only (the same runs as the uninterrupted sweep's), not from the two
+    # runs of block 2 the interruption left on disk
+    assert meta2["sequential"]["looks"][0] == seq["looks"][0] and seq["looks"][0]["runs"] == 4
     assert f"look {stopped}/6" in out and "stop: every comparison decided" in out
     summary = next((tmp_path / "cut" / "full").glob("2*/summary.md")).read_text()
     assert "sequential stopping" in summary

@@ -3,11 +3,12 @@
 A blocked :class:`~bench.spec.plan.RunOrder` holds repeat ``k`` of every run spec in block ``k``
 (0-based); look ``k + 1`` follows it. Without a stop rule every run of the order is executed in turn
 (exactly the sweep of a fixed design). With one (:class:`bench.analyze.sequential.StopRule`), after
-each block the rule sees every run record of the sweep so far; its :class:`~bench.analyze.sequential.Look`
+each block the rule sees the run records of that block and the earlier ones; its :class:`~bench.analyze.sequential.Look`
 is written to ``sweep.json`` (key ``sequential``: method, planned looks, every look, the block after
 which the sweep stopped), sent to the console as a ``look`` event, and ends the sweep when it says
 stop. A resumed sweep walks the same blocks: finished runs are skipped and each look is recomputed from
-the records, so a resume stops where an uninterrupted sweep would have.
+the same records (not from runs of a later block the interruption left on disk), so a resume stops where an
+uninterrupted sweep would have.
 
 Runs of one block are executed by ``run_block`` (default: one after another); the Ray executor of
 ``--parallel`` replaces it to run a block's runs at once.
@@ -64,7 +65,9 @@ def run_blocks(todo: Sequence[tuple[Any, int]], run_one: RunOne, *, stop_rule: A
     records: dict[Path, Any] = {}  # the records read at earlier looks: only new or rewritten ones are read again
     for i, block in enumerate(split_blocks(todo), start=1):
         run_block(block, run_one)
-        look = stop_rule.after_block(load_records(sweep_dir, cache=records), i)
+        last = block[0][1]  # this block's repeat: a resumed sweep may hold runs of the next, interrupted one
+        seen = [r for r in load_records(sweep_dir, cache=records) if int(r.get("repeat", 0)) <= last]
+        look = stop_rule.after_block(seen, i)
         state["looks"].append(look.to_dict())
         if look.stop:
             state["stopped_after"] = i
