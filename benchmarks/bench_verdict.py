@@ -30,6 +30,10 @@ own test (:func:`bench.analyze.gate_stored.runs_probe_check`: each cell's runs c
 one-sided Pearson, corrected spread smaller than raw) on the log run values (median timed step) against the log
 of the probe's before/after geometric mean, and against each window alone.
 
+``--stop-variant keep`` / ``retire`` simulates the sequential design with a variant of the stop rule
+(:class:`KeptDecisionsRule`: decisions kept once made; ``retire``: decided one-at-a-time cells leave the later blocks),
+``--verl-quiet`` the verl target with the components measured on a quiet host (:data:`VERL_QUIET`).
+
 ``--real SWEEP_DIR ...`` instead prints, for finished real sweeps, their runs, wall time (first run's start to
 last run's end) and decisions: a sequential sweep's last look, a fixed sweep decided once at its end with the
 same rule (one look, alpha shared by the main effects).
@@ -77,6 +81,12 @@ FIXED = (2, 3, 5)
 VERL_MEASURED = NoiseCost(sd_step=0.175, sd_run=0.0, sd_block=0.071, startup_s=271.0, step_s=1.33, warmup_step_s=14.4,
                           profiled_step_s=5.3, harness_s=5.6, runs=8, sd_stepidx=0.077,
                           sweeps=["verl_cpu measured 2026-12-01 under load (docs/planning.md; records not kept)"])
+#: verl:cpu on a quiet host (docs/planning.md, "Where verl:cpu's run-to-run spread comes from", sweep 3 of
+#: 2026-12-02 10:44-11:05: components and the start-up and step costs measured; those records were not kept, and
+#: the warm-up, profiled-step and harness costs are the idle figures of matrix/verl_cpu.yaml's comment)
+VERL_QUIET = NoiseCost(sd_step=0.137, sd_run=0.057, sd_block=0.0, startup_s=73.7, step_s=0.80, warmup_step_s=10.0,
+                       profiled_step_s=2.4, harness_s=5.0, runs=10, sd_stepidx=0.055,
+                       sweeps=["verl_cpu quiet host 2026-12-02 (docs/planning.md; records not kept)"])
 R_MAX = 400  # most repeats searched for the smallest fixed design reaching the same rates
 _RUN_OBSERVATIONS = sequential.run_observations
 
@@ -123,9 +133,10 @@ def embedded_design() -> dict[str, Any]:
     return {"factors": factors, "cells": cells, "timed": 8, "warmup": 1, "profiled": 1, "vary": "dynamic_bsz"}
 
 
-def verl_target(results: Path, sweep: Path | None = None) -> tuple[NoiseCost, dict[str, Any]]:
+def verl_target(results: Path, sweep: Path | None = None, quiet: bool = False) -> tuple[NoiseCost, dict[str, Any]]:
     """matrix/verl_cpu.yaml's one-at-a-time design with the model measured from the finished runs of ``sweep``
-    (any status) or from the finished sweeps of its target in ``results``, else :data:`VERL_MEASURED`."""
+    (any status) or from the finished sweeps of its target in ``results``, else :data:`VERL_MEASURED`;
+    ``quiet``: :data:`VERL_QUIET` whatever else there is."""
     from bench.results import load_records
 
     factors = ["rmsnorm_fused", "dynamic_bsz", "forward_prefetch", "graph_mode"]
@@ -137,6 +148,8 @@ def verl_target(results: Path, sweep: Path | None = None) -> tuple[NoiseCost, di
             raise SystemExit(f"--verl-sweep {sweep}: no cell with two finished runs (no run-to-run spread)")
     if model is None:
         model = VERL_MEASURED
+    if quiet:
+        model = VERL_QUIET
     return model, {"factors": factors, "cells": cells, "timed": timed_of(m), "warmup": m.base.warmup_steps,
                    "profiled": len(m.base.profile_steps or []), "vary": "dynamic_bsz"}
 
@@ -152,20 +165,52 @@ def fast_observations(records: Any) -> tuple[list[dict[str, Any]], list[float], 
             ["None"] * len(records))
 
 
+class KeptDecisionsRule(EffectsStopRule):
+    """A variant of the effects' stop rule, simulated only (``--stop-variant keep`` / ``retire``): a main effect,
+    once decided at a look, keeps that decision (the repeated intervals hold at every look at once, so the first
+    deciding look may be read; Jennison & Turnbull 2000, ch. 9), and the sweep stops when every main effect has been
+    decided at some look. ``retire``: in a one-at-a-time design a cell whose factor is decided runs in no later
+    block (its runs inform only that comparison); the reference cell runs on."""
+
+    def __init__(self, *args: Any, retire: bool = False, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.retire, self.kept = retire, {}
+
+    def after_block(self, records: list[dict[str, Any]], look: int) -> Any:
+        from bench.analyze.sequential import Look
+
+        ds, runs, _ = self.decisions(records, look)
+        out = []
+        for d in ds:
+            if d.name not in self.kept and d.verdict != "undecided":
+                self.kept[d.name] = d
+            out.append(self.kept.get(d.name, d))
+        stop = bool(out) and all(d.verdict != "undecided" for d in out) or look >= self.max_looks
+        return Look(look=look, max_looks=self.max_looks, stop=stop, reason="", decisions=out, line="",
+                    more_blocks={}, runs=runs)
+
+
 def simulate(model: NoiseCost, design: dict[str, Any], effect: float, n: int, repeats: int, rng: np.random.Generator,
              stop: EffectsStopRule | None, alpha: float, threshold: float) -> dict[str, Any]:
     """One sweep: blocks of the design's cells in shuffled order until the stop rule stops it (or ``repeats``
     blocks without a rule, decided once at the end). Returns runs, wall time and the last decisions."""
     cells, vary = design["cells"], design["vary"]
     total = repeats * len(cells)
+    if isinstance(stop, KeptDecisionsRule):  # its decisions are this sweep's: a fresh rule per sweep
+        stop = KeptDecisionsRule(stop.max_looks, threshold=stop.threshold, alpha=stop.alpha, retire=stop.retire)
     recs: list[dict[str, Any]] = []
     pos = 0
     look = None
     pattern = rng.normal(0, model.sd_stepidx, n)  # the batches every run of this sweep replays
     for k in range(repeats):
         beta = rng.normal(0, model.sd_block)
-        order = rng.permutation(len(cells))
-        meds = np.median(pattern + rng.normal(0, model.sd_step, (len(cells), n)), axis=1)  # a run's value: median
+        if isinstance(stop, KeptDecisionsRule) and stop.retire:  # decided one-at-a-time cells leave the sweep
+            live = [i for i, c in enumerate(cells) if not any(c.get(f) for f in stop.kept)]
+            order = rng.permutation(live)
+            meds = np.median(pattern + rng.normal(0, model.sd_step, (len(live), n)), axis=1)
+        else:
+            order = rng.permutation(len(cells))
+            meds = np.median(pattern + rng.normal(0, model.sd_step, (len(cells), n)), axis=1)  # a run's value: median
         for i, med in zip(order, meds):
             c = cells[i]
             mu = effect * c.get(vary, 0) + beta + DRIFT * pos / max(total - 1, 1) + rng.normal(0, model.sd_run)
@@ -301,7 +346,8 @@ def run_target(name: str, model: NoiseCost, design: dict[str, Any], args: argpar
     out: dict[float, dict[str, dict[str, float]]] = {}
     for mult, effect in effects.items():
         rng = np.random.default_rng([args.seed, int(mult * 10)])
-        stop = EffectsStopRule(alloc.repeats, threshold=thr, alpha=alpha)
+        stop = (EffectsStopRule(alloc.repeats, threshold=thr, alpha=alpha) if args.stop_variant == "shipped" else
+                KeptDecisionsRule(alloc.repeats, threshold=thr, alpha=alpha, retire=args.stop_variant == "retire"))
         out[mult] = {"sequential": score([simulate(model, design, effect, alloc.timed_steps, alloc.repeats, rng, stop,
                                                    alpha, thr) for _ in range(args.sweeps)], design, effect)}
     fixed = FixedDesigns(model, design, args)
@@ -403,7 +449,8 @@ def bracket_summary(sweep_dirs: list[Path]) -> str:
     from bench.metadata import steal_share
     from bench.run_record import load_records
 
-    groups: dict[str, dict[str, list[tuple[float, float, float, float]]]] = {}
+    groups: dict[str, dict[str, list[tuple[float, ...]]]] = {}
+    steps: list[tuple[list[float], list[float]]] = []  # per run: its timed steps' log times and log in-run probes
     for d in sweep_dirs:
         for r in load_records(d):
             mp, st = r.get("machine_probe"), record_samples(r)["step_time"]
@@ -412,16 +459,40 @@ def bracket_summary(sweep_dirs: list[Path]) -> str:
             hl = r.get("host_load") or {}
             share = steal_share(hl.get("before") or {}, hl.get("after") or {})
             steal = None if share is None else -math.log1p(-min(share, 0.99))  # time lost to steal, a log factor
+            inrun = driver_probes(r)
             row = (math.log(run_value(st)), math.log(mp["median_s"]), math.log(mp["before"]["median_s"]),
-                   math.log(mp["after"]["median_s"]), steal)
+                   math.log(mp["after"]["median_s"]), steal,
+                   math.log(float(np.median(inrun))) if inrun else None)
+            if inrun:
+                steps.append(([math.log(v) for v in st], [math.log(v) for v in inrun]))
             groups.setdefault(str(d), {}).setdefault(r["cell_id"], []).append(row)
     lines = [f"bracket probe over {sum(len(v) for g in groups.values() for v in g.values())} ok runs with a probe "
              f"in {len(sweep_dirs)} sweep(s); each (sweep, cell) centred on its own mean"]
     for i, what in ((1, "before/after geometric mean"), (2, "before the run"), (3, "after the run"),
-                    (4, "CPU steal share over the run (-log(1 - share), from host_load)")):
+                    (4, "CPU steal share over the run (-log(1 - share), from host_load)"),
+                    (5, "in-run probe (median over the timed steps, timed by the driver between steps)")):
         sides = [([x[0] for x in rows], [x[i] for x in rows]) for g in groups.values() for rows in g.values()]
+        if any(p is None for _, ps in sides for p in ps):
+            lines.append(f"  {what}: not recorded for every run")
+            continue
         lines.append(f"  {what}: {runs_probe_check(sides)['note']}")
+    if steps:  # within runs: does a step's time follow the probe timed right after it (each run centred)
+        xs = np.concatenate([np.asarray(a) - np.mean(a) for a, _ in steps])
+        ps = np.concatenate([np.asarray(b) - np.mean(b) for _, b in steps])
+        r = float(np.corrcoef(xs, ps)[0, 1]) if np.std(ps) > 0 and np.std(xs) > 0 else float("nan")
+        lines.append(f"  in-run probe, step by step within runs ({len(xs)} steps of {len(steps)} runs, each run "
+                     f"centred): r = {r:+.2f}; SD of a step's log time {np.std(xs):.3f}, of the probe's {np.std(ps):.3f}")
     return "\n".join(lines)
+
+
+def driver_probes(rec: dict[str, Any]) -> list[float]:
+    """The in-run probe of a verl run at each timed step (``bench/driver_probe_s``, patches/bench_patches/
+    verl_speed_probe.py), aligned with :func:`bench.analyze.snapshot.record_samples`'s step times; empty unless
+    every timed step has one."""
+    by_step = {int(k): v for k, v in (rec.get("steps") or {}).items() if isinstance(v, dict)}
+    got = [(by_step.get(int(s)) or {}).get("bench/driver_probe_s") for s in (rec.get("summary") or {}).get(
+        "timed_steps") or []]
+    return [float(v) for v in got] if got and all(isinstance(v, (int, float)) and v > 0 for v in got) else []
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -439,7 +510,12 @@ def main(argv: list[str] | None = None) -> int:
                         "same rates (default --sweeps; fewer when its designs have hundreds of runs)")
     p.add_argument("--verl-sweep", type=Path, default=None, metavar="SWEEP_DIR",
                    help="verl_cpu: the model from this sweep's finished runs (any status, e.g. interrupted)")
+    p.add_argument("--verl-quiet", action="store_true",
+                   help="verl_cpu: the components measured on a quiet host (VERL_QUIET) instead of a sweep's")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    p.add_argument("--stop-variant", choices=("shipped", "keep", "retire"), default="shipped",
+                   help="the sequential design's stop rule: as shipped; 'keep': a decision once made is kept; "
+                        "'retire': kept, and a decided one-at-a-time cell leaves the later blocks (simulated only)")
     p.add_argument("--real", type=Path, nargs="+", default=None, metavar="SWEEP_DIR",
                    help="print runs, wall time and decisions of these finished real sweeps instead")
     p.add_argument("--bracket-probe", type=Path, nargs="+", default=None, metavar="SWEEP_DIR",
@@ -467,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "embedded_idle":
             model, design = idle_target()
         else:
-            model, design = verl_target(args.results, args.verl_sweep)
+            model, design = verl_target(args.results, args.verl_sweep, quiet=args.verl_quiet)
         rows += run_target(name, model, design, args)
     print(f"\n{args.sweeps} sweeps per scenario and design; threshold {args.threshold:.0%}, alpha {args.alpha}; "
           f"{time.time() - t0:.0f} s")

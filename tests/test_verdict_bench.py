@@ -58,3 +58,27 @@ def test_planned_sequential_sweep_needs_at_most_half_the_runs_of_the_fixed_desig
     assert r is not None
     for s in seqs.values():
         assert s["runs"] <= 0.5 * r * len(design["cells"]), (s["runs"], r)
+
+
+def test_kept_decisions_variant_retires_decided_one_at_a_time_cells_and_keeps_its_error_rate():
+    """The simulated stop-rule variant of docs/planning.md (``--stop-variant retire``) on verl:cpu's quiet
+    components, 40 seeded sweeps at a true 2 x threshold of dynamic_bsz: once dynamic_bsz is decided its cell runs in
+    no later block (fewer runs than the shipped rule on the same seed), no false effect on the three null factors
+    beyond alpha (binomial 99 % margin), never the wrong direction; a fresh rule per sweep (none of one sweep's
+    decisions carries into the next)."""
+    model, design = bv.VERL_QUIET, bv.verl_target(Path("/nonexistent"), quiet=True)[1]
+    assert bv.verl_target(Path("/nonexistent"), quiet=True)[0] is bv.VERL_QUIET
+    effect, sweeps = 2 * math.log1p(0.25), 40
+    got = {}
+    for variant in ("shipped", "retire"):
+        rng = np.random.default_rng([7, 20])
+        stop = (EffectsStopRule(5, threshold=0.25, alpha=0.05) if variant == "shipped" else
+                bv.KeptDecisionsRule(5, threshold=0.25, alpha=0.05, retire=True))
+        res = [bv.simulate(model, design, effect, 35, 5, rng, stop, 0.05, 0.25) for _ in range(sweeps)]
+        got[variant] = (bv.score(res, design, effect), res)
+    s, res = got["retire"]
+    assert not getattr(stop, "kept")  # the rule passed in stays empty: each sweep had its own
+    assert s["false"] <= 0.05 + 2.6 * math.sqrt(0.05 * 0.95 / (3 * sweeps)) and s["wrong"] == 0.0, s
+    # a sweep that stopped after k blocks with dynamic_bsz decided earlier ran fewer than 5 k runs
+    assert any(r["runs"] % 5 for r in res)
+    assert s["runs"] < got["shipped"][0]["runs"], (s["runs"], got["shipped"][0]["runs"])

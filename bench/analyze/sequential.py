@@ -166,10 +166,16 @@ class Decision:
 
     def text(self) -> str:
         """One line: ``name: verdict, +3.1 % [+1.0, +5.2] %``."""
-        iv = "no interval" if self.lo is None else f"[{self.change_lo:+.1%}, {self.change_hi:+.1%}]"
+        iv = "no interval" if self.lo is None else f"[{_bound(self.change_lo)}, {_bound(self.change_hi)}]"
         size = {True: ", beyond the threshold", False: ", within the threshold", None: ""}[self.matters]
         v = self.verdict.replace("_", " ")
         return f"{self.name}: {v}{size if self.verdict in ('slower', 'faster') else ''} ({self.change:+.1%} {iv})"
+
+
+def _bound(change: float | None) -> str:
+    """An interval end as a signed percentage; beyond +1000 % (a first look on few degrees of freedom) as
+    ``>+1000%`` rather than a 25-digit number."""
+    return ">+1000%" if change is not None and change > 10 else f"{change:+.1%}"
 
 
 def decide(estimate: float, se: float | None, df: float, *, threshold: float, alpha: float, look: int,
