@@ -133,17 +133,33 @@ def embedded_design() -> dict[str, Any]:
     return {"factors": factors, "cells": cells, "timed": 8, "warmup": 1, "profiled": 1, "vary": "dynamic_bsz"}
 
 
-def verl_target(results: Path, sweep: Path | None = None, quiet: bool = False) -> tuple[NoiseCost, dict[str, Any]]:
+def as_speed_probe(rec: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a verl run record whose in-run probe (``bench/driver_probe_s``) stands as the speed probe
+    (``bench/speed_probe_s``) at each step, so that the model is estimated on speed-normalized values as the
+    report and the stop rule would see them if that probe were applied (``--in-run-probe``)."""
+    from bench.speed import PROBE_METRIC
+
+    steps = {k: ({**v, PROBE_METRIC: v["bench/driver_probe_s"]} if isinstance(v, dict) and "bench/driver_probe_s" in v
+                 else v) for k, v in (rec.get("steps") or {}).items()}
+    return {**rec, "steps": steps}
+
+
+def verl_target(results: Path, sweep: Path | None = None, quiet: bool = False,
+                in_run_probe: bool = False) -> tuple[NoiseCost, dict[str, Any]]:
     """matrix/verl_cpu.yaml's one-at-a-time design with the model measured from the finished runs of ``sweep``
     (any status) or from the finished sweeps of its target in ``results``, else :data:`VERL_MEASURED`;
-    ``quiet``: :data:`VERL_QUIET` whatever else there is."""
+    ``quiet``: :data:`VERL_QUIET` whatever else there is; ``in_run_probe``: ``sweep``'s values normalized by its
+    runs' in-run probe (:func:`as_speed_probe`)."""
     from bench.results import load_records
 
     factors = ["rmsnorm_fused", "dynamic_bsz", "forward_prefetch", "graph_mode"]
     cells = [{f: 0 for f in factors}] + [{f: int(f == g) for f in factors} for g in factors]
     model, m = matrix_model("verl_cpu", results)
     if sweep is not None:
-        model = estimate_model([(f"{sweep.parent.name}/{sweep.name}", load_records(sweep))])
+        recs = load_records(sweep)
+        if in_run_probe:
+            recs = [as_speed_probe(r) for r in recs]
+        model = estimate_model([(f"{sweep.parent.name}/{sweep.name}", recs)])
         if model is None:
             raise SystemExit(f"--verl-sweep {sweep}: no cell with two finished runs (no run-to-run spread)")
     if model is None:
@@ -481,7 +497,8 @@ def bracket_summary(sweep_dirs: list[Path]) -> str:
         ps = np.concatenate([np.asarray(b) - np.mean(b) for _, b in steps])
         r = float(np.corrcoef(xs, ps)[0, 1]) if np.std(ps) > 0 and np.std(xs) > 0 else float("nan")
         lines.append(f"  in-run probe, step by step within runs ({len(xs)} steps of {len(steps)} runs, each run "
-                     f"centred): r = {r:+.2f}; SD of a step's log time {np.std(xs):.3f}, of the probe's {np.std(ps):.3f}")
+                     f"centred): r = {r:+.2f}; SD of a step's log time {np.std(xs):.3f}, of the probe's "
+                     f"{np.std(ps):.3f}")
     return "\n".join(lines)
 
 
@@ -512,6 +529,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="verl_cpu: the model from this sweep's finished runs (any status, e.g. interrupted)")
     p.add_argument("--verl-quiet", action="store_true",
                    help="verl_cpu: the components measured on a quiet host (VERL_QUIET) instead of a sweep's")
+    p.add_argument("--in-run-probe", action="store_true",
+                   help="--verl-sweep: estimate the model on values normalized by the runs' in-run probe "
+                        "(bench/driver_probe_s, patches/bench_patches/verl_speed_probe.py)")
     p.add_argument("--json", type=Path, default=None, help="also write the rows here")
     p.add_argument("--stop-variant", choices=("shipped", "keep", "retire"), default="shipped",
                    help="the sequential design's stop rule: as shipped; 'keep': a decision once made is kept; "
@@ -543,7 +563,8 @@ def main(argv: list[str] | None = None) -> int:
         elif name == "embedded_idle":
             model, design = idle_target()
         else:
-            model, design = verl_target(args.results, args.verl_sweep, quiet=args.verl_quiet)
+            model, design = verl_target(args.results, args.verl_sweep, quiet=args.verl_quiet,
+                                        in_run_probe=args.in_run_probe)
         rows += run_target(name, model, design, args)
     print(f"\n{args.sweeps} sweeps per scenario and design; threshold {args.threshold:.0%}, alpha {args.alpha}; "
           f"{time.time() - t0:.0f} s")

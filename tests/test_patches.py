@@ -419,6 +419,40 @@ def test_file_logger_keeps_numpy_steps_and_flushes(bench_patches, tmp_path, monk
     sys.modules.pop("fake_tracking_061", None)
 
 
+
+def test_speed_probe_patch_adds_the_kernel_time_to_every_step_with_the_file_logger(bench_patches, tmp_path,
+                                                                                   monkeypatch):
+    """``verl_speed_probe`` with ``verl_file_logger`` on verl 0.6.1's FileLogger: every step's line gets
+    ``bench/driver_probe_s`` (the embedded engine's kernel, seconds, positive and under a second here), the step's own
+    metrics are unchanged, numpy values still made plain, and the report names the kernel."""
+    import bench_patches.verl_file_logger as flog
+    import bench_patches.verl_speed_probe as sprobe
+    import numpy as np
+
+    from bench.engines.embedded.speed_probe import spec
+
+    (tmp_path / "fake_tracking_061p.py").write_text(FAKE_TRACKING_061)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(flog, "TARGET_MODULE", "fake_tracking_061p")
+    monkeypatch.setattr(sprobe, "TARGET_MODULE", "fake_tracking_061p")
+    out = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(out))
+    report = bench_patches.activate("verl_file_logger,verl_speed_probe", str(tmp_path))
+    tracking = importlib.import_module("fake_tracking_061p")
+    assert report.patches["verl_speed_probe"]["status"] == "applied"
+    assert spec() in " ".join(report.patches["verl_speed_probe"]["actions"])
+    logger = tracking.FileLogger("p", "e")
+    for step in (1, 2, 3):
+        logger.log({"timing_s/step": 1.5, "n": np.int64(step)}, step)
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [ln["step"] for ln in lines] == [1, 2, 3]
+    for ln in lines:
+        probe = ln["data"].pop(sprobe.METRIC)
+        assert 0 < probe < 1.0
+        assert ln["data"] == {"timing_s/step": 1.5, "n": ln["step"]}
+    logger.finish()
+    sys.modules.pop("fake_tracking_061p", None)
+
 def test_patch_evidence_summary(tmp_path):
     from bench.measure.patch_reports import patch_evidence
 

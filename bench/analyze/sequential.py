@@ -165,17 +165,12 @@ class Decision:
         return asdict(self)
 
     def text(self) -> str:
-        """One line: ``name: verdict, +3.1 % [+1.0, +5.2] %``."""
-        iv = "no interval" if self.lo is None else f"[{_bound(self.change_lo)}, {_bound(self.change_hi)}]"
-        size = {True: ", beyond the threshold", False: ", within the threshold", None: ""}[self.matters]
-        v = self.verdict.replace("_", " ")
-        return f"{self.name}: {v}{size if self.verdict in ('slower', 'faster') else ''} ({self.change:+.1%} {iv})"
-
-
-def _bound(change: float | None) -> str:
-    """An interval end as a signed percentage; beyond +1000 % (a first look on few degrees of freedom) as
-    ``>+1000%`` rather than a 25-digit number."""
-    return ">+1000%" if change is not None and change > 10 else f"{change:+.1%}"
+        """One line: ``name: verdict, +3.1 % [+1.0, +5.2] %`` (an end beyond +1000 % as ``>+1000%``)."""
+        end = lambda v: ">+1000%" if v > 10 else f"{v:+.1%}"  # noqa: E731
+        iv = "no interval" if self.lo is None else f"[{end(self.change_lo)}, {end(self.change_hi)}]"
+        size = ({True: ", beyond the threshold", False: ", within the threshold", None: ""}[self.matters]
+                if self.verdict in ("slower", "faster") else "")
+        return f"{self.name}: {self.verdict.replace('_', ' ')}{size} ({self.change:+.1%} {iv})"
 
 
 def decide(estimate: float, se: float | None, df: float, *, threshold: float, alpha: float, look: int,
@@ -205,8 +200,7 @@ def decide(estimate: float, se: float | None, df: float, *, threshold: float, al
     d.change_lo, d.change_hi = math.expm1(max(min(d.lo, 50.0), -50.0)), math.expm1(max(min(d.hi, 50.0), -50.0))
     if d.lo > 0 or d.hi < 0:
         d.verdict = "slower" if d.lo > 0 else "faster"
-        near = min(abs(d.lo), abs(d.hi))
-        far = max(abs(d.lo), abs(d.hi))
+        near, far = sorted((abs(d.lo), abs(d.hi)))
         d.matters = True if near > h else (False if far < h else None)
     elif -h < d.lo and d.hi < h:
         d.verdict = "no_change"

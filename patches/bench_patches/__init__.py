@@ -40,6 +40,7 @@ KNOWN_PATCHES = {
     "verl_cpu": "bench_patches.verl_cpu",
     "verl_evidence": "bench_patches.verl_evidence",
     "cpu_rmsnorm": "bench_patches.cpu_rmsnorm",
+    "verl_speed_probe": "bench_patches.verl_speed_probe",
 }
 _LOCK = threading.RLock()
 

@@ -82,7 +82,7 @@ ENV: tuple[tuple[str, Setting], ...] = (
 )
 
 #: Patches of the target (the process workarounds; the platform comes through VERL_USE_EXTERNAL_MODULES).
-PATCHES: tuple[str, ...] = ("verl_cpu",)
+PATCHES: tuple[str, ...] = ("verl_cpu", "verl_speed_probe")
 
 
 def overrides(n_gpus_per_node: int, reward_file: str) -> list[str]:

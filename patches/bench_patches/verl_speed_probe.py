@@ -1,0 +1,86 @@
+"""Measurement plumbing for verl runs on a CPU (not an optimization): the machine-speed probe timed between steps.
+
+The embedded engine times a fixed reference kernel next to every step (``bench/speed_probe_s``,
+:mod:`bench.engines.embedded.speed_probe`), and the analysis divides step times by it where it tracks them. A
+real verl run's steps run in other processes (Ray workers, vLLM's engine), but its driver logs every step's
+metrics through verl's ``FileLogger`` (``trainer.logger=[...,file]``) after the step ended and before the next one
+starts, when the workers wait for it. This patch times the same kernel there, :data:`REPS` times (median, seconds)
+and adds it to that step's metrics as :data:`METRIC`, under its own name: no figure divides by it until it is
+shown to track a run's speed on the machine (``benchmarks/bench_verdict.py --bracket-probe``, "in-run probe").
+
+The kernel and its identity come from the harness (``bench.engines.embedded.speed_probe``; the repository is on
+``PYTHONPATH`` of every run process); the step's own timing (``timing_s/step``) ended before the probe runs, so the
+probe adds wall time to the run (about ``REPS`` x 30 ms per step) but none to a measured step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from types import ModuleType
+from typing import Any
+
+from bench_patches import PatchRecord, PatchRefused, when_imported
+
+NAME = "verl_speed_probe"
+TARGET_MODULE = "verl.utils.tracking"
+#: the per-step metric this patch adds (seconds of the reference kernel, median of REPS; lower = faster machine)
+METRIC = "bench/driver_probe_s"
+#: kernel repetitions per step
+REPS = 3
+_STATE: dict[str, Any] = {"record": None, "probe": None}
+
+
+def _probe_time() -> float | None:
+    """Median seconds of :data:`REPS` runs of the reference kernel in this process (``None`` when it cannot run)."""
+    try:
+        if _STATE["probe"] is None:
+            from bench.engines.embedded.speed_probe import SpeedProbe
+
+            _STATE["probe"] = SpeedProbe()
+        probe = _STATE["probe"]
+        return float(statistics.median(probe.measure() for _ in range(REPS)))
+    except Exception:  # noqa: BLE001 - a probe that cannot run must never cost a step
+        return None
+
+
+def _install(module: ModuleType) -> None:
+    cls = getattr(module, "FileLogger", None)
+    rec: PatchRecord | None = _STATE["record"]
+    if cls is None:
+        if rec is not None:
+            rec.status("error", f"{module.__name__} has no FileLogger")
+        return
+    current = cls.__dict__.get("log")
+    if current is None or getattr(current, "__bench_probe__", False):
+        return
+
+    def log(self, data, step):
+        if isinstance(data, dict):
+            t = _probe_time()
+            if t is not None:
+                data = {**data, METRIC: t}
+        return current(self, data, step)
+
+    log.__bench_probe__ = True
+    log.__bench_patch__ = getattr(current, "__bench_patch__", None)  # the file-logger patch sees itself applied
+    log.__wrapped__ = current
+    cls.log = log
+    if rec is not None:
+        from bench.engines.embedded.speed_probe import spec
+
+        rec.action(f"{module.__name__}.FileLogger.log: the speed-probe kernel {spec()} timed {REPS} times before "
+                   f"each step's metrics are written, median as {METRIC}")
+
+
+def apply(mode: str | None, record: PatchRecord) -> None:
+    """Arm the hook on ``verl.utils.tracking`` (mode ``on``, the default, or ``off``)."""
+    mode = (mode or "on").lower()
+    if mode not in ("on", "off"):
+        raise PatchRefused(f"unknown mode {mode!r} (allowed: on, off)")
+    if mode == "off":
+        record.status("armed", "off: no probe between steps")
+        return
+    _STATE["record"] = record
+    when_imported(TARGET_MODULE, _install)
+    if record["status"] == "pending":
+        record.status("armed")
