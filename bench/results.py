@@ -186,9 +186,11 @@ class ResultsDir:
             return []
         return sorted(p for p in self.base.iterdir() if not p.is_symlink() and p.is_dir() and (p / SWEEP).exists())
 
-    def find_resumable(self, fingerprint: str, platform: str) -> Path | None:
+    def find_resumable(self, fingerprint: str, platform: str, cell_ids: list[str] | None = None) -> Path | None:
         """The newest sweep of the same matrix content and platform, or ``None``. A sweep whose ``sweep.json``
-        is unusable is never resumed: what is wrong is added to :attr:`unusable` (the sweep names it)."""
+        is unusable is never resumed: what is wrong is added to :attr:`unusable` (the sweep names it). With
+        ``cell_ids`` (this plan's), the newest such sweep is not resumed either when its cells differ: the same
+        matrix launches other runs since the harness or an engine changed (a new sweep starts, the old one stays)."""
         self.unusable = []
         for sweep in reversed(self.sweeps()):
             try:
@@ -197,8 +199,21 @@ class ResultsDir:
                 self.unusable.append(str(exc))
                 continue
             if meta.get("fingerprint") == fingerprint and meta.get("platform") == platform:
+                if cell_ids is not None and {c["cell_id"] for c in meta["plan"]["runs"]} != set(cell_ids):
+                    self.unusable.append(f"{sweep}: its cells' launches differ from this harness's (same matrix, "
+                                         "changed engine or harness code)")
+                    return None
                 return sweep
         return None
+
+    def new_sweep(self, fingerprint: str) -> Path:
+        """Make the folder of a new sweep (:func:`new_sweep_id`) and return it; a sweep of the same matrix begun in
+        the same second waits for the next one."""
+        while (self.base / new_sweep_id(fingerprint)).exists():
+            time.sleep(0.1)
+        out = self.base / new_sweep_id(fingerprint)
+        out.mkdir(parents=True)
+        return out
 
     def resolve_sweep(self, ref: str | Path) -> Path:
         """A sweep folder from a path, ``<matrix>/<sweep id>``, a sweep id, or ``latest``.

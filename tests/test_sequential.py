@@ -170,6 +170,33 @@ def test_sequential_sweep_stops_early_and_resumes_in_the_middle(tmp_path, monkey
     assert "sequential stopping" in summary
 
 
+
+def test_an_interrupted_sweep_whose_launches_changed_since_is_not_resumed(tmp_path, monkeypatch, capsys):
+    """Interrupted after 3 runs, then rerun with the same matrix by a harness whose launches differ (here: every
+    cell id salted, as a changed patch list of an engine does): the old sweep is left as it was, a warning says why,
+    and a new sweep runs all its runs (no KeyError on the old order's cell ids)."""
+    import bench.spec.plan as plan_mod
+
+    path = small_full(tmp_path, repeats=2)
+    uri = f"sqlite:///{(tmp_path / 'm.db').as_posix()}"
+    args = ["run", str(path), "--order-seed", "2", "--results", str(tmp_path / "res"), "--tracking-uri", uri]
+    fake = DriftExecutor(8, seed=1, stop_after=3)
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake)
+    assert main(args) == 130
+    (old,) = list((tmp_path / "res" / "full").glob("2*"))
+    before = sorted(p.name for p in old.rglob("record.json"))
+    original = plan_mod.cell_id_of
+    monkeypatch.setattr(plan_mod, "cell_id_of", lambda *a: original(*a)[::-1])
+    fake2 = DriftExecutor(8, seed=1)
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: fake2)
+    capsys.readouterr()
+    assert main(args) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "launches differ from this harness's" in out and "that sweep is not resumed" in out
+    assert len(fake2.calls) == 8
+    sweeps = sorted((tmp_path / "res" / "full").glob("2*"))
+    assert len(sweeps) == 2 and sorted(p.name for p in old.rglob("record.json")) == before
+
 def test_fixed_sweep_console_says_what_is_decided_and_what_stays_undecided(tmp_path, monkeypatch, capsys):
     """A fixed design (no --sequential) ends with its verdicts, decided once with the same rule: a 40 % slowdown of
     dynamic_bsz is "slower"; rmsnorm_fused (no effect, 6 % run noise, 3 blocks) stays undecided, and the console

@@ -38,7 +38,6 @@ from bench.results import (
     folder_size,
     free_bytes,
     is_no_space,
-    new_sweep_id,
     read_json,
     run_dir,
 )
@@ -195,7 +194,8 @@ class Sweep:
     # -- pieces ---------------------------------------------------------------------------------
     def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
         fp = gate_fingerprint(self.matrix.fingerprint(), self.code_versions)  # the matrix's own without versions
-        sweep_dir = None if self.force else self.rd.find_resumable(fp, self.plan.platform)
+        sweep_dir = None if self.force else self.rd.find_resumable(fp, self.plan.platform,
+                                                                   [r.cell_id for r in self.plan.runs])
         for problem in self.rd.unusable:  # an older sweep whose sweep.json cannot be read
             self.on_event("warn", {"message": f"{problem}; that sweep is not resumed"})
         if sweep_dir is not None:
@@ -213,9 +213,8 @@ class Sweep:
                 )
             self._ensure_parent(tracker, meta)
         else:
-            sweep_id = new_sweep_id(fp)
-            sweep_dir = self.rd.base / sweep_id
-            sweep_dir.mkdir(parents=True)
+            sweep_dir = self.rd.new_sweep(fp)
+            sweep_id = sweep_dir.name
             meta = {
                 "sweep_id": sweep_id, "matrix_name": self.matrix.name, "matrix_source": self.matrix.source,
                 "fingerprint": fp, "engine": self.plan.engine, "platform": self.plan.platform,
