@@ -87,6 +87,8 @@ VERL_MEASURED = NoiseCost(sd_step=0.175, sd_run=0.0, sd_block=0.071, startup_s=2
 VERL_QUIET = NoiseCost(sd_step=0.137, sd_run=0.057, sd_block=0.0, startup_s=73.7, step_s=0.80, warmup_step_s=10.0,
                        profiled_step_s=2.4, harness_s=5.0, runs=10, sd_stepidx=0.055,
                        sweeps=["verl_cpu quiet host 2026-12-02 (docs/planning.md; records not kept)"])
+#: the in-run probe's per-step metric (patches/bench_patches/verl_speed_probe.py, ``METRIC``)
+DRIVER_PROBE = "bench/driver_probe_s"
 R_MAX = 400  # most repeats searched for the smallest fixed design reaching the same rates
 _RUN_OBSERVATIONS = sequential.run_observations
 
@@ -139,7 +141,7 @@ def as_speed_probe(rec: dict[str, Any]) -> dict[str, Any]:
     report and the stop rule would see them if that probe were applied (``--in-run-probe``)."""
     from bench.speed import PROBE_METRIC
 
-    steps = {k: ({**v, PROBE_METRIC: v["bench/driver_probe_s"]} if isinstance(v, dict) and "bench/driver_probe_s" in v
+    steps = {k: ({**v, PROBE_METRIC: v[DRIVER_PROBE]} if isinstance(v, dict) and DRIVER_PROBE in v
                  else v) for k, v in (rec.get("steps") or {}).items()}
     return {**rec, "steps": steps}
 
@@ -507,7 +509,7 @@ def driver_probes(rec: dict[str, Any]) -> list[float]:
     verl_speed_probe.py), aligned with :func:`bench.analyze.snapshot.record_samples`'s step times; empty unless
     every timed step has one."""
     by_step = {int(k): v for k, v in (rec.get("steps") or {}).items() if isinstance(v, dict)}
-    got = [(by_step.get(int(s)) or {}).get("bench/driver_probe_s") for s in (rec.get("summary") or {}).get(
+    got = [(by_step.get(int(s)) or {}).get(DRIVER_PROBE) for s in (rec.get("summary") or {}).get(
         "timed_steps") or []]
     return [float(v) for v in got] if got and all(isinstance(v, (int, float)) and v > 0 for v in got) else []
 
