@@ -19,6 +19,7 @@ from bench.execution.executors import ExecResult
 from bench.measure import MeasureError, collect, summarize
 from bench.results import RECORD, atomic_write_json, is_record, read_json
 from bench.run_record import SCHEMA_VERSION, RunRecord
+from bench.speed import probe_from_patches
 
 LOG_TAIL_LINES = 30
 
@@ -93,6 +94,10 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
         rec["warnings"].extend(got["warnings"])
         if got["metrics"]:
             rec["summary"] = summarize(got, warmup_steps)
+    if "speed_probe" not in rec["evidence"]:  # a probe timed by a patch (verl:cpu's driver), named in its report
+        sp = probe_from_patches(rec["patch_reports"])
+        if sp is not None:
+            rec["evidence"]["speed_probe"] = sp
     _registry_evidence(run_dir, rec)  # every engine: the checks the registry names for its target
     if res.returncode != 0 or res.timed_out:
         rec["status"] = "failed"

@@ -36,6 +36,20 @@ def probe_spec(rec: dict[str, Any]) -> str | None:
     return sp.get("spec") if sp.get("enabled") else None
 
 
+def probe_from_patches(reports: Sequence[dict[str, Any]]) -> dict[str, Any] | None:
+    """The ``speed_probe`` evidence of a run whose probe a patch timed (verl:cpu: ``verl_speed_probe``, timed by
+    verl's driver between steps), from the run's patch reports (``patches/*.json``, :mod:`bench_patches`):
+    ``{"enabled": True, "spec", "metric", "placement"}`` of the first process whose patch applied and named its
+    kernel, or None (no such patch, or it never applied: the run's steps carry no probe)."""
+    for rep in reports:
+        for pr in ((rep or {}).get("patches") or {}).values():
+            probe = (pr or {}).get("probe") if isinstance(pr, dict) else None
+            if pr.get("status") == "applied" and isinstance(probe, dict) and probe.get("metric") == PROBE_METRIC:
+                return {"enabled": True, "spec": probe.get("spec"), "metric": PROBE_METRIC,
+                        "placement": probe.get("placement")}
+    return None
+
+
 def _reps(cell: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in cell["repeats"] if r.get("status") == "ok"]
 

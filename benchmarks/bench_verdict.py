@@ -20,9 +20,10 @@ sweep's wall time. Components and costs (:mod:`bench.analyze.planning_model`):
   ``matrix/full.yaml`` in ``--results`` (speed-normalized, as the report and the stop rule see them); the
   2 x 2 design of full.yaml on the embedded engine (4 runs per block, 8 timed steps per run);
 * ``verl_cpu``: measured the same way from the finished sweeps of matrix/verl_cpu.yaml's target in
-  ``--results`` (any steps and repeats) or from ``--verl-sweep``; without one, :data:`VERL_MEASURED` (the
-  components and costs measured on 2026-12-01 under load); the one-at-a-time design of matrix/verl_cpu.yaml
-  (5 runs per block, its timed steps).
+  ``--results`` (any steps and repeats) or from ``--verl-sweep``; without one, :data:`VERL_PROBED` (the
+  components and costs of a quiet sweep of 2026-12-03, speed-normalized by the in-run probe as every figure now
+  is; ``--verl-loaded``: :data:`VERL_MEASURED`, raw, measured on 2026-12-01 under load); the one-at-a-time design
+  of matrix/verl_cpu.yaml (5 runs per block, its timed steps).
 
 ``--bracket-probe SWEEP_DIR ...`` instead says whether the harness's machine-speed probe around each run
 (:mod:`bench.execution.machine_probe`, the verl engine's runs) tracks the runs' speed in those sweeps: the gate's
@@ -32,7 +33,8 @@ of the probe's before/after geometric mean, and against each window alone.
 
 ``--stop-variant keep`` / ``retire`` simulates the sequential design with a variant of the stop rule
 (:class:`KeptDecisionsRule`: decisions kept once made; ``retire``: decided one-at-a-time cells leave the later blocks),
-``--verl-quiet`` the verl target with the components measured on a quiet host (:data:`VERL_QUIET`).
+``--verl-quiet`` the verl target with the raw components measured on a quiet host before the in-run probe was
+applied (:data:`VERL_QUIET`), ``--verl-loaded`` those measured under load (:data:`VERL_MEASURED`).
 
 ``--real SWEEP_DIR ...`` instead prints, for finished real sweeps, their runs, wall time (first run's start to
 last run's end) and decisions: a sequential sweep's last look, a fixed sweep decided once at its end with the
@@ -87,7 +89,15 @@ VERL_MEASURED = NoiseCost(sd_step=0.175, sd_run=0.0, sd_block=0.071, startup_s=2
 VERL_QUIET = NoiseCost(sd_step=0.137, sd_run=0.057, sd_block=0.0, startup_s=73.7, step_s=0.80, warmup_step_s=10.0,
                        profiled_step_s=2.4, harness_s=5.0, runs=10, sd_stepidx=0.055,
                        sweeps=["verl_cpu quiet host 2026-12-02 (docs/planning.md; records not kept)"])
-#: the in-run probe's per-step metric (patches/bench_patches/verl_speed_probe.py, ``METRIC``)
+#: verl:cpu as the harness measures it since its runs carry the in-run speed probe (patches/bench_patches/
+#: verl_speed_probe.py; values speed-normalized, as the report, the planner and the stop rule see them): the fixed
+#: sweep of matrix/verl_cpu.yaml of 2026-12-03 08:10-08:40 (10 runs x 20 timed steps, quiet; docs/planning.md,
+#: "Real check, 2026-12-03"), as ``estimate_model`` gives it
+VERL_PROBED = NoiseCost(sd_step=0.1551, sd_run=0.0049, sd_block=0.0420, startup_s=113.6, step_s=1.17,
+                        warmup_step_s=11.89, profiled_step_s=3.20, harness_s=3.9, runs=10, sd_stepidx=0.1058,
+                        sweeps=["verl_cpu 2026-12-03 08:10, speed-normalized by the in-run probe (docs/planning.md)"])
+#: the in-run probe's per-step metric before it was applied as the speed probe (patches/bench_patches/
+#: verl_speed_probe.py wrote it under this name until it logged ``bench/speed_probe_s``): sweeps of that time
 DRIVER_PROBE = "bench/driver_probe_s"
 R_MAX = 400  # most repeats searched for the smallest fixed design reaching the same rates
 _RUN_OBSERVATIONS = sequential.run_observations
@@ -147,11 +157,12 @@ def as_speed_probe(rec: dict[str, Any]) -> dict[str, Any]:
 
 
 def verl_target(results: Path, sweep: Path | None = None, quiet: bool = False,
-                in_run_probe: bool = False) -> tuple[NoiseCost, dict[str, Any]]:
+                in_run_probe: bool = False, loaded: bool = False) -> tuple[NoiseCost, dict[str, Any]]:
     """matrix/verl_cpu.yaml's one-at-a-time design with the model measured from the finished runs of ``sweep``
-    (any status) or from the finished sweeps of its target in ``results``, else :data:`VERL_MEASURED`;
-    ``quiet``: :data:`VERL_QUIET` whatever else there is; ``in_run_probe``: ``sweep``'s values normalized by its
-    runs' in-run probe (:func:`as_speed_probe`)."""
+    (any status) or from the finished sweeps of its target in ``results``, else :data:`VERL_PROBED`;
+    ``quiet``: :data:`VERL_QUIET` (raw) whatever else there is, ``loaded``: :data:`VERL_MEASURED` (raw);
+    ``in_run_probe``: ``sweep``'s values normalized by its runs' in-run probe logged under its old name
+    (:func:`as_speed_probe`; sweeps since it is the speed probe are normalized anyway)."""
     from bench.results import load_records
 
     factors = ["rmsnorm_fused", "dynamic_bsz", "forward_prefetch", "graph_mode"]
@@ -165,9 +176,11 @@ def verl_target(results: Path, sweep: Path | None = None, quiet: bool = False,
         if model is None:
             raise SystemExit(f"--verl-sweep {sweep}: no cell with two finished runs (no run-to-run spread)")
     if model is None:
-        model = VERL_MEASURED
+        model = VERL_PROBED
     if quiet:
         model = VERL_QUIET
+    if loaded:
+        model = VERL_MEASURED
     return model, {"factors": factors, "cells": cells, "timed": timed_of(m), "warmup": m.base.warmup_steps,
                    "profiled": len(m.base.profile_steps or []), "vary": "dynamic_bsz"}
 
@@ -505,12 +518,14 @@ def bracket_summary(sweep_dirs: list[Path]) -> str:
 
 
 def driver_probes(rec: dict[str, Any]) -> list[float]:
-    """The in-run probe of a verl run at each timed step (``bench/driver_probe_s``, patches/bench_patches/
-    verl_speed_probe.py), aligned with :func:`bench.analyze.snapshot.record_samples`'s step times; empty unless
-    every timed step has one."""
+    """The in-run probe of a verl run at each timed step (patches/bench_patches/verl_speed_probe.py:
+    ``bench/speed_probe_s``, or ``bench/driver_probe_s`` in sweeps from before it was applied), aligned with
+    :func:`bench.analyze.snapshot.record_samples`'s step times; empty unless every timed step has one."""
+    from bench.speed import PROBE_METRIC
+
     by_step = {int(k): v for k, v in (rec.get("steps") or {}).items() if isinstance(v, dict)}
-    got = [(by_step.get(int(s)) or {}).get(DRIVER_PROBE) for s in (rec.get("summary") or {}).get(
-        "timed_steps") or []]
+    timed = [by_step.get(int(s)) or {} for s in (rec.get("summary") or {}).get("timed_steps") or []]
+    got = [st.get(DRIVER_PROBE, st.get(PROBE_METRIC)) for st in timed]
     return [float(v) for v in got] if got and all(isinstance(v, (int, float)) and v > 0 for v in got) else []
 
 
@@ -531,6 +546,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="verl_cpu: the model from this sweep's finished runs (any status, e.g. interrupted)")
     p.add_argument("--verl-quiet", action="store_true",
                    help="verl_cpu: the components measured on a quiet host (VERL_QUIET) instead of a sweep's")
+    p.add_argument("--verl-loaded", action="store_true",
+                   help="verl_cpu: the raw components measured under load on 2026-12-01 (VERL_MEASURED)")
     p.add_argument("--in-run-probe", action="store_true",
                    help="--verl-sweep: estimate the model on values normalized by the runs' in-run probe "
                         "(bench/driver_probe_s, patches/bench_patches/verl_speed_probe.py)")
@@ -566,7 +583,7 @@ def main(argv: list[str] | None = None) -> int:
             model, design = idle_target()
         else:
             model, design = verl_target(args.results, args.verl_sweep, quiet=args.verl_quiet,
-                                        in_run_probe=args.in_run_probe)
+                                        in_run_probe=args.in_run_probe, loaded=args.verl_loaded)
         rows += run_target(name, model, design, args)
     print(f"\n{args.sweeps} sweeps per scenario and design; threshold {args.threshold:.0%}, alpha {args.alpha}; "
           f"{time.time() - t0:.0f} s")

@@ -423,8 +423,9 @@ def test_file_logger_keeps_numpy_steps_and_flushes(bench_patches, tmp_path, monk
 def test_speed_probe_patch_adds_the_kernel_time_to_every_step_with_the_file_logger(bench_patches, tmp_path,
                                                                                    monkeypatch):
     """``verl_speed_probe`` with ``verl_file_logger`` on verl 0.6.1's FileLogger: every step's line gets
-    ``bench/driver_probe_s`` (the embedded engine's kernel, seconds, positive and under a second here), the step's own
-    metrics are unchanged, numpy values still made plain, and the report names the kernel."""
+    ``bench/speed_probe_s`` (the embedded engine's kernel, seconds, positive and under a second here), the step's own
+    metrics are unchanged, numpy values still made plain, and the report names the kernel, which the run record's
+    evidence takes as its speed probe (so the report, the stop rule and the gate normalize by it)."""
     import bench_patches.verl_file_logger as flog
     import bench_patches.verl_speed_probe as sprobe
     import numpy as np
@@ -441,6 +442,13 @@ def test_speed_probe_patch_adds_the_kernel_time_to_every_step_with_the_file_logg
     tracking = importlib.import_module("fake_tracking_061p")
     assert report.patches["verl_speed_probe"]["status"] == "applied"
     assert spec() in " ".join(report.patches["verl_speed_probe"]["actions"])
+    from bench.speed import PROBE_METRIC, probe_from_patches, probe_spec
+
+    assert sprobe.METRIC == PROBE_METRIC
+    reports = [json.loads(f.read_text()) for f in sorted((tmp_path / "patches").glob("*.json"))]
+    ev = probe_from_patches(reports)
+    assert ev is not None and ev["spec"] == spec() and ev["metric"] == PROBE_METRIC
+    assert probe_spec({"evidence": {"speed_probe": ev}}) == spec()
     logger = tracking.FileLogger("p", "e")
     for step in (1, 2, 3):
         logger.log({"timing_s/step": 1.5, "n": np.int64(step)}, step)

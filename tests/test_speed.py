@@ -128,3 +128,21 @@ def test_report_reads_cells_at_one_machine_speed(tmp_path, uri):
     assert cell(norm, "dynamic_bsz")["speedup"] == pytest.approx(1.25, abs=0.03)
     main_eff = {t["name"]: t for t in norm["effects"]["fit"]["terms"]}["dynamic_bsz"]
     assert main_eff["change"] == pytest.approx(-0.2, abs=0.02)
+
+
+def test_probe_evidence_comes_only_from_a_patch_that_applied_and_named_its_kernel():
+    """A run whose probe a patch timed (verl:cpu's driver) gets ``speed_probe`` evidence from that patch's report;
+    an armed patch that never applied (no FileLogger: no step carries the probe) or another metric gives none."""
+    from bench.speed import PROBE_METRIC, probe_from_patches
+
+    probe = {"spec": "matmul256x20+stream2000000x30-float32-t1", "metric": PROBE_METRIC, "placement": "driver"}
+    worker = {"patches": {"verl_speed_probe": {"status": "armed", "actions": []}}}
+    driver = {"patches": {"verl_file_logger": {"status": "applied"},
+                          "verl_speed_probe": {"status": "applied", "actions": ["x"], "probe": probe}}}
+    assert probe_from_patches([worker, driver]) == {"enabled": True, "spec": probe["spec"], "metric": PROBE_METRIC,
+                                                    "placement": "driver"}
+    assert probe_from_patches([worker]) is None
+    armed = {"patches": {"verl_speed_probe": {"status": "armed", "probe": probe}}}
+    assert probe_from_patches([armed]) is None
+    other = {"patches": {"verl_speed_probe": {"status": "applied", "probe": {**probe, "metric": "bench/other_s"}}}}
+    assert probe_from_patches([other, {}]) is None

@@ -70,6 +70,9 @@ def test_real_verl_sweep_on_cpu(tmp_path):
         assert set(rec["free_ratio"]) == {"3"} and 0.0 < rec["free_ratio"]["3"] < 1.0
         assert rec["free_ratio_detail"]["3"]["sources"][0]["basis"] == "cpu"
         assert rec["summary"]["timed_steps"] == [2] and 0 < rec["summary"]["rollout_share_median"] < 1
+        # verl's driver timed the speed probe after every step (patch verl_speed_probe); the record names its kernel
+        assert all(0 < x["data"]["bench/speed_probe_s"] < 1 for x in lines)
+        assert rec["evidence"]["speed_probe"]["enabled"] and rec["evidence"]["speed_probe"]["spec"].startswith("matmul")
         # evidence per factor from the run's processes
         assert rec["evidence_verdicts"]["dynamic_bsz"] == "confirmed", rec["evidence"]
         kind = "token-budget" if level else "fixed-size"
