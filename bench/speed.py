@@ -43,8 +43,8 @@ def probe_from_patches(reports: Sequence[dict[str, Any]]) -> dict[str, Any] | No
     kernel, or None (no such patch, or it never applied: the run's steps carry no probe)."""
     for rep in reports:
         for pr in ((rep or {}).get("patches") or {}).values():
-            probe = (pr or {}).get("probe") if isinstance(pr, dict) else None
-            if pr.get("status") == "applied" and isinstance(probe, dict) and probe.get("metric") == PROBE_METRIC:
+            probe = pr.get("probe") if isinstance(pr, dict) else None
+            if isinstance(probe, dict) and pr.get("status") == "applied" and probe.get("metric") == PROBE_METRIC:
                 return {"enabled": True, "spec": probe.get("spec"), "metric": PROBE_METRIC,
                         "placement": probe.get("placement")}
     return None

@@ -20,6 +20,19 @@ import bench_verdict as bv  # noqa: E402
 from test_planning import QUIET_EMBEDDED  # noqa: E402
 
 
+def _sequential_rates(model, design, plan, *, seed: int, sweeps: int) -> dict[float, dict[str, float]]:
+    """Per true effect of dynamic_bsz (0 and 2 x the 5 % threshold): :func:`bv.score` of ``sweeps`` seeded simulated
+    sequential sweeps of ``plan`` with the effects' stop rule (threshold 5 %, alpha 0.05)."""
+    seqs = {}
+    for mult in (0.0, 2.0):
+        effect = mult * math.log1p(0.05)
+        rng = np.random.default_rng([seed, int(mult * 10)])
+        stop = EffectsStopRule(plan.repeats, threshold=0.05, alpha=0.05)
+        seqs[effect] = bv.score([bv.simulate(model, design, effect, plan.timed_steps, plan.repeats, rng, stop, 0.05,
+                                             0.05) for _ in range(sweeps)], design, effect)
+    return seqs
+
+
 def test_fixed_designs_search_finds_the_fewest_repeats_that_decide_as_often():
     """The search returns R such that R decides at least as often as the target rates and R - 1 does not."""
     args = argparse.Namespace(seed=5, sweeps=40, alpha=0.05, threshold=0.05)
@@ -42,13 +55,7 @@ def test_planned_sequential_sweep_needs_at_most_half_the_runs_of_the_fixed_desig
     plan, ok = plan_allocation(model, design["cells"], design["factors"], precision=0.025, warmup=1, profiled=1,
                                steps_range=steps_range_for(design["timed"]))
     assert ok and plan.timed_steps >= design["timed"]
-    seqs = {}
-    for mult in (0.0, 2.0):
-        effect = mult * math.log1p(0.05)
-        rng = np.random.default_rng([3, int(mult * 10)])
-        stop = EffectsStopRule(plan.repeats, threshold=0.05, alpha=0.05)
-        seqs[effect] = bv.score([bv.simulate(model, design, effect, plan.timed_steps, plan.repeats, rng, stop, 0.05,
-                                             0.05) for _ in range(args.sweeps)], design, effect)
+    seqs = _sequential_rates(model, design, plan, seed=3, sweeps=args.sweeps)
     for effect, s in seqs.items():
         n_null = args.sweeps * (2 if effect == 0 else 1)  # comparisons whose true effect is 0
         assert s["false"] <= 0.05 + 2.6 * math.sqrt(0.05 * 0.95 / n_null), s
@@ -97,13 +104,7 @@ def test_verl_cpu_with_the_in_run_probe_needs_at_most_half_the_runs_of_the_fixed
     plan, ok = plan_allocation(model, design["cells"], design["factors"], precision=0.025, warmup=design["warmup"],
                                profiled=design["profiled"], steps_range=steps_range_for(design["timed"]))
     assert ok and plan.timed_steps > 4 * design["timed"]  # dear start-up, no run component: long runs
-    seqs = {}
-    for mult in (0.0, 2.0):
-        effect = mult * math.log1p(0.05)
-        rng = np.random.default_rng([11, int(mult * 10)])
-        stop = EffectsStopRule(plan.repeats, threshold=0.05, alpha=0.05)
-        seqs[effect] = bv.score([bv.simulate(model, design, effect, plan.timed_steps, plan.repeats, rng, stop, 0.05,
-                                             0.05) for _ in range(args.sweeps)], design, effect)
+    seqs = _sequential_rates(model, design, plan, seed=11, sweeps=args.sweeps)
     for effect, s in seqs.items():
         n_null = args.sweeps * (4 if effect == 0 else 3)  # comparisons whose true effect is 0
         assert s["false"] <= 0.05 + 2.6 * math.sqrt(0.05 * 0.95 / n_null), s
