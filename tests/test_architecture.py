@@ -23,8 +23,9 @@ EXECUTION = "bench.execution"
 #: (``bench.engines``, ``bench.engines.base``: the plan asks the matrix's engine to build each launch)
 SPEC_LAYER = "bench.spec"
 ENGINE_INTERFACE = ("bench.engines", "bench.engines.base")
-#: the most lines a module of bench/ may have
-MAX_LINES = 400
+#: the most lines a module of bench/ may have: modules hold one concept and stay near 400 lines as a guideline;
+#: one may pass it where splitting would cut a concept (issue 31), never this hard limit
+MAX_LINES = 600
 #: modules other work is editing now, allowed over MAX_LINES until it is merged (then split them, and
 #: empty this set)
 OVERSIZE_ALLOWED: set[str] = set()

@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _repo_copy import copy_tracked
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "tests" / "plugin_pkg"
@@ -59,21 +60,11 @@ def add_entry_point(pyproject: str, group: str, line: str) -> str:
     return pyproject[:end] + "\n" + line + pyproject[end:]
 
 
-def _copy_repo(dest: Path) -> None:
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                           text=True, check=True).stdout.splitlines()
-    for rel in files:
-        src = ROOT / rel
-        if src.is_file() and not src.is_symlink():
-            (dest / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / rel)
-
-
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
     """A copy of the repository with the four recipes applied literally (and one new embedded config field)."""
     dest = tmp_path_factory.mktemp("repo")
-    _copy_repo(dest)
+    copy_tracked(ROOT, dest)
     pyproject = (dest / "pyproject.toml").read_text()
     for src, target, group, line in RECIPES:
         shutil.copy2(PLUGIN / "grpo_bench_toy" / src, dest / target)

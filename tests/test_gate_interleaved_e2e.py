@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _repo_copy import copy_tracked
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -64,15 +64,9 @@ def _git(repo: Path, *args: str) -> str:
 
 
 def _make_repo(dst: Path) -> Path:
-    """This harness (tracked and untracked-but-not-ignored files) in a fresh git repo: commit 1 as it is,
+    """This harness (its tracked files as they are in the working tree) in a fresh git repo: commit 1 as it is,
     commit 2 slower with a marker."""
-    files = _git(ROOT, "ls-files", "-co", "--exclude-standard").split("\n")
-    for f in filter(None, files):
-        src = ROOT / f
-        if src.is_symlink() or not src.is_file():
-            continue
-        (dst / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(src, dst / f)
+    copy_tracked(ROOT, dst)
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
     os.environ.update(env)
     step = dst / "bench/engines/embedded/step.py"  # both commits: each run writes the CPUs the kernel lets it use

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _verl_stack as verl_stack
 import pytest
 import yaml
 
@@ -22,9 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = verl_python()
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(
-        not Path(PY).exists() or subprocess.run([PY, "-c", "import verl, vllm"], capture_output=True).returncode,
-        reason="the verl CPU stack is not installed (bash tools/install_verl_cpu.sh)"),
+    pytest.mark.skipif(not verl_stack.has("verl", "vllm"), reason=verl_stack.NOT_INSTALLED),
 ]
 
 

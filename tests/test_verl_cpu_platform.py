@@ -8,7 +8,6 @@ installed; ``.ci/run`` installs it.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import socket
@@ -17,6 +16,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import _verl_stack as verl_stack
 import pytest
 
 from bench.engines.verl_cpu.target import ENV, verl_python
@@ -27,10 +27,7 @@ if ROOT_PATCHES not in sys.path:
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = verl_python()
-pytestmark = pytest.mark.skipif(
-    not Path(PY).exists() or subprocess.run([PY, "-c", "import verl, vllm"], capture_output=True).returncode != 0,
-    reason="the verl CPU stack is not installed (bash tools/install_verl_cpu.sh)",
-)
+pytestmark = pytest.mark.skipif(not verl_stack.has("verl", "vllm"), reason=verl_stack.NOT_INSTALLED)
 
 
 def _run(code: str, tmp_path: Path, patches: str = "verl_cpu", platform: bool = True,
@@ -38,7 +35,7 @@ def _run(code: str, tmp_path: Path, patches: str = "verl_cpu", platform: bool = 
     """Run ``code`` with the stack's interpreter. ``patches=""`` (the "without" runs) keeps only the
     ``torchvision_op_schemas`` workaround where torchvision is installed: without it no process of that stack
     can import transformers' vision models, so every other workaround's test would fail on that instead."""
-    if not patches and _has_torchvision():
+    if not patches and verl_stack.has("torchvision"):
         patches = "verl_cpu:torchvision"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_", "VERL_", "RAY_"))}
     env.update(PYTHONPATH=os.pathsep.join([str(ROOT / "patches"), str(ROOT)]), BENCH_RUN_DIR=str(tmp_path))
@@ -250,14 +247,7 @@ def tiny_vl_processor_dir() -> Path:
     return assets.ensure_vl_model(default_cache_dir())
 
 
-@functools.lru_cache(maxsize=None)
-def _has_torchvision() -> bool:
-    return Path(PY).exists() and subprocess.run(
-        [PY, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('torchvision') is None)"],
-        capture_output=True).returncode == 0
-
-
-_HAS_TORCHVISION = _has_torchvision()
+_HAS_TORCHVISION = verl_stack.has("torchvision")
 
 
 @pytest.mark.skipif(not _HAS_TORCHVISION, reason="torchvision is not installed in the verl CPU stack "

@@ -25,6 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import _verl_stack as verl_stack
 import pytest
 import yaml
 
@@ -32,9 +33,7 @@ from bench.engines.verl_cpu.target import verl_python
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = verl_python()
-_READY = Path(PY).exists() and subprocess.run(
-    [PY, "-c", "import importlib.util as u, verl, vllm; assert u.find_spec('torchvision')"], capture_output=True
-).returncode == 0
+_READY = verl_stack.has("verl", "vllm", "torchvision")
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not _READY, reason="the verl CPU stack with torchvision is not installed "

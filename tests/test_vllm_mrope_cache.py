@@ -19,6 +19,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import _verl_stack as verl_stack
 import pytest
 
 from bench.engines.verl_cpu.target import verl_python
@@ -27,10 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = verl_python()
 TINY = json.loads((ROOT / "bench" / "engines" / "builtins" / "qwen3vl_tiny.json").read_text())["text_config"]
 LAYERS = TINY["num_hidden_layers"]
-pytestmark = pytest.mark.skipif(
-    not Path(PY).exists() or subprocess.run([PY, "-c", "import vllm"], capture_output=True).returncode != 0,
-    reason="the verl CPU stack is not installed (bash tools/install_verl_cpu.sh)",
-)
+pytestmark = pytest.mark.skipif(not verl_stack.has("vllm"), reason=verl_stack.NOT_INSTALLED)
 
 SCRIPT = """
 import json, sys, torch

@@ -76,8 +76,8 @@ def _install(module: ModuleType) -> None:
         from bench.engines.embedded.speed_probe import spec
 
         rec["probe"] = {"spec": spec(), "metric": METRIC, "placement": PLACEMENT}
-        rec.action(f"{module.__name__}.FileLogger.log: the speed-probe kernel {rec['probe']['spec']} timed {REPS} times before "
-                   f"each step's metrics are written, median as {METRIC}")
+        rec.action(f"{module.__name__}.FileLogger.log: the speed-probe kernel {rec['probe']['spec']} timed {REPS} "
+                   f"times before each step's metrics are written, median as {METRIC}")
 
 
 def apply(mode: str | None, record: PatchRecord) -> None:

@@ -1,0 +1,37 @@
+"""Copy of a git checkout for the tests that run a copy of this repository (issue 31).
+
+Only tracked files travel (``git ls-files``: the index, so a new file that is ``git add``-ed counts), each as it
+is in the working tree, so uncommitted edits of tracked files are part of the copy. Untracked and ignored files
+never are: a local virtual environment, results, caches or a stray scratch file must not change what a test
+sees (``git ls-files -co --exclude-standard`` copied untracked files too). So a new module must be
+``git add``-ed before these tests can import it from the copy.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+
+def tracked_files(root: Path) -> list[str]:
+    """The paths (relative to ``root``) of the files git tracks in the checkout ``root``."""
+    out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached"], check=True,
+                         capture_output=True).stdout
+    return sorted({rel for rel in out.decode("utf-8", "surrogateescape").split("\0") if rel})
+
+
+def copy_tracked(root: Path, dest: Path) -> list[str]:
+    """Copy the tracked files of the git checkout ``root`` into ``dest`` as they are in its working tree.
+
+    A tracked file deleted from the working tree, a symlink or anything else that is not a plain file is left
+    out. Returns the relative paths copied."""
+    copied = []
+    for rel in tracked_files(root):
+        src = Path(root) / rel
+        if src.is_symlink() or not src.is_file():
+            continue
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest / rel)
+        copied.append(rel)
+    return copied
