@@ -224,9 +224,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: signals that end the harness like Ctrl-C (runs and the fork server stopped, the sweep closed as interrupted),
+#: each with its exit code (128 + the signal's number) and word: a closed terminal or SSH session sends SIGHUP
+STOP_SIGNALS = {signal.SIGTERM: (143, "terminated"),
+                **({signal.SIGHUP: (129, "hangup")} if hasattr(signal, "SIGHUP") else {})}
+
+
 def _terminate(signum, frame) -> None:
-    """SIGTERM handler: unwind like Ctrl-C, so runs and the fork server are stopped and the sweep closed."""
-    raise Terminated()
+    """SIGTERM/SIGHUP handler: unwind like Ctrl-C, so runs and the fork server are stopped and the sweep closed."""
+    exc = Terminated()
+    exc.signum = signum
+    raise exc
 
 
 def crash_log(results: Path | None, argv: list[str]) -> Path:
@@ -248,9 +256,12 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` and run the subcommand; returns the exit code (never raises, never prints a traceback)."""
     argv = order_argv(list(sys.argv[1:] if argv is None else argv))
     args = None
-    previous = signal.getsignal(signal.SIGTERM)
+    previous: dict | None = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}  # an ignored SIGHUP (nohup) stays
+    previous = {sig: h for sig, h in previous.items()
+                if h is not None and (h is not signal.SIG_IGN or sig == signal.SIGTERM)}
     try:
-        signal.signal(signal.SIGTERM, _terminate)
+        for sig in previous:
+            signal.signal(sig, _terminate)
     except ValueError:  # not the main thread (tests calling main() from a thread)
         previous = None
     try:
@@ -274,9 +285,10 @@ def main(argv: list[str] | None = None) -> int:
     except BenchError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
-    except Terminated:
-        print("terminated: finished runs are kept; rerun the same command to resume", file=sys.stderr)
-        return 143
+    except Terminated as exc:
+        code, word = STOP_SIGNALS.get(getattr(exc, "signum", signal.SIGTERM), STOP_SIGNALS[signal.SIGTERM])
+        print(f"{word}: finished runs are kept; rerun the same command to resume", file=sys.stderr)
+        return code
     except KeyboardInterrupt:
         print("interrupted: finished runs are kept; rerun the same command to resume", file=sys.stderr)
         return 130
@@ -289,8 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: unexpected {msg} while {step}; full traceback in {log}", file=sys.stderr)
         return 1
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for sig, handler in (previous or {}).items():
+            signal.signal(sig, handler)
 
 
 def _one_line(text: str) -> str:

@@ -13,6 +13,7 @@ exceed :data:`MAX_YAML_NODES` nodes, before anything is built from it.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 from typing import Any
@@ -155,6 +156,13 @@ class StrictLoader(yaml.SafeLoader):
             self._depth -= 1
 
 
+class ValueRefused(yaml.constructor.ConstructorError):
+    """A scalar the harness refuses although YAML reads it (a YAML 1.1 number form, a lone surrogate); the
+    mapping keys above it are put in front of ``problem`` as they unwind (``base.steps: ...``)."""
+
+    keyed = False
+
+
 def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
     loader.flatten_mapping(node)
     out: dict = {}
@@ -166,17 +174,48 @@ def _construct_mapping(loader: StrictLoader, node: yaml.MappingNode, deep: bool 
         if key in out:
             raise yaml.constructor.ConstructorError(
                 None, None, f"duplicate key {key!r}", key_node.start_mark)
-        out[key] = loader.construct_object(value_node, deep=deep)
+        try:
+            out[key] = loader.construct_object(value_node, deep=deep)
+        except ValueRefused as exc:
+            exc.problem = f"{key}{'.' if exc.keyed else ': '}{exc.problem}"
+            exc.keyed = True
+            raise
     return out
+
+
+#: YAML 1.1 integer forms that YAML 1.2 (and a reader) takes for something else: octal ``010`` (8), hex ``0x2``,
+#: binary ``0b11``, digits grouped with ``_`` (``1_0`` is 10); a plain decimal is ``[-+]?(0|[1-9][0-9]*)``
+_DECIMAL = re.compile(r"[-+]?(?:0|[1-9][0-9]*)")
+_INT_FORMS = ((re.compile(r"[-+]?0b", re.I), "a binary number"), (re.compile(r"[-+]?0x", re.I), "a hexadecimal number"),
+              (re.compile(r"[-+]?0[0-9_]"), "an octal number"))
 
 
 def _construct_number(loader: StrictLoader, node: yaml.ScalarNode) -> Any:
     value = loader.construct_scalar(node)
     if ":" in value:  # YAML 1.1 base 60 (``1:30`` is 90): never what a matrix means
-        raise yaml.constructor.ConstructorError(
+        raise ValueRefused(
             None, None, f"{value!r} is a base-60 number in YAML 1.1 (quote it if it is text)", node.start_mark)
     tag = node.tag.rsplit(":", 1)[-1]
-    return getattr(yaml.constructor.SafeConstructor, f"construct_yaml_{tag}")(loader, node)
+    number = getattr(yaml.constructor.SafeConstructor, f"construct_yaml_{tag}")(loader, node)
+    if tag == "int" and not _DECIMAL.fullmatch(value):
+        kind = next((k for pattern, k in _INT_FORMS if pattern.match(value)), "a number with '_'")
+        raise ValueRefused(None, None, f"{value!r} is {kind} in YAML 1.1, read as {number} (write the number in "
+                           "plain decimal digits, without a leading zero or '_'; quote it if it is text)",
+                           node.start_mark)
+    if tag == "float" and "_" in value:
+        raise ValueRefused(None, None, f"{value!r} is read as {number} in YAML 1.1 ('_' dropped); write it without "
+                           "'_' (quote it if it is text)", node.start_mark)
+    return number
+
+
+def _construct_str(loader: StrictLoader, node: yaml.ScalarNode) -> str:
+    value = loader.construct_scalar(node)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:  # ``"\udc80"``: a lone surrogate, which no output can print
+        raise ValueRefused(None, None, f"text holds a lone surrogate {value[exc.start]!r} at character {exc.start}, "
+                           "which is not a character (allowed: UTF-8 text)", node.start_mark) from None
+    return value
 
 
 def _refuse_binary(loader: StrictLoader, node: yaml.Node) -> Any:
@@ -187,6 +226,7 @@ StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _co
 StrictLoader.add_constructor("tag:yaml.org,2002:int", _construct_number)
 StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_number)
 StrictLoader.add_constructor("tag:yaml.org,2002:binary", _refuse_binary)
+StrictLoader.add_constructor("tag:yaml.org,2002:str", _construct_str)
 
 
 def expanded_size(node: yaml.Node, limit: int = MAX_YAML_NODES, memo: dict[int, int] | None = None) -> int:
@@ -249,7 +289,7 @@ def yaml_error_line(path: str | Path, text: str, exc: yaml.YAMLError) -> str:
     if mark is not None and mark.line >= len(text.splitlines()):  # at end of stream: where it opened
         mark = getattr(exc, "context_mark", None) or mark
     where = f"{path}:{mark.line + 1}" if mark else str(path)
-    kind = "YAML refused" if isinstance(exc, YamlTooLarge) else "malformed YAML"
+    kind = "YAML refused" if isinstance(exc, (YamlTooLarge, ValueRefused)) else "malformed YAML"
     problem = str(getattr(exc, "problem", None) or exc)
     if problem.startswith("could not determine a constructor for the tag"):  # PyYAML's words for a tag
         tag = problem.removeprefix("could not determine a constructor for the tag").strip(" '")

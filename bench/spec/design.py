@@ -114,6 +114,31 @@ def _resolution(design: np.ndarray) -> int | None:
     return None
 
 
+def _by_resolution(pyDOE3, n: int, res: int) -> np.ndarray:
+    """A two-level fraction of ``n`` factors of resolution ``res`` or more: pyDOE3's ``fracfact_by_res`` when it
+    builds one that reaches ``res``; else the fewest base factors ``k`` whose ``n - k`` generators are words of
+    ``res - 1`` or more base letters, the word of every base letter included (pyDOE3 leaves that one out, so it
+    misses the half fractions, e.g. 2^(4-1) of resolution IV), checked on the design itself.
+
+    Raises:
+        ValueError: no such design found.
+    """
+    try:
+        x = pyDOE3.fracfact_by_res(n, res)
+        if (_resolution(x) or n + 1) >= res:
+            return x
+    except (ValueError, IndexError):
+        pass
+    letters = string.ascii_lowercase
+    for k in range(max(res - 1, 1), n):
+        words = ["".join(c) for r in range(res - 1, k + 1) for c in itertools.combinations(letters[:k], r)]
+        if len(words) >= n - k:
+            x = pyDOE3.fracfact(" ".join([*letters[:k], *words[:n - k]]))
+            if (_resolution(x) or n + 1) >= res:
+                return x
+    raise ValueError("design not possible")
+
+
 def fractional(matrix: Matrix, design: FractionalDesign) -> DesignResult:
     """Two-level fractional factorial via pyDOE3 over the factors with two levels.
 
@@ -134,17 +159,22 @@ def fractional(matrix: Matrix, design: FractionalDesign) -> DesignResult:
         raise BenchError(f"{matrix.source}: design.type: a fractional design needs at least 3 varied factors")
     if design.generators:
         check_generators(design.generators, varied, matrix.source)
+    if design.resolution is not None and design.resolution > len(varied):
+        n = len(varied)
+        raise BenchError(f"{matrix.source}: design.resolution: {design.resolution} is above what a two-level fraction "
+                         f"of {n} factors reaches: at most {n} (the half fraction 2^({n}-1), whose defining word "
+                         f"holds every factor); give resolution <= {n}, or design: full")
     try:
         if design.generators:
             x = pyDOE3.fracfact(design.generators)
         else:
-            x = pyDOE3.fracfact_by_res(len(varied), design.resolution)
+            x = _by_resolution(pyDOE3, len(varied), design.resolution)
     except Exception:  # pyDOE3 raises ValueError/IndexError for impossible designs
         if design.generators:
             raise BenchError(f"{matrix.source}: design.generators: {design.generators!r} does not define a two-level "
                              "fractional design (e.g. 'a b c ab ac' for 5 factors)") from None
         raise BenchError(f"{matrix.source}: design.resolution: no two-level fractional design of resolution "
-                         f"{design.resolution} exists for {len(varied)} factors (give a lower resolution, or "
+                         f"{design.resolution} for {len(varied)} factors was found (give a lower resolution, or "
                          "design: full)") from None
     if x.shape[1] != len(varied):
         raise BenchError(

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from bench.errors import BenchError, did_you_mean, doing
-from bench.inputs import StrictLoader, load_yaml, read_text, yaml_error_line
+from bench.inputs import StrictLoader, ValueRefused, load_yaml, read_text, yaml_error_line
 from bench.spec.matrix import DESIGN_TYPES, Matrix
 
 __all__ = ["StrictLoader", "load_yaml", "load_matrix", "apply_overrides", "expand_env", "format_validation_error"]
@@ -206,8 +206,16 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path)
         if not eq or not all(parts) or len(parts) < 2 or parts[0] not in OVERRIDABLE:
             raise BenchError(f"{file}: override {ov!r}: expected {'|'.join(OVERRIDABLE)}.KEY=VALUE "
                              "(e.g. base.steps=4)")
+        dotted = ".".join(parts)
+        twice = next((g for g in given if g == dotted or g.startswith(dotted + ".") or dotted.startswith(g + ".")),
+                     None)
+        if twice is not None:  # the last one would win silently
+            raise BenchError(f"{file}: override {ov!r}: {dotted} is set twice (also by {given[twice]!r}); "
+                             "give each key once")
         try:
             parsed = load_yaml(value) if value.strip() else ""
+        except ValueRefused as exc:
+            raise BenchError(f"{file}: override {ov!r}: {dotted}: {exc.problem}") from None
         except yaml.YAMLError as exc:
             raise BenchError(
                 f"{file}: override {ov!r}: value is not YAML: {getattr(exc, 'problem', None) or exc}"
@@ -220,14 +228,20 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path)
             if not isinstance(node, dict):
                 raise BenchError(f"{file}: override {ov!r}: {'.'.join(parts[:i + 1])} is not a mapping in the file")
         node[parts[-1]] = parsed
-        given[".".join(parts)] = ov
+        given[dotted] = ov
     return given
 
 
 def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
+    from bench.paths import check_names
+
+    check_names("matrix", path)  # before any lookup: an over-long name is an OSError of every call below
     if not os.path.lexists(path):  # a near miss of an existing matrix file is named
-        folder = path.parent if path.parent.is_dir() else Path(".")
-        near = [str(folder / p.name) for p in (*folder.glob("*.yaml"), *folder.glob("*.yml"))]
+        try:
+            folder = path.parent if path.parent.is_dir() else Path(".")
+            near = [str(folder / p.name) for p in (*folder.glob("*.yaml"), *folder.glob("*.yml"))]
+        except OSError:
+            near = []
         raise BenchError(f"{path}: cannot read matrix: no such file{did_you_mean(str(path), near)}")
     text = read_text(path, MAX_MATRIX_BYTES, "matrix")
     try:

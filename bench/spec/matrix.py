@@ -45,6 +45,7 @@ MULTIMODAL_BUILTINS = ("builtin:qwen3vl-tiny", "builtin:vl")
 MULTIMODAL_DATA_KEYS = ("data.image_key", "data.video_key")
 
 
+_TYPE_WORDS = {dict: "a mapping", list: "a list", tuple: "a pair", int: "a number", float: "a number"}
 _LEVEL_WORDS = {"off": 0, "on": 1, False: 0, True: 1, "false": 0, "true": 1}
 
 
@@ -218,13 +219,16 @@ class FractionalDesign(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["fractional"]
-    resolution: int | None = Field(None, ge=3, le=8)
+    resolution: int | None = Field(None, ge=3, le=8, strict=True)
     generators: str | None = None
 
     @model_validator(mode="after")
     def _one(self) -> "FractionalDesign":
         if (self.resolution is None) == (self.generators is None):
             raise ValueError("give exactly one of resolution or generators")
+        if self.generators is not None and not self.generators.strip():
+            raise ValueError("generators is empty (give one word per varied factor, e.g. 'a b c ab', or "
+                             "resolution instead)")
         return self
 
 
@@ -299,6 +303,11 @@ class Matrix(BaseModel):
         if raw is None:
             return {}
         if isinstance(raw, list):  # a bare list of keys: default levels
+            bad = next((k for k in raw if not isinstance(k, str)), None)
+            if bad is not None:
+                what = _TYPE_WORDS.get(type(bad), "a value")
+                raise ValueError(f"a list of factors holds factor names only, got {what} {repr(bad)[:60]} "
+                                 "(write factors as a mapping, factor: [levels], or as a list of names)")
             raw = {k: None for k in raw}
         if not isinstance(raw, dict):
             raise ValueError("expected a mapping of factor -> levels")

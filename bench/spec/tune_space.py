@@ -37,7 +37,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from bench.errors import BenchError, did_you_mean
 from bench.figures import SUMMARY_STEP_TIME, SUMMARY_THROUGHPUT
@@ -68,7 +68,7 @@ class Dimension(BaseModel):
     low: float = Field(gt=0, le=MAX_BOUND, strict=True)
     high: float = Field(gt=0, le=MAX_BOUND, strict=True)
     unit: Literal["tokens", "seq"] = "tokens"
-    log: bool = False
+    log: StrictBool = False
     step: float | None = Field(None, gt=0, le=MAX_BOUND, strict=True)
 
     @model_validator(mode="after")
@@ -105,8 +105,8 @@ class TuneBlock(BaseModel):
     n_trials: int | None = Field(None, ge=1, le=100_000, strict=True)
     timeout_s: float | None = Field(None, gt=0, le=30 * 86400, strict=True)
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
-    start_at_rule_of_thumb: bool = True
-    normalize: bool = True
+    start_at_rule_of_thumb: StrictBool = True
+    normalize: StrictBool = True
     study: str | None = Field(None, pattern=STUDY_NAME.pattern)
     storage: str | None = None
 
@@ -229,7 +229,7 @@ def resolve_space(block: TuneBlock, base: Base, source: str = "matrix") -> tuple
         if logs:
             raise BenchError(f"{source}: tune.sampler.type: grid needs step (not log) dimensions; "
                              f"{logs[0]} has log: true (give step instead)")
-        size = math.prod(len(d.grid()) for d in out.values())
+        size = math.prod((d.high - d.low) // d.step + 1 for d in out.values())  # without building the grid
         if size > 10000:
             raise BenchError(f"{source}: tune.sampler.type: grid has {size} points (> 10000); give a coarser step")
     return out, notes

@@ -32,9 +32,19 @@ def http_defaults() -> None:
 
 
 def _sqlite_path(uri: str) -> Path | None:
-    if uri.startswith("sqlite:///"):
-        return Path(urllib.parse.unquote(uri[len("sqlite:///"):].split("?", 1)[0]))
+    """The database file of ``sqlite[+driver]:///PATH`` (``None`` for another URL or another form)."""
+    scheme, sep, rest = uri.partition("://")
+    if sep and scheme.partition("+")[0] == "sqlite" and rest.startswith("/"):
+        return Path(urllib.parse.unquote(rest[1:].split("?", 1)[0]))
     return None
+
+
+def _lower_scheme(uri: str, flag: str) -> None:
+    """Refuse a URL whose scheme is not in lower case (``SQLITE:///x.db``: SQLAlchemy and MLflow know no such
+    dialect)."""
+    scheme = uri.split("://", 1)[0] if "://" in uri else ""
+    if scheme != scheme.lower():
+        raise BenchError(f"{flag} {uri}: write the scheme in lower case ({scheme.lower()}://...)")
 
 
 def in_memory(uri: str) -> bool:
@@ -62,6 +72,7 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
         raise BenchError(f"--tracking-uri {uri}: an in-memory database keeps nothing after this process (runs "
                          "would be lost); use sqlite:///PATH or a tracking server")
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
+    _lower_scheme(uri, "--tracking-uri")
     if scheme == "file" or (scheme == "" and uri.strip()):
         raise BenchError(f"--tracking-uri {uri}: MLflow {_mlflow_version()} keeps no file store (a folder of runs); "
                          f"use sqlite:///PATH (allowed: {ALLOWED_URIS})")
@@ -97,6 +108,7 @@ def check_database(uri: str, flag: str) -> None:
     Raises:
         BenchError: naming ``flag``, the URL and what is wrong.
     """
+    _lower_scheme(uri, flag)
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
     dialect, _, driver = scheme.partition("+")
     if dialect in DB_DRIVERS:
@@ -105,7 +117,7 @@ def check_database(uri: str, flag: str) -> None:
             raise BenchError(f"{flag} {uri}: no {dialect} driver installed (pip install one of: "
                              f"{', '.join(wanted)}), or use sqlite:///PATH")
     db = _sqlite_path(uri)
-    if scheme == "sqlite" and db is None:
+    if dialect == "sqlite" and db is None:
         raise BenchError(f"{flag} {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
     if db is not None:
         from bench.paths import check_names
