@@ -85,7 +85,9 @@ def load_baseline(ref: str, results: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise BenchError(f"{path}: not a baseline file (expected \"format\": \"{FORMAT}\")")
     ver = data.get("format_version")
-    if not isinstance(ver, int) or ver > FORMAT_VERSION:
+    if isinstance(ver, bool) or not isinstance(ver, int) or ver < 1:
+        raise BenchError(f"{path}: format_version: expected an integer, got {ver!r} (allowed: 1..{FORMAT_VERSION})")
+    if ver > FORMAT_VERSION:
         raise BenchError(
             f"{path}: baseline format_version {ver!r} is not supported (this harness reads <= {FORMAT_VERSION})"
         )
@@ -244,7 +246,8 @@ def sweep_to_sweep(history: list[dict[str, Any]]) -> dict[str, Any]:
     if sd is None:
         return {"sd_log": None, "sweeps": len(history), "normalized": None,
                 "note": f"sweep-to-sweep variance unknown: measured over {len(history)} saved sweep(s), needs 2 or "
-                        "more (save this name again with --force after another sweep)"}
+                        "more (save this name again with --force after another sweep); until then a gate against "
+                        "this baseline decides no step-time or throughput row (cannot judge)"}
     speed = f"; speed-normalized {nsd:.3f} (about {math.expm1(nsd):.1%})" if nsd is not None else ""
     return {"sd_log": sd, "sweeps": len(history), "df": df,
             "normalized": {"sd_log": nsd, "df": ndf} if nsd is not None else None,

@@ -123,6 +123,27 @@ def load_reference(ref: str, results: Path, *, prefer: Literal["baseline", "swee
                      f"{sw.split(': ', 1)[-1]}")
 
 
+def judge_claims(snap: dict[str, Any], expects: list[Any], *, alpha: float, seed: int = 0,
+                 normalize: bool = True) -> list[dict[str, Any]]:
+    """The matrix ``expect`` claims judged on the runs, exactly as ``report`` judges them: the snapshot
+    speed-normalized to the sweep's median probe where every run carries it (:func:`bench.speed.normalize_snapshot`,
+    the report's rule, fixed by what the runs recorded, not by their values), the claims' cells found by
+    :func:`bench.analyze.gate.check_expectations`, then :func:`bench.analyze.tables.claims_on_runs` (a t interval
+    on the log run values at ``1 - alpha``; "not met" only when it excludes the claim, "cannot judge" when it
+    includes a bound). ``alpha``: the gate's per-test level (its family's ``alpha / m``). ``snap`` is not changed."""
+    import copy
+
+    from bench.analyze.tables import claims_on_runs
+    from bench.speed import normalize_snapshot
+
+    snap = copy.deepcopy(snap)
+    snap.pop("machine", None)
+    if normalize:
+        normalize_snapshot(snap)
+    found = check_expectations(snap, expects, alpha=alpha, n_boot=0, seed=seed, normalize=False)
+    return claims_on_runs(snap, found, alpha)
+
+
 def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tracking_uri: str | None,
              metrics: list[str], threshold: float, alpha: float, out: Path | None = None, n_boot: int = N_BOOT,
              seed: int = 0, check_expect: bool = True, pairing: bool = False,
@@ -178,6 +199,9 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
                       "parent_run_id": cand["source"].get("parent_run_id"), "git_commit": cand.get("git_commit")},
         "baseline": {}, "rows": [], "notes": [], "counts": {}, "verdict": "pass", "exit_code": 0,
     }
+    found = check_expectations(cand, expects, alpha=alpha, n_boot=0, seed=seed, normalize=False) if expects else []
+    n_claims = sum(e["result"] != "n/a" for e in found)  # claims that can make the verdict (applicability only)
+    family = {"m": n_claims, "alpha_each": alpha / max(1, n_claims)}
     if base is not None:
         result["baseline"] = {"name": base.get("name"), "file": Path(base["_path"]).name,
                               "kind": base.get("_kind", "baseline"),
@@ -195,14 +219,20 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
             result["baseline"]["sweep_to_sweep"] = s2s
         result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,
                                         n_boot=n_boot, seed=seed, pairing=pairing, max_mde=max_mde,
-                                        normalize=normalize, test=test, s2s=s2s))
+                                        normalize=normalize, test=test, s2s=s2s, also_judged=n_claims))
+        family = result.pop("family")
+        result["settings"]["normalization"] = result.pop("normalization")
         if s2s is not None:
             result["notes"].append(s2s["note"] + ("; the interval of each step_time row includes it" if
                                                   s2s.get("sd_log") is not None and not pairing and test is None else
                                                   "; not in the intervals"))
+    result["settings"]["family"] = {
+        **family, "alpha": alpha,
+        "method": f"Bonferroni: each of the m = {family['m']} verdict-making tests (rows = matched cells x metrics, "
+                  f"plus the applicable `expect` claims) at alpha / m = {family['alpha_each']:.3g}, so that the chance "
+                  f"of any false regression or 'not met' in this gate is at most alpha = {alpha}"}
     if expects:
-        exp = check_expectations(cand, expects, alpha=alpha, n_boot=n_boot, seed=seed, pairing=pairing,
-                                 normalize=normalize, test=test)
+        exp = judge_claims(cand, expects, alpha=family["alpha_each"], seed=seed, normalize=normalize)
         result["expectations"] = exp
         if any(e["result"] == "not met" for e in exp):
             result["verdict"], result["exit_code"] = "regression", 1

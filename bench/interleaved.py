@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.analyze.gate_markdown import append_step_summary, render_interleaved
-from bench.analyze.gate_runs import paired_comparison
+from bench.analyze.gate_runs import declare_analysis, paired_comparison
 from bench.analyze.sequential import Decision, Look, decide
 from bench.code_versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
 from bench.errors import BenchError
@@ -53,8 +53,9 @@ class GateStopRule:
 
     def __init__(self, *, threshold: float, alpha: float, max_mde: float | None, normalize: bool,
                  max_blocks: int, min_blocks: int = 3, budget_s: float | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, analysis: dict[str, Any] | None = None):
         self.threshold, self.alpha, self.max_mde, self.normalize = threshold, alpha, max_mde, normalize
+        self.analysis = analysis  # declared before the first run (bench.analyze.gate_runs.declare_analysis)
         self.max_looks, self.min_blocks = max_blocks, min_blocks
         self.budget_s, self.clock, self.t0, self.t_first = budget_s, clock, clock(), None
         self.final_look: int | None = None
@@ -64,7 +65,7 @@ class GateStopRule:
         before the planned blocks (budget spent), its intervals spend all the alpha left."""
         return paired_comparison(records, threshold=self.threshold, alpha=self.alpha, max_mde=self.max_mde,
                                  normalize=self.normalize, look=look, max_looks=self.max_looks,
-                                 decide=partial(decide, final=final))
+                                 decide=partial(decide, final=final), analysis=self.analysis)
 
     def after_block(self, records: list[dict[str, Any]], look: int) -> Look:
         """Compare the blocks so far; stop when no cell is left undecided (or the planned blocks are done)."""
@@ -148,8 +149,11 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
 
     if budget_s is not None and budget_s <= 0:
         raise BenchError(f"--budget {budget_s}: must be a positive duration (e.g. 90s, 10m)")
+    # the analysis is fixed here, before the first run, and kept in sweep.json: no look's data changes it
+    analysis = declare_analysis(cells=[r.cell_id for r in plan.runs], threshold=threshold, alpha=alpha,
+                                max_mde=max_mde, normalize=normalize, max_looks=n_blocks)
     rule = GateStopRule(threshold=threshold, alpha=alpha, max_mde=max_mde, normalize=normalize, max_blocks=n_blocks,
-                        budget_s=budget_s)
+                        budget_s=budget_s, analysis=analysis)
     rule.t0 = time.monotonic() - (time.time() - t0)
     side = None
     if side_by_side:
@@ -164,21 +168,22 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
         executor = VersionedExecutor(make, roots, side_by_side=side,
                                      shared=roots[CANDIDATE] if fork and side is None else None)
         outcome = Sweep(matrix, plan, results, tracking_uri, executor=executor, force=force, on_event=on_event,
-                        order_seed=order_seed, stop_rule=rule, code_versions=versions).run()
+                        order_seed=order_seed, stop_rule=rule, code_versions=versions, analysis=analysis).run()
     records = load_records(outcome.sweep_dir)
     look = max((r["repeat"] for r in records), default=-1) + 1
     res = rule.compare(records, look, final=rule.final_look == look)
     result: dict[str, Any] = {
         "format": "grpo-bench-gate", "format_version": 2, "kind": "interleaved", "created_at": time.time(),
         "settings": {"threshold": threshold, "alpha": alpha, "max_mde": 2 * threshold if max_mde is None else max_mde,
-                     "normalize": "auto" if normalize else "off", "blocks_planned": n_blocks,
+                     "normalize": "covariate" if normalize else "off", "blocks_planned": n_blocks,
                      "budget_s": budget_s,
                      "side_by_side": None if side is None else {"cpus": list(side.cpus), "seed": side.seed},
                      "estimate": "exp(mean over blocks of log(run value cand / run value base)) - 1; run value = "
                                  "median timed step",
-                     "ci": "paired t over blocks (Kalibera & Jones 2020), repeated confidence interval at this look "
-                           "(bench.analyze.sequential: O'Brien-Fleming spending over the planned blocks; a look "
-                           "where the budget ends the sweep spends all the alpha left)"},
+                     "ci": "paired t over blocks (Kalibera & Jones 2020) with the speed probe as a covariate (CUPED / "
+                           "ANCOVA), repeated confidence interval at this look (bench.analyze.sequential: "
+                           "O'Brien-Fleming spending over the planned blocks; a look where the budget ends the sweep "
+                           "spends all the alpha left), each cell at alpha / m (Bonferroni over the cells)"},
         "baseline": {"ref": base["ref"], "commit": base.get("commit"), "kind": base.get("kind")},
         "candidate": {"ref": cand["ref"], "commit": cand.get("commit"), "dirty": cand.get("dirty"),
                       "sweep": str(outcome.sweep_dir), "matrix": matrix.name, "engine": plan.engine,

@@ -142,8 +142,11 @@ def _fmt(v: Any, digits: int = 3) -> str:
     return str(v)
 
 
-def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str, Any]) -> tuple[Path, Path]:
-    """Write ``summary.csv`` and ``summary.md`` (atomically) into the sweep folder; returns both paths."""
+def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str, Any],
+                  sections: list[str] | None = None) -> tuple[Path, Path]:
+    """Write ``summary.csv`` and ``summary.md`` (atomically) into the sweep folder; returns both paths.
+    ``sections``: markdown lines after the cells table (a sequential sweep's verdicts,
+    :func:`bench.analyze.sequential_view.summary_lines`)."""
     cols = ["cell_id", "label", *FACTOR_KEYS, "merged", "repeats_ok", "repeats", "step_time_s", "step_time_raw_s",
             "step_time_iqr_s", "speedup", "rollout_share", "free_ratio", "throughput", "peak_memory_gb",
             "status", "reason", "startup_s", "steps_s", "harness_s", "nodes"]
@@ -177,7 +180,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
             f" | {_fmt(r.get('startup_s'), 1)} | {_fmt(r.get('steps_s'), 1)} | {_fmt(r.get('harness_s'), 1)} |"
             + (f" {r.get('nodes') or '-'} |" if nodes else "")
         )
-    atomic_write_text(md_path, "\n".join(md) + "\n")
+    atomic_write_text(md_path, "\n".join(md + list(sections or [])) + "\n")
     return csv_path, md_path
 
 

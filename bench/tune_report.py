@@ -220,12 +220,12 @@ def best_summary(study: Any, best: Any, rows: list[dict[str, Any]], objective_ke
 
 def write_outputs(out_dir: Path, study: Any, *, space: dict[str, IntDim], objective: str, objective_key: str,
                   unit: str, limits_of_trial: Any, header: str, reference: dict[str, int] | None = None,
-                  metric_name: str | None = None) -> dict[str, Any]:
+                  metric_name: str | None = None, confirmation: dict[str, Any] | None = None) -> dict[str, Any]:
     """Write best.json, best_overrides.txt, best_fragment.yaml, importance.json, trials.csv and the plot.
 
     ``limits_of_trial(trial) -> {param: tokens}`` gives both limits of a trial. Returns a summary dict
-    (``best``: None when no feasible trial; else :func:`best_summary` plus ``limits`` and ``run_dir``)
-    with the paths written.
+    (``best``: None when no feasible trial; else :func:`best_summary` plus ``limits`` and ``run_dir``;
+    ``confirmation``: the tune's confirmation, :mod:`bench.tune.confirm`, or None) with the paths written.
     """
     rows = trials_rows(study, objective_key)
     best = best_trial(study)
@@ -239,6 +239,7 @@ def write_outputs(out_dir: Path, study: Any, *, space: dict[str, IntDim], object
         "importance": imp,
         "importance_note": imp_note,
         "best": None,
+        "confirmation": confirmation,
         "files": {},
     }
     files: dict[str, Path] = {}

@@ -61,6 +61,7 @@ sys.path.insert(0, str(ROOT))
 from bench.analyze.gate import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # noqa: E402
 from bench.analyze.snapshot import snapshot  # noqa: E402
 from bench.results import read_json  # noqa: E402
+from bench.speed import PROBE_METRIC  # noqa: E402
 
 KINDS = ("identical", "delay5", "delay10")
 #: bootstrap resamples per gate here (the CLI uses 2000; 400 keeps thousands of simulated gates fast)
@@ -532,6 +533,152 @@ def _sim_records(rng: np.random.Generator, change: float, blocks: int, sd_pair: 
     return out
 
 
+def _pool(dirs: list[str]) -> tuple[list[tuple[float, float | None]], float]:
+    """Blocks of real recorded interleaved gate sweeps (``results/<matrix>/<sweep>`` folders of `gate
+    --interleave` of unchanged code, or plain sweeps of one code whose repeats ``2k`` and ``2k + 1`` are paired
+    as baseline and candidate of block ``k``): per complete block ``(d, dp)``, the step-time and probe log ratios
+    (:func:`bench.analyze.gate_runs.block_pairs`), each sweep's centred on its own mean (the truth is then 0
+    exactly), and the mean wall seconds of a block (both runs)."""
+    from bench.analyze.gate_runs import block_pairs
+    from bench.results import load_records
+
+    pool, walls = [], []
+    for d in dirs:
+        recs = load_records(Path(d))
+        if not any(r.get("code_version") for r in recs):  # a plain sweep of one code: repeats 2k, 2k+1 pair up
+            recs = [dict(r, repeat=int(r["repeat"]) // 2, code_version=("baseline", "candidate")[int(r["repeat"]) % 2])
+                    for r in recs]
+        by_block: dict[int, float] = {}
+        for r in recs:
+            if r.get("code_version") in ("baseline", "candidate") and r.get("wall_s"):
+                by_block[r["repeat"]] = by_block.get(r["repeat"], 0.0) + float(r["wall_s"])
+        walls += list(by_block.values())
+        for c in block_pairs(recs).values():
+            ds = [x[1] for x in c["pairs"]]
+            dps = [x[2] for x in c["pairs"]]
+            if len(ds) < 3:
+                continue
+            md = float(np.mean(ds))
+            mp = float(np.mean(dps)) if all(v is not None for v in dps) else None
+            pool += [(x - md, None if mp is None else v - mp) for x, v in zip(ds, dps)]
+    if not pool:
+        raise SystemExit(f"no complete blocks in {dirs}")
+    return pool, float(np.mean(walls)) if walls else float("nan")
+
+
+def _resampled(rng: np.random.Generator, pool: list, change: float, blocks: int, cells: int) -> list[dict]:
+    """Records of a simulated gate: ``cells`` cells, ``blocks`` blocks each drawn with replacement from the real
+    pool, the candidate's step time shifted by ``log(1 + change)``."""
+    out = []
+    for c in range(cells):
+        for k, i in enumerate(rng.integers(0, len(pool), blocks)):
+            d, dp = pool[i]
+            for v, x, p in (("baseline", 0.0, 0.0), ("candidate", d + math.log1p(change), dp or 0.0)):
+                rec = {"cell_id": f"c{c}", "repeat": k, "code_version": v, "status": "ok", "label": f"cell {c}",
+                       "summary": {"timed_steps": [2], "step_time_samples_s": [0.5 * math.exp(x)]},
+                       "steps": {"2": {"timing_s/step": 0.5 * math.exp(x)}}}
+                if dp is not None:
+                    rec["steps"]["2"][PROBE_METRIC] = 0.03 * math.exp(p)
+                out.append(rec)
+    return out
+
+
+def oc(args: argparse.Namespace) -> None:
+    """The interleaved gate's operating characteristic from real recorded runs: ``--trials`` simulated gates per
+    true change (0, T/2, T, 1.5T, 2T of the threshold T), blocks resampled from real gate sweeps of unchanged code
+    (``--from``), ``--cells`` cells, each gate run look by look through the real stop rule
+    (:class:`bench.interleaved.GateStopRule` with the declared analysis: covariate, Bonferroni over the cells,
+    repeated intervals) up to ``--blocks``. Prints per change the probability of each verdict with its Wilson
+    interval, the coverage of the final interval (every cell's), the median blocks and the wall time they take
+    at the recorded seconds per block; ``--plot FILE`` draws the curve."""
+    from bench.analyze.gate_runs import declare_analysis
+    from bench.interleaved import GateStopRule
+
+    pool, wall = _pool(args.from_dir)
+    rng = np.random.default_rng(args.seed)
+    T, alpha = args.threshold, args.alpha
+    print(f"interleaved gate OC from {len(pool)} real blocks ({len(args.from_dir)} sweep(s), {wall:.1f} s a block), "
+          f"{args.cells} cell(s), up to {args.blocks} blocks, threshold {T:.0%}, alpha {alpha} per gate, "
+          f"{args.trials} gates per row, seed {args.seed}")
+    print("true change  regression [95% CI]      pass [95% CI]            cannot judge  coverage  blocks  wall")
+    curve = []
+    for mult in (0.0, 0.5, 1.0, 1.5, 2.0):
+        change = mult * T
+        verdicts, used, covered, cells_seen = [], [], 0, 0
+        for _ in range(args.trials):
+            cells = [f"c{c}" for c in range(args.cells)]
+            an = declare_analysis(cells=cells, threshold=T, alpha=alpha, max_mde=None, normalize=True,
+                                  max_looks=args.blocks)
+            rule = GateStopRule(threshold=T, alpha=alpha, max_mde=None, normalize=True, max_blocks=args.blocks,
+                                analysis=an)
+            recs = _resampled(rng, pool, change, args.blocks, args.cells)
+            for look in range(1, args.blocks + 1):
+                if rule.after_block([r for r in recs if r["repeat"] < look], look).stop:
+                    break
+            res = rule.compare([r for r in recs if r["repeat"] < look], look)
+            verdicts.append(res["verdict"])
+            used.append(look)
+            for r in res["rows"]:
+                if r.get("ci_low") is not None:
+                    cells_seen += 1
+                    covered += r["ci_low"] <= change <= r["ci_high"]
+        n = len(verdicts)
+        k_reg, k_pass = verdicts.count("regression"), verdicts.count("pass")
+        lo_r, hi_r = wilson(k_reg, n)
+        lo_p, hi_p = wilson(k_pass, n)
+        cov = covered / cells_seen if cells_seen else float("nan")
+        curve.append((change, k_reg / n, k_pass / n, float(np.mean(used))))
+        print(f"{change:+10.1%}  {k_reg / n:6.1%} [{lo_r:.1%}, {hi_r:.1%}]  {k_pass / n:6.1%} [{lo_p:.1%}, {hi_p:.1%}]"
+              f"  {verdicts.count('cannot judge') / n:11.1%}  {cov:8.1%}  {np.median(used):6.0f}  "
+              f"{np.median(used) * wall:5.0f} s")
+    # like for like: the smallest fixed design (one analysis after n blocks, the same rules at alpha / m) whose
+    # power at 2T is at least the sequential gate's, at a false-regression rate of at most alpha
+    from bench.analyze.gate_runs import paired_comparison
+
+    seq_power = curve[-1][1]
+    fixed = None
+    for nb in range(4, args.blocks + 1, 2):
+        rates = []
+        for change in (0.0, 2 * T):
+            reg = 0
+            for _ in range(args.trials // 2):
+                an = declare_analysis(cells=[f"c{c}" for c in range(args.cells)], threshold=T, alpha=alpha,
+                                      max_mde=None, normalize=True, max_looks=1)
+                res = paired_comparison(_resampled(rng, pool, change, nb, args.cells), threshold=T, alpha=alpha,
+                                        analysis=an)
+                reg += res["verdict"] == "regression"
+            rates.append(reg / (args.trials // 2))
+        if rates[1] >= seq_power and rates[0] <= alpha:
+            fixed = (nb, rates)
+            break
+    if fixed is None:
+        print(f"no fixed design of up to {args.blocks} blocks reaches the sequential gate's power at 2T "
+              f"({seq_power:.1%})")
+    else:
+        nb, (f0, f2) = fixed
+        print(f"smallest fixed design as powerful at 2T: {nb} blocks ({nb * wall:.0f} s; regression {f2:.1%} at 2T, "
+              f"{f0:.1%} at 0); sequential mean blocks / fixed blocks: "
+              + ", ".join(f"{c:+.1%}: {b / nb:.2f}" for c, _, _, b in curve) + " (wall time, same seconds a block)")
+    if args.plot:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        xs = [c[0] for c in curve]
+        ax.plot(xs, [c[1] for c in curve], "o-", label="regression")
+        ax.plot(xs, [c[2] for c in curve], "s-", label="pass")
+        ax.axhline(alpha, ls=":", c="grey")
+        ax.set_xlabel("true change of the candidate")
+        ax.set_ylabel("probability")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(args.plot, dpi=120)
+        print(f"plot: {args.plot}")
+
+
 def interleaved_sim(args: argparse.Namespace) -> None:
     """The interleaved gate's pass and detection rates by simulation: for each SD of a block's log ratio
     (``--sd-pair``), ``--trials`` gates of unchanged code and of a ``--slowdown``, each run look by look through
@@ -661,7 +808,20 @@ def main() -> None:
     m.add_argument("--slowdown", type=float, default=0.10)
     m.add_argument("--trials", type=int, default=200)
     m.add_argument("--seed", type=int, default=0)
+    o = sub.add_parser("oc", help="operating characteristic of the interleaved gate, resampling real gate sweeps")
+    o.add_argument("--from", dest="from_dir", nargs="+", required=True,
+                   help="sweep folders of `gate --interleave` runs of unchanged code")
+    o.add_argument("--cells", type=int, default=1)
+    o.add_argument("--blocks", type=int, default=40)
+    o.add_argument("--trials", type=int, default=1000)
+    o.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
+    o.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
+    o.add_argument("--seed", type=int, default=0)
+    o.add_argument("--plot", default=None, help="PNG file for the curve")
     args = ap.parse_args()
+    if args.mode == "oc":
+        oc(args)
+        return
     if args.mode == "interleaved-sim":
         interleaved_sim(args)
         return

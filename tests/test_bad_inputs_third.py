@@ -77,6 +77,13 @@ MATRICES: dict[str, tuple[str, str | tuple[str, ...]]] = {
     # a lone surrogate: was UnicodeEncodeError while printing the plan
     "surrogate_in_reason": (THREE + 'exclude:\n  - when: {rmsnorm_fused: 1}\n    reason: "bad \\udc80 here"\n',
                             ("reason", "lone surrogate")),
+    # the expect block strict too: a text or float level, a boolean or text bound
+    "expect_level_text": (GOOD + "expect:\n  - {factor: dynamic_bsz, level: '1', at_least: 0.1}\n",
+                          ("expect.0.level",)),
+    "expect_level_float": (GOOD + "expect:\n  - {factor: dynamic_bsz, level: 1.0, at_least: 0.1}\n",
+                           ("expect.0.level",)),
+    "expect_at_least_bool": (GOOD + "expect:\n  - {factor: dynamic_bsz, at_least: true}\n", ("expect.0.at_least",)),
+    "expect_at_least_text": (GOOD + "expect:\n  - {factor: dynamic_bsz, at_least: '0.1'}\n", ("expect.0.at_least",)),
     # messages that said the wrong thing
     "generators_empty": (THREE + "design: {type: fractional, generators: ''}\n", ("design", "generators is empty")),
     "resolution_above_factors": (THREE + "design: {type: fractional, resolution: 4}\n",
@@ -176,3 +183,14 @@ def test_sighup_ends_the_sweep_like_sigterm(box):
     assert rc == 129 and len(lines) == 1 and lines[0].startswith("hangup:"), (rc, lines)
     meta = json.loads(next((box / "res").glob("hup/2*/sweep.json")).read_text())
     assert meta["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("ver", ['"1"', "true", "0"])
+def test_baseline_format_version_not_an_integer_is_named(box, capsys, ver):
+    """``format_version: "1"`` was told "'1' is not supported (this harness reads <= 1)"."""
+    (box / "baselines").mkdir()
+    (box / "baselines" / "main.json").write_text('{"format": "grpo-bench-baseline", "format_version": %s, '
+                                                 '"engine": "embedded", "platform": "cpu", "cells": []}' % ver)
+    line = check_refused(box, ["baseline", "show", "main", "--results", "."], capsys,
+                         ("format_version", "expected an integer", "allowed: 1.."))
+    assert "not supported" not in line

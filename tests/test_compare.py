@@ -23,34 +23,47 @@ def compare(results, uri, a, b, *extra):
     return main(["compare", a, b, "--results", str(results), "--tracking-uri", uri, "--bootstrap", "300", *extra])
 
 
-def test_identical_sweeps_pass_without_a_saved_baseline(tmp_path, uri, capsys):
+def test_identical_sweeps_without_a_saved_baseline_cannot_be_judged(tmp_path, uri, capsys):
+    # a sweep as the reference measures no sweep-to-sweep offset: the within-sweep interval says "unchanged", but
+    # two sweeps differ by an offset of their own it ignores, so no step-time row is decided (issue 30: was pass)
     a = make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=1)
     b = make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=2)
-    assert compare(tmp_path, uri, "a", str(b)) == 0
+    assert compare(tmp_path, uri, "a", str(b)) == 3
     out = capsys.readouterr().out
-    assert out.startswith("## Gate PASS") and "compare: pass (exit 0)" in out
+    assert out.startswith("## Gate CANNOT JUDGE") and "compare: cannot judge (exit 3)" in out
     data = json.loads((b / "compare" / "gate.json").read_text())
     assert data["baseline"]["kind"] == "sweep" and data["baseline"]["name"] == f"a/{a.name}"
     assert data["baseline"]["file"] == a.name and data["candidate"]["sweep_id"] == b.name
-    assert len(data["rows"]) == 4 and {r["verdict"] for r in data["rows"]} == {"unchanged"}
+    assert len(data["rows"]) == 4 and {r["judged_verdict"] for r in data["rows"]} == {"unchanged"}
+    assert all("the reference is a sweep" in r["reason"] for r in data["rows"])
     assert "expectations" not in data
     assert not (tmp_path / "baselines").exists() and not (b / "gate").exists()  # nothing stored as a baseline
+    # a baseline saved from two sweeps carries the offset: compare then decides
+    make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=11)
+    for i, sweep in enumerate((str(a), "a")):
+        assert main(["baseline", "save", sweep, "--name", "twice", "--results", str(tmp_path), "--tracking-uri", uri,
+                     *(["--force"] if i else [])]) == 0
+    assert compare(tmp_path, uri, "twice", str(b)) == 0
+    assert {r["verdict"] for r in json.loads((b / "compare" / "gate.json").read_text())["rows"]} == {"unchanged"}
 
 
 def test_a_slower_sweep_is_a_regression_via_compare_and_gate(tmp_path, uri, capsys):
     a = make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=1)
     b = make_sweep(tmp_path, "b", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02, base_s=2.2), seed=3)
-    assert compare(tmp_path, uri, str(a), "b") == 1
+    # two sweeps alone measure no sweep-to-sweep offset: the within-sweep interval sees the regression, the gate
+    # does not decide on it (exit 3, judged_verdict kept)
+    assert compare(tmp_path, uri, str(a), "b") == 3
     rows = json.loads((b / "compare" / "gate.json").read_text())["rows"]
-    assert {r["verdict"] for r in rows} == {"regression"} and all(0.06 < r["change"] < 0.14 for r in rows)
-    assert "compare: regression (exit 1)" in capsys.readouterr().out
-    # the same through gate --baseline <sweep folder>, and the reverse direction is an improvement
+    assert {r["judged_verdict"] for r in rows} == {"regression"} and all(0.06 < r["change"] < 0.14 for r in rows)
+    assert "compare: cannot judge (exit 3)" in capsys.readouterr().out
+    # the same through gate --baseline <sweep folder>, and the reverse direction is an improvement within sweeps
     assert main(["gate", "--baseline", str(a), "--candidate", "b", "--results", str(tmp_path),
-                 "--tracking-uri", uri, "--bootstrap", "300"]) == 1
+                 "--tracking-uri", uri, "--bootstrap", "300"]) == 3
     gated = json.loads((b / "gate" / "gate.json").read_text())["rows"]
     assert [r["change"] for r in gated] == [r["change"] for r in rows]
-    assert compare(tmp_path, uri, "b", "a") == 0
-    assert {r["verdict"] for r in json.loads((a / "compare" / "gate.json").read_text())["rows"]} == {"improvement"}
+    assert compare(tmp_path, uri, "b", "a") == 3
+    back = json.loads((a / "compare" / "gate.json").read_text())["rows"]
+    assert {r["judged_verdict"] for r in back} == {"improvement"}
 
 
 def test_too_few_samples_cannot_be_judged(tmp_path, uri, capsys):
@@ -91,9 +104,10 @@ def test_gate_baseline_names_win_over_sweeps_and_unknown_names_list_both(tmp_pat
     assert main(["gate", "--baseline", "zz", "--candidate", "b", *args]) == 2
     err = capsys.readouterr().err
     assert "--baseline zz: neither a baseline nor a sweep: unknown baseline" in err and "no sweep found" in err
-    assert main(["gate", "--baseline", "a", "--candidate", "b", *args]) == 0  # matrix a's latest sweep
+    # (exit 3: neither a sweep nor a baseline saved once measures a sweep-to-sweep offset)
+    assert main(["gate", "--baseline", "a", "--candidate", "b", *args]) == 3  # matrix a's latest sweep
     assert json.loads(next(tmp_path.glob("b/*/gate/gate.json")).read_text())["baseline"]["kind"] == "sweep"
     assert main(["baseline", "save", "b", "--name", "a", *args[:4]]) == 0  # a baseline named like matrix a
-    assert main(["gate", "--baseline", "a", "--candidate", "b", *args]) == 0
+    assert main(["gate", "--baseline", "a", "--candidate", "b", *args]) == 3
     data = json.loads(next(tmp_path.glob("b/*/gate/gate.json")).read_text())
     assert data["baseline"]["kind"] == "baseline" and data["baseline"]["file"] == "a.json"

@@ -24,9 +24,12 @@ def uri(tmp_path_factory):
 
 @pytest.fixture()
 def results(tmp_path, uri):
-    """A results folder holding baseline ``base`` of a 4-cell synthetic embedded sweep (4 repeats x 4 steps)."""
-    make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=1)
-    assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
+    """A results folder holding baseline ``base`` of a 4-cell synthetic embedded sweep (4 repeats x 4 steps), saved
+    from two sweeps of it so that it measures its sweep-to-sweep offset (a baseline saved once decides nothing)."""
+    for i, seed in enumerate((21, 1)):
+        make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=seed)
+        assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri,
+                     *(["--force"] if i else [])]) == 0
     return tmp_path
 
 
@@ -118,8 +121,10 @@ def test_steps_of_the_same_work_are_paired(tmp_path, uri):
     # a large step-to-step workload spread (the same in every run) hides 10 % from an unpaired test;
     # pairing the steps that did the same work removes it
     times = log_normal_times(sd=0.01, work_sd=0.2)
-    make_sweep(tmp_path, "synth", [{}], repeats=1, steps=12, times=times, seed=1, same_work=True)
-    assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
+    for i, seed in enumerate((11, 1)):  # saved from two sweeps: the baseline measures its sweep-to-sweep offset
+        make_sweep(tmp_path, "synth", [{}], repeats=1, steps=12, times=times, seed=seed, same_work=True)
+        assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri,
+                     *(["--force"] if i else [])]) == 0
     slow = make_sweep(tmp_path, "cand", [{}], repeats=1, steps=12, seed=2, same_work=True,
                       times=log_normal_times(sd=0.01, work_sd=0.2, base_s=2.2))
     assert gate(tmp_path, uri, "--pairing", "auto") == 1
@@ -141,9 +146,16 @@ def test_steps_of_the_same_work_are_paired(tmp_path, uri):
     assert json.loads((other / "gate" / "gate.json").read_text())["rows"][0]["test"] == "mann-whitney u"
 
 
-def test_failed_candidate_cell_is_a_regression(results, uri, capsys):
-    sweep = make_sweep(results, "cand", EMBEDDED_CELLS, repeats=4, seed=8, failed={(1, 0): "oom"})
-    assert gate(results, uri) == 1
+def test_failed_candidate_runs_are_missing_data_and_a_cell_that_never_runs_is_a_regression(results, uri, capsys):
+    # one failed run of four: missing data, the cell is compared on its 3 ok runs (issue 30: was a regression)
+    sweep = make_sweep(results, "cand", EMBEDDED_CELLS, repeats=4, seed=8, failed={(1, 0): "oom"},
+                       times=log_normal_times(sd=0.02))
+    assert gate(results, uri) == 0
+    row = next(r for r in json.loads((sweep / "gate" / "gate.json").read_text())["rows"] if r["cell"] == "dynamic_bsz")
+    assert row["verdict"] == "unchanged" and row["n_cand"] == 3 and "r0 oom" in row["reason"]
+    # every run of the cell failed: the candidate does not run where the baseline did
+    sweep = make_sweep(results, "cand2", EMBEDDED_CELLS, repeats=4, seed=8, failed={(1, k): "oom" for k in range(4)})
+    assert gate(results, uri, candidate="cand2") == 1
     data = json.loads((sweep / "gate" / "gate.json").read_text())
     failed = [r for r in data["rows"] if r["verdict"] == "failed"]
     assert len(failed) == 1 and "oom" in failed[0]["reason"] and failed[0]["cell"] == "dynamic_bsz"
@@ -270,15 +282,19 @@ def test_error_goes_to_the_job_summary_and_bad_baseline_cells_are_refused(result
 
 
 def test_contended_runs_are_called_out(tmp_path, uri):
-    make_sweep(tmp_path, "synth", [{}], repeats=4, seed=1, psi=3.0)
-    assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
+    for i, seed in enumerate((11, 1)):  # "base" saved from two sweeps (its offset measured), "once" from one
+        make_sweep(tmp_path, "synth", [{}], repeats=4, seed=seed, psi=3.0)
+        assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri,
+                     *(["--force"] if i else [])]) == 0
+    assert main(["baseline", "save", "synth", "--name", "once", "--results", str(tmp_path), "--tracking-uri", uri]) == 0
     quiet = make_sweep(tmp_path, "quiet", [{}], repeats=4, seed=2, psi=8.0)
     assert gate(tmp_path, uri, candidate="quiet") == 0
     notes = json.loads((quiet / "gate" / "gate.json").read_text())["notes"]
     assert notes[0] == "CPU pressure during the runs (PSI some avg60, highest): baseline 3 %, candidate 8 %"
     busy = make_sweep(tmp_path, "busy", [{}], repeats=4, seed=3, psi=85.0, times=log_normal_times(base_s=2.6))
     # +30 % on a busy machine against a baseline with no measured sweep-to-sweep figure: cannot judge, and why
-    assert gate(tmp_path, uri, candidate="busy") == 3
+    assert main(["gate", "--baseline", "once", "--candidate", "busy", "--results", str(tmp_path),
+                 "--tracking-uri", uri]) == 3
     md = (busy / "gate" / "gate.md").read_text()
     assert "**contended machine**" in md and "candidate 85 %" in md
     row = json.loads((busy / "gate" / "gate.json").read_text())["rows"][0]
@@ -312,9 +328,10 @@ def test_run_to_run_shifts_count_as_noise(tmp_path, uri):
     assert row["verdict"] == "noisy" and row["sd_base"] > 0.04 and row["mde"] > 0.10
     # steady runs: judged
     steady = log_normal_times(sd=0.01)
-    make_sweep(tmp_path, "synth2", [{}], repeats=4, steps=12, seed=7, same_work=True, times=steady)
-    assert main(["baseline", "save", "synth2", "--name", "steady", "--results", str(tmp_path),
-                 "--tracking-uri", uri]) == 0
+    for i, seed in enumerate((17, 7)):  # saved from two sweeps: its sweep-to-sweep offset measured
+        make_sweep(tmp_path, "synth2", [{}], repeats=4, steps=12, seed=seed, same_work=True, times=steady)
+        assert main(["baseline", "save", "synth2", "--name", "steady", "--results", str(tmp_path),
+                     "--tracking-uri", uri, *(["--force"] if i else [])]) == 0
     make_sweep(tmp_path, "cand2", [{}], repeats=4, steps=12, seed=8, same_work=True, times=steady)
     assert main(["gate", "--baseline", "steady", "--candidate", "cand2", "--results", str(tmp_path),
                  "--tracking-uri", uri]) == 0

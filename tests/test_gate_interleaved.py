@@ -114,34 +114,46 @@ def test_gate_mde_and_blocks_needed():
     assert blocks_needed(0.0, alpha=0.01, threshold=0.05, max_mde=0.10) == 2
 
 
-def test_probe_correction_applied_only_where_the_probe_tracks_step_times():
+def test_probe_is_fitted_as_a_covariate_with_its_slope_estimated():
+    """The probe enters as a covariate (CUPED / ANCOVA): where it tracks, its slope is about 1 and the corrected
+    spread is smaller; the old tracking test survives as a description only."""
     tracks = _sweep(0.0, blocks=10, sd_run=0.08, seed=5, probe="tracks", cells=("c1", "c2"))
     chk = probe_check(block_pairs(tracks))
     assert chk["apply"] and chk["p"] < 0.05 and chk["sd_corrected"] < chk["sd_raw"]
     res = paired_comparison(tracks, threshold=0.05, alpha=0.01)
-    assert all(r["normalized"] for r in res["rows"]) and "applied" in res["notes"][0]
+    assert all(r["normalized"] for r in res["rows"]) and "fitted as a covariate" in res["notes"][0]
+    assert all(0.7 < r["probe_slope"] < 1.3 for r in res["rows"])
+    raw = paired_comparison(tracks, threshold=0.05, alpha=0.01, normalize=False)
+    assert all(a["sd_pair"] < 0.5 * b["sd_pair"] for a, b in zip(res["rows"], raw["rows"]))
+    assert res["probe"]["check"]["apply"] and res["analysis"]["covariate"] == "speed_probe"
 
 
-def test_probe_correction_refused_when_the_probe_does_not_track():
+def test_a_probe_that_does_not_track_gets_a_slope_near_zero_not_a_data_driven_choice():
     rand = _sweep(0.10, blocks=10, sd_run=0.02, seed=6, probe="random", cells=("c1", "c2"))
     chk = probe_check(block_pairs(rand))
     assert not chk["apply"] and chk["r"] is not None
     res = paired_comparison(rand, threshold=0.05, alpha=0.01)
-    assert not any(r["normalized"] for r in res["rows"])
-    assert "NOT applied" in res["notes"][0] and "does not track" in res["notes"][0]
-    # raw values compared: the estimate is the raw change
+    assert all(r["normalized"] for r in res["rows"])  # declared: fitted whatever the data say
     for r in res["rows"]:
-        assert r["change"] == pytest.approx(r["raw_change"])
+        assert abs(r["probe_slope"]) < 0.6  # the probe does not track: its slope is near 0 ...
+        assert r["change"] == pytest.approx(r["raw_change"], abs=0.03)  # ... and the estimate stays the raw change
+        assert r["df"] == r["blocks"] - 2  # it cost one degree of freedom
 
 
-def test_failed_candidate_run_is_a_regression_failed_baseline_cannot_judge():
+def test_one_failed_run_is_missing_data_a_candidate_failing_in_most_blocks_is_failed():
     recs = _sweep(0.0, blocks=4, sd_run=0.02, seed=7)
     recs[1]["status"], recs[1]["failure_kind"] = "failed", "crash"  # block 0 candidate
-    assert paired_comparison(recs, threshold=0.05, alpha=0.01)["rows"][0]["verdict"] == "failed"
+    row = paired_comparison(recs, threshold=0.05, alpha=0.01)["rows"][0]
+    assert row["verdict"] != "failed" and row["blocks"] == 3 and "missing, not a regression" in row["reason"]
     recs = _sweep(0.0, blocks=4, sd_run=0.02, seed=7)
     recs[0]["status"], recs[0]["failure_kind"] = "failed", "crash"  # block 0 baseline
     res = paired_comparison(recs, threshold=0.05, alpha=0.01)
-    assert res["rows"][0]["verdict"] == "cannot judge" and res["exit_code"] == 3
+    assert res["rows"][0]["verdict"] != "failed" and res["rows"][0]["blocks"] == 3
+    recs = _sweep(0.0, blocks=4, sd_run=0.02, seed=7)
+    for i in (1, 3, 5):  # the candidate of blocks 0, 1, 2
+        recs[i]["status"], recs[i]["failure_kind"] = "failed", "crash"
+    res = paired_comparison(recs, threshold=0.05, alpha=0.01)
+    assert res["rows"][0]["verdict"] == "failed" and res["exit_code"] == 1
 
 
 def test_stored_baseline_measures_its_sweep_to_sweep_variance(tmp_path, capsys):

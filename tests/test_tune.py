@@ -19,6 +19,7 @@ from test_tune_fake import SEQ, FakeExecutor, step_time
 
 from bench.cli import main as cli_main
 from bench.errors import BenchError
+from bench.execution.executors import ExecResult
 from bench.spec.loading import load_matrix
 from bench.spec.matrix import Base
 from bench.spec.tune_space import IntDim, TuneBlock, resolve_space
@@ -45,6 +46,7 @@ tune:
     log_prob_max_token_len_per_gpu: {{low: 1, high: 32, unit: seq, log: true}}
   n_trials: {n}
   sampler: {{type: tpe, seed: 3, n_startup_trials: 3}}
+  confirm_blocks: 0
 """
 
 
@@ -179,6 +181,16 @@ def test_storage_that_cannot_be_opened_is_one_line_exit_2(tmp_path, capsys, url,
             "name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  objective: latency\n  space:\n"
             "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n",
             "tune.objective: allowed: 'step_time' or 'throughput'",
+        ),
+        (
+            "name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  confirm_blocks: -1\n  space:\n"
+            "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n",
+            "m.yaml:5: tune.confirm_blocks: must be greater than or equal to 0, got -1",
+        ),
+        (
+            "name: t\nplatform: cpu\ntune:\n  n_trials: 2\n  confirm_blocks: '2'\n  space:\n"
+            "    ppo_max_token_len_per_gpu: {low: 1, high: 2, unit: seq}\n",
+            "m.yaml:5: tune.confirm_blocks: expected an integer, got a string '2'",
         ),
     ],
 )
@@ -588,3 +600,132 @@ def test_tune_console_shows_progress_eta_and_best_so_far(tmp_path, mlflow_uri):
     third = next(ln for ln in progress if " trial 3/3 #2: " in ln)
     assert "2/3 done, ETA " in third and "ETA ?" not in third and "best so far " in third and " s (trial " in third
     assert any("3/3 done, ETA 0s" in ln and "writing the outputs" in ln for ln in progress)
+
+
+# -- the confirmation: the best trial against the rule of thumb in interleaved blocks (not trials) --------------
+
+def _recompute(best: list[float], other: list[float], alpha: float = 0.05) -> tuple[float, float, float]:
+    """change, ci_low, ci_high of the paired t interval of log(best / other), written out independently."""
+    import numpy as np
+    from scipy import stats
+
+    d = np.log(np.asarray(best) / np.asarray(other))
+    h = stats.t.ppf(1 - alpha / 2, len(d) - 1) * d.std(ddof=1) / np.sqrt(len(d))
+    return float(np.expm1(d.mean())), float(np.expm1(d.mean() - h)), float(np.expm1(d.mean() + h))
+
+
+def test_confirmation_comparison_calls_a_change_only_when_the_interval_excludes_zero():
+    from bench.tune.confirm import compare, describe
+
+    best, other = [0.97, 0.95, 0.96], [1.0, 1.0, 1.0]
+    r = compare(best, other)
+    assert r["verdict"] == "better" and r["blocks"] == 3
+    assert (r["change"], r["ci_low"], r["ci_high"]) == pytest.approx(_recompute(best, other))
+    line = describe(r, "best (trial 4) vs rule of thumb", 3)
+    assert line == (f"best (trial 4) vs rule of thumb: {100 * r['change']:+.1f} % [{100 * r['ci_low']:+.1f} %, "
+                    f"{100 * r['ci_high']:+.1f} %] over 3 blocks")
+    assert line.startswith("best (trial 4) vs rule of thumb: -4.0 %")
+    noisy = compare([0.9, 1.1, 1.02], [1.0, 1.0, 1.0])
+    assert noisy["verdict"] == "indistinguishable" and noisy["ci_low"] < 0 < noisy["ci_high"]
+    assert describe(noisy, "best (trial 4) vs rule of thumb", 3) == (
+        "best (trial 4) vs rule of thumb: cannot tell them apart (+0.3 % [-22.0 %, +29.0 %] over 3 blocks)")
+    worse = compare([1.05, 1.06, 1.04], [1.0, 1.0, 1.0])
+    assert worse["verdict"] == "worse" and worse["ci_low"] > 0
+    # throughput: the sign flips (a higher throughput of the best is a negative change, like a shorter step time)
+    thr = compare([1 / v for v in best], [1.0, 1.0, 1.0], direction="maximize")
+    assert (thr["change"], thr["ci_low"], thr["ci_high"]) == pytest.approx((r["change"], r["ci_low"], r["ci_high"]))
+    # a failed run (None) leaves its block out; under 2 complete blocks nothing is judged
+    part = compare([0.97, None, 0.96], [1.0, 1.0, 1.0])
+    assert part["blocks"] == 2 and part["change"] == pytest.approx(_recompute([0.97, 0.96], [1.0, 1.0])[0])
+    few = compare([0.97, None], [1.0, 1.0])
+    assert few["verdict"] == "too_few_blocks" and few["change"] is None
+    assert "not judged (1 complete block(s) of 2" in describe(few, "x", 2)
+
+
+def test_confirmation_when_the_best_trial_is_the_rule_of_thumb_uses_the_runner_up():
+    from bench.tune.confirm import plan
+
+    def trial(number, ppo, lp, value):
+        return optuna.trial.create_trial(value=value, user_attrs={"ppo_max_token_len_per_gpu": ppo,
+                                                                  "log_prob_max_token_len_per_gpu": lp})
+
+    trials = [trial(0, 320, 640, 1.0), trial(1, 900, 900, 1.3), trial(2, 500, 700, 1.1)]
+    for i, t in enumerate(trials):
+        t.number = i
+    rot = {"ppo_max_token_len_per_gpu": 320, "log_prob_max_token_len_per_gpu": 640}
+    what = plan(trials[0], trials, rot, Tuner.limits_of_trial, "minimize")
+    assert what["against"] == "runner_up" and what["other_trial"] == 2
+    assert what["lead"] == "the rule of thumb is the best trial (trial 0); vs the runner-up (trial 2)"
+    alone = plan(trials[0], trials[:1], rot, Tuner.limits_of_trial, "minimize")
+    assert alone["line"] == "the rule of thumb is the best trial (trial 0); no other feasible trial to compare it with"
+    assert plan(trials[2], trials, rot, Tuner.limits_of_trial, "minimize")["lead"] == "best (trial 2) vs rule of thumb"
+
+
+class CrashAtCall(FakeExecutor):
+    """Crashes the ``at``-th call (1-based)."""
+
+    def __init__(self, at: int, **kw):
+        super().__init__(**kw)
+        self.at = at
+
+    def execute(self, launch):
+        if len(self.calls) + 1 == self.at:
+            self.calls.append(None)
+            (Path(launch.run_dir) / "run.log").write_text("RuntimeError: boom in the fake engine\n")
+            return ExecResult(1, False, 0.01, "exit code 1")
+        return super().execute(launch)
+
+
+def test_confirmation_reruns_best_and_rule_of_thumb_interleaved_not_as_trials(tmp_path, mlflow_uri):
+    import io
+    import json
+
+    from bench.commands.tune import ConsoleView, print_result
+    from bench.tune.confirm import block_orders
+
+    text = MATRIX.format(name="conf", n=4).replace("confirm_blocks: 0", "confirm_blocks: 3")
+    path = make(tmp_path, "conf", text=text)
+    # trials are calls 1-4; the confirmation's 6 runs follow, the 2nd of them (block 0's second run) crashes
+    fake = CrashAtCall(6, machine=[1.0, 1.04, 0.97, 1.02, 0.99, 1.06, 1.01])
+    buf = io.StringIO()
+    view = ConsoleView(out=buf, steps=3, engine="embedded")
+    m = load_matrix(path)
+    s = resolve_settings(m, results=tmp_path / "res", tracking_uri=mlflow_uri,
+                         storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+    assert s.confirm_blocks == 3
+    out = Tuner(s, executor=fake, on_event=view).run()
+    print_result(out, s, view)
+    view.stop()
+    study = load(tmp_path, "conf")
+    assert len(study.trials) == 4 and len(fake.calls) == 10  # the confirmation's runs are not trials
+    conf = json.loads((s.study_dir / "best.json").read_text())["confirmation"]
+    best = out.summary["best"]
+    assert best["trial"] != 0 and conf["best_trial"] == best["trial"] and conf["best_limits"] == best["limits"]
+    assert conf["against"] == "rule_of_thumb"
+    assert conf["other_limits"] == {"ppo_max_token_len_per_gpu": 2 * SEQ, "log_prob_max_token_len_per_gpu": 4 * SEQ}
+    runs = conf["runs"]
+    assert [(r["block"], r["role"]) for r in runs] == [(b, role) for b, order in enumerate(block_orders(3, 3))
+                                                        for role in order]
+    for r, call in zip(runs, fake.calls[4:]):  # each run ran its limits, in the recorded order
+        assert call is None or call == (r["limits"]["ppo_max_token_len_per_gpu"],
+                                        r["limits"]["log_prob_max_token_len_per_gpu"])
+    failed = [r for r in runs if r["status"] != "ok"]
+    assert len(failed) == 1 and failed[0]["block"] == 0 and failed[0]["failure_kind"] == "crash"
+    assert conf["blocks"] == 2 and conf["complete_blocks"] == [1, 2] and conf["blocks_requested"] == 3
+    val = {(r["block"], r["role"]): r["value"] for r in runs}
+    want = _recompute([val[b, "best"] for b in (1, 2)], [val[b, "other"] for b in (1, 2)])
+    assert (conf["change"], conf["ci_low"], conf["ci_high"]) == pytest.approx(want)
+    last = buf.getvalue().strip().splitlines()[-1]
+    assert last == conf["line"] and last.startswith(f"best (trial {best['trial']}) vs rule of thumb: ")
+    assert last.endswith(" over 2 blocks") or last.endswith(" over 2 blocks)")
+    assert "(block left out)" in buf.getvalue()
+    _, parents, children = mlflow_runs(mlflow_uri, "conf")
+    assert len(children) == 4
+    pm = parents[0].data.metrics
+    assert pm["confirm.change"] == pytest.approx(conf["change"]) and pm["confirm.blocks"] == 2
+    assert (pm["confirm.ci_low"], pm["confirm.ci_high"]) == pytest.approx((conf["ci_low"], conf["ci_high"]))
+    assert parents[0].data.tags["confirm.line"] == conf["line"]
+    # a resumed tune that runs no trial keeps the confirmation instead of running it again
+    again = FakeExecutor()
+    _, out2 = tune(tmp_path, path, mlflow_uri, again)
+    assert again.calls == [] and out2.summary["confirmation"]["line"] == conf["line"]

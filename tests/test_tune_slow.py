@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -46,6 +47,7 @@ tune:
     log_prob_max_token_len_per_gpu: {low: 1, high: 8, unit: seq, log: true}
   n_trials: 1
   sampler: {type: tpe, seed: 0, n_startup_trials: 2}
+  confirm_blocks: 2
 """
 
 
@@ -65,10 +67,14 @@ def test_cli_real_trial_then_resume_with_one_more(tmp_path):
     assert "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=304" in p.stdout
     assert "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=608" in p.stdout
     assert "parameter importance: needs >= 2 feasible complete trials, have 1" in p.stdout
+    # the only trial is the rule of thumb: nothing to confirm it against
+    assert p.stdout.strip().splitlines()[-1] == ("the rule of thumb is the best trial (trial 0); "
+                                                 "no other feasible trial to compare it with")
     p = bench(["tune", "m.yaml", "--n-trials", "2"], tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "resuming study tune_tiny in sqlite:///results/optuna.db: 1 finished, 1 trial(s) to run" in p.stdout
     assert "parameter importance (fANOVA): " in p.stdout
+    assert "confirmation, 2 interleaved block(s) (not trials): " in p.stdout
 
     study = optuna.load_study(study_name="tune_tiny", storage="sqlite:///" + str(tmp_path / "results" / "optuna.db"))
     assert [(t.number, t.state) for t in study.trials] == [(0, S.COMPLETE), (1, S.COMPLETE)]
@@ -104,6 +110,39 @@ def test_cli_real_trial_then_resume_with_one_more(tmp_path):
         assert c.data.metrics["objective"] == pytest.approx(study.trials[n].value)
         assert sorted(h.step for h in client.get_metric_history(c.info.run_id, "timing_s/step")) == [1, 2]
     assert "objective_vs_limits.png" in {a.path for a in client.list_artifacts(parents[0].info.run_id)}
+
+    # the confirmation: best vs rule of thumb (or, when trial 0 won, vs the runner-up) in 2 interleaved blocks
+    import json
+    import re
+    import statistics
+
+    from bench.analyze.snapshot import record_samples
+    from bench.tune.confirm import block_orders
+
+    conf = json.loads((sdir / "best.json").read_text())["confirmation"]
+    last = p.stdout.strip().splitlines()[-1]
+    assert last == conf["line"], p.stdout
+    pct = r"[+-]\d+\.\d %"
+    assert re.fullmatch(r"(best \(trial 1\) vs rule of thumb|the rule of thumb is the best trial \(trial 0\); "
+                        rf"vs the runner-up \(trial 1\)): (cannot tell them apart \()?{pct} \[{pct}, {pct}\] "
+                        r"over 2 blocks\)?", last), last
+    runs = conf["runs"]
+    order = [(b, role) for b, o in enumerate(block_orders(2, 0)) for role in o]
+    assert [(r["block"], r["role"]) for r in runs] == order
+    assert all(r["status"] == "ok" for r in runs), runs
+    val = {}
+    for r in runs:  # the recorded value is the run's median timed step, from its own record
+        rec = json.loads((sdir / r["run_dir"] / "record.json").read_text())
+        assert r["value"] == pytest.approx(statistics.median(record_samples(rec)["step_time"]))
+        val[r["block"], r["role"]] = r["value"]
+    d = [math.log(val[b, "best"] / val[b, "other"]) for b in (0, 1)]
+    mean, h = sum(d) / 2, 12.706204736174694 * abs(d[0] - d[1]) / math.sqrt(2) / math.sqrt(2)  # t(0.975, 1) sd/sqrt(2)
+    assert (conf["change"], conf["ci_low"], conf["ci_high"]) == pytest.approx(
+        (math.expm1(mean), math.expm1(mean - h), math.expm1(mean + h)))
+    assert conf["blocks"] == 2 and len(study.trials) == 2  # the confirmation's runs are no trials
+    pm = client.get_run(parents[0].info.run_id).data.metrics
+    assert pm["confirm.change"] == pytest.approx(conf["change"]) and pm["confirm.blocks"] == 2
+    assert (pm["confirm.ci_low"], pm["confirm.ci_high"]) == pytest.approx((conf["ci_low"], conf["ci_high"]))
 
 
 def test_real_infeasible_trial_is_recorded_with_reason(tmp_path):

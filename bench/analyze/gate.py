@@ -5,8 +5,12 @@ a candidate with other base settings, e.g. an injected delay, has other cell ids
 For each matched cell and metric (``--metric``, default ``step_time``; also ``throughput``,
 ``rollout_share``, ``free_ratio``) the **runs** of both sides are compared (:mod:`bench.analyze.gate_stored`:
 a run's value is the median of its timed steps, Welch t on the log run values, plus the stored baseline's
-measured sweep-offset variance; the speed probe applied only where it tracks the metric over these runs), as
-in the interleaved gate and the report. Verdicts: **regression** when the gate can see ``--max-mde`` (default
+measured sweep-offset variance; the speed probe applied only where it tracks the metric over the baseline's own
+runs, declared before the candidate is read), as in the interleaved gate and the report. Each of the ``m`` rows
+(cells x metrics) and applicable claims is tested, and its interval drawn, at ``alpha / m`` (Bonferroni: at most
+``alpha`` chance of any false regression in one gate). A step-time or throughput row against a reference that
+measured no sweep-to-sweep offset (a baseline saved from one sweep, or a sweep) is "cannot judge".
+Verdicts: **regression** when the gate can see ``--max-mde`` (default
 twice the threshold), the interval is above 0 and the change beyond ``--threshold`` (default 5 %);
 **improvement** likewise below; **unchanged** when it can see ``--max-mde`` and the interval's upper end is
 below it; else **noisy** ("cannot judge", exit 3), also whenever a side ran on a busy machine (CPU pressure
@@ -19,10 +23,12 @@ per step where both sides carry the probe; "noisy" when the spread would hide ``
 run are not independent samples, so its p-values are too small on a machine whose runs shift as a whole:
 use it for diagnosis, not as the gate.
 
-Exit code (:data:`EXIT_CODES`): **1** when a cell regressed, a candidate cell failed where the
-baseline's ran (a failure is a regression) or a claim of the ``expect`` block is not met; else **3**
-("cannot judge") when a compared cell or claim could not be judged (missing samples, too few samples to
-ever reach ``p < alpha``, too noisy, a candidate failure of kind ``bad_input``, a cell a claim needs);
+Exit code (:data:`EXIT_CODES`): **1** when a cell regressed, 2 or more and at least half of the runs of a
+candidate cell failed where the baseline's ran, or a claim of the ``expect`` block is not met; else **3**
+("cannot judge") when a compared cell or claim could not be judged (missing samples, fewer than 2 ok runs left
+after failed ones, too few samples to ever reach ``p < alpha``, too noisy, no measured sweep-to-sweep offset, a
+candidate failure of kind ``bad_input``, a cell a claim needs, a claim whose interval holds its bound); a single failed
+run is missing data, not a regression;
 else **0**. **2** is bad input only (one line on stderr, nothing judged: unknown baseline or sweep, no
 matching cells, another engine or platform, a failed baseline cell, bad flags). Every reason is written
 out in full.
@@ -33,9 +39,10 @@ when set) and ``gate.json`` in ``--out`` (default ``<candidate sweep>/gate/``), 
 is tagged ``bench.gate.<baseline>=<verdict>``.
 
 The matrix ``expect`` block (claims such as "dynamic_bsz lowers step time by at least 10 % vs the
-all-off cell") is checked by the same comparison, within the candidate sweep
-(:class:`Expect`, :func:`check_expectations`); a claim not met exits 1. Without ``--baseline`` only
-the claims are checked.
+all-off cell") is checked within the candidate sweep on its runs, by the report's own function
+(:func:`check_expectations` finds the cells, :func:`bench.analyze.tables.claims_on_runs` judges them;
+:func:`bench.gate.judge_claims`): a claim whose interval excludes it is not met and exits 1. Without
+``--baseline`` only the claims are checked.
 """
 
 from __future__ import annotations
@@ -46,7 +53,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT  # noqa: F401  (DEFAULT_ALPHA: the gate's default, re-exported)
-from bench.analyze.gate_stored import compare_runs, probe_checks
+from bench.analyze.gate_stored import compare_runs, declared_probes, failed_runs, family_alpha, no_offset_reason
 from bench.analyze.power import mde_from_se
 from bench.analyze.snapshot import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, pairable
 from bench.analyze.stat_tests import compare, verdict
@@ -54,18 +61,20 @@ from bench.errors import BenchError
 from bench.expect import Expect, ExpectBlock
 from bench.spec.loading import format_validation_error
 from bench.spec.optimizations import REGISTRY, applicability
-from bench.speed import normalizable, normalized_pair
+from bench.speed import SPEED_SCALED, normalizable, normalized_pair
 
 DEFAULT_THRESHOLD = 0.05
 #: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
 CANNOT_JUDGE = "cannot judge"
 #: the gate's exit codes (also in ``gate --help`` and the README)
 EXIT_PASS, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
-EXIT_CODES = (f"exit codes: {EXIT_PASS} pass; {EXIT_REGRESSION} regression (a cell slower beyond the threshold, a "
-              f"candidate cell failed, or a claim of the matrix `expect` block not met); {EXIT_BAD_INPUT} bad input "
+EXIT_CODES = (f"exit codes: {EXIT_PASS} pass; {EXIT_REGRESSION} regression (a cell slower beyond the threshold, "
+              f"half or more (2+) of a candidate cell's runs failed, or a claim of the matrix `expect` block not met); "
+              f"{EXIT_BAD_INPUT} bad input "
               "(one line on stderr: unknown baseline or sweep, no matching cells, another engine or platform, a failed "
               f"baseline cell, a bad flag); {EXIT_CANNOT_JUDGE} cannot judge (too noisy, too few samples to reach "
-              "p < alpha, missing samples, a candidate cell that failed on bad input: the reasons are printed)")
+              "p < alpha, missing samples or failed runs, no measured sweep-to-sweep offset, a candidate cell that "
+              "failed on bad input: the reasons are printed)")
 #: candidate failure kinds that are input errors, not regressions of the candidate
 INPUT_FAILURES = ("bad_input",)
 #: base settings whose difference is expected between baseline and candidate (not reported)
@@ -118,7 +127,10 @@ def _matrix_levels(snap: dict[str, Any]) -> dict[str, list[int]]:
 def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: float, n_boot: int = N_BOOT,
                        seed: int = 0, pairing: bool = False, normalize: bool = True,
                        test: str | None = None) -> list[dict[str, Any]]:
-    """Check each claim within one sweep snapshot; one result dict per claim.
+    """Find the cells of each claim within one sweep snapshot and compare their pooled steps; one result dict per
+    claim. The gate and the report then judge each claim on its runs (:func:`bench.analyze.tables.claims_on_runs`,
+    which replaces ``result``/``reason`` wherever a ``comparison`` was made); the step-level ``result`` here is
+    never a verdict on its own.
 
     With ``normalize`` (default) step times and throughput are speed-normalized (:mod:`bench.speed`)
     when both cells carry the same speed probe: cells of a sweep run minutes apart.
@@ -225,7 +237,7 @@ def _diff_dicts(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[
 def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: list[str], threshold: float,
                       alpha: float, n_boot: int = N_BOOT, seed: int = 0, pairing: bool = False,
                       max_mde: float | None = None, normalize: bool = True, test: str | None = None,
-                      s2s: dict[str, Any] | None = None) -> dict[str, Any]:
+                      s2s: dict[str, Any] | None = None, also_judged: int = 0) -> dict[str, Any]:
     """Gate a candidate snapshot against a baseline snapshot: runs as the unit (:mod:`bench.analyze.gate_stored`,
     with ``s2s`` the stored baseline's measured ``sweep_to_sweep``), or per-step samples with ``pairing`` or a
     named ``test``.
@@ -236,7 +248,16 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     baseline) and ``raw_change`` (the change before normalization). Otherwise ``normalize_reason``
     says why the raw samples were compared.
 
-    Returns ``{"rows": [...], "notes": [...], "unmatched": {...}, "counts": {...}, "verdict", "exit_code"}``.
+    Family: each row is tested at ``alpha / m`` (Bonferroni, :func:`bench.analyze.gate_stored.family_alpha`),
+    ``m`` = matched cells x metrics + ``also_judged`` (the claims the caller judges in the same gate), fixed by
+    the design before any value is read. The speed probe of the run-level comparison is declared from the
+    baseline alone (:func:`bench.analyze.gate_stored.declared_probes`). A speed-scaled row whose reference measured
+    no sweep-to-sweep offset (``s2s`` None or without ``sd_log``) is "cannot judge" (``judged_verdict``: what its
+    within-sweep interval said). Failed candidate runs are missing data
+    (:func:`bench.analyze.gate_stored.failed_runs`).
+
+    Returns ``{"rows": [...], "notes": [...], "unmatched": {...}, "counts": {...}, "verdict", "exit_code",
+    "family": {"m", "alpha_each"}, "normalization": {metric: declared probe decision}}``.
 
     Raises:
         BenchError: different engine or platform, a failed/unfinished baseline cell, or no matching cells.
@@ -298,8 +319,13 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
         notes.insert(0, line)
     run_level = not pairing and test is None
     busy = f"CPU pressure around the runs {psi_max:.0f} %" if psi_max is not None and psi_max > CONTENDED_PSI else None
-    probes = probe_checks(bmap, cmap, matched, metrics) if run_level and normalize else {}
+    kind = base.get("_kind", "baseline")
+    source = f"the {kind} {base.get('name') or base['source'].get('sweep')}"
+    probes = declared_probes(base["cells"], metrics, source) if run_level and normalize else {}
     notes += [f"{m}: {chk['note']}" for m, chk in probes.items()]
+    m_family = len(matched) * len(metrics) + also_judged
+    a_row = family_alpha(alpha, m_family)  # every row's test and interval (Bonferroni over the family)
+    offset_known = s2s is not None and s2s.get("sd_log") is not None
     rows = []
     for key in matched:
         bc, cc = bmap[key], cmap[key]
@@ -309,12 +335,12 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                                    "baseline_cell_id": bc["cell_id"], "candidate_cell_id": cc["cell_id"],
                                    "verdict": CANNOT_JUDGE, "reason": ""}
             rows.append(row)
-            if cc["status"] == "failed":
-                kinds = {f["kind"] for f in cc["failures"]}
-                row["verdict"] = CANNOT_JUDGE if kinds <= set(INPUT_FAILURES) else "failed"
-                row["reason"] = "candidate failed: " + "; ".join(
-                    f"r{f['repeat']} {f['kind']}: {clip(f['reason'])}" for f in cc["failures"])
-                continue
+            missing = ""
+            if cc["status"] == "failed":  # failed runs are missing data (gate_stored.failed_runs)
+                v_fail, missing = failed_runs(cc, INPUT_FAILURES)
+                if v_fail is not None:
+                    row["verdict"], row["reason"] = v_fail, missing
+                    continue
             if cc["status"] == "pending":
                 row["reason"] = (
                     f"candidate cell unfinished: repeats {cc['missing_repeats']} never ran (missing samples)"
@@ -333,34 +359,35 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                 row.update(normalized=use, test="welch t on runs", **({} if use else {"normalize_reason": why or
                                                                                        probes[metric]["note"]}))
                 row.update(compare_runs(bc, cc, metric, higher_is_better=m.higher_is_better, threshold=threshold,
-                                        alpha=alpha, max_mde=max_mde, probe=use, busy=busy,
-                                        s2s=s2s if metric == "step_time" else None))
+                                        alpha=a_row, max_mde=max_mde, probe=use, busy=busy,
+                                        s2s=s2s if metric in SPEED_SCALED else None))
+                _finish_row(row, metric, offset_known, kind, s2s, missing)
                 continue
             paired = pairing and pairable(bc, cc, metric)
             if why is None:
-                raw = compare(bg, cg, alpha=alpha, n_boot=0, ci=False, scale=m.scale, paired=paired, test=test)
+                raw = compare(bg, cg, alpha=a_row, n_boot=0, ci=False, scale=m.scale, paired=paired, test=test)
                 bg, cg, sp = normalized_pair(bc, cc, metric, bg, cg)
                 row.update(normalized=True, speed_change=sp, raw_change=raw.change,
                            raw_base_median=raw.base_median, raw_cand_median=raw.cand_median)
             else:
                 row.update(normalized=False, normalize_reason=why)
-            cmp = compare(bg, cg, alpha=alpha, n_boot=n_boot, seed=seed, scale=m.scale, paired=paired, test=test)
+            cmp = compare(bg, cg, alpha=a_row, n_boot=n_boot, seed=seed, scale=m.scale, paired=paired, test=test)
             row.update(cmp.to_dict())
-            if cmp.min_p >= alpha:
+            if cmp.min_p >= a_row:
                 row["reason"] = (
-                    f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {alpha} "
+                    f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {a_row:.3g} "
                     f"with the {cmp.test} test (smallest possible p {cmp.min_p:.3g}); add steps or repeats"
                 )
                 continue
             if cmp.change is None:
                 row["reason"] = "; ".join(cmp.notes) or "relative change undefined"
                 continue
-            row["verdict"] = verdict(cmp.change, cmp.p_value, threshold=threshold, alpha=alpha,
+            row["verdict"] = verdict(cmp.change, cmp.p_value, threshold=threshold, alpha=a_row,
                                      higher_is_better=m.higher_is_better)
             notes_ = list(cmp.notes)
             se = max((x for x in (cmp.se, cmp.se_boot) if x is not None), default=None)
             if se is not None:
-                row["mde"] = mde_from_se(se, alpha=alpha, threshold=threshold)
+                row["mde"] = mde_from_se(se, alpha=a_row, threshold=threshold)
                 if row["mde"] > max_mde:
                     row["judged_verdict"], row["verdict"] = row["verdict"], "noisy"
                     notes_.insert(
@@ -371,6 +398,7 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                     )
             if notes_:
                 row["reason"] = "; ".join(notes_)
+            _finish_row(row, metric, offset_known, kind, s2s, missing)
     counts = {v: sum(r["verdict"] == v for r in rows)
               for v in ("regression", "failed", "improvement", "unchanged", "noisy", CANNOT_JUDGE)}
     if counts["regression"] or counts["failed"]:
@@ -380,7 +408,20 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     else:
         v, code = "pass", EXIT_PASS
     return {"rows": rows, "notes": notes, "unmatched": {"baseline": only_b, "candidate": only_c},
-            "counts": counts, "verdict": v, "exit_code": code}
+            "counts": counts, "verdict": v, "exit_code": code, "family": {"m": m_family, "alpha_each": a_row},
+            "normalization": probes}
+
+
+def _finish_row(row: dict[str, Any], metric: str, offset_known: bool, kind: str, s2s: dict[str, Any] | None,
+                missing: str) -> None:
+    """The rules after a row's comparison: a speed-scaled row whose reference measured no sweep-to-sweep offset
+    is not decided on its within-sweep interval (``judged_verdict`` keeps what it said); failed runs left out
+    (``missing``) are named in the reason."""
+    if metric in SPEED_SCALED and not offset_known and row["verdict"] in ("regression", "improvement", "unchanged"):
+        row["judged_verdict"], row["verdict"] = row["verdict"], CANNOT_JUDGE
+        row["reason"] = no_offset_reason(kind, s2s) + (f" (within sweeps: {row['judged_verdict']})")
+    if missing:
+        row["reason"] = "; ".join(x for x in (row.get("reason"), missing) if x)
 
 
 # -- output ----------------------------------------------------------------------------------------

@@ -16,18 +16,33 @@ from bench.analyze.stat_tests import TESTS
 STORED_METHOD = {"method": "runs",
                  "estimate": "exp(mean log run value cand - mean log run value base) - 1; run value = median "
                              "timed step",
-                 "ci": "Welch t over runs (+ the stored baseline's measured sweep-offset variance), 1 - alpha"}
+                 "ci": "Welch t over runs (+ the stored baseline's measured sweep-offset variance), 1 - alpha/m "
+                       "(Bonferroni over the gate's m rows and claims: settings.family)",
+                 "claims": "on runs, by the report's function (bench.analyze.tables.claims_on_runs): t interval on "
+                           "the log run values at 1 - alpha/m; met inside the claim, not met outside, else cannot "
+                           "judge",
+                 "offset": "a step-time or throughput row is decided only when the baseline measured its "
+                           "sweep-to-sweep offset (saved from 2 or more sweeps); else cannot judge"}
 #: ... or per-step samples (``--pairing auto`` or a named ``--test``)
 PER_STEP_METHOD = {"method": "steps", "estimate": "exp(hodges-lehmann shift of log samples) - 1",
-                   "ci": "bootstrap over repeats (and steps when < 4 repeats), percentile"}
+                   "ci": "bootstrap over repeats (and steps when < 4 repeats), percentile, 1 - alpha/m (Bonferroni "
+                         "over the gate's m rows and claims: settings.family)",
+                   "claims": STORED_METHOD["claims"], "offset": STORED_METHOD["offset"]}
 STORED_TEXT = (
     "runs as the unit (bench.analyze.gate_stored): a run's value is the median of its timed steps; change = "
-    "exp(difference of the mean log run values) - 1; interval: Welch t at 1 - {alpha} with the variance of both "
-    "sides' run means plus, where the stored baseline measured it over its saved sweeps, twice a sweep's own offset "
-    "variance. Regression: the gate can see {max_mde:.0%} (its smallest visible change, as in the interleaved gate), "
-    "the interval above 0 and the change beyond {threshold:.0%}; unchanged: it can see {max_mde:.0%} and the "
-    "interval's upper end is below it; else cannot judge. Machine speed: each run's value is divided by its median "
-    "probe time only where the probe tracks the metric over these runs (the note gives the test).")
+    "exp(difference of the mean log run values) - 1; interval: Welch t at 1 - {alpha_each:.3g} (alpha {alpha} / m, "
+    "Bonferroni over the m = {m} rows and claims that can make the verdict, so the chance of any false regression in "
+    "this gate is at most {alpha}) with the variance of both sides' run means plus twice a sweep's own offset "
+    "variance, as the stored baseline measured it over its saved sweeps; without that figure (a baseline saved once, "
+    "or a sweep) no step-time or throughput row is decided: cannot judge. Regression: the gate can see "
+    "{max_mde:.0%} (its smallest visible change, as in the interleaved gate), the interval above 0 and the change "
+    "beyond {threshold:.0%}; unchanged: it can see {max_mde:.0%} and the interval's upper end is below it; else "
+    "cannot judge. Failed candidate runs are missing data (a cell with 2 or more, at least half its runs, failed is "
+    "'failed'). "
+    "Machine speed: each run's value is divided by its median probe time only where the probe tracks the metric "
+    "over the baseline's own runs, declared before the candidate is read (settings.normalization; the note gives "
+    "the test). Claims: judged on runs by the report's function at 1 - {alpha_each:.3g}: met when the interval "
+    "lies within the claim, not met when outside it, else cannot judge.")
 
 
 def _cell_text(text: str) -> str:
@@ -65,7 +80,8 @@ def render_markdown(result: dict[str, Any]) -> str:
             f"Threshold {s['threshold']:.0%}, alpha {s['alpha']}, engine {result['candidate']['engine']}/"
             f"{result['candidate']['platform']}."
         )
-        lines += ["", f"| cell | metric | baseline median | candidate median | change | {1 - s['alpha']:.0%} CI | p | "
+        lines += ["", f"| cell | metric | baseline median | candidate median | change | "
+                  f"{1 - (s.get('family') or {}).get('alpha_each', s['alpha']):.2%} CI | p | "
                   "n base/cand | test | machine speed | verdict |", "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in result["rows"]:
             ci = f"[{_pct(r.get('ci_low'))}, {_pct(r.get('ci_high'))}]" if r.get("ci_low") is not None else "-"
@@ -95,9 +111,11 @@ def render_markdown(result: dict[str, Any]) -> str:
                          f"{': ' + _cell_text(e['reason']) if e.get('reason') else ''} |")
     if result.get("notes"):
         lines += ["", "Notes:", *[f"- {n}" for n in result["notes"]]]
+    fam = s.get("family") or {"m": 1, "alpha_each": s["alpha"]}
     if s.get("method") == STORED_METHOD["method"]:
         lines += ["", "Statistics: " + STORED_TEXT.format(alpha=s["alpha"], threshold=s["threshold"],
-                                                          max_mde=s["max_mde"]), ""]
+                                                          max_mde=s["max_mde"], m=fam["m"],
+                                                          alpha_each=fam["alpha_each"]), ""]
         return "\n".join(lines)
     lines += [
         "",
@@ -107,7 +125,9 @@ def render_markdown(result: dict[str, Any]) -> str:
         "otherwise the two-sample shift and a two-sided Mann-Whitney U test on the samples of all repeats. "
         f"CI: bootstrap over repeats (and steps within them when fewer than 4) ({s['n_boot']} resamples). "
         "A regression needs change > "
-        f"{s['threshold']:.0%} and p < {s['alpha']}. Machine speed: where both sides timed the same reference "
+        f"{s['threshold']:.0%} and p < {fam['alpha_each']:.3g} (alpha {s['alpha']} / m, Bonferroni over the "
+        f"m = {fam['m']} rows and claims). Claims: judged on runs by the report's function. Machine speed: "
+        "where both sides timed the same reference "
         "kernel around each step (speed probe), step times are divided by it (throughput multiplied) before "
         "the comparison, so a machine that ran slower for a while is not read as a regression; "
         "'probe time' is the candidate's median probe vs the baseline's (+ = machine slower), "
@@ -124,7 +144,7 @@ RUN_STATUS = {"pass": "FINISHED", "regression": "FAILED", CANNOT_JUDGE: "FINISHE
 def render_interleaved(result: dict[str, Any]) -> str:
     """The interleaved gate's markdown (:mod:`bench.interleaved`): verdict, both versions, one row per cell
     (change, interval, p, blocks, smallest change the gate can see, blocks needed), the probe check and notes."""
-    s = result["settings"]
+    s, a = result["settings"], result.get("analysis")
     head = {"pass": "PASS", "regression": "REGRESSION", CANNOT_JUDGE: "CANNOT JUDGE"}[result["verdict"]]
     b, c = result["baseline"], result["candidate"]
     lines = [
@@ -133,8 +153,11 @@ def render_interleaved(result: dict[str, Any]) -> str:
         f"baseline `{b.get('ref')}` ({(b.get('commit') or '-')[:12]}) vs candidate: working tree of "
         f"{(c.get('commit') or '-')[:12]}{' + uncommitted changes' if c.get('dirty') else ''}; one blocked sweep, "
         f"{result.get('blocks_run')} of {s['blocks_planned']} planned blocks, {result.get('wall_s', 0):.0f} s wall; "
-        f"threshold {s['threshold']:.0%}, alpha {s['alpha']}; pass or regression only when the gate can see "
-        f"{s['max_mde']:.0%}, a regression also needs the robust check (Hodges-Lehmann, signed-rank)"
+        f"threshold {s['threshold']:.0%}, alpha {s['alpha']} for the whole gate"
+        + (f" (each of {a['family']} cell(s) at {a['alpha_per_cell']:.3g}, over all looks)" if a else "")
+        + f"; pass or regression only when the gate can see {s['max_mde']:.0%}, a regression also needs the robust "
+        "check (Hodges-Lehmann, signed-rank); changes between 0 and that limit may be called either way"
+        + (f"; covariate: {a['covariate'] or 'none'} (declared before the first run)" if a else "")
         + (f"; budget {s['budget_s']:.0f} s" if s.get("budget_s") else ""),
         "",
         *table_head("cell", "verdict", f"change [{1 - s['alpha']:.0%} CI]", "p", "blocks", "raw change",

@@ -10,24 +10,46 @@ blocks: estimate ``exp(mean d) - 1``, interval ``mean d +- t(1 - alpha/2, n - 1)
 the unit, the ratio on the log scale; the paired t interval because both versions share each block's
 machine state), p from the paired t test.
 
-**Speed probe, checked before use** (:func:`probe_check`): the probe's block log ratios ``d_probe`` are
-computed like ``d``; the correction ``d - d_probe`` is applied only when, in this sweep, the probe tracks
-the step time: Pearson correlation of ``d`` and ``d_probe`` over all (cell, block) pairs after removing each
-cell's mean, one-sided ``p < PROBE_ALPHA``, and the corrected ratios vary less than the raw ones. Otherwise
-the raw ratios are used, with the test's figures in a note.
+**Pre-declared analysis** (:func:`declare_analysis`): what the gate compares is fixed before its first run and
+kept in the gate sweep's ``sweep.json`` (key ``analysis``): the metric (step time, run value), the covariate (the
+speed probe, or none with ``--normalize off``), the cells (the plan's), the family size ``m`` (one comparison per
+cell), the threshold, ``alpha`` and the decision rule. No look's data changes any of it.
 
-Verdict per cell (:func:`judge_ratios`): **regression** only when the gate could see the limit
-(:func:`bench.analyze.power.gate_mde` <= ``max_mde``), the interval is above 0, the mean log ratio is beyond
+**Speed probe as a covariate** (:func:`probe_covariate`, CUPED / ANCOVA: Deng, Xu, Kohavi & Walker 2013,
+"Improving the sensitivity of online controlled experiments by utilizing pre-experiment data"): the probe's
+block log ratios ``p_k = log(probe_cand / probe_base)`` enter the model ``d_k = mu + beta * p_k + e_k`` with
+``beta`` estimated by least squares (not divided out with ``beta = 1``). ``mu`` is the change at equal machine
+speed; when the versions do not move the probe (``E[p] = 0``) it is unbiased whatever ``beta`` is, and a probe
+that does not track costs one degree of freedom instead of a choice made from the data. The covariate is left out
+of a cell, and the cell named, where it is not valid: a block without a probe, the two versions timing different
+probe kernels (the kernel's parameters and source in each record's evidence), or the candidate moving the probe
+itself (paired t of ``p`` at :data:`PROBE_MOVED_ALPHA` and a probe change of at least :data:`PROBE_MOVED_MIN`: a
+change of threads, allocator or background work would otherwise be subtracted from the step time).
+:func:`probe_check` (the old per-sweep tracking test) is kept as a description of the sweep, never as a choice.
+
+**Family-wise error**: each cell is judged at ``alpha / m`` (Bonferroni over the ``m`` declared cells) with the
+sequential intervals of all looks, so the chance of any false "regression" in one gate, over all its cells and
+looks, is at most ``alpha`` (the union bound; validated in ``benchmarks/bench_gate.py`` and
+``tests/test_gate_promise.py``). **Failed runs** are missing data: a block whose run of either version failed is
+left out of that cell's pairs (named in its reason); the cell is "failed" (exit 1) only when the candidate failed in
+at least :data:`FAILED_MIN_BLOCKS` blocks, in at least half of the blocks where the baseline ran fine, and the
+baseline never failed.
+
+Verdict per cell (:func:`judge_ratios`, at the cell's ``alpha / m``): **regression** only when the gate could
+see the limit (:func:`bench.analyze.power.gate_mde` <= ``max_mde``), the interval is above 0, the estimate is beyond
 ``threshold`` and the robust check agrees (:func:`robust_check`: Hodges-Lehmann estimate beyond the threshold,
-one-sided Wilcoxon signed-rank p < ``alpha``); **improvement** likewise the other way; **unchanged** when the
+one-sided Wilcoxon signed-rank p < the cell's alpha); **improvement** likewise the other way; **unchanged** when the
 gate could see ``max_mde`` and the interval's upper end is below it (so a real slowdown of that size passes with
 probability under ``alpha / 2``); else **noisy** ("cannot judge", with the blocks that would let it judge:
-:func:`bench.analyze.power.blocks_needed`). Contention on a shared machine is heavy-tailed: a burst that hits a
-few runs of one version moves the mean and widens the spread; the figure (``mde``) and the robust check keep
-such a burst from being called a regression (issue 18's measured false alarm: +33.8 %, interval
-[+0.3 %, +78.5 %], figure 27.9 %, now "cannot judge"). With the sequential intervals of
-:func:`bench.analyze.sequential.decide` the rules are applied to the look's repeated confidence interval, so the
-error rate holds across the looks of a sweep that stops when every cell is decided.
+:func:`bench.analyze.power.blocks_needed`). **The indifference zone** is ``(0, max_mde)``: a true change in it may be
+called either way (a true ``+threshold`` is a regression about half the time at large samples); the error rates
+promised are a false regression at a true change <= 0 (at most ``alpha`` per gate) and a pass at a true change >=
+``max_mde`` (at most ``alpha / 2`` per cell); the operating characteristic in between is measured in docs/gate.md.
+Contention on a shared machine is heavy-tailed: a burst that hits a few runs of one version moves the mean and
+widens the spread; the figure (``mde``) and the robust check keep such a burst from being called a regression
+(issue 18's measured false alarm: +33.8 %, interval [+0.3 %, +78.5 %], figure 27.9 %, now "cannot judge"). With the
+sequential intervals of :func:`bench.analyze.sequential.decide` the rules are applied to the look's repeated
+confidence interval, so the error rate holds across the looks of a sweep that stops when every cell is decided.
 """
 
 from __future__ import annotations
@@ -42,8 +64,33 @@ from bench.analyze.power import blocks_needed, gate_mde
 from bench.figures import run_value
 from bench.speed import PROBE_METRIC
 
-#: one-sided level of the probe-tracking test
+#: one-sided level of the probe-tracking test (:func:`probe_check`, a description of the sweep)
 PROBE_ALPHA = 0.05
+#: two-sided level of the paired t test that the candidate moved the speed probe itself
+PROBE_MOVED_ALPHA = 0.01
+#: ... and the smallest probe change (relative) that counts as moved
+PROBE_MOVED_MIN = 0.01
+#: a cell is "failed" only when the candidate failed in at least this many blocks (and half of them, baseline ok)
+FAILED_MIN_BLOCKS = 2
+#: blocks below which the probe covariate is not fitted (its slope needs residual degrees of freedom)
+COVARIATE_MIN_BLOCKS = 3
+#: the decision rule in words (recorded with the declared analysis)
+RULE = ("regression: repeated interval at alpha/m above 0, estimate beyond the threshold, the gate sees max_mde, "
+        "Hodges-Lehmann and signed-rank agree; unchanged: the gate sees max_mde and the upper end is below it; "
+        "indifference zone (0, max_mde)")
+
+
+def declare_analysis(*, cells: list[str], threshold: float, alpha: float, max_mde: float | None,
+                     normalize: bool, max_looks: int) -> dict[str, Any]:
+    """The interleaved gate's analysis, fixed before its first run (module text) and kept in ``sweep.json``:
+    ``metric``, ``estimate``, ``covariate`` (``"speed_probe"`` or ``None``), ``cells`` (sorted cell ids),
+    ``family`` (``m`` = number of cells), ``alpha`` (the whole gate's, over cells and looks), ``alpha_per_cell``
+    (``alpha / m``, Bonferroni), ``threshold``, ``max_mde`` (fractions), ``max_looks`` and ``rule``."""
+    m = max(1, len(set(cells)))
+    return {"metric": "step_time", "estimate": "mean over blocks of log(run value cand / run value base), run value "
+            "= median timed step", "covariate": "speed_probe" if normalize else None, "cells": sorted(set(cells)),
+            "family": m, "alpha": alpha, "alpha_per_cell": alpha / m, "threshold": threshold,
+            "max_mde": 2 * threshold if max_mde is None else max_mde, "max_looks": int(max_looks), "rule": RULE}
 
 
 def _timed(rec: dict[str, Any]) -> tuple[list[float], list[float]]:
@@ -59,23 +106,33 @@ def _timed(rec: dict[str, Any]) -> tuple[list[float], list[float]]:
     return st, pr
 
 
+def probe_identity(rec: dict[str, Any]) -> tuple[Any, Any]:
+    """The probe kernel a run timed: ``(spec, source)`` from its evidence (``evidence.speed_probe``: the
+    kernel's parameters and a hash of its code; ``None`` where the record does not say)."""
+    sp = (rec.get("evidence") or {}).get("speed_probe") or {}
+    return (sp.get("spec"), sp.get("source")) if isinstance(sp, dict) else (None, None)
+
+
 def block_pairs(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per cell id: ``label`` and ``pairs`` = per block with both versions ok, ``(block, log step ratio, log
     probe ratio or None, cpu side)``, plus ``failed`` (runs not ok, with version and block). ``cpu side`` is +1
     (-1) when a side-by-side block (:mod:`bench.side_by_side`) ran the candidate on the higher (lower) numbered
-    CPU of the two, 0 when the runs were not pinned side by side."""
+    CPU of the two, 0 when the runs were not pinned side by side. ``probes``: per version the set of probe
+    identities (:func:`probe_identity`) of its ok runs."""
     runs: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
     out: dict[str, dict[str, Any]] = {}
     for r in records:
         v = r.get("code_version")
         if v not in ("baseline", "candidate"):
             continue
-        cell = out.setdefault(r["cell_id"], {"label": r.get("label") or r["cell_id"], "pairs": [], "failed": []})
+        cell = out.setdefault(r["cell_id"], {"label": r.get("label") or r["cell_id"], "pairs": [], "failed": [],
+                                             "probes": {"baseline": set(), "candidate": set()}})
         if r.get("status") != "ok":
             cell["failed"].append({"version": v, "block": r["repeat"], "kind": r.get("failure_kind"),
                                    "reason": (r.get("reason") or "")[:300]})
             continue
         runs.setdefault(r["cell_id"], {}).setdefault(r["repeat"], {})[v] = r
+        cell["probes"][v].add(probe_identity(r))
     for cid, blocks in runs.items():
         for k in sorted(blocks):
             pair = blocks[k]
@@ -148,49 +205,121 @@ def probe_check(cells: dict[str, dict[str, Any]], unit: str = "block pairs") -> 
     return out
 
 
+def probe_covariate(cell: dict[str, Any]) -> tuple[np.ndarray | None, str]:
+    """The speed probe's block log ratios of one cell (:func:`block_pairs`) as the covariate of its comparison,
+    or ``None`` with the reason it is left out (module text): too few blocks (< :data:`COVARIATE_MIN_BLOCKS`), a
+    block without a probe, the versions timing different probe kernels, or the candidate moving the probe
+    itself. The second value is a note for the row (empty when the covariate is used)."""
+    pairs = cell["pairs"]
+    if len(pairs) < COVARIATE_MIN_BLOCKS:
+        return None, f"speed probe not fitted: {len(pairs)} complete block(s) (needs {COVARIATE_MIN_BLOCKS})"
+    dp = [x[2] for x in pairs]
+    if any(v is None for v in dp):
+        return None, "speed probe not fitted: not every block has a probe of both versions"
+    ids = {v: {i for i in cell["probes"][v] if i != (None, None)} for v in ("baseline", "candidate")}
+    specs = {v: {i[0] for i in ids[v]} for v in ids}
+    srcs = {v: {i[1] for i in ids[v] if i[1] is not None} for v in ids}
+    if (specs["baseline"] and specs["candidate"] and specs["baseline"] != specs["candidate"]) or (
+            srcs["baseline"] and srcs["candidate"] and srcs["baseline"] != srcs["candidate"]):
+        return None, ("speed probe not fitted: the two versions timed different probe kernels (baseline "
+                      f"{sorted(map(str, ids['baseline']))}, candidate {sorted(map(str, ids['candidate']))})")
+    p = np.asarray(dp, float)
+    sd = float(p.std(ddof=1))
+    if sd > 0:
+        pv = float(2 * sps.t.sf(abs(p.mean()) / (sd / math.sqrt(len(p))), len(p) - 1))
+        moved = math.expm1(float(p.mean()))
+        if pv < PROBE_MOVED_ALPHA and abs(moved) >= PROBE_MOVED_MIN:
+            return None, (f"speed probe not fitted: the candidate moved the probe itself ({moved:+.1%}, paired t p "
+                          f"{pv:.2g}): its threads, allocator or background work differ, which an adjustment "
+                          "would subtract from its step time; raw run values compared")
+    elif p.mean() != 0:
+        return None, "speed probe not fitted: the candidate moved the probe itself (every block alike)"
+    return p, ""
+
+
+def fit_intercept(d: Any, covariates: list[Any]) -> tuple[np.ndarray, float, list[float]]:
+    """Least squares ``d = mu + sum_j beta_j * x_j + e`` (no centring of the ``x_j``: ``mu`` is the change where
+    every covariate is 0, i.e. equal probe speed and no CPU effect). Returns ``d`` with the covariate terms
+    removed (mean = ``mu``, deviations = the residuals), the factor ``f`` by which the intercept's standard error
+    exceeds ``s / sqrt(n)`` (``f**2 = n * [(X'X)^-1]_00``), and the slopes ``beta``. Covariates whose column has
+    no spread are dropped (slope 0). Reference: any regression text, e.g. Draper & Smith, *Applied Regression
+    Analysis*, 3rd ed. 1998, ch. 5."""
+    d = np.asarray(d, float)
+    cols = [np.asarray(x, float) for x in covariates if x is not None and np.std(np.asarray(x, float)) > 0]
+    if not cols or len(d) <= len(cols) + 1:
+        return d, 1.0, [0.0] * len(cols)
+    X = np.column_stack([np.ones(len(d))] + cols)
+    xtx_inv = np.linalg.pinv(X.T @ X)
+    beta = xtx_inv @ X.T @ d
+    adj = d - X[:, 1:] @ beta[1:]
+    return adj, float(math.sqrt(max(len(d) * xtx_inv[0, 0], 1.0))), [float(b) for b in beta[1:]]
+
+
 def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha: float,
                       max_mde: float | None = None, normalize: bool = True, look: int | None = None,
-                      max_looks: int | None = None, decide: Callable[..., Any] | None = None) -> dict[str, Any]:
+                      max_looks: int | None = None, decide: Callable[..., Any] | None = None,
+                      analysis: dict[str, Any] | None = None) -> dict[str, Any]:
     """Compare the two code versions of an interleaved gate sweep, per cell, paired by block (module text).
 
     Args:
         records: run records of the sweep (both versions; ``code_version`` and ``repeat`` = block).
         threshold: smallest relative change that counts (0.05 = 5 %).
-        alpha: two-sided level of the test and ``1 - alpha`` intervals.
+        alpha: two-sided level of the whole gate (over its cells and looks); each cell gets ``alpha / m``.
         max_mde: judge "unchanged" only when the gate can see this change (default ``2 * threshold``).
-        normalize: use the speed probe where :func:`probe_check` accepts it.
+        normalize: fit the speed probe as a covariate (:func:`probe_covariate`); ignored with ``analysis``.
         look, max_looks, decide: sequential intervals (:func:`bench.analyze.sequential.decide`: the repeated
             confidence interval ``lo``/``hi`` at ``look`` (complete blocks) of ``max_looks``, O'Brien-Fleming
             spending) instead of the fixed-sample t interval; the gate's rules are applied to that interval.
+        analysis: the declared analysis (:func:`declare_analysis`); without it, the cells found in ``records``
+            make the family and ``normalize`` the covariate.
 
     Returns:
-        ``{"rows": [...], "probe": probe_check(...), "notes", "counts", "verdict", "exit_code"}``; each row has
+        ``{"rows": [...], "probe", "analysis", "notes", "counts", "verdict", "exit_code"}``; each row has
         ``cell``, ``cell_id``, ``blocks``, ``change`` (fraction), ``ci_low``/``ci_high``, ``p_value``,
-        ``sd_pair`` (log), ``mde`` (:func:`bench.analyze.power.gate_mde`), ``blocks_needed``, ``verdict``,
-        ``reason``.
+        ``sd_pair`` (log), ``mde`` (:func:`bench.analyze.power.gate_mde`), ``blocks_needed``, ``alpha`` (the
+        cell's), ``normalized`` (the probe fitted), ``probe_slope``, ``verdict``, ``reason``; ``probe``:
+        ``{"apply", "declared", "note", "check"}`` (``check``: :func:`probe_check`, a description only).
     """
-    max_mde = 2 * threshold if max_mde is None else max_mde
     cells = block_pairs(records)
-    probe = probe_check(cells) if normalize else {"apply": False, "note": "--normalize off: raw run values"}
+    if analysis is None:
+        analysis = declare_analysis(cells=list(cells), threshold=threshold, alpha=alpha, max_mde=max_mde,
+                                    normalize=normalize, max_looks=max_looks or look or 1)
+    max_mde, cell_alpha = analysis["max_mde"], analysis["alpha_per_cell"]
+    declared = analysis.get("covariate") == "speed_probe"
     rows = []
     for cid, c in cells.items():
         row: dict[str, Any] = {"cell": c["label"], "cell_id": cid, "metric": "step_time", "blocks": len(c["pairs"]),
-                               "normalized": probe["apply"], "verdict": "cannot judge", "reason": ""}
+                               "normalized": False, "alpha": cell_alpha, "verdict": "cannot judge", "reason": ""}
         rows.append(row)
+        notes = []
         if c["failed"]:
-            cand_fail = [f for f in c["failed"] if f["version"] == "candidate"]
-            base_fail = [f for f in c["failed"] if f["version"] == "baseline"]
-            row["verdict"] = "failed" if cand_fail and not base_fail else "cannot judge"
-            row["reason"] = "; ".join(f"{f['version']} block {f['block']} {f['kind']}: {f['reason']}"
-                                      for f in c["failed"])
-            continue
-        d = np.array([x - (dp if probe["apply"] else 0.0) for _, x, dp, _ in c["pairs"]], float)
-        d, cpu = cpu_term(d, np.array([side for *_, side in c["pairs"]], float))
-        row.update(judge_ratios(d, threshold=threshold, alpha=alpha, max_mde=max_mde, look=look, max_looks=max_looks,
-                                decide=decide, name=c["label"], fitted=int(cpu is not None)))
+            cand = {f["block"] for f in c["failed"] if f["version"] == "candidate"}
+            base = {f["block"] for f in c["failed"] if f["version"] == "baseline"}
+            what = "; ".join(f"{f['version']} block {f['block']} {f['kind']}: {f['reason']}" for f in c["failed"])
+            if not base and len(cand) >= FAILED_MIN_BLOCKS and 2 * len(cand) >= len(cand) + len(c["pairs"]):
+                row["verdict"], row["reason"] = "failed", what
+                continue
+            notes.append(f"left out (a run failed; missing, not a regression): {what}")
+        d = np.array([x for _, x, _, _ in c["pairs"]], float)
+        side = np.array([sd for *_, sd in c["pairs"]], float)
+        dp, why = probe_covariate(c) if declared else (None, "")
+        if why:
+            notes.append(why)
+        _, cpu = cpu_term(d, side)
+        adj, inflate, slopes = fit_intercept(d, [dp, side if cpu is not None else None])
+        fitted = sum(1 for x in (dp, side if cpu is not None else None) if x is not None and np.std(x) > 0)
+        row["normalized"] = dp is not None and np.std(dp) > 0
+        row["probe_slope"] = slopes[0] if row["normalized"] else None
+        row.update(judge_ratios(adj, threshold=threshold, alpha=cell_alpha, max_mde=max_mde, look=look,
+                                max_looks=max_looks, decide=decide, name=c["label"], fitted=fitted,
+                                se_factor=inflate))
+        if cpu is not None and len(slopes) == fitted:
+            cpu = dict(cpu, effect=math.expm1(slopes[-1]))
         row["cpu_effect"] = cpu
         if row.get("change") is not None:
-            row["raw_change"] = math.expm1(float(np.mean([x for _, x, _, _ in c["pairs"]])))
+            row["raw_change"] = math.expm1(float(np.mean(d)))
+        if notes:
+            row["reason"] = "; ".join([row["reason"]] + notes if row["reason"] else notes)
     counts = {v: sum(r["verdict"] == v for r in rows)
               for v in ("regression", "failed", "improvement", "unchanged", "noisy", "cannot judge")}
     if counts["regression"] or counts["failed"]:
@@ -199,23 +328,36 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
         verdict, code = "cannot judge", 3
     else:
         verdict, code = "pass", 0
-    notes = [probe["note"]] + [f"{r['cell']}: side by side, a run on the higher numbered CPU took "
-                               f"{r['cpu_effect']['effect']:+.1%} longer (removed: a CPU term in the comparison)"
-                               for r in rows if r.get("cpu_effect")]
-    return {"rows": rows, "probe": probe, "notes": notes, "counts": counts, "verdict": verdict,
-            "exit_code": code}
+    fitted_rows = [r for r in rows if r["normalized"]]
+    if not declared:
+        pnote = "--normalize off: raw run values (declared before the first run)"
+    elif fitted_rows:
+        pnote = ("speed probe fitted as a covariate (declared before the first run; slope "
+                 + ", ".join(f"{r['cell']} {r['probe_slope']:+.2f}" for r in fitted_rows) + ")")
+    else:
+        pnote = "speed probe declared as the covariate but fitted in no cell (each row says why)"
+    probe = {"apply": bool(fitted_rows), "declared": analysis.get("covariate"), "note": pnote,
+             "check": probe_check(cells) if declared else None}
+    notes = [pnote, f"family: {analysis['family']} cell(s), each judged at alpha {cell_alpha:.3g} "
+                    f"(Bonferroni, gate alpha {analysis['alpha']})"]
+    notes += [f"{r['cell']}: side by side, a run on the higher numbered CPU took "
+              f"{r['cpu_effect']['effect']:+.1%} longer (removed: a CPU term in the comparison)"
+              for r in rows if r.get("cpu_effect")]
+    return {"rows": rows, "probe": probe, "analysis": analysis, "notes": notes, "counts": counts,
+            "verdict": verdict, "exit_code": code}
 
 
 def judge_ratios(d: Any, *, threshold: float, alpha: float, max_mde: float | None = None, look: int | None = None,
                  max_looks: int | None = None, decide: Callable[..., Any] | None = None,
-                 name: str = "", fitted: int = 0) -> dict[str, Any]:
+                 name: str = "", fitted: int = 0, se_factor: float = 1.0) -> dict[str, Any]:
     """The gate's verdict on one cell from its block log ratios ``d`` (``log(v_cand / v_base)`` per block, a
     1-D array; module text). Returns the row fields: ``verdict`` (regression | improvement | unchanged | noisy),
     ``change``, ``ci_low``/``ci_high``, ``p_value``, ``sd_pair``, ``se``, ``df``, ``mde``
     (:func:`bench.analyze.power.gate_mde`), ``blocks_needed``, ``robust`` (:func:`robust_check`, computed only
     where the other rules call a change, else ``None``), ``reason``
     and, with ``decide`` and ``look``, the look's ``decision``. ``fitted``: terms besides the mean already removed
-    from ``d`` (:func:`cpu_term`), each costing a degree of freedom.
+    from ``d`` (:func:`fit_intercept`: the probe covariate, the CPU term), each costing a degree of freedom;
+    ``se_factor``: the intercept's standard error over ``sd / sqrt(n)`` in that fit (1 without covariates).
 
     A **regression** (improvement) needs all of: the interval above (below) 0, the mean log ratio beyond the
     threshold, the gate able to see ``max_mde`` (``mde <= max_mde``), and the robust check agreeing (the
@@ -232,7 +374,7 @@ def judge_ratios(d: Any, *, threshold: float, alpha: float, max_mde: float | Non
         row["reason"] = f"{n} complete block(s): a paired comparison needs {2 + fitted} or more"
         return row
     mean, sd = float(d.mean()), float(d.std(ddof=1 + fitted))
-    se, df = sd / math.sqrt(n), n - 1 - fitted
+    se, df = sd / math.sqrt(n) * se_factor, n - 1 - fitted
     row["sd_pair"], row["se"], row["df"] = sd, se, df
     row["change"] = math.expm1(mean)
     row["mde"] = gate_mde(sd, n, alpha=alpha, threshold=threshold)

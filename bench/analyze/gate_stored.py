@@ -14,13 +14,21 @@ value across saves, minus the part its runs' spread explains; on the scale compa
 probe is applied, :func:`sweep_offset_var`), since the two sides are different sweeps and each carries its own
 offset; degrees of freedom by Welch-Satterthwaite over the three terms (Kalibera & Jones 2020: runs as the unit,
 the ratio on the log scale). Without a measured sweep-to-sweep figure (one save, or a sweep as reference) ``s_o``
-is 0 and the note says that the interval holds within sweeps only.
+is unknown: the interval then holds within sweeps only, and the gate does not decide on it (below).
 
 **Speed probe** (``--normalize auto``): each run's ``x`` minus the log of its median probe time, applied only
-where the probe tracks the metric **in these two sweeps**: over the runs of both sides, each (cell, side) centred
-on its own mean, ``x`` and the log probe correlate (one-sided Pearson ``p < PROBE_ALPHA``) and the corrected
-values spread less than the raw ones (:func:`bench.analyze.gate_runs.probe_check`, the interleaved gate's test,
-with runs instead of block pairs). Otherwise the raw run values are compared and the note says why.
+where the probe tracks the metric **in the reference alone** (:func:`declared_probes`: the stored baseline's saved
+sweep, or the reference sweep; never the candidate's data, so the correction is declared before the data it
+judges): over the reference's runs, each cell centred on its own mean, ``x`` and the log probe correlate
+(one-sided Pearson ``p < PROBE_ALPHA``) and the corrected values spread less than the raw ones
+(:func:`bench.analyze.gate_runs.probe_check`, the interleaved gate's test, with runs instead of block pairs).
+Otherwise the raw run values are compared and the note says why.
+
+**Family** (:func:`family_alpha`): the ``m`` rows (matched cells x metrics) and the ``expect`` claims can each make
+the verdict, so each is tested, and its interval drawn, at ``alpha / m`` (Bonferroni). **No measured offset**
+(:func:`no_offset_reason`): with a reference that measured no sweep-to-sweep offset (a baseline saved from one
+sweep, or a sweep) a speed-scaled row is "cannot judge", whatever its within-sweep interval says
+(``judged_verdict`` keeps that). **Failed runs** are missing data (:func:`failed_runs`).
 
 Verdict rules as the interleaved gate's (:func:`bench.analyze.gate_runs.judge_ratios`, without its rank check):
 **regression** when the gate can see ``max_mde`` (:func:`bench.analyze.power.mde_from_se` on this ``se`` and
@@ -174,18 +182,62 @@ def runs_needed(sd_base: float, sd_cand: float, offset_var: float, *, alpha: flo
     return ns[i] if i < len(ns) else None
 
 
-def probe_checks(bmap: dict[str, Any], cmap: dict[str, Any], matched: list[str],
-                 metrics: list[str]) -> dict[str, dict[str, Any]]:
-    """Per speed-scaled metric, whether the probe tracks it over the runs of both sweeps (:func:`runs_probe_check`
-    on the matched cells (``bmap``/``cmap``: levels key -> snapshot cell) whose runs all carry a probe)."""
+def declared_probes(ref_cells: list[dict[str, Any]], metrics: list[str], source: str) -> dict[str, dict[str, Any]]:
+    """Per speed-scaled metric, whether the gate applies the speed probe, **declared from the reference alone**
+    (the stored baseline's saved sweep, or the reference sweep): :func:`runs_probe_check` over the reference's
+    cells whose ok runs all carry a probe at every sample, so that no candidate's data can choose the correction
+    its own comparison then uses. ``source`` names the reference in the note. Each value: ``apply``, ``note``,
+    ``decided_from`` and the check's figures (``r``, ``p``, ``n``, ``sd_raw``, ``sd_corrected``)."""
     from bench.analyze.snapshot import METRICS
-    from bench.speed import normalizable
+    from bench.speed import SPEED_SCALED
 
     out = {}
     for metric in metrics:
+        if metric not in SPEED_SCALED:
+            continue
         sign = -1.0 if METRICS[metric].higher_is_better else 1.0
-        sides = [run_logs(c, metric, sign) for k in matched if normalizable(bmap[k], cmap[k], metric) is None
-                 for c in (bmap[k], cmap[k])]
-        if sides:
-            out[metric] = runs_probe_check(sides)
+        sides = [run_logs(c, metric, sign) for c in ref_cells]
+        sides = [(xs, ps) for xs, ps in sides if xs and all(p is not None for p in ps)]
+        chk = runs_probe_check(sides)
+        chk["note"] = chk["note"].replace("in this sweep", f"in {source}")
+        chk["decided_from"] = (f"{source} alone, before any candidate data is read: the probe is applied only where "
+                               "it tracks the metric over the reference's own runs")
+        out[metric] = chk
     return out
+
+
+def family_alpha(alpha: float, m: int) -> float:
+    """Each row's (and claim's) level in a gate of ``m`` verdict-making tests: ``alpha / m`` (Bonferroni: the
+    chance that any of the ``m`` says regression or "not met" when none should is at most ``alpha``; Dunn 1961)."""
+    return alpha / max(1, m)
+
+
+def no_offset_reason(kind: str, s2s: dict[str, Any] | None) -> str:
+    """Why a speed-scaled row of a reference without a measured sweep-to-sweep offset cannot be judged, and what to
+    do (one line). ``kind``: ``baseline`` or ``sweep``."""
+    if kind == "baseline":
+        what = (f"baseline saved from {(s2s or {}).get('sweeps', 1)} sweep(s); save it again from a second sweep of "
+                "the same code (`baseline save SWEEP --name NAME --force` appends it to the history)")
+    else:
+        what = "the reference is a sweep; give a baseline saved from 2 or more sweeps (`baseline save`, then --force)"
+    return (f"cannot judge: no measured sweep-to-sweep offset, which this within-sweep interval ignores ({what}), "
+            "or use `gate --interleave`")
+
+
+def failed_runs(cell: dict[str, Any], input_kinds: tuple[str, ...] = ("bad_input",)) -> tuple[str | None, str]:
+    """A candidate cell with failed runs: ``(verdict, reason)``. Failed runs are missing data, never a regression
+    on their own: the row is compared on the ok runs (``verdict`` None) when 2 or more remain, else "cannot
+    judge"; only a cell of which 2 or more runs and at least half of its runs failed, none on bad input, is
+    ``failed`` (the candidate does not run where the baseline did; the interleaved gate's rule,
+    :data:`bench.analyze.gate_runs.FAILED_MIN_BLOCKS`)."""
+    fails = cell.get("failures") or []
+    ok = [r for r in cell.get("repeats") or [] if r.get("status", "ok") == "ok"]
+    text = "; ".join(f"r{f['repeat']} {f['kind']}: {' '.join(str(f['reason']).split())[:200]}" for f in fails)
+    if any(f["kind"] in input_kinds for f in fails):
+        return "cannot judge", f"candidate failed on bad input (not a regression): {text}"
+    if len(fails) >= 2 and 2 * len(fails) >= len(fails) + len(ok):
+        return "failed", f"{len(fails)} of {len(fails) + len(ok)} candidate runs failed: {text}"
+    if len(ok) < 2:
+        return "cannot judge", (f"missing data: {len(fails)} candidate run(s) failed, {len(ok)} ok (a comparison of "
+                                f"runs needs 2): {text}")
+    return None, f"missing data: {len(fails)} failed candidate run(s) left out, compared on {len(ok)} ok runs: {text}"

@@ -10,6 +10,8 @@ from bench.analyze.gate import DEFAULT_ALPHA as GATE_ALPHA
 from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.analyze.md import ci_pct, table_head
 from bench.analyze.md import pct as _pct
+from bench.analyze.sequential import Decision
+from bench.analyze.sequential_view import NOT_COVERED, SequentialView, summary_lines
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:
@@ -44,6 +46,9 @@ def render(data: dict[str, Any]) -> str:
         L += [f"- `{r['cell']}` ({r['status']}): {r['reason']}" for r in data["failed"]] + [""]
     varied = data["effects"]["varied"]
     rep = data["replication"]
+    sv = data.get("sequential_verdicts")  # a sequential sweep: its stopping look's verdicts (sequential_view)
+    if sv:
+        L += summary_lines(SequentialView.from_dict(sv))[1:] + [""]
     L += [
         "## Cells",
         "",
@@ -55,7 +60,8 @@ def render(data: dict[str, Any]) -> str:
         f"{' with the time block' if rep['blocked'] else ''}"
         f"{' and the node (' + str(rep['nodes']) + ' Ray nodes)' if (rep.get('nodes') or 0) > 1 else ''}"
         f" ({_f(rep['sd'], '.4f')}, {rep['df']} df)."
-        + (f" **{rep['note']}**" if rep.get("note") else ""),
+        + (f" **{rep['note']}**" if rep.get("note") else "")
+        + (f" Speedup intervals and p values of this table: {NOT_COVERED}." if sv else ""),
         "",
         "| cell | " + " | ".join(varied) + f" | runs | steps | step time s | speedup [{lvl:.0%} CI] | p | "
         "rollout share | Free ratio | tokens/s |",
@@ -85,20 +91,31 @@ def render(data: dict[str, Any]) -> str:
             f"**Unit of replication: the {fit['unit']}** ({fit['n_obs']} {fit['unit']}s in {fit['n_cells']} cells"
             f"{blocks}); one observation per {fit['unit']} = log of its median timed step. Residual SD "
             f"{_f(fit['residual_sd'], '.4f')} with **{fit['df_resid']:.0f} residual degrees of freedom**; "
-            f"intervals and p values are t-based on them; a term is significant when its Holm-adjusted p "
-            f"(over the terms of this table) is below {data['alpha']}. Coding: "
+            + (f"main effects: the estimate, repeated confidence interval and verdict of the sequential analysis at "
+               f"look {sv['look']} of {sv['max_looks']} (the figures its stop rule decided on, error rate "
+               f"{sv['alpha']} over all looks and comparisons; no fixed-sample p value); terms marked † "
+               f"(interactions): t interval at {lvl:.0%} and Holm-adjusted p, {NOT_COVERED}. Coding: " if sv else
+               f"intervals and p values are t-based on them; a term is significant when its Holm-adjusted p "
+               f"(over the terms of this table) is below {data['alpha']}. Coding: ")
             + "; ".join(f"{k}: {v}" for k, v in fit["coding"].items())
             + "."
             + (f" **{fit['note']}.**" if fit.get("note") else ""),
             "",
-            *table_head("term", "effect (log)", f"step time change [{lvl:.0%} CI]", "speedup", "p", "p (Holm)",
-                        "significant", "aliased with"),
+            *table_head("term", "effect (log)", "step time change [interval]" if sv else
+                        f"step time change [{lvl:.0%} CI]", "speedup", "p", "p (Holm)",
+                        "verdict" if sv else "significant", "aliased with"),
         ]
+        decided = {d["name"]: Decision(**d) for d in (sv or {}).get("decisions") or []}
         for t in fit["terms"]:
             ci = " " + ci_pct(t["change_ci_low"], t["change_ci_high"]) if t["change_ci_low"] is not None else ""
             sig = ("yes" if t["significant"] else "no") if t["p_value"] is not None else "not judged"
+            if sv:
+                sig = (f"{decided[t['name']].verdict_text()} (sequential)" if t.get("covered") and t["name"] in decided
+                       else f"{'significant' if t['significant'] else 'not significant'} †"
+                       if t["p_value"] is not None else "not judged †")
             L.append(
-                f"| {t['name']} | {t['effect']:+.4f} | {_pct(t['change'])}{ci} | {math.exp(-t['effect']):.3f}x | "
+                f"| {t['name']}{' †' if sv and not t.get('covered') else ''} | {t['effect']:+.4f} | "
+                f"{_pct(t['change'])}{ci} | {math.exp(-t['effect']):.3f}x | "
                 f"{_f(t['p_value'], '.2g')} | {_f(t['p_adjusted'], '.2g')} | {sig} | {', '.join(t['aliases']) or '-'} |"
             )
         if fit["not_estimable"]:
@@ -157,7 +174,8 @@ def render(data: dict[str, Any]) -> str:
         "## The article's gains beside ours",
         "",
         "Gain = speedup - 1 (step time all-off / cell - 1). The article measured Qwen3-VL-8B on Ascend Atlas 800T A2 "
-        "with verl 0.6.1; factors that do not apply on this engine/platform say why.",
+        "with verl 0.6.1; factors that do not apply on this engine/platform say why."
+        + (f" Main effects: the sequential look's repeated intervals; cell vs all-off: {NOT_COVERED}." if sv else ""),
         "",
         f"| optimization | article | ours: cell vs all-off [{lvl:.0%} CI] | ours: main effect [{lvl:.0%} CI] | note |",
         "|---|---|---|---|---|",
@@ -191,14 +209,17 @@ def render(data: dict[str, Any]) -> str:
         L += [
             "## Claims of the matrix `expect` block",
             "",
-            "Judged on the runs (t on the log run values of the two cells, pooled residual SD, as the cell table).",
+            "Judged on the runs (t on the log run values of the two cells, pooled residual SD, as the cell table)."
+            + (" Step-time claims: the sequential look's repeated interval and decision (no p value); the other "
+               f"claims (†): {NOT_COVERED}." if sv else ""),
             "",
             "| claim | improvement | CI | p | result |",
             "|---|---|---|---|---|",
         ]
         for e in data["expectations"]:
             ci = e.get("improvement_ci") or [None, None]
-            L.append(f"| {e['claim']} | {_pct(e.get('improvement'))} | [{_pct(ci[0])}, {_pct(ci[1])}] | "
+            L.append(f"| {e['claim']}{' †' if sv and not e.get('covered') else ''} | {_pct(e.get('improvement'))} | "
+                     f"[{_pct(ci[0])}, {_pct(ci[1])}] | "
                      f"{_f(e.get('p_value'), '.2g')} | {e['result']}{': ' + e['reason'] if e.get('reason') else ''} |")
         L.append("")
     L += [

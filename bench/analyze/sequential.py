@@ -164,13 +164,19 @@ class Decision:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
-    def text(self) -> str:
-        """One line: ``name: verdict, +3.1 % [+1.0, +5.2] %`` (an end beyond +1000 % as ``>+1000%``)."""
+    def verdict_text(self) -> str:
+        """The verdict in words: ``slower, beyond the threshold``, ``no change``, ``undecided``, ``not met``."""
+        size = {True: ", beyond the threshold", False: ", within the threshold", None: ""}[self.matters]
+        return self.verdict.replace("_", " ") + (size if self.verdict in ("slower", "faster") else "")
+
+    def interval_text(self) -> str:
+        """The repeated interval as relative changes, ``[+1.0%, +5.2%]`` (an end beyond +1000 % as ``>+1000%``)."""
         end = lambda v: ">+1000%" if v > 10 else f"{v:+.1%}"  # noqa: E731
-        iv = "no interval" if self.lo is None else f"[{end(self.change_lo)}, {end(self.change_hi)}]"
-        size = ({True: ", beyond the threshold", False: ", within the threshold", None: ""}[self.matters]
-                if self.verdict in ("slower", "faster") else "")
-        return f"{self.name}: {self.verdict.replace('_', ' ')}{size} ({self.change:+.1%} {iv})"
+        return "no interval" if self.lo is None else f"[{end(self.change_lo)}, {end(self.change_hi)}]"
+
+    def text(self) -> str:
+        """One line: ``name: verdict, +3.1 % [+1.0, +5.2] %`` (:meth:`verdict_text`, :meth:`interval_text`)."""
+        return f"{self.name}: {self.verdict_text()} ({self.change:+.1%} {self.interval_text()})"
 
 
 def decide(estimate: float, se: float | None, df: float, *, threshold: float, alpha: float, look: int,

@@ -49,6 +49,11 @@ def _pair(claim: dict[str, Any], levels: list[dict[str, Any]]) -> tuple[dict, di
     return on, {**on, f: off[f]}
 
 
+def claim_name(claim: dict[str, Any]) -> str:
+    """The name of a claim's decision: ``expect: <the claim's name>``, else ``expect: <factor> vs <all_off|all_on>``."""
+    return "expect: " + (claim.get("name") or f"{claim['factor']} vs {claim.get('vs', 'all_off')}")
+
+
 def claim_decisions(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: Sequence[int],
                     claims: Sequence[dict[str, Any]], *, quantile: Callable[[float], float | None], alpha: float
                     ) -> list[dict[str, Any]]:
@@ -65,7 +70,7 @@ def claim_decisions(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: S
     for c in claims:
         if c.get("metric", "step_time") != "step_time":
             continue
-        name = "expect: " + (c.get("name") or f"{c['factor']} vs {c.get('vs', 'all_off')}")
+        name = claim_name(c)
         d = SimpleNamespace(name=name, verdict="undecided", estimate=0.0, se=None, df=float(df), lo=None, hi=None,
                             change=0.0, change_lo=None, change_hi=None)
         pair = _pair(c, levels)

@@ -17,6 +17,7 @@ from bench.analyze.gate import DEFAULT_ALPHA as GATE_ALPHA
 from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.analyze.power import gate_mde, mde_from_se, noise_components
 from bench.errors import BenchError
+from bench.expect import judge_claim
 from bench.figures import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys
 
@@ -270,8 +271,9 @@ def claims_on_runs(snap: dict[str, Any], results: list[dict[str, Any]], alpha: f
     """Judge the matrix ``expect`` claims on the runs: the cells each claim names (found by
     :func:`bench.analyze.gate.check_expectations`) are compared by :func:`bench.analyze.effects.run_contrast` of
     their run values (log scale for step time and throughput, linear for ratios), as the cell table does; the
-    step-level comparison of the gate is dropped. A claim needing significance is not judged (``error``)
-    with one run per cell."""
+    step-level comparison is dropped. Decided on the ``1 - alpha`` interval (:func:`bench.expect.judge_claim`:
+    met inside the bounds, not met outside, else cannot judge); the gate judges its claims by this function
+    (:func:`bench.gate.judge_claims`)."""
     m = Snapshot.model_validate(snap)
     by_label = {c.label: c for c in m.cells}
     out = []
@@ -291,7 +293,7 @@ def claims_on_runs(snap: dict[str, Any], results: list[dict[str, Any]], alpha: f
         cell_y = [math.log(v) if log else v for _, v in vals[e["cell"]]]
         e.pop("comparison")
         if not ref_y or not cell_y:
-            e.update(result="error", reason="no run values for the claim's cells")
+            e.update(result="cannot judge", reason="no run values for the claim's cells")
             continue
         con = run_contrast(ref_y, cell_y, sd, df, alpha=alpha)
         ref_mean = float(np.mean(ref_y))
@@ -303,19 +305,8 @@ def claims_on_runs(snap: dict[str, Any], results: list[dict[str, Any]], alpha: f
         imp = sign * change(con.diff)
         ci = sorted((sign * change(con.ci_low), sign * change(con.ci_high))) if con.ci_low is not None else [None, None]
         e.update(improvement=imp, improvement_ci=ci, p_value=con.p_value, unit="run", df=con.df,
-                 runs=[con.n_ref, con.n_cell], reason="")
-        ok = (e["at_least"] is None or imp >= e["at_least"]) and (e["at_most"] is None or imp <= e["at_most"])
-        if ok and e["at_least"] is not None and e["at_least"] > 0:
-            if con.p_value is None:
-                e.update(result="error", reason="one run per cell: no run-to-run variance to test the claim against "
-                                                "(add repeats)")
-                continue
-            if not con.p_value < alpha:
-                ok = False
-                e["reason"] = f"not significant on {con.n_ref}+{con.n_cell} runs (p = {con.p_value:.3g} >= {alpha})"
-        e["result"] = "met" if ok else "not met"
-        if not ok and not e["reason"]:
-            e["reason"] = f"improvement {imp:+.1%} outside the claim"
+                 runs=[con.n_ref, con.n_cell], alpha=alpha)
+        e["result"], e["reason"] = judge_claim(e["at_least"], e["at_most"], ci, level=1 - alpha)
     return out
 
 

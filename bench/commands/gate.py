@@ -69,8 +69,8 @@ def add_comparison_arguments(p: argparse.ArgumentParser) -> None:
         "--alpha",
         type=float,
         default=DEFAULT_ALPHA,
-        help="significance level of the test (Wilcoxon signed-rank paired, else Mann-Whitney U); "
-        "CIs at 1-alpha (default 0.01)",
+        help="family-wise significance level of the gate: each of its m rows (cells x metrics) and `expect` claims "
+        "is tested at alpha/m (Bonferroni), its CI at 1-alpha/m (default 0.01)",
     )
     p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N", help=f"bootstrap resamples (default {N_BOOT})")
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")

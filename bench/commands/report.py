@@ -5,6 +5,10 @@ under ``report/``, effect metrics, tag ``bench.report``):
 
 * ``report.md``: the tables below, with the plots linked; ``report.json``: the same numbers;
   ``effects.csv``: the model terms;
+* after a sequential sweep (``--sequential``, ``--precision``, ``--budget``) each main effect and step-time claim
+  shows the stopping look's repeated interval and verdict (:mod:`bench.analyze.sequential_view`), without a
+  fixed-sample p value; the fixed-sample figures left (interactions, cell speedups) are labelled as not covered
+  by the sequential error control;
 * the unit of replication is the **run**: each finished run is summarized by its value
   (:func:`bench.figures.run_value`: median of its timed steps, speed-normalized when every run timed the
   probe) and every interval and p value below is computed from run values, never from steps as if they
@@ -44,7 +48,7 @@ from bench.analyze.gate import check_expectations, validate_expect
 from bench.analyze.markdown import render
 from bench.analyze.plots import plot_article, plot_effects, plot_long_tail, plot_phases, plot_speedup
 from bench.analyze.snapshot import snapshot
-from bench.analyze.tables import analyze, claims_on_runs
+from bench.analyze.tables import analyze, article_rows, claims_on_runs
 from bench.commands.base import Command
 from bench.errors import BenchError
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
@@ -96,6 +100,11 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
             data["expectations"] = claims_on_runs(snap, found, alpha)
         except BenchError as exc:
             data["expectations_error"] = str(exc)
+    from bench.analyze.sequential_view import apply_to_report, view
+
+    if (seq := view(meta)) is not None:  # a sequential sweep: its stopping look's intervals and verdicts, not fixed
+        apply_to_report(data, seq)
+        data["article"] = article_rows(snap, data["cells"], data["effects"])
     return data
 
 
@@ -117,10 +126,11 @@ def write(data: dict[str, Any], out: Path) -> list[Path]:
     w = csv.writer(buf)
     fit = data["effects"].get("fit") or {}
     w.writerow(["term", "kind", "effect_log", "se", "ci_low", "ci_high", "p_value", "p_holm", "step_time_change",
-                "aliases", "unit", "df_resid"])
-    for t in fit.get("terms") or []:
+                "aliases", "unit", "df_resid", "verdict", "interval"])
+    for t in fit.get("terms") or []:  # verdict, interval: a sequential sweep's (bench.analyze.sequential_view)
         w.writerow([t["name"], t["kind"], t["effect"], t["se"], t["ci_low"], t["ci_high"], t["p_value"],
-                    t["p_adjusted"], t["change"], " ".join(t["aliases"]), fit.get("unit"), fit.get("df_resid")])
+                    t["p_adjusted"], t["change"], " ".join(t["aliases"]), fit.get("unit"), fit.get("df_resid"),
+                    t.get("verdict") or "", t.get("interval") or f"fixed-sample t, {fit.get('level', 0.95):.0%}"])
     atomic_write_text(out / "effects.csv", buf.getvalue())
     atomic_write_json(out / "report.json", data)
     atomic_write_text(out / "report.md", render(data))
@@ -149,6 +159,9 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
         for i in range(0, len(ms), 900):
             tr.client.log_batch(rid, metrics=ms[i:i + 900])
         tr.client.set_tag(rid, "bench.report", "report/report.md")
+        for t in (data["effects"].get("fit") or {}).get("terms") or []:  # a sequential sweep's verdicts
+            if t.get("verdict"):
+                tr.client.set_tag(rid, _key(f"report.verdict.{t['name']}"), f"{t['verdict']} ({t['interval']})")
         # the parent's description points at the report (first, so that a description cut at MLflow's limit keeps it)
         current = tr.client.get_run(rid).data.tags.get(NOTE, "")
         if not current.startswith(REPORT_POINTER):

@@ -14,7 +14,7 @@ from rich.table import Table
 
 from bench.commands.base import Command, add_execution_arguments
 from bench.commands.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
-from bench.commands.run_planning import add_planning_arguments, fixed_verdict_line, prepare, print_planning
+from bench.commands.run_planning import add_planning_arguments, closing_verdict_line, prepare, print_planning
 from bench.engines import engine_class, engines_with, get_engine
 from bench.figures import SUMMARY_STEP_TIME
 from bench.results import check_writable
@@ -303,7 +303,7 @@ def main(args: argparse.Namespace) -> int:
                       "on its runs)", soft_wrap=True)
     console.print(f"executed {out.executed}, cached {out.skipped}, failed {out.failed}; wall {out.wall_s:.1f} s, "
                   f"in GRPO steps {out.in_step_s:.1f} s, harness overhead {out.overhead_share:.1%}")
-    if verdict := fixed_verdict_line(prep, out.sweep_dir, threshold=args.threshold, alpha=args.alpha):
+    if verdict := closing_verdict_line(prep, out.sweep_dir, threshold=args.threshold, alpha=args.alpha):
         console.print(verdict, markup=False, soft_wrap=True)
     if any(r["status"] != "ok" for r in out.rows):  # exit 1: one line on stderr says why
         bad = sum(r["status"] != "ok" for r in out.rows)

@@ -147,6 +147,23 @@ def print_planning(prep: Prepared, console: Any) -> None:
                       f"{METHOD}); the sweep stops when all are decided", markup=False, soft_wrap=True)
 
 
+def closing_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0.05, alpha: float = 0.05
+                         ) -> str | None:
+    """The console's last word on a finished sweep: for a sequential sweep (its ``sweep.json`` records looks, with or
+    without ``--sequential`` in this invocation) the verdicts and repeated intervals of its stopping look, the figures
+    of its report and ``summary.md`` (:func:`bench.analyze.sequential_view.verdict_line`); else
+    :func:`fixed_verdict_line`."""
+    from pathlib import Path
+
+    from bench.analyze.sequential_view import verdict_line, view
+    from bench.results import SWEEP, read_json
+
+    v = view(read_json(Path(sweep_dir) / SWEEP) or {})
+    if v is not None:
+        return verdict_line(v)
+    return fixed_verdict_line(prep, sweep_dir, threshold=threshold, alpha=alpha)
+
+
 def fixed_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0.05, alpha: float = 0.05) -> str | None:
     """The console's last word on a fixed design (no stop rule): every main effect (and step-time ``expect`` claim)
     decided once at the sweep's end with the sequential rule at one look (:class:`bench.analyze.sequential.

@@ -109,6 +109,16 @@ class ConsoleView:
             self.live.finish()
             if self.live.total is not None and self.live.done >= self.live.total:
                 self.live.set_status("writing the outputs (importance, plot) and the MLflow parent")
+        elif kind == "confirm_start":
+            lim = {r: " ".join(f"{k}={v}" for k, v in d["limits"][r].items()) for r in ("best", "other")}
+            self.p(f"confirmation, {d['blocks']} interleaved block(s) (not trials): {d['labels']['best']} "
+                   f"{lim['best']} vs {d['labels']['other']} {lim['other']}")
+        elif kind == "confirm_launch":
+            self.live.set_status(f"confirmation block {d['block'] + 1}/{d['blocks']}: {d['label']} run")
+        elif kind == "confirm_run":
+            what = (f"{d['value']:.4g} {d['unit']}" if d["status"] == "ok" else
+                    f"FAILED ({d.get('failure_kind')}): {str(d.get('reason', ''))[:160]} (block left out)")
+            self.p(f"confirm {d['block'] + 1}/{d['blocks']}: {d['label']}: {what}")
         elif kind == "warn":
             self.p(f"warning: {d['message']}")
 
@@ -129,7 +139,8 @@ def best_text(best: dict[str, Any], unit: str) -> str:
 
 def print_result(out: TuneOutcome, settings: TuneSettings, view: ConsoleView) -> None:
     """Print the tune's result: trial counts, the best trial (value, limits, verl overrides, matrix fragment),
-    parameter importance, the output files and where MLflow and optuna-dashboard show the study."""
+    parameter importance, the output files, where MLflow and optuna-dashboard show the study and, last, the
+    confirmation's line (the best trial against the rule of thumb, :mod:`bench.tune.confirm`)."""
     s, summ = settings, out.summary
     c = summ.get("counts", {})
     view.p(f"\nstudy {s.study_name}: {c.get('feasible', 0)} feasible, {c.get('infeasible', 0)} infeasible, "
@@ -157,6 +168,9 @@ def print_result(out: TuneOutcome, settings: TuneSettings, view: ConsoleView) ->
         view.p(f"trials: {summ['files']['trials']}")
     view.p(f"MLflow: {s.tracking_uri} (parent run {out.parent_run_id}); "
            f"dashboard: optuna-dashboard {redact(s.storage_url)}")
+    conf = summ.get("confirmation")
+    if conf and conf.get("line"):  # the last line: how sure the tune is (bench.tune.confirm)
+        view.p(conf["line"])
 
 
 def main(args: argparse.Namespace) -> int:

@@ -8,7 +8,8 @@ is written to ``sweep.json`` (key ``sequential``: method, planned looks, every l
 which the sweep stopped), sent to the console as a ``look`` event, and ends the sweep when it says
 stop. A resumed sweep walks the same blocks: finished runs are skipped and each look is recomputed from
 the same records (not from runs of a later block the interruption left on disk), so a resume stops where an
-uninterrupted sweep would have.
+uninterrupted sweep would have. A sequential sweep stays sequential when resumed without ``--sequential``: the
+sweep rebuilds its recorded rule (:func:`resume_rule`), and refuses another ``--threshold``/``--alpha``.
 
 Runs of one block are executed by ``run_block`` (default: one after another); the Ray executor of
 ``--parallel`` replaces it to run a block's runs at once.
@@ -16,6 +17,7 @@ Runs of one block are executed by ``run_block`` (default: one after another); th
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -51,9 +53,7 @@ def run_blocks(todo: Sequence[tuple[Any, int]], run_one: RunOne, *, stop_rule: A
     With a ``stop_rule``, ``sweep_dir`` and ``meta`` (the sweep's ``sweep.json`` content, updated and
     rewritten after every look) are required.
     """
-    if stop_rule is None:
-        if meta is not None and meta.pop("sequential", None) is not None and sweep_dir is not None:
-            atomic_write_json(Path(sweep_dir) / SWEEP, meta)  # resumed without --sequential: a fixed design now
+    if stop_rule is None:  # a fixed design (a sequential sweep resumes with its own rule: resume_rule)
         run_block(list(todo), run_one)
         return None
     assert sweep_dir is not None and meta is not None
@@ -77,6 +77,40 @@ def run_blocks(todo: Sequence[tuple[Any, int]], run_one: RunOne, *, stop_rule: A
         if look.stop:
             return i
     return None
+
+
+def resume_rule(meta: dict[str, Any], stop_rule: Any, claims: Sequence[dict[str, Any]] = (),
+                source: Any = SWEEP) -> Any:
+    """The stop rule a resumed sweep continues with (``meta``: its ``sweep.json`` content; ``stop_rule``: the one of
+    this invocation's options, ``None`` without ``--sequential``; ``claims``: the matrix's ``expect``, the same as the
+    sweep's since its fingerprint holds them; ``source``: its ``sweep.json``, named in the error). A sweep that
+    recorded ``sequential`` stays sequential: without a rule of the command line the same
+    :class:`bench.analyze.sequential.EffectsStopRule` is rebuilt from the record (``max_looks``, ``threshold``,
+    ``alpha``), so its looks are recomputed and it stops where it would have. A fixed design, or an interleaved gate
+    sweep (its own rule), keeps ``stop_rule``.
+
+    Raises:
+        BenchError: ``--sequential`` (or ``--precision``/``--budget``) with a ``--threshold`` or ``--alpha`` other than
+            the sweep recorded (one line naming the recorded values).
+    """
+    from bench.analyze.sequential import EffectsStopRule
+
+    seq = meta.get("sequential") or {}
+    if not seq or meta.get("code_versions") or not (stop_rule is None or isinstance(stop_rule, EffectsStopRule)):
+        return stop_rule
+    recorded = {"threshold": seq.get("threshold") or 0.05, "alpha": seq.get("alpha") or 0.05}
+    if stop_rule is None:
+        return EffectsStopRule(int(seq["max_looks"]), claims=claims, **recorded)
+    now = {"threshold": stop_rule.threshold, "alpha": stop_rule.alpha}
+    if any(not math.isclose(float(now[k]), float(recorded[k])) for k in now):
+        from bench.errors import BenchError
+
+        raise BenchError(f"{source}: sequential.threshold {recorded['threshold']}, sequential.alpha "
+                         f"{recorded['alpha']}: the sweep being resumed decides with these; --threshold "
+                         f"{now['threshold']} --alpha {now['alpha']} would change its error control mid-way (allowed: "
+                         f"--threshold {recorded['threshold']} --alpha {recorded['alpha']}, no --sequential to go on "
+                         "with them, or --force for a new sweep)")
+    return stop_rule
 
 
 def blocks_run(meta: dict[str, Any], planned: int) -> int:
@@ -104,10 +138,43 @@ def plan_params(planning: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def sequential_tags(meta: dict[str, Any]) -> dict[str, str]:
-    """MLflow parent tags of a sequential sweep: blocks run of the planned maximum, and the last look's line."""
+    """MLflow parent tags of a sequential sweep: blocks run of the planned maximum, the last look's line and per
+    comparison ``bench.sequential.verdict.<name>`` (its verdict and repeated interval,
+    :func:`bench.analyze.sequential_view.view`: the figures of the report and ``summary.md``)."""
+    from bench.analyze.sequential_view import view
+    from bench.tracking.naming import _key
+
     seq = meta.get("sequential") or {}
     if not seq.get("looks"):
         return {}
     last = seq["looks"][-1]
+    v = view(meta)
     return {"bench.sequential.blocks": f"{len(seq['looks'])}/{seq['max_looks']}",
-            "bench.sequential.last_look": f"{last['reason']}: {last['line']}"[:4900]}
+            "bench.sequential.last_look": f"{last['reason']}: {last['line']}"[:4900],
+            **{_key(f"bench.sequential.verdict.{d.name}"): f"{d.verdict_text()} ({d.change:+.1%} {d.interval_text()}, "
+               f"look {v.look}/{v.max_looks})" for d in (v.decisions if v else [])}}
+
+
+def sequential_metrics(meta: dict[str, Any]) -> dict[str, float]:
+    """MLflow parent metrics of a sequential sweep's verdicts: per comparison ``sequential.change.<name>`` and its
+    repeated interval ``sequential.change_low.<name>`` / ``sequential.change_high.<name>`` (relative step-time
+    changes; no interval: left out), from :func:`bench.analyze.sequential_view.view` (empty for a fixed design)."""
+    from bench.analyze.sequential_view import view
+    from bench.tracking.naming import _key
+
+    v = view(meta)
+    out: dict[str, float] = {}
+    for d in v.decisions if v else []:
+        for k, x in (("change", d.change), ("change_low", d.change_lo), ("change_high", d.change_hi)):
+            if x is not None and math.isfinite(x):
+                out[_key(f"sequential.{k}.{d.name}")] = float(x)
+    return out
+
+
+def sequential_summary(meta: dict[str, Any]) -> list[str]:
+    """The ``summary.md`` section of a sequential sweep's verdicts (:func:`bench.analyze.sequential_view.summary_lines`;
+    empty for a fixed design)."""
+    from bench.analyze.sequential_view import summary_lines, view
+
+    v = view(meta)
+    return summary_lines(v) if v else []

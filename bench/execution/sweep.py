@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.code_versions import gate_fingerprint, version_meta
-from bench.errors import DiskFullError, doing
-from bench.execution.blocks import plan_params, run_blocks, sequential_header, sequential_tags
+from bench.errors import BenchError, DiskFullError, doing
+from bench.execution.blocks import plan_params, resume_rule, run_blocks, sequential_header, sequential_tags
 from bench.execution.executors import Executor, LocalExecutor, kill_strays
 from bench.execution.runner import execute_spec
 from bench.record import is_finished
@@ -94,14 +94,19 @@ class Sweep:
         stop_rule: decide after each complete block whether to stop (:mod:`bench.execution.blocks`); ``None``: run all.
         planning: the plan of ``--precision``/``--budget`` (:mod:`bench.analyze.planning`), kept in ``sweep.json``.
         code_versions: an interleaved gate sweep's code versions (:mod:`bench.interleaved`, :mod:`bench.code_versions`).
+        analysis: the analysis declared before the first run (an interleaved gate's metric, covariate, cells,
+            family, threshold and alpha: :func:`bench.analyze.gate_runs.declare_analysis`), kept in ``sweep.json``
+            (key ``analysis``); a resume with another declared analysis is refused (``BenchError``).
     """
 
     def __init__(self, matrix: Matrix, plan: Plan, results_root: Path, tracking_uri: str,
                  executor: Executor | None = None, force: bool = False,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
                  order: str = "blocked", order_seed: int | None = None, stop_rule: Any = None,
-                 planning: dict[str, Any] | None = None, code_versions: dict[str, dict[str, Any]] | None = None):
+                 planning: dict[str, Any] | None = None, code_versions: dict[str, dict[str, Any]] | None = None,
+                 analysis: dict[str, Any] | None = None):
         self.matrix, self.plan, self.stop_rule, self.planning = matrix, plan, stop_rule, planning
+        self.analysis = analysis
         self.code_versions = code_versions or {}
         self.order_kind, self.order_seed = order, order_seed
         self.rd = ResultsDir(results_root, matrix.name)
@@ -200,6 +205,17 @@ class Sweep:
             self.on_event("warn", {"message": f"{problem}; that sweep is not resumed"})
         if sweep_dir is not None:
             meta = read_json(sweep_dir / SWEEP)
+            self.stop_rule = resume_rule(meta, self.stop_rule, self.matrix.expect, sweep_dir / SWEEP)  # sequential
+            declared = meta.get("analysis")
+            if self.analysis is not None and declared is not None and declared != self.analysis:
+                diff = ", ".join(f"{k} {declared.get(k)!r} (now {self.analysis.get(k)!r})"
+                                 for k in sorted(set(declared) | set(self.analysis))
+                                 if declared.get(k) != self.analysis.get(k))
+                raise BenchError(f"{sweep_dir / SWEEP}: analysis: the sweep declared its analysis before its first "
+                                 f"run and cannot change it on resume: {diff}; rerun with the same options, or "
+                                 "--force for a new sweep")
+            if self.analysis is not None:
+                meta["analysis"] = self.analysis
             meta["resumed"] = True
             planned = planned_order(meta)
             if (planned.kind, planned.seed) != (self.order_kind, self.order_seed if self.order_seed is not None
@@ -226,6 +242,8 @@ class Sweep:
                 "versions": versions(), "git_commit": git_commit(), "tracking_uri": self.tracking_uri,
                 "invocations": [], "resumed": False, "planning": self.planning,
             }
+            if self.analysis is not None:
+                meta["analysis"] = self.analysis
             blocked = self.order_kind == "blocked" or bool(self.code_versions)
             seed = (self.order_seed if self.order_seed is not None else new_order_seed()) if blocked else None
             ids = [r.cell_id for r in self.plan.runs]
@@ -350,6 +368,7 @@ class Sweep:
 
     def _finish(self, tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead) -> SweepOutcome:
         from bench.analyze.snapshot import snapshot
+        from bench.execution.blocks import sequential_metrics, sequential_summary
         from bench.speed import normalize_snapshot
 
         snap = snapshot(sweep_dir)
@@ -361,10 +380,11 @@ class Sweep:
         all_ok = all(r["status"] == "ok" for r in rows)
         meta["status"] = "complete" if all_ok else "incomplete"
         header = sweep_header(meta, rows, probe_ref, sequential_header(meta))
-        csv_path, md_path = write_summary(sweep_dir, rows, header)
+        csv_path, md_path = write_summary(sweep_dir, rows, header, sequential_summary(meta))
         atomic_write_json(sweep_dir / SWEEP, meta)
         n = len(meta["invocations"]) - 1
-        metrics = {"cells_failed": sum(r["status"] != "ok" for r in rows), **summary_metrics(rows)}
+        metrics = {"cells_failed": sum(r["status"] != "ok" for r in rows), **summary_metrics(rows),
+                   **sequential_metrics(meta)}
         if n == 0:
             metrics.update(harness_overhead_share=overhead, sweep_wall_s=wall, in_step_s=in_step)
         else:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import statistics
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -47,9 +48,11 @@ def finite(values: Iterable[float | None]) -> list[float]:
 
 
 def median(values: Iterable[float | None]) -> float | None:
-    """Median of the finite values, ``None`` when there is none."""
+    """Median of the finite values, ``None`` when there is none (the mean of the two middle values of an even
+    count, as ``numpy.median``; ``statistics.median`` is the same value and much faster for the short lists of
+    one run's steps)."""
     vals = finite(values)
-    return float(np.median(vals)) if vals else None
+    return float(statistics.median(vals)) if vals else None
 
 
 def mean(values: Iterable[float | None]) -> float | None:

@@ -125,8 +125,10 @@ class TuneTracking:
                            t.constraints.get(CONSTRAINT), limits, RunSpec(**spec), rec, rdir)
 
     def log_study_end(self, summary: dict[str, Any], status: str) -> None:
-        """Log the study's outputs on its MLflow parent (trial counts, the best trial, importance as metrics;
-        the output files as artifacts) and close it with ``status``; a failure is a warning."""
+        """Log the study's outputs on its MLflow parent (trial counts, the best trial, importance and the
+        confirmation's ``confirm.change`` / ``confirm.ci_low`` / ``confirm.ci_high`` / ``confirm.blocks`` as
+        metrics, its line and verdict as ``confirm.*`` tags; the output files as artifacts) and close it with
+        ``status``; a failure is a warning."""
         from mlflow.entities import Metric
 
         if self.tracker is None or not self.parent_id:
@@ -145,7 +147,20 @@ class TuneTracking:
                     ms.append(Metric(f"best.{k}", float(v), now, 0))
             for k, v in (summary["importance"] or {}).items():
                 ms.append(Metric(f"importance.{k}", float(v), now, 0))
+            conf = summary.get("confirmation") or {}
+            if "blocks" in conf:  # bench.tune.confirm: the best trial against the rule of thumb (or the runner-up)
+                ms.append(Metric("confirm.blocks", float(conf["blocks"]), now, 0))
+                ms.append(Metric("confirm.blocks_requested", float(conf["blocks_requested"]), now, 0))
+                for k in ("change", "ci_low", "ci_high"):
+                    if conf.get(k) is not None:
+                        ms.append(Metric(f"confirm.{k}", float(conf[k]), now, 0))
             self.tracker.client.log_batch(self.parent_id, metrics=ms)
+            if conf:  # tags, not params: a resumed tune confirms again with other values
+                tags = {"confirm.line": conf.get("line", ""), "confirm.against": str(conf.get("against")),
+                        "confirm.verdict": str(conf.get("verdict", conf.get("skipped", ""))),
+                        "confirm.other_trial": str(conf.get("other_trial")), "confirm.alpha": str(conf.get("alpha"))}
+                for k, v in tags.items():
+                    self.tracker.client.set_tag(self.parent_id, k, v[:4000])
             self.tracker.client.set_tag(self.parent_id, "objective_name", s.metric_name)
             if best:
                 self.tracker.client.set_tag(self.parent_id, "best_trial", str(best["trial"]))

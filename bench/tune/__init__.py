@@ -29,6 +29,12 @@ How a run's outcome becomes a trial:
   goes on, except after ``bad_input`` (the engine refuses the matrix's settings whatever the limits):
   the study stops and the command exits 2 with the engine's reason.
 
+After the trials, a confirmation (:mod:`bench.tune.confirm`; the tune block's ``confirm_blocks``, default 3,
+0 = off): the best trial's limits against the rule of thumb (or the runner-up, when the best is the rule of
+thumb) in interleaved blocks of one run each, run like trials but not told to the study; a paired t interval
+of the per-block log ratios says whether the tune can tell them apart (``best.json``'s ``confirmation``, the
+MLflow parent's ``confirm.*`` metrics, the tune's last line).
+
 Resuming: the same study name (default: the matrix name) in the same storage continues; ``n_trials`` is
 the number of finished trials the study should hold, so an interrupted tune runs only the rest. Trials
 left RUNNING by a killed harness are marked FAIL (``interrupted``) and not counted. A study refuses to
@@ -42,7 +48,8 @@ Optuna state and the constraint. The parent gets the outputs (overrides, matrix 
 plot, trials table) as artifacts.
 
 Package layout: :mod:`bench.tune.settings` (what to tune), :mod:`bench.tune.trial` (one trial's spec),
-:mod:`bench.tune.storage` (the Optuna storage), :mod:`bench.tune.tuner` (the study loop), the outputs in
+:mod:`bench.tune.storage` (the Optuna storage), :mod:`bench.tune.tuner` (the study loop),
+:mod:`bench.tune.confirm` (the confirmation's comparison), the outputs in
 :mod:`bench.tune_report`, MLflow in :mod:`bench.tracking.tune`, the command in :mod:`bench.commands.tune`.
 """
 

@@ -16,10 +16,10 @@ from bench.spec.tune_space import (
     IntDim,
     TuneBlock,
     limits_of,
-    parse_tune,
     resolve_space,
     seq_len,
 )
+from bench.tune.block import CONFIRM_BLOCKS, parse_block
 from bench.tune.storage import default_storage
 from bench.tune.trial import fixed_cell, trial_spec
 
@@ -70,6 +70,11 @@ class TuneSettings:
         return f"{self.value_key} ({self.unit}, median, {kind})"
 
     @property
+    def confirm_blocks(self) -> int:
+        """Blocks of the confirmation (0 = none); a plain :class:`TuneBlock` gets the default."""
+        return int(getattr(self.block, "confirm_blocks", CONFIRM_BLOCKS))
+
+    @property
     def seq(self) -> int:
         return seq_len(self.matrix.base)
 
@@ -94,7 +99,7 @@ def resolve_settings(matrix: Matrix, *, results: Path, tracking_uri: str, study:
     Raises:
         BenchError: any bad input (one line).
     """
-    block = parse_tune(matrix)
+    block = parse_block(matrix)
     src = matrix.source or "matrix"
     if platform is None:
         platform = detect_platform() if matrix.platform == "auto" else matrix.platform

@@ -270,10 +270,19 @@ class Tuner(TuneTracking):
                                     "storage": redact(s.storage_url), "space": s.space, "notes": s.notes,
                                     "cell": s.cell, "parent_run_id": self.parent_id})
             status = "FINISHED"
+            confirmation = None
             try:
                 if todo is None or todo > 0:
                     study.optimize(self.objective, n_trials=todo, timeout=s.timeout_s, catch=(TrialFailed,),
                                    gc_after_trial=False)
+                if not self.bad_input and s.confirm_blocks > 0:
+                    ran_now = sum(1 for t in study.get_trials(deepcopy=False)[before:] if t.state.is_finished())
+                    try:
+                        confirmation = self.confirm(study, reuse=ran_now == 0)
+                    except Exception as exc:  # the confirmation never costs the tune its trials
+                        self.on_event("warn", {"message": f"the confirmation failed: {type(exc).__name__}: {exc}"})
+                        confirmation = {"error": f"{type(exc).__name__}: {exc}"[:2000],
+                                        "line": f"confirmation failed ({type(exc).__name__}: {exc}): not judged"}
             except KeyboardInterrupt:
                 status = "KILLED"
                 raise
@@ -282,7 +291,7 @@ class Tuner(TuneTracking):
                 if close is not None:
                     close()
                 ran = sum(1 for t in study.get_trials(deepcopy=False)[before:] if t.state.is_finished())
-                summary = self.finish(study, "FAILED" if self.bad_input else status)
+                summary = self.finish(study, "FAILED" if self.bad_input else status, confirmation)
         if self.bad_input:
             raise BenchError(f"{s.matrix.source}: {self.bad_input} (fix the matrix; the study keeps its trials)")
         return TuneOutcome(s.study_name, s.study_dir, self.parent_id, ran, summary, s.notes)
@@ -294,17 +303,97 @@ class Tuner(TuneTracking):
                 f"objective {s.block.objective} ({s.direction})\nP+R = {s.seq} tokens; fixed levels: "
                 + " ".join(f"{k}={v}" for k, v in s.cell.items()))
 
-    def finish(self, study: Any, status: str) -> dict[str, Any]:
+    @staticmethod
+    def limits_of_trial(t: Any) -> dict[str, int]:
+        """Both limits of a finished trial, tokens."""
+        return {k: int(t.user_attrs.get(k, t.params.get(k))) for k in PARAMS}
+
+    # -- the confirmation (bench.tune.confirm) ------------------------------------------------
+    def confirm(self, study: Any, reuse: bool = False) -> dict[str, Any] | None:
+        """The confirmation of the best trial (:mod:`bench.tune.confirm`): ``confirm_blocks`` interleaved blocks
+        of one run of the best trial's limits and one of the rule of thumb's (or, when the best is the rule of
+        thumb, the runner-up's), run like trials but not told to the study; ``None`` without a feasible trial.
+        ``reuse``: keep the study's last confirmation when it compared the same limits with as many blocks
+        (a resumed tune that ran no trial). Also written to ``<study>/confirmation.json``."""
+        import bench.tune.confirm as C
+        from bench.results import read_json
+        from bench.tune_report import best_trial
+
+        s = self.s
+        best = best_trial(study)
+        if best is None:
+            return None
+        rot = limits_of(rule_of_thumb(s.space, s.matrix.base), s.matrix.base)
+        what = C.plan(best, study.get_trials(deepcopy=False), rot, self.limits_of_trial, s.direction)
+        what["blocks_requested"] = s.confirm_blocks
+        path = s.study_dir / C.FILE
+        if "skipped" in what:
+            atomic_write_json(path, what)
+            return what
+        old = read_json(path) if reuse else None
+        if old and all(old.get(k) == what[k] for k in ("best_trial", "best_limits", "other_limits",
+                                                       "blocks_requested")) and "line" in old:
+            return old
+        import shutil
+
+        from bench.analyze.snapshot import record_samples
+        from bench.execution.runner import execute_spec
+        from bench.figures import run_value
+
+        folder = s.study_dir / C.FOLDER
+        if folder.exists():
+            shutil.rmtree(folder)
+        lims = {"best": what["best_limits"], "other": what["other_limits"]}
+        label = {"best": f"best (trial {best.number})",
+                 "other": "rule of thumb" if what["against"] == "rule_of_thumb"
+                 else f"runner-up (trial {what['other_trial']})"}
+        orders = C.block_orders(s.confirm_blocks, s.block.sampler.seed)
+        self.on_event("confirm_start", {"lead": what["lead"], "blocks": s.confirm_blocks, "limits": lims,
+                                        "labels": label})
+        runs: list[dict[str, Any]] = []
+        values: dict[str, list[float | None]] = {"best": [], "other": []}
+        for b, order in enumerate(orders):
+            for pos, role in enumerate(order):
+                rel = f"{C.FOLDER}/block-{b}-{role}"
+                rdir = s.study_dir / rel
+                run = {"block": b, "position": pos, "role": role, "label": label[role], "limits": lims[role],
+                       "run_dir": rel, "status": "failed", "value": None}
+                self.on_event("confirm_launch", {**run, "blocks": s.confirm_blocks})
+                try:
+                    spec = trial_spec(s.matrix, s.cell, lims[role], s.platform)
+                    rec = execute_spec(spec, rdir, 0, self.executor, s.matrix.base.warmup_steps)
+                    atomic_write_json(rdir / "spec.json", spec.model_dump(mode="json"))
+                    value = run_value(record_samples(rec)[s.block.objective]) if rec["status"] == "ok" else None
+                    if value is not None and math.isfinite(float(value)) and float(value) > 0:
+                        run.update(status="ok", value=float(value))
+                    else:
+                        run.update(failure_kind=rec.get("failure_kind") or "no_metrics",
+                                   reason=(rec.get("reason") or f"the run has no {s.objective_key}")[:2000])
+                except Exception as exc:  # never crash the tune: the run is recorded failed, its block left out
+                    run.update(failure_kind="error", reason=f"{type(exc).__name__}: {exc}"[:2000])
+                runs.append(run)
+                values[role].append(run["value"])
+                self.on_event("confirm_run", {**run, "blocks": s.confirm_blocks, "unit": s.unit})
+        res = C.compare(values["best"], values["other"], s.direction)
+        complete = [b for b in range(len(orders)) if values["best"][b] is not None and values["other"][b] is not None]
+        out = {**what, **res, "complete_blocks": complete, "runs": runs,
+               "run_value": f"median over the timed steps of {s.value_key} ({s.unit}), raw",
+               "ratio": ("log(best / other) per block" if s.direction == "minimize" else
+                         "log(other / best) per block (throughput: negative = the best is faster)"),
+               "line": C.describe(res, what["lead"], s.confirm_blocks)}
+        atomic_write_json(path, out)
+        return out
+
+    def finish(self, study: Any, status: str, confirmation: dict[str, Any] | None = None) -> dict[str, Any]:
         """Write the outputs and log them on the MLflow parent (best effort when interrupted)."""
         s = self.s
         try:
             summary = write_outputs(s.study_dir, study, space=s.space, objective=s.block.objective,
                                     objective_key=s.objective_key, unit=s.unit,
-                                    limits_of_trial=lambda t: {k: int(t.user_attrs.get(k, t.params.get(k)))
-                                                               for k in PARAMS},
+                                    limits_of_trial=self.limits_of_trial,
                                     header=self.header(),
                                     reference={k: s.matrix.base.context()[f] for k, f in PARAMS.items()},
-                                    metric_name=s.metric_name)
+                                    metric_name=s.metric_name, confirmation=confirmation)
         except Exception:
             if status == "KILLED":
                 return {}

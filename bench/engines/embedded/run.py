@@ -228,6 +228,7 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
     passes: dict[str, dict[str, list[int]]] = {}
     from .speed_probe import METRIC as PROBE_METRIC
     from .speed_probe import SpeedProbe
+    from .speed_probe import source as probe_source
     from .speed_probe import spec as probe_spec
 
     probe = SpeedProbe() if cfg.speed_probe else None
@@ -297,6 +298,7 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
         "speed_probe": {
             "enabled": probe is not None,
             "spec": probe_spec() if probe is not None else None,
+            "source": probe_source() if probe is not None else None,
             "metric": PROBE_METRIC,
             "placement": "before and after each unprofiled step; logged value = mean",
         },

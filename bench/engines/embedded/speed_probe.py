@@ -43,6 +43,16 @@ def spec() -> str:
             f"-{p['dtype']}-t{p['threads']}")
 
 
+def source() -> str:
+    """A hash of the kernel's code (:class:`SpeedProbe`, first 12 hex digits of its source's SHA-256): two code
+    versions whose probes differ in code but not in :data:`PROBE` are told apart (the interleaved gate fits the
+    probe as a covariate only where both versions timed the same kernel)."""
+    import hashlib
+    import inspect
+
+    return hashlib.sha256(inspect.getsource(SpeedProbe).encode()).hexdigest()[:12]
+
+
 class SpeedProbe:
     """Times :data:`PROBE` on the CPU; :meth:`measure` returns seconds (lower = faster machine).
 
