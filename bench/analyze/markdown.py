@@ -118,6 +118,9 @@ def render(data: dict[str, Any]) -> str:
                 f"{_pct(t['change'])}{ci} | {math.exp(-t['effect']):.3f}x | "
                 f"{_f(t['p_value'], '.2g')} | {_f(t['p_adjusted'], '.2g')} | {sig} | {', '.join(t['aliases']) or '-'} |"
             )
+        for t in fit.get("not_read_terms") or ():  # the stack does not read the switch: no measured effect
+            L.append(f"| {t['name']} | not read | not read | - | - | - | {t['not_read']} | "
+                     f"{', '.join(t['aliases']) or '-'} |")
         if fit["not_estimable"]:
             L += ["", "Terms left out of the model:", ""]
             L += [f"- `{k}`: {v}" for k, v in fit["not_estimable"].items()]

@@ -19,7 +19,7 @@ from bench.analyze.power import gate_mde, mde_from_se, noise_components
 from bench.errors import BenchError
 from bench.expect import judge_claim
 from bench.figures import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
-from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys
+from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys, not_read
 
 #: the article's end-to-end claim (summary)
 ARTICLE_E2E = 0.30
@@ -133,6 +133,20 @@ def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]]
     return rows, (ref.label if ref else None)
 
 
+def not_read_factors(snap: dict[str, Any]) -> dict[str, str]:
+    """Per factor the sweep varied, why the stack its runs recorded (``versions``) does not read the factor's
+    switch (:func:`bench.spec.optimizations.not_read`); such a factor's effect is never reported as measured."""
+    from bench.spec.optimizations.versions import stack_versions
+
+    engine, platform = snap.get("engine"), snap.get("platform")
+    if not engine or not platform:
+        return {}
+    versions = stack_versions(platform, snap.get("versions") or {}, env=False)
+    keys = dict.fromkeys(k for c in snap.get("cells") or [] for k, v in (c.get("levels") or {}).items()
+                         if v is not None and k in REGISTRY)
+    return {k: why for k in keys if (why := not_read(k, engine, platform, versions))}
+
+
 def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> dict[str, Any]:
     """Main effects and interactions with the run as the unit of replication, plus the design's alias structure.
 
@@ -147,7 +161,7 @@ def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> di
     rep = replication(m)
     out: dict[str, Any] = {"varied": varied, "design": (snap.get("design") or {}).get("type"),
                            "aliases": snap.get("aliases") or [], "resolution": None, "fit": None, "note": "",
-                           "replication": rep}
+                           "replication": rep, "not_read": not_read_factors(snap)}
     if not varied:
         out["note"] = "no factor varies among the finished cells: no effect to estimate"
         return out
@@ -168,6 +182,17 @@ def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> di
         out["note"] = str(exc)
         return out
     out["fit"] = fit.to_dict()
+    # a term of a switch the stack does not read is no measured effect: out of the terms (table, plot, CSV,
+    # MLflow), into ``not_read_terms`` (the table's "not read" rows)
+    kept, out["fit"]["not_read_terms"] = [], []
+    for t in out["fit"]["terms"]:
+        why = [out["not_read"][f] for f in t.get("factors") or () if f in out["not_read"]]
+        if why:
+            out["fit"]["not_read_terms"].append({"name": t["name"], "aliases": t.get("aliases") or [],
+                                                 "not_read": "; ".join(why)})
+        else:
+            kept.append(t)
+    out["fit"]["terms"] = kept
     return out
 
 
@@ -215,6 +240,8 @@ def article_rows(snap: dict[str, Any], rows: list[dict[str, Any]], eff: dict[str
                 applicability(key, snap["engine"], snap["platform"], snap.get("base") or {})
                 or "not applicable in this sweep"
             )
+        elif key in (eff.get("not_read") or {}):
+            row["note"] = eff["not_read"][key] + ": not measured"
         elif key not in eff.get("varied", []):
             row["note"] = "not varied in this sweep"
         else:

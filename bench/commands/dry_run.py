@@ -230,6 +230,16 @@ def _merged(run) -> str | None:
     return f"stands for {len(run.cells)} design cells that differ only in not-applicable factors ({varying})"
 
 
+def not_read_factors(plan: Plan) -> dict[str, str]:
+    """Per factor the plan sets, why the installed stack of its platform does not read the factor's switch
+    (:func:`bench.spec.optimizations.not_read`: ``"mc2: not read by vllm-ascend X (...)"``)."""
+    from bench.spec.optimizations import not_read, stack_versions
+
+    versions = stack_versions(plan.platform)
+    keys = dict.fromkeys(k for r in plan.runs for k, v in r.levels.items() if v is not None)
+    return {k: why for k in keys if (why := not_read(k, plan.engine, plan.platform, versions))}
+
+
 def print_dry_run(plan: Plan, console: Console) -> None:
     """The readable ``--dry-run`` of a plan (see the module docstring); the run order is printed apart
     (:func:`print_order`), and other parts (a run plan) are separate calls after this one."""
@@ -253,6 +263,8 @@ def print_dry_run(plan: Plan, console: Console) -> None:
     common_merged = next(iter(merged)) if len(merged) == 1 else None
     not_applicable = {k: w for r in runs for k, w in r.not_applicable.items()}
     left = [f"not applicable {k}: {why}" for k, why in not_applicable.items()]
+    left += [f"{why}: its effect is not measured" for why in not_read_factors(plan).values()
+             if why not in common_notes]
     if common_merged:
         left.append(f"merged: each run {common_merged}")
     else:
@@ -315,6 +327,7 @@ def plan_json(plan: Plan, order: RunOrder | None = None) -> dict[str, Any]:
     """Everything of the plan, machine-readable (``--dry-run --json``): the plan's fields with every run's
     full launch (argv, env, patches, config, notes), the dropped cells and the run order."""
     out = plan.model_dump(mode="json")
+    out["not_read"] = not_read_factors(plan)
     for run, data in zip(plan.runs, out["runs"]):
         data["label"] = run.label
     if order is not None:
@@ -330,8 +343,8 @@ def smoke_json(cells: list, *, matrix_name: str = "", steps: int = 2,
                        "inert": c.inert} for c in cells]}
 
 
-__all__ = ["Change", "split_argv", "launch_diff", "print_dry_run", "print_smoke_dry_run", "print_base_launch",
-           "print_changes", "plan_json", "smoke_json", "print_order", "print_plan"]
+__all__ = ["Change", "not_read_factors", "split_argv", "launch_diff", "print_dry_run", "print_smoke_dry_run",
+           "print_base_launch", "print_changes", "plan_json", "smoke_json", "print_order", "print_plan"]
 
 
 # -- the full listing (--verbose) and the run order ----------------------------------------------------------

@@ -176,7 +176,7 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
     dropped: list[Dropped] = []
     groups: dict[tuple, list[Cell]] = {}
     for cell in design.cells:
-        reasons = conflicts_of(cell)
+        reasons = conflicts_of(cell, matrix.engine, platform)  # a conflict the installed stack lifts is not one
         if reasons:
             dropped.append(Dropped(cell=cell, kind="invalid", reason="; ".join(reasons)))
             continue

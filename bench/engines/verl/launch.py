@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.engines.base import EngineBase, Launch
-from bench.engines.verl.notes import forward_prefetch_note, mc2_note
+from bench.engines.verl.notes import forward_prefetch_note, mc2_note, not_read_notes
 from bench.engines.verl.overrides import (
     DEVICES,
     ENTRY_MODULE,
@@ -55,7 +55,7 @@ from bench.engines.verl.overrides import (
 from bench.engines.verl.probe import probe_machine
 from bench.errors import BenchError
 from bench.spec.matrix import Base, Matrix
-from bench.spec.optimizations import Mechanism, resolve
+from bench.spec.optimizations import Mechanism, conflict_lifts, resolve
 
 #: Patches every verl launch gets (measurement plumbing, not factors): see patches/bench_patches/verl_file_logger.py.
 ENGINE_PATCHES = ("verl_file_logger", "verl_evidence")
@@ -174,6 +174,9 @@ class VerlEngine(EngineBase):
             if k in env and env[k] != v:
                 notes.append(f"base.env.{k}={env[k]} is replaced by the factor's {k}={v}")
             env[k] = v
+        for lift_env, lift_note in conflict_lifts(levels, "verl", platform):  # e.g. verl PR 6562's rollout level
+            env.update(lift_env)
+            notes.append(lift_note)
         env["VERL_FILE_LOGGER_PATH"] = f"{RUN_DIR_PLACEHOLDER}/{METRICS_FILE}"
 
         notes += self._factor_notes(base, platform, levels, user_overrides, overrides)
@@ -216,10 +219,7 @@ class VerlEngine(EngineBase):
             note = forward_prefetch_note(overrides, self.verl_version)
             if note:
                 notes.append(note)
-        if levels.get("mc2") is not None:
-            note = mc2_note()
-            if note:
-                notes.append(note)
+        notes += not_read_notes(levels, platform)  # "mc2: not read by vllm-ascend X (...)"
         return notes
 
     # ------------------------------------------------------------------------------------- preflight

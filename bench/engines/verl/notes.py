@@ -1,15 +1,15 @@
 """What the verl engine tells about a run beyond its argv: why a factor would have no effect with the
-installed verl / vllm-ascend (:func:`forward_prefetch_note`, :func:`mc2_note`). What the patches did in a
-finished run is read by :func:`bench.measure.patch_reports.patch_evidence`.
+installed verl / vllm-ascend (:func:`forward_prefetch_note`, :func:`not_read_notes`, :func:`mc2_note`). What
+the patches did in a finished run is read by :func:`bench.measure.patch_reports.patch_evidence`.
 """
 
 from __future__ import annotations
 
 import re
 
-from bench.metadata import installed_version
-
-#: First vllm-ascend release with ``VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE`` (tags v0.10.0rc1 on; absent in v0.9.x).
+#: First vllm-ascend release with ``VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE`` (tags v0.10.0rc1 on; absent in v0.9.x);
+#: the whole range, with the release that removed it (vllm-ascend PR 12119), is data of the ``mc2`` optimization
+#: (:attr:`bench.spec.optimizations.base.Optimization.switches`).
 MC2_MIN_VLLM_ASCEND = "0.10.0"
 
 
@@ -59,12 +59,21 @@ def forward_prefetch_note(overrides: list[str], verl_version: str | None = None)
     return None
 
 
-def mc2_note() -> str | None:
-    """Why ``VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE`` would be ignored by the installed vllm-ascend, or ``None``."""
-    from bench.engines.verl.config import version_at_least
+def not_read_notes(levels: dict[str, int | None], platform: str,
+                   versions: dict[str, str] | None = None) -> list[str]:
+    """One line per factor of ``levels`` (not ``None``) whose switch the stack on ``platform`` does not read
+    (:func:`bench.spec.optimizations.not_read`; ``versions`` default: the installed stack, which
+    ``BENCH_STACK_VERSIONS`` can fake)."""
+    from bench.spec.optimizations import not_read
+    from bench.spec.optimizations.versions import stack_versions
 
-    v = installed_version("vllm_ascend", "vllm-ascend")
-    if v is not None and not version_at_least(v, MC2_MIN_VLLM_ASCEND):
-        return (f"mc2: vllm-ascend {v} has no VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE (added in v0.10.0rc1; "
-                f"the article used 0.11.0): this factor has no effect here")
-    return None
+    if versions is None:
+        versions = stack_versions(platform)
+    return [n for k, v in levels.items() if v is not None and (n := not_read(k, "verl", platform, versions))]
+
+
+def mc2_note(versions: dict[str, str] | None = None) -> str | None:
+    """Why ``VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE`` would be ignored by the vllm-ascend on ``npu``
+    (before v0.10.0rc1, or from vllm-ascend PR 12119 on), or ``None``: ``"mc2: not read by vllm-ascend X (...)"``."""
+    notes = not_read_notes({"mc2": 1}, "npu", versions)
+    return notes[0] if notes else None

@@ -18,15 +18,20 @@ from bench.spec.optimizations.registry import (
     applicability,
     article_factors,
     compact_label,
+    conflict_lifts,
     conflicts_of,
     evidence_check,
     factor_keys,
+    not_read,
     register_optimization,
     registry,
     resolve,
+    switch_ranges,
     unregister_optimization,
 )
+from bench.spec.optimizations.versions import stack_versions
 
 __all__ = ["CONFLICTS", "FACTOR_KEYS", "REGISTRY", "Conflict", "Mechanism", "Optimization", "Requirement",
-           "applicability", "article_factors", "compact_label", "conflicts_of", "evidence_check", "factor_keys",
-           "register_optimization", "registry", "resolve", "unregister_optimization"]
+           "applicability", "article_factors", "compact_label", "conflict_lifts", "conflicts_of", "evidence_check",
+           "factor_keys", "not_read", "register_optimization", "registry", "resolve", "stack_versions",
+           "switch_ranges", "unregister_optimization"]

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bench.spec.optimizations.versions import Lift, SwitchRange
+
 
 class Mechanism(BaseModel):
     """What one level of one optimization sets for a run.
@@ -69,6 +71,10 @@ class Optimization(BaseModel):
             beside the article's (table and ``article.png``); ``None``: no article figure.
         code: a short code (a few letters, e.g. ``dbsz``) for compact cell labels (:func:`compact_label`:
             MLflow run names, whose list column shows only about 13 characters); default: ``key``.
+        switches: per target (as :attr:`mechanisms`), where the switch the levels set exists: package,
+            its name there, and the releases that read it, each bound with its source
+            (:class:`~bench.spec.optimizations.versions.SwitchRange`); a stack outside a range does not read
+            the factor (:func:`~bench.spec.optimizations.registry.not_read`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -86,6 +92,7 @@ class Optimization(BaseModel):
     evidence_checks: dict[str, str] = Field(default_factory=dict)
     article_level: int | None = None
     code: str = ""
+    switches: dict[str, tuple[SwitchRange, ...]] = Field(default_factory=dict)
 
     @property
     def short(self) -> str:
@@ -99,11 +106,13 @@ class Optimization(BaseModel):
 
 
 class Conflict(BaseModel):
-    """A combination of levels that must never run together (the cell is dropped as invalid)."""
+    """A combination of levels that must never run together (the cell is dropped as invalid), unless one of
+    ``lifted`` holds for the target and the installed stack (then the cell runs with the lift's env)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
     when: dict[str, int]
     reason: str
+    lifted: tuple[Lift, ...] = ()
 
 
 #: a reason shared by the rollout factors that the one-process embedded engine cannot have

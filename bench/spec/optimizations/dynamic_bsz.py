@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bench.spec.optimizations.base import Mechanism as M
 from bench.spec.optimizations.base import Optimization
+from bench.spec.optimizations.versions import VERL, Bound, SwitchRange
 
 _DYN_ON_OVERRIDES = (
     "actor_rollout_ref.actor.use_dynamic_bsz=true",
@@ -32,4 +33,6 @@ OPTIMIZATION = Optimization(
     evidence="micro-batches formed per pass and padded vs real tokens (perf/*micro_batches*)",
     evidence_checks={"verl:*": "bench.measure.verl_evidence:dynamic_bsz",
                      "embedded:*": "bench.engines.embedded.evidence:dynamic_bsz"},
+    switches={"verl:*": (SwitchRange(package=VERL, switch="actor_rollout_ref.actor.use_dynamic_bsz", since=Bound(
+        version="0.2", source="verl tag v0.2, the first tag whose trainer config has use_dynamic_bsz")),)},
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.spec.optimizations.base import Optimization, on_off
+from bench.spec.optimizations.versions import VERL, Bound, SwitchRange
 
 OPTIMIZATION = Optimization(
     key="forward_prefetch", code="fwdpf", section="3.2.2", acts="training",
@@ -12,4 +13,9 @@ OPTIMIZATION = Optimization(
     not_applicable={"embedded:*": "the embedded engine trains in one process without FSDP: nothing to prefetch"},
     evidence="fsdp_config.forward_prefetch in the resolved verl config; FSDP2 ignores it in some verl versions",
     evidence_checks={"verl:*": "bench.measure.verl_evidence:forward_prefetch"},
+    switches={"verl:*": (SwitchRange(
+        package=VERL, switch="actor_rollout_ref.{actor,ref}.fsdp_config.forward_prefetch",
+        since=Bound(version="0.4.1", source="verl tag v0.4.1, the first tag whose trainer config has it"),
+        note="with strategy fsdp2 read from verl PR 6317 on (first in tag v0.8.0): see the verl engine's notes",
+    ),)},
 )

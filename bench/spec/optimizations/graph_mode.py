@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.spec.optimizations.base import EMBEDDED_NO_VLLM, Optimization, on_off
+from bench.spec.optimizations.versions import VERL, Bound, SwitchRange
 
 OPTIMIZATION = Optimization(
     key="graph_mode", code="graph", section="2.5", acts="rollout",
@@ -15,4 +16,6 @@ OPTIMIZATION = Optimization(
     },
     evidence="rollout.enforce_eager in the resolved verl config",
     evidence_checks={"verl:*": "bench.measure.verl_evidence:graph_mode"},
+    switches={"verl:*": (SwitchRange(package=VERL, switch="actor_rollout_ref.rollout.enforce_eager",
+                                     since=Bound(version="0.1", source="verl tag v0.1 (ppo_trainer.yaml)")),)},
 )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.spec.optimizations.base import EMBEDDED_NO_VLLM, Optimization, Requirement, on_off
+from bench.spec.optimizations.versions import Bound, SwitchRange
 
 _SWITCH = "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE"
 
@@ -19,4 +20,10 @@ OPTIMIZATION = Optimization(
                           "needs rollout tensor_model_parallel_size >= 2"),),
     evidence=f"{_SWITCH} in the vLLM worker environment",
     evidence_checks={"verl:npu": "bench.measure.evidence:mc2"},
+    switches={"verl:npu": (SwitchRange(
+        package="vllm_ascend", switch=_SWITCH,
+        since=Bound(version="0.10.0rc1", source="vllm-ascend PR 1926, first in tag v0.10.0rc1; absent in v0.9.2rc1"),
+        until=Bound(version="0.25.1rc1", source="vllm-ascend PR 12119, first in tag v0.25.1rc1; still in v0.24.0rc1"),
+        note="from v0.20.2rc1 (vllm-ascend PR 9064) a deprecated fallback of additional_config.enable_matmul_allreduce",
+    ),)},
 )

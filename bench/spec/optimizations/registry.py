@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.plugins import LiveView
 from bench.spec.optimizations.base import Conflict, Mechanism, Optimization
+from bench.spec.optimizations.versions import VERL, Bound, Lift, at_least, range_verdict, stack_versions
 
 GROUP = "grpo_bench.optimizations"
 _REGISTRY: dict[str, Optimization] = {}
@@ -28,6 +29,13 @@ CONFLICTS: tuple[Conflict, ...] = (
         when={"graph_mode": 1, "task_queue": 2},
         reason="graph mode (enforce_eager=false) cannot run with TASK_QUEUE_ENABLE=2; use level 1 "
         "(verl Ascend performance-tuning guide)",
+        lifted=(Lift(
+            package=VERL, targets=("verl:npu",), env={"VLLM_ASCEND_TASK_QUEUE_ENABLE": "1"},
+            since=Bound(version="0.9.0", source="verl PR 6562, first in tag v0.9.0"),
+            reason="graph_mode=1 with task_queue=2: verl {version} gives the rollout servers "
+            "VLLM_ASCEND_TASK_QUEUE_ENABLE=1 as their TASK_QUEUE_ENABLE (verl PR 6562), training keeps 2: in this "
+            "cell task_queue=2 is level 2 for training only",
+        ),),
     ),
 )
 
@@ -187,6 +195,64 @@ def article_factors() -> list[tuple[str, int]]:
     return [(o.key, o.article_level) for o in opts]
 
 
-def conflicts_of(levels: dict[str, int]) -> list[str]:
-    """Reasons why this combination of factor levels is invalid (empty list when valid)."""
-    return [c.reason for c in CONFLICTS if all(levels.get(k) == v for k, v in c.when.items())]
+def _lift(c: Conflict, engine: str | None, platform: str | None, versions: dict[str, str] | None) -> Lift | None:
+    if engine is None or platform is None:
+        return None
+    if versions is None:
+        versions = stack_versions(platform)
+    return next((lift for lift in c.lifted if f"{engine}:{platform}" in lift.targets
+                 and at_least(versions.get(lift.package), lift.since)), None)
+
+
+def conflicts_of(levels: dict[str, int | None], engine: str | None = None, platform: str | None = None,
+                 versions: dict[str, str] | None = None) -> list[str]:
+    """Reasons why this combination of factor levels is invalid (empty list when valid). With ``engine``
+    and ``platform``, a conflict that the stack's ``versions`` (default: :func:`stack_versions`) lift there
+    (:attr:`Conflict.lifted`) is not one."""
+    return [c.reason for c in CONFLICTS if all(levels.get(k) == v for k, v in c.when.items())
+            and _lift(c, engine, platform, versions) is None]
+
+
+def conflict_lifts(levels: dict[str, int | None], engine: str, platform: str,
+                   versions: dict[str, str] | None = None) -> list[tuple[dict[str, str], str]]:
+    """``(env, note)`` of each conflict these levels meet that the stack lifts on ``engine``/``platform``:
+    what the engine adds to the cell's launch so that it runs instead of being dropped."""
+    if versions is None:
+        versions = stack_versions(platform)
+    out = []
+    for c in CONFLICTS:
+        lift = _lift(c, engine, platform, versions) if all(levels.get(k) == v for k, v in c.when.items()) else None
+        if lift is not None:
+            out.append((dict(lift.env), lift.reason.format(version=versions.get(lift.package))))
+    return out
+
+
+def switch_ranges(key: str, engine: str, platform: str) -> tuple:
+    """The :class:`~bench.spec.optimizations.versions.SwitchRange` s of factor ``key`` on ``engine``/``platform``
+    (the exact target first, then ``<engine>:*``; empty when the registry names none).
+
+    Raises:
+        KeyError: unknown factor key.
+    """
+    opt = REGISTRY[key]
+    for target in (f"{engine}:{platform}", f"{engine}:*"):
+        if target in opt.switches:
+            return opt.switches[target]
+    return ()
+
+
+def not_read(key: str, engine: str, platform: str, versions: dict[str, str] | None = None) -> str | None:
+    """``"<key>: not read by <package> <version> (<switch> removed in <source>)"`` when the stack's ``versions``
+    (default: :func:`stack_versions` of ``platform``) lie outside a range of the factor's switch there, else
+    ``None`` (read, or a version or bound unknown). Such a factor's effect is not measured.
+
+    Raises:
+        KeyError: unknown factor key.
+    """
+    if versions is None:
+        versions = stack_versions(platform)
+    for rng in switch_ranges(key, engine, platform):
+        why = range_verdict(rng, versions)
+        if why:
+            return f"{key}: {why}"
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from bench.spec.optimizations.base import Optimization, on_off
+from bench.spec.optimizations.versions import VERL, Bound, SwitchRange
 
 OPTIMIZATION = Optimization(
     key="rmsnorm_fused", code="rms", section="3.1.1", acts="training",
@@ -13,4 +14,15 @@ OPTIMIZATION = Optimization(
     evidence="the RMSNorm forward installed in each process (patch report / run evidence)",
     evidence_checks={"verl:*": "bench.measure.verl_evidence:rmsnorm_fused",
                      "embedded:*": "bench.engines.embedded.evidence:rmsnorm_fused"},
+    switches={
+        "verl:npu": (SwitchRange(package="transformers",
+                                 switch="patch qwen3vl_npu_fused (transformers' Qwen3-VL classes)",
+                                 since=Bound(source="unconfirmed: the first transformers release with Qwen3-VL "
+                                             "was not checked"),
+                                 note="newer verl patches NPU fused ops in by default (apply_npu_fsdp_patches, "
+                                 "FIELD_NOTES; release unconfirmed): the off level must be enforced"),),
+        "verl:cuda": (SwitchRange(package=VERL, switch="actor_rollout_ref.model.use_liger",
+                                  since=Bound(source="unconfirmed: the first verl release with use_liger was not "
+                                              "checked")),),
+    },
 )
