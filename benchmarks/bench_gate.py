@@ -636,7 +636,7 @@ def oc(args: argparse.Namespace) -> None:
     from bench.analyze.gate_runs import paired_comparison
 
     seq_power = curve[-1][1]
-    fixed = None
+    fixed, last = None, None
     for nb in range(4, args.blocks + 1, 2):
         rates = []
         for change in (0.0, 2 * T):
@@ -648,12 +648,16 @@ def oc(args: argparse.Namespace) -> None:
                                         analysis=an)
                 reg += res["verdict"] == "regression"
             rates.append(reg / (args.trials // 2))
+        last = (nb, rates)
         if rates[1] >= seq_power and rates[0] <= alpha:
             fixed = (nb, rates)
             break
     if fixed is None:
+        nb, (f0, f2) = last
         print(f"no fixed design of up to {args.blocks} blocks reaches the sequential gate's power at 2T "
-              f"({seq_power:.1%})")
+              f"({seq_power:.1%}); fixed {nb} blocks: regression {f2:.1%} at 2T, {f0:.1%} at 0 "
+              f"({args.trials // 2} gates each); sequential mean blocks / {nb}: "
+              + ", ".join(f"{c:+.1%}: {b / nb:.2f}" for c, _, _, b in curve))
     else:
         nb, (f0, f2) = fixed
         print(f"smallest fixed design as powerful at 2T: {nb} blocks ({nb * wall:.0f} s; regression {f2:.1%} at 2T, "
