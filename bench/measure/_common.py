@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import math
 import os
 import statistics
@@ -120,3 +121,21 @@ def walk_files(root: Path) -> Iterable[Path]:
         dirnames[:] = sorted(d for d in dirnames if not d.endswith("_ascend_pt"))
         for name in sorted(filenames):
             yield Path(dirpath) / name
+
+
+def read_csv_rows(path: Path, required: tuple[str, ...], what: str) -> tuple[list[str], list[list[str]]]:
+    """``(header, rows)`` of a profiler CSV (``utf-8-sig``; header cells stripped; empty rows dropped), ``what``
+    naming the format in errors. Raises :class:`MeasureError` when the file cannot be read, is not CSV text or
+    lacks one of the ``required`` columns."""
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            header = [h.strip() for h in next(reader, [])]
+            missing = [c for c in required if c not in header]
+            if missing:
+                raise MeasureError(f"{path}: not a {what}: missing column(s) {missing}; header is {header[:12]}")
+            return header, [r for r in reader if r]
+    except (UnicodeDecodeError, csv.Error) as exc:
+        raise MeasureError(f"{path}: not a {what}: {exc}") from exc
+    except OSError as exc:
+        raise MeasureError(f"{path}: cannot read: {exc.strerror or exc}") from exc

@@ -33,7 +33,6 @@ Phase: :func:`phase_of` maps a verl role folder or trace file name to ``rollout`
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import os
 import re
@@ -44,7 +43,7 @@ from typing import Any
 import ijson
 import numpy as np
 
-from bench.measure._common import MeasureError
+from bench.measure._common import MeasureError, read_csv_rows
 from bench.measure.ascend_step_trace import int_or_none
 from bench.measure.chrome_trace import event_number, hashable, iter_trace_events
 from bench.measure.trace_ops import self_times
@@ -202,22 +201,6 @@ def _shares(times: dict[str, float]) -> dict[str, float | None]:
     return {c: (v / total if total > 0 else None) for c, v in times.items()}
 
 
-def _csv_rows(path: Path, required: tuple[str, ...], what: str):
-    """``(header, rows)`` of a CSV (``utf-8-sig``; header cells stripped). Raises :class:`MeasureError`."""
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as fh:
-            reader = csv.reader(fh)
-            header = [h.strip() for h in next(reader, [])]
-            missing = [c for c in required if c not in header]
-            if missing:
-                raise MeasureError(f"{path}: not a {what}: missing column(s) {missing}; header is {header[:12]}")
-            return header, [r for r in reader if r]
-    except (UnicodeDecodeError, csv.Error) as exc:
-        raise MeasureError(f"{path}: not a {what}: {exc}") from exc
-    except OSError as exc:
-        raise MeasureError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-
-
 def _cell(rec: list[str], i: int | None) -> str:
     return rec[i].strip() if i is not None and i < len(rec) else ""
 
@@ -240,7 +223,7 @@ def kernel_details_categories(path: str | os.PathLike) -> dict[str, Any]:
     cannot be read or lacks ``Name`` / ``Duration(us)``.
     """
     p = Path(path)
-    header, rows = _csv_rows(p, ("Name", "Duration(us)"), "kernel_details.csv")
+    header, rows = read_csv_rows(p, ("Name", "Duration(us)"), "kernel_details.csv")
     col = {h: i for i, h in enumerate(header)}
     i_step, i_type, i_core = col.get("Step Id"), col.get("Type"), col.get("Accelerator Core")
     acc: dict[int | None, dict[str, float]] = {}
@@ -270,7 +253,7 @@ def op_statistic_categories(path: str | os.PathLike) -> dict[str, Any]:
     Raises :class:`MeasureError` when the file cannot be read or lacks ``OP Type`` / ``Total Time(us)``.
     """
     p = Path(path)
-    header, rows = _csv_rows(p, ("OP Type", "Total Time(us)"), "op_statistic.csv")
+    header, rows = read_csv_rows(p, ("OP Type", "Total Time(us)"), "op_statistic.csv")
     col = {h: i for i, h in enumerate(header)}
     times, counts = _empty(), {c: 0 for c in CATEGORIES}
     rules = category_rules()

@@ -27,14 +27,13 @@ checked and reported.
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from bench.measure._common import MeasureError, merge_segments, to_float, union_length_in
+from bench.measure._common import merge_segments, read_csv_rows, to_float, union_length_in
 from bench.measure.ascend_step_trace import CSV_COLUMNS, int_or_none
 from bench.measure.op_categories import categorizer, read_trace_events
 
@@ -132,26 +131,17 @@ def read_cluster_step_trace(path: str | os.PathLike) -> dict[int | None, dict[in
     cannot be read or lacks ``Type`` / ``Index`` / ``Computing`` / ``Communication(Not Overlapped)`` / ``Free``."""
     p = Path(path)
     need = ("Type", "Index", "Computing", "Communication(Not Overlapped)", "Free")
-    try:
-        with open(p, newline="", encoding="utf-8-sig") as fh:
-            reader = csv.DictReader(fh)
-            header = [h.strip() for h in (reader.fieldnames or [])]
-            missing = [c for c in need if c not in header]
-            if missing:
-                raise MeasureError(f"{p}: not a cluster_step_trace_time.csv: missing column(s) {missing}")
-            reader.fieldnames = header
-            out: dict[int | None, dict[int, dict[str, float]]] = {}
-            for rec in reader:
-                rank = int_or_none(rec.get("Index"))
-                if (rec.get("Type") or "").strip().lower() != "rank" or rank is None:
-                    continue
-                vals = {fld: _us(rec.get(col)) for col, fld in CSV_COLUMNS.items() if fld in FIELDS}
-                vals["step_time_us"] = (vals["computing_us"] + vals["communication_not_overlapped_us"]
-                                        + vals["free_us"])
-                out.setdefault(int_or_none(rec.get("Step")), {})[rank] = vals
-            return out
-    except (OSError, UnicodeDecodeError, csv.Error) as exc:
-        raise MeasureError(f"{p}: cannot read: {exc}") from exc
+    header, rows = read_csv_rows(p, need, "cluster_step_trace_time.csv")
+    out: dict[int | None, dict[int, dict[str, float]]] = {}
+    for row in rows:
+        rec = dict(zip(header, row))
+        rank = int_or_none(rec.get("Index"))
+        if (rec.get("Type") or "").strip().lower() != "rank" or rank is None:
+            continue
+        vals = {fld: _us(rec.get(col)) for col, fld in CSV_COLUMNS.items() if fld in FIELDS}
+        vals["step_time_us"] = vals["computing_us"] + vals["communication_not_overlapped_us"] + vals["free_us"]
+        out.setdefault(int_or_none(rec.get("Step")), {})[rank] = vals
+    return out
 
 
 def slow_ranks(per_rank: dict[Any, dict[str, float]], threshold: float = SLOW_RANK_THRESHOLD) -> dict[str, Any]:
