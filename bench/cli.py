@@ -3,7 +3,7 @@
 
 Exit codes: 0 success; 1 a sweep with failed cells, a gate regression, a full disk or an unexpected
 error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 3 the gate
-cannot judge (too noisy, too few samples: :data:`bench.analyze.gate.EXIT_CANNOT_JUDGE`); 130 interrupted
+cannot judge (too noisy, too few samples: :data:`bench.gate.verdicts.EXIT_CANNOT_JUDGE`); 130 interrupted
 (Ctrl-C); 143 terminated (SIGTERM).
 
 Error boundary (every subcommand): a :class:`~bench.errors.BenchError` is printed as one line; any other

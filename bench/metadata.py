@@ -2,7 +2,7 @@
 (CANN, CUDA), this machine and its CPU load.
 
 Everything here reads the machine without side effects and without importing torch; the results are
-recorded with sweeps, runs, baselines and MLflow runs (:mod:`bench.execution.sweep`, :mod:`bench.baseline`,
+recorded with sweeps, runs, baselines and MLflow runs (:mod:`bench.execution.sweep`, :mod:`bench.gate.baseline`,
 :mod:`bench.tracking`).
 """
 

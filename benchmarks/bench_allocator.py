@@ -6,7 +6,7 @@ vLLM's CPU worker warns in every verl CPU run that ``libtcmalloc`` and ``libiomp
 with ``LD_PRELOAD=<libtcmalloc>:<libiomp5>`` in ``base.env``, the order within each pair random (seeded).
 The runs are the unit: per pair the log ratio (with / without) of the run's median timed step, of its median
 ``timing_s/gen`` and ``timing_s/update_actor``; the gate's paired rule on them
-(:func:`bench.analyze.gate_runs.judge_ratios`: mean log ratio, t interval over the pairs, robust check)
+(:func:`bench.gate.runs.judge_ratios`: mean log ratio, t interval over the pairs, robust check)
 says improvement, regression, unchanged or noisy. The preload is worth applying only where step time is an
 improvement by that rule. Also printed per run: its start-up, the host load around it, and whether the
 run's log still holds vLLM's warning (it must not where the preload reached the workers).
@@ -37,8 +37,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.analyze.gate_runs import judge_ratios  # noqa: E402
 from bench.engines.verl_cpu.target import verl_python  # noqa: E402
+from bench.gate.runs import judge_ratios  # noqa: E402
 
 WARNING = "tcmalloc"  # vLLM's CPU worker names both libraries in one warning
 METRICS = {"step": "median timed step", "gen": "median timing_s/gen", "update_actor": "median timing_s/update_actor"}

@@ -1,4 +1,4 @@
-"""False-alarm and detection rates of the regression gate (``bench.gate``) at its default settings.
+"""False-alarm and detection rates of the regression gate (``bench.gate.stored``) at its default settings.
 
 Not a test. Three modes:
 
@@ -58,8 +58,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.analyze.gate import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # noqa: E402
 from bench.analyze.snapshot import snapshot  # noqa: E402
+from bench.gate.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # noqa: E402
 from bench.results import read_json  # noqa: E402
 from bench.speed import PROBE_METRIC  # noqa: E402
 
@@ -537,9 +537,9 @@ def _pool(dirs: list[str]) -> tuple[list[tuple[float, float | None]], float]:
     """Blocks of real recorded interleaved gate sweeps (``results/<matrix>/<sweep>`` folders of `gate
     --interleave` of unchanged code, or plain sweeps of one code whose repeats ``2k`` and ``2k + 1`` are paired
     as baseline and candidate of block ``k``): per complete block ``(d, dp)``, the step-time and probe log ratios
-    (:func:`bench.analyze.gate_runs.block_pairs`), each sweep's centred on its own mean (the truth is then 0
+    (:func:`bench.gate.runs.block_pairs`), each sweep's centred on its own mean (the truth is then 0
     exactly), and the mean wall seconds of a block (both runs)."""
-    from bench.analyze.gate_runs import block_pairs
+    from bench.gate.runs import block_pairs
     from bench.results import load_records
 
     pool, walls = [], []
@@ -587,12 +587,12 @@ def oc(args: argparse.Namespace) -> None:
     """The interleaved gate's operating characteristic from real recorded runs: ``--trials`` simulated gates per
     true change (0, T/2, T, 1.5T, 2T of the threshold T), blocks resampled from real gate sweeps of unchanged code
     (``--from``), ``--cells`` cells, each gate run look by look through the real stop rule
-    (:class:`bench.interleaved.GateStopRule` with the declared analysis: covariate, Bonferroni over the cells,
+    (:class:`bench.gate.interleaved.GateStopRule` with the declared analysis: covariate, Bonferroni over the cells,
     repeated intervals) up to ``--blocks``. Prints per change the probability of each verdict with its Wilson
     interval, the coverage of the final interval (every cell's), the median blocks and the wall time they take
     at the recorded seconds per block; ``--plot FILE`` draws the curve."""
-    from bench.analyze.gate_runs import declare_analysis
-    from bench.interleaved import GateStopRule
+    from bench.gate.interleaved import GateStopRule
+    from bench.gate.runs import declare_analysis
 
     pool, wall = _pool(args.from_dir)
     rng = np.random.default_rng(args.seed)
@@ -633,7 +633,7 @@ def oc(args: argparse.Namespace) -> None:
               f"{np.median(used) * wall:5.0f} s")
     # like for like: the smallest fixed design (one analysis after n blocks, the same rules at alpha / m) whose
     # power at 2T is at least the sequential gate's, at a false-regression rate of at most alpha
-    from bench.analyze.gate_runs import paired_comparison
+    from bench.gate.runs import paired_comparison
 
     seq_power = curve[-1][1]
     fixed, last = None, None
@@ -686,8 +686,8 @@ def oc(args: argparse.Namespace) -> None:
 def interleaved_sim(args: argparse.Namespace) -> None:
     """The interleaved gate's pass and detection rates by simulation: for each SD of a block's log ratio
     (``--sd-pair``), ``--trials`` gates of unchanged code and of a ``--slowdown``, each run look by look through
-    :class:`bench.interleaved.GateStopRule` (the sequential intervals, stop from block 3) up to ``--blocks``."""
-    from bench.interleaved import GateStopRule
+    :class:`bench.gate.interleaved.GateStopRule` (the sequential intervals, stop from block 3) up to ``--blocks``."""
+    from bench.gate.interleaved import GateStopRule
 
     rng = np.random.default_rng(args.seed)
     print(f"interleaved gate, one cell, budget {args.blocks} blocks, threshold {DEFAULT_THRESHOLD:.0%}, "
@@ -714,14 +714,14 @@ def interleaved_sim(args: argparse.Namespace) -> None:
 def sweep_to_sweep_cmd(args: argparse.Namespace) -> None:
     """What a stored baseline would carry from sweep to sweep on this machine, measured: each gate sweep of an
     ``interleaved`` run (``--from`` its results folder) is one "saved sweep" of the baseline code (its baseline
-    runs, block 0 left out: cold start); :func:`bench.baseline.sweep_to_sweep` over them (the figure ``baseline
+    runs, block 0 left out: cold start); :func:`bench.gate.baseline.sweep_to_sweep` over them (the figure ``baseline
     save --force`` keeps), the part of it that the runs' own spread explains, the sweep's own offset SD, and the
-    smallest change a stored-baseline gate (:func:`bench.analyze.gate_stored.compare_runs`) could then see with
+    smallest change a stored-baseline gate (:func:`bench.gate.stored_runs.compare_runs`) could then see with
     ``--runs`` runs per side."""
-    from bench.analyze.gate_stored import run_logs
     from bench.analyze.power import mde_from_se
     from bench.analyze.snapshot import record_samples
-    from bench.baseline import history_entry, sweep_to_sweep
+    from bench.gate.baseline import history_entry, sweep_to_sweep
+    from bench.gate.stored_runs import run_logs
     from bench.run_record import load_records
 
     tries = [json.loads(x) for x in (Path(args.from_dir) / "interleaved_tries.jsonl").read_text().splitlines()]
@@ -735,7 +735,7 @@ def sweep_to_sweep_cmd(args: argparse.Namespace) -> None:
                 by_cell.setdefault(r["cell_id"], []).append({"status": "ok", "samples": record_samples(r)})
         cells = [{"key": k, "repeats": reps} for k, reps in by_cell.items()]
         history.append(history_entry({"cells": cells, "source": {"sweep": t["sweep"]}}))  # as `baseline save` keeps it
-        for c in cells:  # the values the gate compares (bench.analyze.gate_stored.run_logs), on both scales
+        for c in cells:  # the values the gate compares (bench.gate.stored_runs.run_logs), on both scales
             xs, ps = run_logs(c, "step_time", 1.0)
             scales = {"raw": xs, "normalized": [x - p for x, p in zip(xs, ps)] if None not in ps else []}
             for key, v in scales.items():

@@ -47,9 +47,9 @@ sys.path.insert(0, str(ROOT))
 from bench.commands.tune import ConsoleView  # noqa: E402
 from bench.results import atomic_write_json, read_json  # noqa: E402
 from bench.spec.loading import load_matrix  # noqa: E402
-from bench.spec.tune_space import PARAMS, rule_of_thumb  # noqa: E402
 from bench.tune import PROBE_REF, Tuner, make_sampler, resolve_settings  # noqa: E402
-from bench.tune_report import CONSTRAINT, is_infeasible  # noqa: E402
+from bench.tune.report import CONSTRAINT, is_infeasible  # noqa: E402
+from bench.tune.space import PARAMS, rule_of_thumb  # noqa: E402
 
 SOURCE = ROOT / "matrix" / "tune_dynamic_bsz.yaml"
 LOAD: list[float] = []  # 1-minute load average at each trial start and end

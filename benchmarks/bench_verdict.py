@@ -27,7 +27,7 @@ sweep's wall time. Components and costs (:mod:`bench.analyze.planning_model`):
 
 ``--bracket-probe SWEEP_DIR ...`` instead says whether the harness's machine-speed probe around each run
 (:mod:`bench.execution.machine_probe`, the verl engine's runs) tracks the runs' speed in those sweeps: the gate's
-own test (:func:`bench.analyze.gate_stored.runs_probe_check`: each cell's runs centred on their own mean,
+own test (:func:`bench.gate.stored_runs.runs_probe_check`: each cell's runs centred on their own mean,
 one-sided Pearson, corrected spread smaller than raw) on the log run values (median timed step) against the log
 of the probe's before/after geometric mean, and against each window alone.
 
@@ -474,9 +474,9 @@ def real_summary(sweep_dir: Path, threshold: float, alpha: float) -> str:
 
 def bracket_summary(sweep_dirs: list[Path]) -> str:
     """Whether the bracket probe tracks the run values of these sweeps (module text), as text lines."""
-    from bench.analyze.gate_stored import runs_probe_check
     from bench.analyze.snapshot import record_samples
     from bench.figures import run_value
+    from bench.gate.stored_runs import runs_probe_check
     from bench.metadata import steal_share
     from bench.run_record import load_records
 

@@ -283,7 +283,7 @@ def test_gate_unknown_baseline(sweep_box, capsys):
 
 
 def _valid_header() -> dict:
-    from bench.baseline import FORMAT, FORMAT_VERSION
+    from bench.gate.baseline import FORMAT, FORMAT_VERSION
 
     return {"format": FORMAT, "format_version": FORMAT_VERSION, "engine": "embedded", "platform": "cpu"}
 

@@ -397,7 +397,7 @@ BASELINES = {
 @pytest.mark.parametrize("case", sorted(BASELINES))
 def test_a_baseline_with_a_bad_sample_is_named(sweep_box, capsys, case, command):
     """A stored baseline's samples are finite and not negative (a NaN made the gate pass without a word)."""
-    from bench.baseline import save
+    from bench.gate.baseline import save
 
     out, _, _ = save("synth", "bl", sweep_box / "res", None)
     value, expected = BASELINES[case]
@@ -415,7 +415,7 @@ def test_gate_interleave_checks_the_tune_block_too(box, capsys):
 
 
 def test_baseline_name_near_miss(sweep_box, capsys):
-    from bench.baseline import save
+    from bench.gate.baseline import save
 
     save("synth", "main", sweep_box / "res", None)
     check_refused(sweep_box, ["gate", "--baseline", "mian", "--candidate", "synth", "--results", "res"], capsys,

@@ -2,7 +2,7 @@
 
 The series' folders are written as ``run_bench.py`` leaves them (``<level>_<i>/<matrix>/<sweep>/<cell>/r0/``
 with ``record.json`` and ``run.log``); the analysis pairs the runs by index, leaves out a pair whose run did
-not finish, and applies the gate's paired rule (``bench.analyze.gate_runs.judge_ratios``).
+not finish, and applies the gate's paired rule (``bench.gate.runs.judge_ratios``).
 """
 
 from __future__ import annotations

@@ -57,10 +57,10 @@ def _page_tables(page: Path) -> dict[str, set[str]]:
 
 
 def test_docs_build_strict_and_the_reference_has_every_schema_key(site):
-    from bench.expect import Expect
+    from bench.spec.expect import Expect
     from bench.spec.matrix import Base, Exclude, ExplicitDesign, FractionalDesign, FullDesign, Matrix, OneAtATimeDesign
     from bench.spec.optimizations import FACTOR_KEYS
-    from bench.spec.tune_space import Dimension, SamplerSpec, TuneBlock
+    from bench.tune.space import Dimension, SamplerSpec, TuneBlock
 
     tables = _page_tables(site / "matrix" / "index.html")
     expected = {"Top level": Matrix, "base": Base, "design: full": FullDesign,

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import yaml
 
-from bench.analyze.gate import EXIT_CANNOT_JUDGE
 from bench.cli import main
+from bench.gate.verdicts import EXIT_CANNOT_JUDGE
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from bench_gate import gate_matrix  # noqa: E402  (the benchmark's matrix: rates measured there hold here)
@@ -68,7 +68,7 @@ def test_stored_gate_never_passes_a_slowdown_nor_flags_a_rerun(tmp_path):
     judge" (the gate saw 17-18 %). Each claim gets one confirmation sweep when its first verdict is not the
     decided right one.
     How often the stored gate decides is a rate, measured by ``benchmarks/bench_gate.py real`` (docs/gate.md);
-    for a verdict in CI, the interleaved gate (tests/test_gate_interleaved_e2e.py).
+    for a verdict in CI, the interleaved gate (tests/gate/test_gate_interleaved_e2e.py).
     """
     results = tmp_path / "results"
     common = ["--results", str(results), "--tracking-uri", f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"]
@@ -83,7 +83,7 @@ def test_stored_gate_never_passes_a_slowdown_nor_flags_a_rerun(tmp_path):
         return rc, json.loads((results / name / "latest" / "gate" / "gate.json").read_text())
 
     # the baseline saved from two sweeps of the same code: it measures how far a sweep moves from the next, and
-    # the gate allows for that (bench.analyze.gate_stored): without it an identical rerun whose sweep ran a few
+    # the gate allows for that (bench.gate.stored_runs): without it an identical rerun whose sweep ran a few
     # percent slower would be called a regression (an earlier version of this test was flaky for that reason)
     for i in range(2):
         assert run(gate_matrix("gate_ci"), *(["--force"] if i else [])) == 0

@@ -248,7 +248,7 @@ def test_names_cells_table_step_series_report_page_gate_run_and_system_metrics(t
     """Run names (sweep: matrix, date, short sha; cells: compact label + repeat, full label as bench.label),
     the parent's cells.json (= summary.csv), the step-time series split by step role, system metrics on the
     parent, report.html with the plots embedded, and a compare run nested under the judged sweep's parent."""
-    from bench.analyze.gate_markdown import RUN_STATUS
+    from bench.gate.markdown import RUN_STATUS
     from bench.spec.optimizations import compact_label
     from bench.tracking import sweep_run_name
 

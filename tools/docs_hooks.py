@@ -3,7 +3,7 @@
 ``docs/matrix.md`` holds the marker ``<!-- matrix-reference -->``; at build time it is replaced by one table
 per block of the matrix file (top level, ``base``, each ``design`` type, ``exclude[]``, ``expect[]``,
 ``tune`` and its parts) with every key, its type, its allowed range, its default and what it means, read
-from the models in :mod:`bench.spec.matrix`, :mod:`bench.expect` and :mod:`bench.spec.tune_space`. A key
+from the models in :mod:`bench.spec.matrix`, :mod:`bench.spec.expect` and :mod:`bench.tune.space`. A key
 added to the schema therefore appears in the reference with the next build; ``tests/test_docs.py``
 compares the keys of the schema with those of the built page.
 
@@ -193,9 +193,9 @@ def factors_markdown() -> str:
 
 def sections() -> list[tuple[str, str, type[BaseModel]]]:
     """(heading, where in the file, model) of every block of a matrix file, top level first."""
-    from bench.expect import Expect
+    from bench.spec.expect import Expect
     from bench.spec.matrix import Base, Exclude, ExplicitDesign, FractionalDesign, FullDesign, Matrix, OneAtATimeDesign
-    from bench.spec.tune_space import Dimension, SamplerSpec, TuneBlock
+    from bench.tune.space import Dimension, SamplerSpec, TuneBlock
 
     return [
         ("Top level", "the matrix file", Matrix),

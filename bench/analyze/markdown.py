@@ -6,12 +6,12 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.analyze.gate import DEFAULT_ALPHA as GATE_ALPHA
-from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.analyze.md import ci_pct, table_head
 from bench.analyze.md import pct as _pct
 from bench.analyze.sequential import Decision
 from bench.analyze.sequential_view import NOT_COVERED, SequentialView, summary_lines
+from bench.gate.verdicts import DEFAULT_ALPHA as GATE_ALPHA
+from bench.gate.verdicts import DEFAULT_THRESHOLD as GATE_THRESHOLD
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:

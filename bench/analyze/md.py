@@ -1,5 +1,5 @@
 """Markdown pieces shared by the report (:mod:`bench.analyze.markdown`) and the gate
-(:mod:`bench.analyze.gate_markdown`): a signed percentage, an interval of two, a table's head."""
+(:mod:`bench.gate.markdown`): a signed percentage, an interval of two, a table's head."""
 
 from __future__ import annotations
 

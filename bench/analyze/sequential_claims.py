@@ -1,7 +1,7 @@
 """The matrix's ``expect`` claims as comparisons of a sequential sweep
 (:class:`bench.analyze.sequential.EffectsStopRule`).
 
-A step-time claim (:class:`bench.expect.Expect`) compares two cells: the cell with only ``factor`` changed from
+A step-time claim (:class:`bench.spec.expect.Expect`) compares two cells: the cell with only ``factor`` changed from
 the all-off cell against the all-off cell (``vs: all_off``; ``factor: all``: the all-on cell), or the all-on
 cell against the all-on cell with ``factor`` off (``vs: all_on``). Its difference of mean log run values and
 standard error come from the cell-means model with the block (:func:`bench.analyze.effects.cell_means_residual`,

@@ -1,5 +1,5 @@
 """The snapshot of a sweep: what the gate and the report read of it (:func:`snapshot`; a baseline file
-is a saved snapshot, :mod:`bench.baseline`), and the checks on it.
+is a saved snapshot, :mod:`bench.gate.baseline`), and the checks on it.
 
 Per cell its factor levels (:func:`levels_key`, the gate's matching key), status and failures, and per
 repeat the per-step samples of every gate metric (:func:`record_samples`), the workload fingerprints

@@ -13,12 +13,12 @@ from typing import Any
 import numpy as np
 
 from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
-from bench.analyze.gate import DEFAULT_ALPHA as GATE_ALPHA
-from bench.analyze.gate import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.analyze.power import gate_mde, mde_from_se, noise_components
 from bench.errors import BenchError
-from bench.expect import judge_claim
 from bench.figures import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
+from bench.gate.verdicts import DEFAULT_ALPHA as GATE_ALPHA
+from bench.gate.verdicts import DEFAULT_THRESHOLD as GATE_THRESHOLD
+from bench.spec.expect import judge_claim
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys, not_read
 
 #: the article's end-to-end claim (summary)
@@ -296,11 +296,11 @@ def mde_section(snap: dict[str, Any], alpha: float, eff: dict[str, Any]) -> dict
 
 def claims_on_runs(snap: dict[str, Any], results: list[dict[str, Any]], alpha: float) -> list[dict[str, Any]]:
     """Judge the matrix ``expect`` claims on the runs: the cells each claim names (found by
-    :func:`bench.analyze.gate.check_expectations`) are compared by :func:`bench.analyze.effects.run_contrast` of
+    :func:`bench.gate.verdicts.check_expectations`) are compared by :func:`bench.analyze.effects.run_contrast` of
     their run values (log scale for step time and throughput, linear for ratios), as the cell table does; the
-    step-level comparison is dropped. Decided on the ``1 - alpha`` interval (:func:`bench.expect.judge_claim`:
+    step-level comparison is dropped. Decided on the ``1 - alpha`` interval (:func:`bench.spec.expect.judge_claim`:
     met inside the bounds, not met outside, else cannot judge); the gate judges its claims by this function
-    (:func:`bench.gate.judge_claims`)."""
+    (:func:`bench.gate.stored.judge_claims`)."""
     m = Snapshot.model_validate(snap)
     by_label = {c.label: c for c in m.cells}
     out = []

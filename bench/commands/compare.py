@@ -1,14 +1,14 @@
 """``run_bench.py compare SWEEP_A SWEEP_B``: compare two sweeps directly, no saved baseline needed.
 
 The same comparison, verdicts, outputs and exit codes as ``gate --baseline SWEEP_A --candidate SWEEP_B``
-(:func:`bench.gate.run_gate`; ``asv compare A B``): A is the reference, B is judged against it, cells are
+(:func:`bench.gate.stored.run_gate`; ``asv compare A B``): A is the reference, B is judged against it, cells are
 matched by factor levels. A is read like ``baseline save`` reads a sweep (failed, unfinished or sample-less
 cells are refused) but nothing is stored under ``baselines/``. The matrix ``expect`` block is not checked
 (that is ``gate``'s job). Either side may also be a saved baseline's name or file; a name that is both a
 matrix and a baseline is read as the matrix's latest sweep.
 
 Outputs ``gate.md`` and ``gate.json`` in ``--out`` (default ``<sweep B>/compare/``) and an MLflow gate run.
-Exit codes: 0 pass, 1 regression, 2 bad input, 3 cannot judge (:data:`bench.analyze.gate.EXIT_CODES`).
+Exit codes: 0 pass, 1 regression, 2 bad input, 3 cannot judge (:data:`bench.gate.verdicts.EXIT_CODES`).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.analyze.gate import EXIT_CODES
 from bench.commands.base import Command
 from bench.commands.gate import add_comparison_arguments, metric_list, print_result
-from bench.gate import run_gate
+from bench.gate.stored import run_gate
+from bench.gate.verdicts import EXIT_CODES
 from bench.results import find_sweep
 
 

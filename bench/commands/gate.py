@@ -1,5 +1,5 @@
 """``run_bench.py gate``: argument parsing and printing (:func:`main`); what the gate does is
-:func:`bench.gate.run_gate`, its comparison :mod:`bench.analyze.gate`. ``compare`` shares the comparison's
+:func:`bench.gate.stored.run_gate`, its comparison :mod:`bench.gate.verdicts`. ``compare`` shares the comparison's
 options (:func:`add_comparison_arguments`) and the printing (:func:`print_result`)."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT
-from bench.analyze.gate import CANNOT_JUDGE, DEFAULT_THRESHOLD, EXIT_CANNOT_JUDGE, EXIT_CODES
-from bench.analyze.gate_markdown import append_step_summary, render_markdown
 from bench.analyze.snapshot import METRICS
 from bench.commands.base import Command
 from bench.errors import BenchError
-from bench.gate import run_gate
+from bench.gate.markdown import append_step_summary, render_markdown
+from bench.gate.stored import run_gate
+from bench.gate.verdicts import CANNOT_JUDGE, DEFAULT_THRESHOLD, EXIT_CANNOT_JUDGE, EXIT_CODES
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -142,13 +142,13 @@ def print_result(result: dict[str, Any], prog: str) -> int:
 
 
 def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
-    """``gate --interleave REV --matrix M``: run and judge the interleaved gate sweep (:mod:`bench.interleaved`);
+    """``gate --interleave REV --matrix M``: run and judge the interleaved gate sweep (:mod:`bench.gate.interleaved`);
     prints its markdown and ``gate: <verdict> (exit N)``; returns the exit code.
 
     Raises:
         BenchError: no --matrix, a metric other than step_time, a baseline/candidate given as well, bad input.
     """
-    from bench.interleaved import run_interleaved_gate
+    from bench.gate.interleaved import run_interleaved_gate
 
     if args.matrix is None:
         raise BenchError("gate --interleave: give --matrix MATRIX.yaml (the matrix both code versions run)")
@@ -185,7 +185,7 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
     except BenchError as exc:
         append_step_summary(f"## Gate ERROR\n\n{exc}\n\n")
         raise
-    from bench.analyze.gate_markdown import render_interleaved
+    from bench.gate.markdown import render_interleaved
 
     print(render_interleaved(result))
     print(f"gate: {result['verdict']} (exit {result['exit_code']}); wall {result['wall_s']:.0f} s; "

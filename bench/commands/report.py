@@ -44,13 +44,13 @@ from pathlib import Path
 from typing import Any
 
 from bench.analyze.estimators import N_BOOT
-from bench.analyze.gate import check_expectations, validate_expect
 from bench.analyze.markdown import render
 from bench.analyze.plots import plot_article, plot_effects, plot_long_tail, plot_phases, plot_speedup
 from bench.analyze.snapshot import snapshot
 from bench.analyze.tables import analyze, article_rows, claims_on_runs
 from bench.commands.base import Command
 from bench.errors import BenchError
+from bench.gate.verdicts import check_expectations, validate_expect
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 from bench.speed import normalize_snapshot
 
@@ -74,8 +74,8 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
 
     meta = read_json(Path(sweep) / "sweep.json") or {}
     if meta.get("code_versions"):  # an interleaved gate sweep: the gate's own figure, by the gate's own function
-        from bench.analyze.gate import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-        from bench.analyze.gate_runs import gate_figure
+        from bench.gate.runs import gate_figure
+        from bench.gate.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD
         from bench.results import load_records
 
         stats["mde"]["gate"] = gate_figure(load_records(sweep), threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA)

@@ -10,9 +10,9 @@ from typing import Any
 from bench.commands.base import Command, add_execution_arguments
 from bench.results import check_writable
 from bench.spec.loading import load_matrix
-from bench.spec.tune_space import limits_of
 from bench.tune import TuneOutcome, Tuner, TuneSettings, default_storage, redact, resolve_settings, trial_spec
-from bench.tune_report import verl_overrides
+from bench.tune.report import verl_overrides
+from bench.tune.space import limits_of
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

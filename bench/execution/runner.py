@@ -28,7 +28,7 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     ``failed`` with ``failure_kind`` in bad_input | infeasible | oom | timeout | crash | error | no_metrics).
     ``code``: in an interleaved gate sweep, the run's code version ``{"root": checkout, "commit": sha, ...}``:
     the run executes that checkout's code (``PYTHONPATH``; the launch carries ``BENCH_CODE_VERSION`` so a
-    :class:`bench.code_versions.VersionedExecutor` sends it to that version's own process or fork server), and
+    :class:`bench.gate.versions.VersionedExecutor` sends it to that version's own process or fork server), and
     the record keeps ``code_version`` and ``code_commit``.
     """
     t_enter = time.time()

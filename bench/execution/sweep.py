@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.code_versions import gate_fingerprint, version_meta
 from bench.errors import BenchError, DiskFullError, doing
 from bench.execution.blocks import plan_params, resume_rule, run_blocks, sequential_header, sequential_tags
 from bench.execution.executors import Executor, LocalExecutor, kill_strays
 from bench.execution.runner import execute_spec
+from bench.gate.versions import gate_fingerprint, version_meta
 from bench.record import is_finished
 from bench.results import (
     SWEEP,
@@ -93,9 +93,10 @@ class Sweep:
         order_seed: shuffle seed of a blocked order (default: a fresh random one, recorded in ``sweep.json``).
         stop_rule: decide after each complete block whether to stop (:mod:`bench.execution.blocks`); ``None``: run all.
         planning: the plan of ``--precision``/``--budget`` (:mod:`bench.analyze.planning`), kept in ``sweep.json``.
-        code_versions: an interleaved gate sweep's code versions (:mod:`bench.interleaved`, :mod:`bench.code_versions`).
+        code_versions: an interleaved gate sweep's code versions (:mod:`bench.gate.interleaved`,
+            :mod:`bench.gate.versions`).
         analysis: the analysis declared before the first run (an interleaved gate's metric, covariate, cells,
-            family, threshold and alpha: :func:`bench.analyze.gate_runs.declare_analysis`), kept in ``sweep.json``
+            family, threshold and alpha: :func:`bench.gate.runs.declare_analysis`), kept in ``sweep.json``
             (key ``analysis``); a resume with another declared analysis is refused (``BenchError``).
     """
 

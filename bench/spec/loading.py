@@ -123,7 +123,7 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
             holder = {typing.get_args(c.model_fields["type"].annotation)[0]: c
                       for c in typing.get_args(schema.Design)}.get(raw_loc[1])
         else:
-            from bench.expect import ExpectBlock
+            from bench.spec.expect import ExpectBlock
 
             holder = _model_at(ExpectBlock if loc[:1] == ("expect",) else model, loc)
         allowed = getattr(holder, "allowed_keys", None)  # a model with extra keys of its own (``Base``)

@@ -4,7 +4,7 @@ A matrix names the engine and platform, a ``base`` block of run settings, the ``
 seven optimizations of :mod:`bench.spec.optimizations`, each with its levels), a ``design`` that turns
 factors into cells, ``repeats`` and ``exclude`` rules. The engine names come from the registry of
 engines (:mod:`bench.engines`); ``expect`` (claims checked by the gate) is typed by
-:mod:`bench.expect` and validated here; ``tune`` (Optuna search) by :mod:`bench.spec.tune_space`.
+:mod:`bench.spec.expect` and validated here; ``tune`` (Optuna search) by :mod:`bench.tune.space`.
 
 Reading the file (strict YAML, ``${VAR}`` expansion, overrides, one-line errors) is
 :mod:`bench.spec.loading`. Every error is a :class:`~bench.errors.BenchError` naming the file, the key
@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 from pydantic_core import InitErrorDetails, ValidationError
 
 from bench.errors import did_you_mean
-from bench.expect import ExpectBlock
 from bench.spec.base_checks import check_batch_sizes, check_env, check_override_form
+from bench.spec.expect import ExpectBlock
 from bench.spec.optimizations import REGISTRY, factor_keys
 
 #: upper bounds of matrix numbers (a typo such as ``repeats: 1000000000000`` is refused, not planned)
@@ -266,7 +266,7 @@ class Matrix(BaseModel):
     repeats: int = Field(1, ge=1, le=MAX_REPEATS, strict=True)
     exclude: list[Exclude] = Field(default_factory=list)
     tune: dict[str, Any] | None = None
-    #: claims checked by the gate (:class:`bench.expect.Expect`); validated at load, stored as written
+    #: claims checked by the gate (:class:`bench.spec.expect.Expect`); validated at load, stored as written
     expect: list[dict[str, Any]] = Field(default_factory=list)
     description: str = ""
 

@@ -33,7 +33,7 @@ was not uploaded is queued on disk and uploaded by ``run_bench.py sync`` (:mod:`
 The package: :class:`Tracker` here; :mod:`bench.tracking.store` (the store behind a URI: HTTP settings, the
 URI check), :mod:`bench.tracking.naming` (run names, descriptions, system tags, links, the report page),
 :mod:`bench.tracking.records` (a run record as a child run; the sweep parent's description and metrics) and
-:mod:`bench.tracking.tune` (a tune study's parent and trial runs).
+:mod:`bench.tune.tracking` (a tune study's parent and trial runs).
 """
 
 

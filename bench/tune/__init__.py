@@ -12,7 +12,7 @@ reports per run), speed-normalized when the run timed the machine-speed probe
 off): trials run minutes apart on a shared machine whose speed drifts by several percent. The objective
 is named with its unit in Optuna (``study.set_metric_names``), MLflow and the outputs
 (:attr:`TuneSettings.metric_name`); the best trial is reported with its measured median beside the
-normalized value (:func:`bench.tune_report.best_summary`). A trial is one run: trials run one at a time
+normalized value (:func:`bench.tune.report.best_summary`). A trial is one run: trials run one at a time
 in the sampler's order (there is no run order to block).
 
 How a run's outcome becomes a trial:
@@ -24,7 +24,7 @@ How a run's outcome becomes a trial:
   TPE puts constraint-violating trials in its "bad" group, so it learns to avoid the region; a PRUNED
   trial has no value, so ``study.best_trial`` (COMPLETE trials only), the importance and the plots
   never see a made-up number. (A NaN/FAIL trial would be ignored by TPE, which then keeps probing the
-  infeasible region: see tests/test_tune.py.)
+  infeasible region: see tests/tune/test_tune.py.)
 - any other failure (crash, timeout, no metrics ...) -> FAIL with the reason and log tail kept; the tune
   goes on, except after ``bad_input`` (the engine refuses the matrix's settings whatever the limits):
   the study stops and the command exits 2 with the engine's reason.
@@ -50,7 +50,7 @@ plot, trials table) as artifacts.
 Package layout: :mod:`bench.tune.settings` (what to tune), :mod:`bench.tune.trial` (one trial's spec),
 :mod:`bench.tune.storage` (the Optuna storage), :mod:`bench.tune.tuner` (the study loop),
 :mod:`bench.tune.confirm` (the confirmation's comparison), the outputs in
-:mod:`bench.tune_report`, MLflow in :mod:`bench.tracking.tune`, the command in :mod:`bench.commands.tune`.
+:mod:`bench.tune.report`, MLflow in :mod:`bench.tune.tracking`, the command in :mod:`bench.commands.tune`.
 """
 
 from bench.tune.settings import TuneOutcome, TuneSettings, make_sampler, resolve_settings

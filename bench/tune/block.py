@@ -1,5 +1,5 @@
 """The ``tune`` block as ``tune`` reads it (:class:`TuneSettingsBlock`: the schema of
-:class:`bench.spec.tune_space.TuneBlock` plus the tuner's own settings), validated by :func:`parse_block`."""
+:class:`bench.tune.space.TuneBlock` plus the tuner's own settings), validated by :func:`parse_block`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from pydantic import Field, ValidationError
 
 from bench.errors import BenchError
 from bench.spec.matrix import Matrix
-from bench.spec.tune_space import TuneBlock, parse_tune
+from bench.tune.space import TuneBlock, parse_tune
 
 #: blocks of the confirmation when the tune block does not say (``confirm_blocks``; 0 = no confirmation)
 CONFIRM_BLOCKS = 3
 
 
 class TuneSettingsBlock(TuneBlock):
-    """The ``tune`` block as ``tune`` reads it: :class:`~bench.spec.tune_space.TuneBlock` plus the settings of
+    """The ``tune`` block as ``tune`` reads it: :class:`~bench.tune.space.TuneBlock` plus the settings of
     the tuner itself (strict like the others: a bad value is a one-line error, exit 2).
 
     ``confirm_blocks``: blocks of the confirmation after the trials (:mod:`bench.tune.confirm`: the best
@@ -27,7 +27,7 @@ class TuneSettingsBlock(TuneBlock):
 
 def parse_block(matrix: Matrix) -> TuneBlock:
     """Validate ``matrix.tune`` as ``tune`` does (:class:`TuneSettingsBlock`); the same one-line errors as
-    :func:`bench.spec.tune_space.parse_tune`, which it calls for a missing block.
+    :func:`bench.tune.space.parse_tune`, which it calls for a missing block.
 
     Raises:
         BenchError: no ``tune`` block, or an invalid one (one line naming file, line, key).

@@ -3,7 +3,7 @@
 The best trial is picked from single noisy runs (the winner's curse: the luckiest of N draws looks best).
 The confirmation reruns the best trial's limits and the rule of thumb's (the article's 2*(P+R) / 4*(P+R),
 snapped into the space: what trial 0 runs with ``start_at_rule_of_thumb``,
-:func:`bench.spec.tune_space.rule_of_thumb`) in ``confirm_blocks`` interleaved blocks, each block one run of
+:func:`bench.tune.space.rule_of_thumb`) in ``confirm_blocks`` interleaved blocks, each block one run of
 each limit set in a seeded random order, executed exactly like a trial's run
 (:func:`bench.tune.trial.trial_spec`, :func:`bench.execution.runner.execute_spec`, the tune's executor) into
 ``<study>/confirm/block-<b>-<best|other>/``. They are not Optuna trials: the sampler never sees them.
@@ -78,7 +78,7 @@ def describe(res: dict[str, Any], lead: str, requested: int) -> str:
 
 def runner_up(trials: list[Any], best: Any, limits_of_trial: Any, direction: str) -> Any | None:
     """The best feasible trial after ``best`` whose limits differ from ``best``'s, or ``None``."""
-    from bench.tune_report import trial_kind
+    from bench.tune.report import trial_kind
 
     sign = 1 if direction == "minimize" else -1
     lim = limits_of_trial(best)

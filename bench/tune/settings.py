@@ -10,7 +10,8 @@ from typing import Any
 from bench.errors import BenchError
 from bench.spec.matrix import Matrix
 from bench.spec.plan import detect_platform
-from bench.spec.tune_space import (
+from bench.tune.block import CONFIRM_BLOCKS, parse_block
+from bench.tune.space import (
     OBJECTIVES,
     STUDY_NAME,
     IntDim,
@@ -19,7 +20,6 @@ from bench.spec.tune_space import (
     resolve_space,
     seq_len,
 )
-from bench.tune.block import CONFIRM_BLOCKS, parse_block
 from bench.tune.storage import default_storage
 from bench.tune.trial import fixed_cell, trial_spec
 

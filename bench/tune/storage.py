@@ -71,15 +71,15 @@ def check_storage(url: str, where: str = "--storage") -> None:
 
 def check_tune_block(matrix: Any) -> None:
     """A matrix's ``tune`` block as every command checks it, as ``tune`` does: its schema
-    (:func:`bench.spec.tune_space.parse_tune`), its search space resolved against the matrix's P+R
-    (:func:`bench.spec.tune_space.resolve_space`: bounds below P+R, a grid sampler on a log scale or too large)
+    (:func:`bench.tune.space.parse_tune`), its search space resolved against the matrix's P+R
+    (:func:`bench.tune.space.resolve_space`: bounds below P+R, a grid sampler on a log scale or too large)
     and the storage it names (:func:`check_storage`).
 
     Raises:
         BenchError: naming the file, the key and what is wrong.
     """
-    from bench.spec.tune_space import resolve_space
     from bench.tune.block import parse_block  # the block as tune reads it (its own settings too)
+    from bench.tune.space import resolve_space
 
     block = parse_block(matrix)
     resolve_space(block, matrix.base, matrix.source or "matrix")

@@ -10,7 +10,7 @@ from bench.errors import BenchError
 from bench.spec.matrix import ExplicitDesign, Matrix
 from bench.spec.optimizations import REGISTRY, factor_keys
 from bench.spec.plan import RunSpec, make_plan
-from bench.spec.tune_space import PARAMS, TuneBlock
+from bench.tune.space import PARAMS, TuneBlock
 
 INFEASIBLE_KINDS = ("infeasible", "oom")
 LOG_TAIL_CHARS = 4000

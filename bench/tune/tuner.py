@@ -1,6 +1,6 @@
 """The tuner: runs an Optuna study of a :class:`~bench.tune.settings.TuneSettings` (public Optuna API only),
 one trial = one run (:func:`bench.execution.runner.execute_spec`), its outcome told to the study as described in
-:mod:`bench.tune`; MLflow: :class:`bench.tracking.tune.TuneTracking`."""
+:mod:`bench.tune`; MLflow: :class:`bench.tune.tracking.TuneTracking`."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from typing import Any, Callable
 from bench.errors import BenchError
 from bench.execution.executors import Executor
 from bench.results import ResultsDir, atomic_write_json
-from bench.spec.tune_space import PARAMS, limits_of, rule_of_thumb, tune_fingerprint
-from bench.tracking.tune import TuneTracking
+from bench.tune.report import CONSTRAINT, is_interrupted, write_outputs
 from bench.tune.settings import TuneOutcome, TuneSettings, make_sampler
+from bench.tune.space import PARAMS, limits_of, rule_of_thumb, tune_fingerprint
 from bench.tune.storage import FP_ATTR, SETTINGS_PREFIX, _diff, flatten, open_storage, redact, study_settings
+from bench.tune.tracking import TuneTracking
 from bench.tune.trial import INFEASIBLE_KINDS, LOG_TAIL_CHARS, TrialFailed, constraint_of, trial_spec
-from bench.tune_report import CONSTRAINT, is_interrupted, write_outputs
 
 #: study user attributes: the reference probe time (s) and kernel that trial objectives are normalized to
 PROBE_REF, PROBE_SPEC = "speed_probe_ref_s", "speed_probe_spec"
@@ -117,7 +117,7 @@ class Tuner(TuneTracking):
 
     def _fail_stale(self, study: Any) -> None:
         """Mark trials a killed harness left RUNNING as FAIL (``study.tell``): a FAIL trial without a
-        ``failure_kind`` attribute is an interrupted one (:func:`bench.tune_report.is_interrupted`)."""
+        ``failure_kind`` attribute is an interrupted one (:func:`bench.tune.report.is_interrupted`)."""
         import optuna
 
         S = optuna.trial.TrialState
@@ -317,7 +317,7 @@ class Tuner(TuneTracking):
         (a resumed tune that ran no trial). Also written to ``<study>/confirmation.json``."""
         import bench.tune.confirm as C
         from bench.results import read_json
-        from bench.tune_report import best_trial
+        from bench.tune.report import best_trial
 
         s = self.s
         best = best_trial(study)

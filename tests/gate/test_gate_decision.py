@@ -1,4 +1,4 @@
-"""The interleaved gate's decision rule under heavy-tailed contention (bench.analyze.gate_runs.judge_ratios):
+"""The interleaved gate's decision rule under heavy-tailed contention (bench.gate.runs.judge_ratios):
 a regression needs the repeated interval above 0, the estimate beyond the threshold, the gate able to see the
 limit (gate_mde <= max_mde) and the robust check (Hodges-Lehmann, Wilcoxon signed-rank) agreeing; seeded
 simulations of whole gates, look by look with the sequential intervals, bound the false-alarm rate; the
@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from bench.analyze.gate_runs import judge_ratios, robust_check
 from bench.analyze.power import gate_mde
 from bench.analyze.sequential import decide
-from bench.interleaved import GateStopRule
+from bench.gate.interleaved import GateStopRule
+from bench.gate.runs import judge_ratios, robust_check
 
 ALPHA, THR = 0.01, 0.05
 

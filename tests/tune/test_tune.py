@@ -22,11 +22,11 @@ from bench.errors import BenchError
 from bench.execution.executors import ExecResult
 from bench.spec.loading import load_matrix
 from bench.spec.matrix import Base
-from bench.spec.tune_space import IntDim, TuneBlock, resolve_space
 from bench.tune import Tuner, resolve_settings
-from bench.tune_report import CONSTRAINT, is_interrupted, verl_overrides
+from bench.tune.report import CONSTRAINT, is_interrupted, verl_overrides
+from bench.tune.space import IntDim, TuneBlock, resolve_space
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 S = optuna.trial.TrialState
 
 MATRIX = """\

@@ -1,17 +1,17 @@
 """``run_bench.py gate --interleave REV MATRIX``: the interleaved gate (:func:`run_interleaved_gate`).
 
 The baseline's code (a git revision checked out into a temporary ``git worktree``, removed at the end, or a
-folder with another checkout: :func:`bench.code_versions.baseline_checkout`) and the candidate's code (this
+folder with another checkout: :func:`bench.gate.versions.baseline_checkout`) and the candidate's code (this
 working tree) run in ONE blocked sweep of the matrix: each block holds a run of every cell under each version,
 in random order (:func:`bench.spec.plan.interleaved_order`), so machine drift hits both alike (asv
 ``continuous --interleave-rounds``). Every run executes its own version's code: ``PYTHONPATH`` and ``{repo}``
 name that version's checkout; both versions' runs are forked from one fork server, each child importing its own
-version's harness (:class:`bench.code_versions.VersionedExecutor` ``shared``). Cell ids do not change: the
+version's harness (:class:`bench.gate.versions.VersionedExecutor` ``shared``). Cell ids do not change: the
 version is a run attribute (``code_version`` in the record, folder ``r<k>-baseline`` for the baseline's runs).
 Both versions' records stay in the one gate sweep; rerunning the same command resumes an interrupted one (same
 matrix, same baseline commit), ``--force`` starts a new one.
 
-The comparison is run-level and paired by block (:func:`bench.analyze.gate_runs.paired_comparison`). With
+The comparison is run-level and paired by block (:func:`bench.gate.runs.paired_comparison`). With
 ``--blocks N`` the sweep plans ``N`` blocks; after each complete block the stop rule
 (:class:`GateStopRule`, run by the sweep's block loop :func:`bench.execution.blocks.run_blocks`) compares what has run
 on the repeated confidence intervals of :func:`bench.analyze.sequential.decide`, and the sweep stops as soon as
@@ -27,11 +27,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.analyze.gate_markdown import append_step_summary, render_interleaved
-from bench.analyze.gate_runs import declare_analysis, paired_comparison
 from bench.analyze.sequential import Decision, Look, decide
-from bench.code_versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
 from bench.errors import BenchError
+from bench.gate.markdown import append_step_summary, render_interleaved
+from bench.gate.runs import declare_analysis, paired_comparison
+from bench.gate.versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
 from bench.results import atomic_write_json, atomic_write_text, load_records
 
 #: blocks an interleaved gate plans when neither ``--blocks`` nor the matrix says more
@@ -41,7 +41,7 @@ DEFAULT_BLOCKS = 8
 class GateStopRule:
     """The gate's stop rule (the verdict helper's ``StopRule``, called by the sweep's block loop
     :func:`bench.execution.blocks.run_blocks` after each complete block): compares the blocks so far
-    (:func:`bench.analyze.gate_runs.paired_comparison` with the sequential intervals of
+    (:func:`bench.gate.runs.paired_comparison` with the sequential intervals of
     :func:`bench.analyze.sequential.decide`, so the error rate holds over all looks) and stops once every cell
     is pass or regression (never before ``min_blocks``), the planned blocks are done, or (with ``budget_s``,
     wall seconds counted from ``t0``, the rule's creation unless set) another block would likely end past the
@@ -55,7 +55,7 @@ class GateStopRule:
                  max_blocks: int, min_blocks: int = 3, budget_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic, analysis: dict[str, Any] | None = None):
         self.threshold, self.alpha, self.max_mde, self.normalize = threshold, alpha, max_mde, normalize
-        self.analysis = analysis  # declared before the first run (bench.analyze.gate_runs.declare_analysis)
+        self.analysis = analysis  # declared before the first run (bench.gate.runs.declare_analysis)
         self.max_looks, self.min_blocks = max_blocks, min_blocks
         self.budget_s, self.clock, self.t0, self.t_first = budget_s, clock, clock(), None
         self.final_look: int | None = None
@@ -157,7 +157,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     rule.t0 = time.monotonic() - (time.time() - t0)
     side = None
     if side_by_side:
-        from bench.side_by_side import SideBySide
+        from bench.gate.side_by_side import SideBySide
 
         side = SideBySide(seed=order_seed if order_seed is not None else random.randrange(2**31))
     with baseline_checkout(baseline_ref) as base:

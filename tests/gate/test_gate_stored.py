@@ -1,4 +1,4 @@
-"""``gate --baseline NAME`` compares runs (bench.analyze.gate_stored), as the user runs it (the CLI) on synthetic
+"""``gate --baseline NAME`` compares runs (bench.gate.stored_runs), as the user runs it (the CLI) on synthetic
 sweeps: the speed probe is used only where it tracks the step times over the runs of the two sweeps, a stored
 baseline saved more than once carries its measured sweep-to-sweep offset into the interval, and a busy machine
 without that figure cannot be judged."""
@@ -135,8 +135,8 @@ def test_runs_needed_is_the_first_run_count_that_sees_max_mde(sd, offset_var, ma
     """The bisection finds the first n of the linear scan over 2..1000 (None when no n does: a large offset)."""
     import math
 
-    from bench.analyze.gate_stored import runs_needed
     from bench.analyze.power import mde_from_se
+    from bench.gate.stored_runs import runs_needed
 
     def sees(n):
         return mde_from_se(math.sqrt(2 * sd ** 2 / n + 2 * offset_var), alpha=0.05, threshold=0.05,

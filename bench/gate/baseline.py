@@ -196,13 +196,13 @@ HISTORY = 20
 
 def history_entry(snap: dict[str, Any]) -> dict[str, Any]:
     """One saved sweep in a baseline's history: per cell (factor levels) the log of its value, the mean over its ok
-    runs of the log run value (:func:`bench.analyze.gate_stored.run_logs`: the median of a run's timed step times),
+    runs of the log run value (:func:`bench.gate.stored_runs.run_logs`: the median of a run's timed step times),
     as ``log_step_time``; and, where every such run carries the speed probe at every step, the same less the log of
     the run's median probe time as ``log_step_time_normalized`` (the values the gate compares when it applies the
     probe, so that the offset it allows for is measured on the same scale)."""
     import numpy as np
 
-    from bench.analyze.gate_stored import run_logs
+    from bench.gate.stored_runs import run_logs
 
     cells, normed = {}, {}
     for c in snap["cells"]:

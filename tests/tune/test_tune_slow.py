@@ -18,11 +18,11 @@ import optuna
 import pytest
 
 from bench.spec.loading import load_matrix
-from bench.spec.tune_space import IntDim
 from bench.tune import Tuner, resolve_settings
-from bench.tune_report import CONSTRAINT
+from bench.tune.report import CONSTRAINT
+from bench.tune.space import IntDim
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 S = optuna.trial.TrialState
 

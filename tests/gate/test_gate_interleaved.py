@@ -1,6 +1,6 @@
-"""The interleaved gate's order and its run-level, block-paired comparison (bench.analyze.gate_runs), the speed
+"""The interleaved gate's order and its run-level, block-paired comparison (bench.gate.runs), the speed
 probe check and the one noise figure (bench.analyze.power.gate_mde). The end-to-end runs with two real code
-versions are in tests/test_gate_interleaved_e2e.py."""
+versions are in tests/gate/test_gate_interleaved_e2e.py."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from bench.analyze.gate_runs import block_pairs, paired_comparison, probe_check
 from bench.analyze.power import blocks_needed, gate_mde
+from bench.gate.runs import block_pairs, paired_comparison, probe_check
 from bench.results import run_dir
 from bench.spec.plan import RunSpec, interleaved_order
 from bench.speed import PROBE_METRIC
@@ -160,10 +160,7 @@ def test_stored_baseline_measures_its_sweep_to_sweep_variance(tmp_path, capsys):
     """A stored baseline keeps the sweeps saved under its name and states their measured spread; the gate
     against it carries the note."""
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).parent))
     from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
 
     from bench.cli import main
@@ -193,7 +190,7 @@ def test_stored_baseline_measures_its_sweep_to_sweep_variance(tmp_path, capsys):
 
 
 def test_stop_rule_stops_once_every_cell_is_decided_or_the_budget_ends():
-    from bench.interleaved import GateStopRule
+    from bench.gate.interleaved import GateStopRule
 
     rule = GateStopRule(threshold=0.05, alpha=0.01, max_mde=None, normalize=True, max_blocks=12)
     clear = _sweep(0.30, blocks=8, sd_run=0.01, seed=8)
@@ -212,7 +209,7 @@ def test_a_look_where_the_budget_ends_the_gate_spends_the_alpha_left():
     """A budget that ends the sweep at look 8 of 14 makes look 8 the final analysis: its interval is the one of
     the remaining alpha (narrower than look 8's in the 14-look plan), the decision says ``final``, and a gate
     that the plan's look-8 interval could not decide is decided."""
-    from bench.interleaved import GateStopRule
+    from bench.gate.interleaved import GateStopRule
 
     now = [0.0]
     recs = _sweep(0.08, blocks=8, sd_run=0.04, sd_block=0.05, seed=2)
@@ -252,7 +249,7 @@ def test_bad_interleave_inputs_are_one_line_errors(tmp_path, capsys):
 
 
 def test_side_by_side_cpu_plan_is_a_crossover_balanced_in_every_pair_of_blocks():
-    from bench.side_by_side import cpu_plan
+    from bench.gate.side_by_side import cpu_plan
 
     firsts = set()
     for cell in ("c1", "c2", "c3"):
@@ -267,10 +264,10 @@ def test_side_by_side_cpu_plan_is_a_crossover_balanced_in_every_pair_of_blocks()
 
 def _side_by_side(tmp_path, slowdown: float, cpu_slow: float, blocks: int = 12, seed: int = 3) -> list[dict]:
     """Records of a side-by-side sweep whose higher numbered CPU runs ``cpu_slow`` slower, with ``affinity.json``
-    in each run's folder (as :class:`bench.side_by_side.SideBySide` writes it)."""
+    in each run's folder (as :class:`bench.gate.side_by_side.SideBySide` writes it)."""
     import json
 
-    from bench.side_by_side import AFFINITY_FILE, cpu_plan
+    from bench.gate.side_by_side import AFFINITY_FILE, cpu_plan
 
     rng = np.random.default_rng(seed)
     out = []
@@ -289,7 +286,7 @@ def _side_by_side(tmp_path, slowdown: float, cpu_slow: float, blocks: int = 12, 
 
 
 def test_side_by_side_comparison_removes_the_cpu_effect(tmp_path):
-    from bench.analyze.gate_runs import cpu_term
+    from bench.gate.runs import cpu_term
 
     recs = _side_by_side(tmp_path, 0.10, cpu_slow=0.06)
     sides = [p[3] for p in block_pairs(recs)["c"]["pairs"]]

@@ -106,7 +106,7 @@ class VersionedExecutor:
             plain local executor); called for every version when this executor is made (and again for a version
             whose executor was closed, on its next run).
         roots: version name -> checkout folder.
-        side_by_side: a :class:`bench.side_by_side.SideBySide`: both versions' runs of a cell at once, each on a
+        side_by_side: a :class:`bench.gate.side_by_side.SideBySide`: both versions' runs of a cell at once, each on a
             CPU of its own (``gate --side-by-side``); ``None``: one run at a time.
         shared: one executor for every version, made from this checkout (a fork server whose children import
             ``bench`` afresh from their version's checkout: ``execute(launch, code_root=...)``). Both versions'

@@ -3,7 +3,7 @@
 Cells of the candidate sweep are matched to the baseline's by their factor levels (not by cell id:
 a candidate with other base settings, e.g. an injected delay, has other cell ids but the same levels).
 For each matched cell and metric (``--metric``, default ``step_time``; also ``throughput``,
-``rollout_share``, ``free_ratio``) the **runs** of both sides are compared (:mod:`bench.analyze.gate_stored`:
+``rollout_share``, ``free_ratio``) the **runs** of both sides are compared (:mod:`bench.gate.stored_runs`:
 a run's value is the median of its timed steps, Welch t on the log run values, plus the stored baseline's
 measured sweep-offset variance; the speed probe applied only where it tracks the metric over the baseline's own
 runs, declared before the candidate is read), as in the interleaved gate and the report. Each of the ``m`` rows
@@ -36,12 +36,12 @@ out in full.
 Outputs: ``gate.md`` (a markdown table for a CI job summary; appended to ``$GITHUB_STEP_SUMMARY``
 when set) and ``gate.json`` in ``--out`` (default ``<candidate sweep>/gate/``), and an MLflow run
 (``bench.kind=gate``, tag ``bench.verdict``) in the candidate's experiment; the candidate's parent run
-is tagged ``bench.gate.<baseline>=<verdict>``.
+is tagged ``bench.gate.stored.<baseline>=<verdict>``.
 
 The matrix ``expect`` block (claims such as "dynamic_bsz lowers step time by at least 10 % vs the
 all-off cell") is checked within the candidate sweep on its runs, by the report's own function
 (:func:`check_expectations` finds the cells, :func:`bench.analyze.tables.claims_on_runs` judges them;
-:func:`bench.gate.judge_claims`): a claim whose interval excludes it is not met and exits 1. Without
+:func:`bench.gate.stored.judge_claims`): a claim whose interval excludes it is not met and exits 1. Without
 ``--baseline`` only the claims are checked.
 """
 
@@ -53,12 +53,12 @@ from typing import Any
 from pydantic import ValidationError
 
 from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT  # noqa: F401  (DEFAULT_ALPHA: the gate's default, re-exported)
-from bench.analyze.gate_stored import compare_runs, declared_probes, failed_runs, family_alpha, no_offset_reason
 from bench.analyze.power import mde_from_se
 from bench.analyze.snapshot import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, pairable
 from bench.analyze.stat_tests import compare, verdict
 from bench.errors import BenchError
-from bench.expect import Expect, ExpectBlock
+from bench.gate.stored_runs import compare_runs, declared_probes, failed_runs, family_alpha, no_offset_reason
+from bench.spec.expect import Expect, ExpectBlock
 from bench.spec.loading import format_validation_error
 from bench.spec.optimizations import REGISTRY, applicability
 from bench.speed import SPEED_SCALED, normalizable, normalized_pair
@@ -238,7 +238,7 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                       alpha: float, n_boot: int = N_BOOT, seed: int = 0, pairing: bool = False,
                       max_mde: float | None = None, normalize: bool = True, test: str | None = None,
                       s2s: dict[str, Any] | None = None, also_judged: int = 0) -> dict[str, Any]:
-    """Gate a candidate snapshot against a baseline snapshot: runs as the unit (:mod:`bench.analyze.gate_stored`,
+    """Gate a candidate snapshot against a baseline snapshot: runs as the unit (:mod:`bench.gate.stored_runs`,
     with ``s2s`` the stored baseline's measured ``sweep_to_sweep``), or per-step samples with ``pairing`` or a
     named ``test``.
 
@@ -248,13 +248,13 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     baseline) and ``raw_change`` (the change before normalization). Otherwise ``normalize_reason``
     says why the raw samples were compared.
 
-    Family: each row is tested at ``alpha / m`` (Bonferroni, :func:`bench.analyze.gate_stored.family_alpha`),
+    Family: each row is tested at ``alpha / m`` (Bonferroni, :func:`bench.gate.stored_runs.family_alpha`),
     ``m`` = matched cells x metrics + ``also_judged`` (the claims the caller judges in the same gate), fixed by
     the design before any value is read. The speed probe of the run-level comparison is declared from the
-    baseline alone (:func:`bench.analyze.gate_stored.declared_probes`). A speed-scaled row whose reference measured
+    baseline alone (:func:`bench.gate.stored_runs.declared_probes`). A speed-scaled row whose reference measured
     no sweep-to-sweep offset (``s2s`` None or without ``sd_log``) is "cannot judge" (``judged_verdict``: what its
     within-sweep interval said). Failed candidate runs are missing data
-    (:func:`bench.analyze.gate_stored.failed_runs`).
+    (:func:`bench.gate.stored_runs.failed_runs`).
 
     Returns ``{"rows": [...], "notes": [...], "unmatched": {...}, "counts": {...}, "verdict", "exit_code",
     "family": {"m", "alpha_each"}, "normalization": {metric: declared probe decision}}``.
@@ -354,7 +354,7 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                 row.update(n_base=nb, n_cand=nc)
                 continue
             why = normalizable(bc, cc, metric) if normalize else "--normalize off"
-            if run_level:  # runs as the unit (bench.analyze.gate_stored)
+            if run_level:  # runs as the unit (bench.gate.stored_runs)
                 use = why is None and metric in probes and probes[metric]["apply"]
                 row.update(normalized=use, test="welch t on runs", **({} if use else {"normalize_reason": why or
                                                                                        probes[metric]["note"]}))

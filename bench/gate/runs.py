@@ -30,7 +30,7 @@ change of threads, allocator or background work would otherwise be subtracted fr
 **Family-wise error**: each cell is judged at ``alpha / m`` (Bonferroni over the ``m`` declared cells) with the
 sequential intervals of all looks, so the chance of any false "regression" in one gate, over all its cells and
 looks, is at most ``alpha`` (the union bound; validated in ``benchmarks/bench_gate.py`` and
-``tests/test_gate_promise.py``). **Failed runs** are missing data: a block whose run of either version failed is
+``tests/gate/test_gate_promise.py``). **Failed runs** are missing data: a block whose run of either version failed is
 left out of that cell's pairs (named in its reason); the cell is "failed" (exit 1) only when the candidate failed in
 at least :data:`FAILED_MIN_BLOCKS` blocks, in at least half of the blocks where the baseline ran fine, and the
 baseline never failed.
@@ -116,7 +116,7 @@ def probe_identity(rec: dict[str, Any]) -> tuple[Any, Any]:
 def block_pairs(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per cell id: ``label`` and ``pairs`` = per block with both versions ok, ``(block, log step ratio, log
     probe ratio or None, cpu side)``, plus ``failed`` (runs not ok, with version and block). ``cpu side`` is +1
-    (-1) when a side-by-side block (:mod:`bench.side_by_side`) ran the candidate on the higher (lower) numbered
+    (-1) when a side-by-side block (:mod:`bench.gate.side_by_side`) ran the candidate on the higher (lower) numbered
     CPU of the two, 0 when the runs were not pinned side by side. ``probes``: per version the set of probe
     identities (:func:`probe_identity`) of its ok runs."""
     runs: dict[str, dict[int, dict[str, dict[str, Any]]]] = {}
@@ -149,7 +149,7 @@ def block_pairs(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _cpu_side(pair: dict[str, dict[str, Any]]) -> int:
     """+1 / -1: the candidate ran on the higher / lower numbered CPU of a side-by-side block; 0 otherwise."""
-    from bench.side_by_side import run_cpu
+    from bench.gate.side_by_side import run_cpu
 
     cb, cc = (run_cpu(pair[v].get("_dir", "")) if pair[v].get("_dir") else None for v in ("baseline", "candidate"))
     return 0 if cb is None or cc is None or cb == cc else (1 if cc > cb else -1)
@@ -176,7 +176,7 @@ def probe_check(cells: dict[str, dict[str, Any]], unit: str = "block pairs") -> 
     """Whether the speed probe tracks the step time in this sweep (module text): ``apply`` (bool), ``r``,
     ``p`` (one-sided Pearson), ``sd_raw`` / ``sd_corrected`` (of the cell-centred block ratios), ``n`` pairs,
     and ``note`` (why it is or is not applied). ``unit`` names the values in the note (the stored-baseline gate
-    passes groups of runs: :func:`bench.analyze.gate_stored.runs_probe_check`)."""
+    passes groups of runs: :func:`bench.gate.stored_runs.runs_probe_check`)."""
     xs, ys = [], []
     for c in cells.values():
         pairs = [(d, dp) for _, d, dp, _ in c["pairs"] if dp is not None]

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from _repo_copy import copy_tracked
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 MATRIX = """name: gate_e2e
 engine: embedded

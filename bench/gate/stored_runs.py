@@ -1,7 +1,7 @@
 """Run-level comparison of two sweeps for ``gate --baseline`` (a stored baseline, or another sweep):
 :func:`compare_runs`, with the speed probe checked first (:func:`runs_probe_check`).
 
-The unit is the run, as in the interleaved gate and the report (:mod:`bench.analyze.gate_runs`): a run's value is
+The unit is the run, as in the interleaved gate and the report (:mod:`bench.gate.runs`): a run's value is
 :func:`bench.figures.run_value` (the median of its timed-step samples) and steps of one run are never treated as
 independent samples. Per matched cell, on the log scale (``x = log v`` for a time, ``-log v`` for a rate, so that
 ``x`` grows when the cell gets worse): estimate ``mean(x_cand) - mean(x_base)``, standard error
@@ -9,7 +9,7 @@ independent samples. Per matched cell, on the log scale (``x = log v`` for a tim
     ``se^2 = s_b^2 / n_b + s_c^2 / n_c + 2 * s_o^2``
 
 with ``s_b``, ``s_c`` the SDs of the runs' ``x`` on each side and ``s_o^2`` the **sweep offset variance** the
-stored baseline measured over its saved sweeps (:func:`bench.baseline.sweep_to_sweep`: the SD of a sweep's cell
+stored baseline measured over its saved sweeps (:func:`bench.gate.baseline.sweep_to_sweep`: the SD of a sweep's cell
 value across saves, minus the part its runs' spread explains; on the scale compared, speed-normalized where the
 probe is applied, :func:`sweep_offset_var`), since the two sides are different sweeps and each carries its own
 offset; degrees of freedom by Welch-Satterthwaite over the three terms (Kalibera & Jones 2020: runs as the unit,
@@ -21,7 +21,7 @@ where the probe tracks the metric **in the reference alone** (:func:`declared_pr
 sweep, or the reference sweep; never the candidate's data, so the correction is declared before the data it
 judges): over the reference's runs, each cell centred on its own mean, ``x`` and the log probe correlate
 (one-sided Pearson ``p < PROBE_ALPHA``) and the corrected values spread less than the raw ones
-(:func:`bench.analyze.gate_runs.probe_check`, the interleaved gate's test, with runs instead of block pairs).
+(:func:`bench.gate.runs.probe_check`, the interleaved gate's test, with runs instead of block pairs).
 Otherwise the raw run values are compared and the note says why.
 
 **Family** (:func:`family_alpha`): the ``m`` rows (matched cells x metrics) and the ``expect`` claims can each make
@@ -30,7 +30,7 @@ the verdict, so each is tested, and its interval drawn, at ``alpha / m`` (Bonfer
 sweep, or a sweep) a speed-scaled row is "cannot judge", whatever its within-sweep interval says
 (``judged_verdict`` keeps that). **Failed runs** are missing data (:func:`failed_runs`).
 
-Verdict rules as the interleaved gate's (:func:`bench.analyze.gate_runs.judge_ratios`, without its rank check):
+Verdict rules as the interleaved gate's (:func:`bench.gate.runs.judge_ratios`, without its rank check):
 **regression** when the gate can see ``max_mde`` (:func:`bench.analyze.power.mde_from_se` on this ``se`` and
 ``df``, the formula of :func:`bench.analyze.power.gate_mde`), the interval is above 0 and the estimate beyond the
 threshold; **improvement** likewise below; **unchanged** when it can see ``max_mde`` and the interval's upper end
@@ -48,9 +48,9 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from bench.analyze.gate_runs import probe_check
 from bench.analyze.power import mde_from_se
 from bench.figures import run_value
+from bench.gate.runs import probe_check
 
 
 def run_logs(cell: dict[str, Any], metric: str, sign: float) -> tuple[list[float], list[float | None]]:
@@ -72,7 +72,7 @@ def run_logs(cell: dict[str, Any], metric: str, sign: float) -> tuple[list[float
 
 def runs_probe_check(sides: list[tuple[list[float], list[float | None]]]) -> dict[str, Any]:
     """Whether the probe tracks the metric over the runs of these sweeps: ``sides`` = per (cell, side) the runs'
-    ``x`` and log probes (:func:`run_logs`); :func:`bench.analyze.gate_runs.probe_check` with each (cell, side) as
+    ``x`` and log probes (:func:`run_logs`); :func:`bench.gate.runs.probe_check` with each (cell, side) as
     a group of runs."""
     cells = {str(i): {"pairs": [(j, x, p, 0) for j, (x, p) in enumerate(zip(xs, ps))]}
              for i, (xs, ps) in enumerate(sides)}
@@ -229,7 +229,7 @@ def failed_runs(cell: dict[str, Any], input_kinds: tuple[str, ...] = ("bad_input
     on their own: the row is compared on the ok runs (``verdict`` None) when 2 or more remain, else "cannot
     judge"; only a cell of which 2 or more runs and at least half of its runs failed, none on bad input, is
     ``failed`` (the candidate does not run where the baseline did; the interleaved gate's rule,
-    :data:`bench.analyze.gate_runs.FAILED_MIN_BLOCKS`)."""
+    :data:`bench.gate.runs.FAILED_MIN_BLOCKS`)."""
     fails = cell.get("failures") or []
     ok = [r for r in cell.get("repeats") or [] if r.get("status", "ok") == "ok"]
     text = "; ".join(f"r{f['repeat']} {f['kind']}: {' '.join(str(f['reason']).split())[:200]}" for f in fails)

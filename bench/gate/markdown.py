@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bench.analyze.gate import CANNOT_JUDGE
 from bench.analyze.md import ci_pct, table_head
 from bench.analyze.md import pct as _pct
 from bench.analyze.snapshot import METRICS
 from bench.analyze.stat_tests import TESTS
+from bench.gate.verdicts import CANNOT_JUDGE
 
 #: ``settings`` keys of a gate against a stored baseline or another sweep: runs as the unit (the default) ...
 STORED_METHOD = {"method": "runs",
@@ -29,7 +29,7 @@ PER_STEP_METHOD = {"method": "steps", "estimate": "exp(hodges-lehmann shift of l
                          "over the gate's m rows and claims: settings.family)",
                    "claims": STORED_METHOD["claims"], "offset": STORED_METHOD["offset"]}
 STORED_TEXT = (
-    "runs as the unit (bench.analyze.gate_stored): a run's value is the median of its timed steps; change = "
+    "runs as the unit (bench.gate.stored_runs): a run's value is the median of its timed steps; change = "
     "exp(difference of the mean log run values) - 1; interval: Welch t at 1 - {alpha_each:.3g} (alpha {alpha} / m, "
     "Bonferroni over the m = {m} rows and claims that can make the verdict, so the chance of any false regression in "
     "this gate is at most {alpha}) with the variance of both sides' run means plus twice a sweep's own offset "
@@ -142,7 +142,7 @@ RUN_STATUS = {"pass": "FINISHED", "regression": "FAILED", CANNOT_JUDGE: "FINISHE
 
 
 def render_interleaved(result: dict[str, Any]) -> str:
-    """The interleaved gate's markdown (:mod:`bench.interleaved`): verdict, both versions, one row per cell
+    """The interleaved gate's markdown (:mod:`bench.gate.interleaved`): verdict, both versions, one row per cell
     (change, interval, p, blocks, smallest change the gate can see, blocks needed), the probe check and notes."""
     s, a = result["settings"], result.get("analysis")
     head = {"pass": "PASS", "regression": "REGRESSION", CANNOT_JUDGE: "CANNOT JUDGE"}[result["verdict"]]

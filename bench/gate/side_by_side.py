@@ -8,7 +8,7 @@ own jitter explains 0.027; consecutive runs correlate at r = 0.55, docs/gate.md)
 the same drift, so it cancels in their ratio; a block lasts one run instead of two. What the two CPUs differ in
 (interrupts, the harness's own work) is a fixed offset per CPU: the CPUs swap every block (each pair of blocks
 holds both assignments, in random order), so it cancels in the mean over blocks, and the comparison removes it
-(:func:`bench.analyze.gate_runs.block_pairs` reads ``affinity.json``).
+(:func:`bench.gate.runs.block_pairs` reads ``affinity.json``).
 
 Each run's CPU is written to ``<run>/affinity.json`` (``{"cpus": [N], "alone": false}``; alone: its partner had
 already run, a resumed block). A run forked by a fork
@@ -59,7 +59,7 @@ def cpu_plan(seed: int, cell: str, block: int, cpus: tuple[int, int]) -> dict[st
 
 
 class SideBySide:
-    """``run_block`` for :class:`bench.code_versions.VersionedExecutor`: per cell of a block, both versions' runs at
+    """``run_block`` for :class:`bench.gate.versions.VersionedExecutor`: per cell of a block, both versions' runs at
     once in two threads, each pinned (module text); cells of a block one after another.
 
     ``run_one`` runs holding the harness lock (everything around a run: skip checks, records, MLflow, console, one

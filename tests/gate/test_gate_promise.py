@@ -2,7 +2,7 @@
 speed probe is a covariate whose slope is estimated (never a per-look choice), a candidate that moves the probe
 itself or times another probe kernel is not adjusted, and the error rate holds over the cells of a gate
 (Bonferroni) and over its looks (repeated confidence intervals). Each test runs the real comparison
-(:func:`bench.analyze.gate_runs.paired_comparison`, the stop rule's call) on seeded simulated gate sweeps."""
+(:func:`bench.gate.runs.paired_comparison`, the stop rule's call) on seeded simulated gate sweeps."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from bench.analyze.gate_runs import declare_analysis, paired_comparison
 from bench.analyze.sequential import decide
+from bench.gate.runs import declare_analysis, paired_comparison
 from bench.speed import PROBE_METRIC
 
 

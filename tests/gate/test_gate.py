@@ -7,9 +7,9 @@ import json
 import pytest
 from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
 
-from bench.analyze.gate import validate_expect
 from bench.cli import main
 from bench.errors import BenchError
+from bench.gate.verdicts import validate_expect
 
 
 @pytest.fixture(scope="module")
@@ -338,13 +338,13 @@ def test_run_to_run_shifts_count_as_noise(tmp_path, uri):
 
 
 def test_clip_cuts_long_texts_only_between_sentences():
-    from bench.analyze.gate import clip
+    from bench.gate.verdicts import clip
 
     assert clip("short  text\n on two lines") == "short text on two lines"
     text = "First sentence here. " + "x" * 50 + "; second clause " + "y" * 400
     assert clip(text, 100) == "First sentence here. " + "x" * 50 + "; [...]"
     assert clip("z" * 500, 100) == "z" * 500  # no break to cut at: kept whole, never cut mid-word
-    from bench.analyze.gate_markdown import _cell_text
+    from bench.gate.markdown import _cell_text
 
     assert _cell_text("r0 oom: a | r1 oom: b") == "r0 oom: a \\| r1 oom: b"  # a table cell stays one cell
 

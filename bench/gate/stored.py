@@ -1,7 +1,7 @@
 """``run_bench.py gate``: what the gate does (:func:`run_gate`): read the candidate sweep and the baseline
-(:func:`load_reference`), compare them and check the matrix's ``expect`` claims (:mod:`bench.analyze.gate`, where
+(:func:`load_reference`), compare them and check the matrix's ``expect`` claims (:mod:`bench.gate.verdicts`, where
 the method, the verdicts and the exit codes are described), write ``gate.md`` and ``gate.json``
-(:mod:`bench.analyze.gate_markdown`; also to ``$GITHUB_STEP_SUMMARY``) and log the MLflow gate run. Argument
+(:mod:`bench.gate.markdown`; also to ``$GITHUB_STEP_SUMMARY``) and log the MLflow gate run. Argument
 parsing and printing: :mod:`bench.commands.gate`."""
 
 from __future__ import annotations
@@ -11,15 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench.analyze.estimators import N_BOOT
-from bench.analyze.gate import (
-    CANNOT_JUDGE,
-    EXIT_CANNOT_JUDGE,
-    EXIT_PASS,
-    check_expectations,
-    compare_snapshots,
-    validate_expect,
-)
-from bench.analyze.gate_markdown import (
+from bench.analyze.snapshot import METRICS, snapshot
+from bench.analyze.stat_tests import TESTS, describe_tests
+from bench.errors import BenchError, did_you_mean
+from bench.gate.baseline import load_baseline
+from bench.gate.markdown import (
     PER_STEP_METHOD,
     RUN_STATUS,
     STORED_METHOD,
@@ -27,10 +23,14 @@ from bench.analyze.gate_markdown import (
     gate_table,
     render_markdown,
 )
-from bench.analyze.snapshot import METRICS, snapshot
-from bench.analyze.stat_tests import TESTS, describe_tests
-from bench.baseline import load_baseline
-from bench.errors import BenchError, did_you_mean
+from bench.gate.verdicts import (
+    CANNOT_JUDGE,
+    EXIT_CANNOT_JUDGE,
+    EXIT_PASS,
+    check_expectations,
+    compare_snapshots,
+    validate_expect,
+)
 from bench.results import atomic_write_json, atomic_write_text, find_sweep
 
 
@@ -128,7 +128,7 @@ def judge_claims(snap: dict[str, Any], expects: list[Any], *, alpha: float, seed
     """The matrix ``expect`` claims judged on the runs, exactly as ``report`` judges them: the snapshot
     speed-normalized to the sweep's median probe where every run carries it (:func:`bench.speed.normalize_snapshot`,
     the report's rule, fixed by what the runs recorded, not by their values), the claims' cells found by
-    :func:`bench.analyze.gate.check_expectations`, then :func:`bench.analyze.tables.claims_on_runs` (a t interval
+    :func:`bench.gate.verdicts.check_expectations`, then :func:`bench.analyze.tables.claims_on_runs` (a t interval
     on the log run values at ``1 - alpha``; "not met" only when it excludes the claim, "cannot judge" when it
     includes a bound). ``alpha``: the gate's per-test level (its family's ``alpha / m``). ``snap`` is not changed."""
     import copy
@@ -213,7 +213,7 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
         cand["machine"] = machine()
         s2s = None
         if base.get("_kind", "baseline") == "baseline":  # what a stored baseline carries from sweep to sweep
-            from bench.baseline import sweep_to_sweep
+            from bench.gate.baseline import sweep_to_sweep
 
             s2s = base.get("sweep_to_sweep") or sweep_to_sweep(base.get("history") or [])
             result["baseline"]["sweep_to_sweep"] = s2s

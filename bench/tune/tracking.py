@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, Any
 from bench.results import atomic_write_json, read_json
 from bench.spec.matrix import base_params
 from bench.spec.plan import RunSpec
-from bench.spec.tune_space import PARAMS
-from bench.tune_report import CONSTRAINT, verl_overrides
+from bench.tune.report import CONSTRAINT, verl_overrides
+from bench.tune.space import PARAMS
 
 if TYPE_CHECKING:
     from bench.tracking import Tracker

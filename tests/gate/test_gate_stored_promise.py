@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from test_gate_fixtures import log_normal_times, make_sweep
 
-from bench.analyze.gate import compare_snapshots
-from bench.baseline import sweep_to_sweep
+from bench.gate.baseline import sweep_to_sweep
+from bench.gate.verdicts import compare_snapshots
 
 THR = 0.05
 #: a baseline whose sweeps were measured not to move (many df): the offset is known and about 0
@@ -156,7 +156,7 @@ def test_claims_are_judged_on_runs_by_the_report_function(tmp_path):
     step time by at least 10 %" looks decisively not met (the old gate: exit 1), on runs its interval holds 10 %:
     cannot judge (exit 3). The report says the same of the same sweep."""
     from bench.commands.report import build
-    from bench.gate import run_gate
+    from bench.gate.stored import run_gate
 
     expect = [{"factor": "dynamic_bsz", "at_least": 0.10}]
     sweep = make_sweep(tmp_path, "few", [{}, {"dynamic_bsz": 1}], repeats=2, steps=32, seed=9, expect=expect,
@@ -178,8 +178,8 @@ def test_saved_twice_the_gate_decides_and_records_what_it_declared(tmp_path):
     """Through ``baseline save`` and the gate: saved from one sweep an identical candidate cannot be judged (exit
     3); saved again from a second sweep (history of 2) the offset is in the interval and the gate passes; gate.json
     records the declared probe decision and the family."""
-    from bench.baseline import save
-    from bench.gate import run_gate
+    from bench.gate.baseline import save
+    from bench.gate.stored import run_gate
 
     cells = [{}, {"dynamic_bsz": 1}]
     for i in range(2):

@@ -7,9 +7,9 @@ import json
 import pytest
 from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
 
-from bench.baseline import FORMAT, FORMAT_VERSION, load_baseline
 from bench.cli import main
 from bench.errors import BenchError
+from bench.gate.baseline import FORMAT, FORMAT_VERSION, load_baseline
 
 
 @pytest.fixture(scope="module")

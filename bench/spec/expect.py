@@ -1,7 +1,7 @@
 """The matrix ``expect`` block: claims about a factor's effect that the gate checks within a sweep.
 
 Typed here (not in the gate) so that loading a matrix validates its claims before anything runs;
-:func:`bench.analyze.gate.check_expectations` finds the cells each claim compares and
+:func:`bench.gate.verdicts.check_expectations` finds the cells each claim compares and
 :func:`bench.analyze.tables.claims_on_runs` judges them on the runs (:func:`judge_claim`), for the report and
 the gate alike.
 """
