@@ -165,8 +165,9 @@ def test_shared_step_pattern_is_not_noise_and_the_plan_stops_adding_steps():
     assert old.timed_steps > 2 * plan.timed_steps
 
 
-#: full.yaml's embedded target as measured in a quiet window (docs/planning.md): no run-to-run spread beyond the
-#: steps', a step pattern shared by the runs three times the run x step noise, a step about 1/5 of a run's fixed cost
+#: full.yaml's embedded target as measured in a quiet window (docs/lab-notes/planning.md): no run-to-run spread
+#: beyond the steps', a step pattern shared by the runs three times the run x step noise, a step about 1/5 of a
+#: run's fixed cost
 QUIET_EMBEDDED = dict(sd_step=0.063, sd_run=0.0, sd_block=0.0, startup_s=2.0, step_s=1.64, warmup_step_s=1.81,
                       profiled_step_s=1.95, harness_s=2.57, sd_stepidx=0.186)
 

@@ -41,95 +41,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from typing import Any, Protocol, Sequence
 
 import numpy as np
-from scipy import optimize
-from scipy import stats as sps
 
-METHOD = ("repeated confidence intervals, Lan-DeMets O'Brien-Fleming alpha spending over the planned looks, "
-          "t quantile at the boundary's nominal level (Jennison & Turnbull 2000, ch. 9)")
+from bench.analyze.boundaries import critical_value, obf_boundaries, obf_spending
+
+METHOD = ("repeated confidence intervals, Lan-DeMets O'Brien-Fleming alpha spending over the planned looks by the "
+          "information reached, t boundaries calibrated for the degrees of freedom available (Jennison & Turnbull "
+          "2000, ch. 9; bench.analyze.boundaries)")
 VERDICTS = ("slower", "faster", "no_change", "undecided", "met", "not_met")  # met/not_met: expect claims
-
-
-def obf_spending(t: float, alpha: float) -> float:
-    """Alpha spent by information fraction ``t`` (0..1): Lan-DeMets O'Brien-Fleming type,
-    ``2 - 2 Phi(z_{1-alpha/2} / sqrt(t))`` (two-sided)."""
-    if t <= 0:
-        return 0.0
-    return float(2.0 - 2.0 * sps.norm.cdf(sps.norm.ppf(1 - alpha / 2) / math.sqrt(min(t, 1.0))))
-
-
-@lru_cache(maxsize=256)
-def obf_boundaries(alpha: float, max_looks: int, grid: int = 401, final_look: int | None = None) -> tuple[float, ...]:
-    """Two-sided z boundaries ``c_1 .. c_K`` of equally spaced looks (``t_k = k / K``) spending ``alpha``
-    by :func:`obf_spending`.
-
-    Recursive numerical integration on the score scale ``S_k = Z_k sqrt(t_k)`` (independent normal
-    increments; Armitage, McPherson & Rowe 1969, *JRSS A* 132:235; Jennison & Turnbull 2000, ch. 19):
-    the density of ``S_k`` on the continuation region is carried from look to look on a grid of
-    ``grid`` points and ``c_k`` solves ``P(continue to k-1, |S_k| >= c_k sqrt(t_k)) = alpha(t_k) -
-    alpha(t_{k-1})``. Accurate to about 1e-4 in ``c_k``.
-
-    ``final_look = k``: the budget ends the sweep at look ``k``, its final analysis, which spends **all the alpha
-    left** (``alpha - alpha(t_{k-1})``, information ``t_k = k / K``); returns ``c_1 .. c_k`` (Lan & DeMets 1983;
-    Jennison & Turnbull 2000, sec. 7.2.2, the last analysis takes the rest of the spending function).
-
-    Raises:
-        ValueError: ``max_looks < 1``, ``alpha`` not in (0, 1), or ``final_look`` not in 1..``max_looks``.
-    """
-    if max_looks < 1 or not 0 < alpha < 1:
-        raise ValueError(f"obf_boundaries: need max_looks >= 1 and 0 < alpha < 1 (got {max_looks}, {alpha})")
-    last = max_looks if final_look is None else int(final_look)
-    if not 1 <= last <= max_looks:
-        raise ValueError(f"obf_boundaries: final_look {final_look} not in 1..{max_looks}")
-    ts = [k / max_looks for k in range(1, max_looks + 1)]
-    spent = lambda k: alpha if k == last - 1 else obf_spending(ts[k], alpha)  # noqa: E731 (by look k + 1)
-
-    c1 = float(sps.norm.ppf(1 - spent(0) / 2))
-    bounds = [min(c1, 40.0)]
-    b = bounds[0] * math.sqrt(ts[0])
-    s = np.linspace(-b, b, grid)
-    dens = sps.norm.pdf(s, scale=math.sqrt(ts[0]))
-    for k in range(1, last):
-        sd = math.sqrt(ts[k] - ts[k - 1])
-        w = np.full(grid, s[1] - s[0])
-        w[[0, -1]] *= 0.5
-        mass = dens * w
-        target = spent(k) - spent(k - 1)
-
-        def cross(c: float, mass=mass, sd=sd, tk=ts[k]) -> float:
-            bb = c * math.sqrt(tk)
-            tail = sps.norm.sf((bb - s) / sd) + sps.norm.cdf((-bb - s) / sd)
-            return float(mass @ tail) - target
-
-        if target <= 1e-15:
-            c = 40.0
-        else:
-            c = float(optimize.brentq(cross, 0.5, 40.0, xtol=1e-7))
-        bounds.append(c)
-        bb = c * math.sqrt(ts[k])
-        u = np.linspace(-bb, bb, grid)
-        dens = (sps.norm.pdf((u[:, None] - s[None, :]) / sd) / sd) @ mass
-        s = u
-    return tuple(bounds)
-
-
-@lru_cache(maxsize=65536)
-def critical_value(df: float, *, alpha: float, look: int, max_looks: int, final: bool = False) -> float | None:
-    """Multiplier ``q`` of the standard error for the repeated interval at ``look`` of ``max_looks``:
-    the t quantile on ``df`` degrees of freedom at the nominal level of the O'Brien-Fleming boundary
-    (:func:`obf_boundaries`). ``None`` without degrees of freedom. A look beyond ``max_looks`` uses the
-    last boundary (the plan is spent); a ``final`` one spends all the alpha left (``final_look``)."""
-    if df is None or df < 1:
-        return None
-    k = min(max(int(look), 1), max(int(max_looks), 1))
-    c = obf_boundaries(float(alpha), max(int(max_looks), 1), final_look=k if final else None)[k - 1]
-    p = float(sps.norm.sf(c))
-    if p <= 1e-300:
-        return float("inf")
-    return float(sps.t.isf(p, df))
 
 
 @dataclass
@@ -180,7 +101,8 @@ class Decision:
 
 
 def decide(estimate: float, se: float | None, df: float, *, threshold: float, alpha: float, look: int,
-           max_looks: int, name: str = "", final: bool = False) -> Decision:
+           max_looks: int, name: str = "", final: bool = False, info: tuple[float, ...] | None = None,
+           runs: int | None = None) -> Decision:
     """Decide one comparison at ``look`` (1-based) of ``max_looks`` from its log-scale ``estimate`` and
     standard error ``se`` on ``df`` degrees of freedom (rules in the module text).
 
@@ -188,6 +110,9 @@ def decide(estimate: float, se: float | None, df: float, *, threshold: float, al
         threshold: the relative change that matters (0.05 = 5 %); compared on the log scale.
         alpha: the error rate of this comparison over all looks (two-sided).
         final: the budget ends the sweep at this look: it spends all the alpha left (:func:`critical_value`).
+        info: information fractions of looks ``1 .. look`` (the share of the planned runs that had finished, and
+            succeeded, by each look); ``None``: equal blocks. ``runs``: observations in the fit now. Both go to
+            :func:`critical_value`, which calibrates the boundary for the degrees of freedom available.
 
     Raises:
         ValueError: ``threshold`` not in [0, 1).
@@ -195,7 +120,8 @@ def decide(estimate: float, se: float | None, df: float, *, threshold: float, al
     if not 0 <= threshold < 1:
         raise ValueError(f"threshold {threshold}: must be a fraction in [0, 1)")
     h = math.log1p(threshold)
-    q = (critical_value(df, alpha=alpha, look=look, max_looks=max_looks, final=final)
+    q = (critical_value(df, alpha=alpha, look=look, max_looks=max_looks, final=final,
+                        info=None if info is None else tuple(info), runs=runs)
          if se is not None and se >= 0 else None)
     d = Decision(name=name, verdict="undecided", estimate=float(estimate), se=se, df=float(df), lo=None, hi=None,
                  threshold=threshold, alpha=alpha, look=look, max_looks=max_looks, change=math.expm1(estimate),
@@ -318,6 +244,26 @@ def run_observations(records: Sequence[dict[str, Any]]
     return obs, y, blocks, nodes
 
 
+def information(blocks: Sequence[int], look: int, per_block: int, max_looks: int) -> tuple[float, ...] | None:
+    """Information fractions ``t_1 .. t_look`` from the runs that finished and succeeded: ``t_j`` = runs of blocks
+    ``0 .. j - 1`` in the fit over the plan's ``per_block x max_looks`` runs, so a failed run lowers the
+    information of its look and of every later one (Jennison & Turnbull 2000, sec. 7.2: error spending by the
+    information actually reached). ``None`` when every block so far is complete (then ``t_j = j / max_looks``:
+    the equal-blocks boundaries). At the last planned look all the alpha left is spent anyway.
+
+    Args:
+        blocks: the 0-based block (repeat) of each observation in the fit.
+        per_block: runs a complete block has (> 0); ``max_looks``: the plan's maximum of blocks (> 0).
+    """
+    if per_block <= 0 or max_looks <= 0 or look < 1:
+        return None
+    counts = [sum(1 for b in blocks if b < j) for j in range(1, look + 1)]
+    if all(c == per_block * j for j, c in zip(range(1, look + 1), counts)):
+        return None
+    total = per_block * max_looks
+    return tuple(max(min(c / total, 1.0), 1e-6) for c in counts)
+
+
 class EffectsStopRule:
     """Decide every main effect of the run-level model after each block; stop when all are decided or
     ``max_looks`` blocks ran.
@@ -365,9 +311,10 @@ class EffectsStopRule:
         terms = {t.name: t for t in fit.terms} if fit is not None else {}
         mains = [t for t in terms.values() if t.kind in ("main", "level")] if terms else []
         m = max(1, (len(mains) or len(names)) + len(self.claims))
+        info = information(blocks, look, per_block, self.max_looks)
         for t in mains:
             out.append(decide(t.effect, t.se, fit.df_resid, threshold=self.threshold, alpha=self.alpha / m,
-                              look=look, max_looks=self.max_looks, name=t.name))
+                              look=look, max_looks=self.max_looks, name=t.name, info=info, runs=len(y)))
         if not mains:  # no fit yet (too few runs): every factor undecided
             out = [Decision(name=f, verdict="undecided", estimate=0.0, se=None, df=0.0, lo=None, hi=None,
                             threshold=self.threshold, alpha=self.alpha / m, look=look, max_looks=self.max_looks)
@@ -376,7 +323,8 @@ class EffectsStopRule:
             from bench.analyze.sequential_claims import claim_decisions
 
             a = self.alpha / m
-            q = lambda df: critical_value(df, alpha=a, look=look, max_looks=self.max_looks)  # noqa: E731
+            q = lambda df: critical_value(df, alpha=a, look=look, max_looks=self.max_looks,  # noqa: E731
+                                          info=info if mains else None, runs=len(y))
             out += [Decision(**f, threshold=self.threshold, alpha=a, look=look, max_looks=self.max_looks)
                     for f in claim_decisions(obs, y, blocks, self.claims, quantile=q, alpha=a)]
         return out, len(y), per_block
@@ -402,5 +350,5 @@ class EffectsStopRule:
 
 
 __all__ = ["METHOD", "VERDICTS", "Decision", "EffectsStopRule", "Look", "StopRule", "blocks_to_decide",
-           "critical_value", "decide", "obf_boundaries", "obf_spending", "log_step_samples", "probed",
+           "critical_value", "decide", "information", "obf_boundaries", "obf_spending", "log_step_samples", "probed",
            "run_observations"]

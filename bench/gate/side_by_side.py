@@ -4,11 +4,11 @@ and the candidate's run of a cell start **at the same time**, each pinned to a C
 
 Why: on a 2-core machine the spread of a block's ratio in a sequential interleaved gate is mostly the machine's
 speed drifting from one run to the next (measured: the run-level SD of log step time 0.080, of which the steps'
-own jitter explains 0.027; consecutive runs correlate at r = 0.55, docs/gate.md). Two runs at the same moment see
-the same drift, so it cancels in their ratio; a block lasts one run instead of two. What the two CPUs differ in
-(interrupts, the harness's own work) is a fixed offset per CPU: the CPUs swap every block (each pair of blocks
-holds both assignments, in random order), so it cancels in the mean over blocks, and the comparison removes it
-(:func:`bench.gate.runs.block_pairs` reads ``affinity.json``).
+own jitter explains 0.027; consecutive runs correlate at r = 0.55, docs/lab-notes/gate.md). Two runs at the
+same moment see the same drift, so it cancels in their ratio; a block lasts one run instead of two. What the
+two CPUs differ in (interrupts, the harness's own work) is a fixed offset per CPU: the CPUs swap every block
+(each pair of blocks holds both assignments, in random order), so it cancels in the mean over blocks, and the
+comparison removes it (:func:`bench.gate.runs.block_pairs` reads ``affinity.json``).
 
 Each run's CPU is written to ``<run>/affinity.json`` (``{"cpus": [N], "alone": false}``; alone: its partner had
 already run, a resumed block). A run forked by a fork
