@@ -167,7 +167,11 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
         check_folder("--out", args.out)
     if (command in WRITES_MLFLOW or interleaved) and (command != "sync" or args.tracking_uri_given):
         check_tracking_uri(args.tracking_uri, probe=not dry)
-    elif in_memory(args.tracking_uri):  # gate/report/compare/baseline log to MLflow too: never to a lost store
+    elif in_memory(args.tracking_uri) or (command != "sync" and args.tracking_uri != "" and (
+            args.tracking_uri_given or os.environ.get("MLFLOW_TRACKING_URI"))):
+        # gate/report/compare/baseline log to MLflow too: a URI the user chose is checked as `run` checks it
+        # (its form; no probe: their MLflow step is a warning when the store is down); --tracking-uri '' is
+        # theirs for "log nothing to MLflow"
         check_tracking_uri(args.tracking_uri, probe=False)
 
 
@@ -197,9 +201,16 @@ def default_tracking_uri(results: Path) -> str:
     return os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{Path(results).as_posix()}/mlflow.db"
 
 
+def folder_arg(text: str) -> Path:
+    """``--results DIR`` as a path; an empty text (``--results ''``, which would be the current folder) is refused."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty (allowed: a folder; leave the option out for results/)")
+    return Path(text)
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     """``--results`` and ``--tracking-uri``, shared by every subcommand."""
-    p.add_argument("--results", type=Path, default=default_results(), metavar="DIR",
+    p.add_argument("--results", type=folder_arg, default=default_results(), metavar="DIR",
                    help="results folder (default: results/)")
     p.add_argument("--tracking-uri", default=None, metavar="URI",
                    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<results>/mlflow.db)")

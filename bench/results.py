@@ -154,6 +154,45 @@ def check_writable(root: Path, matrix_name: str | None = None) -> None:
         raise BenchError(f"--results {root}: folder is not writable ({probe})")
 
 
+def check_output_folder(out: Path, files: tuple[str, ...], given: bool) -> None:
+    """Refuse, before anything is computed or written, an output folder ``out`` the harness cannot fill with
+    ``files``: the folder (or its nearest existing parent) a file, a read-only mount or not writable
+    (:func:`bench.paths.check_folder`), or one of ``files`` inside it a folder or something else than a file.
+    ``given``: ``out`` came from ``--out`` (else it is the command's default place, and the message says so).
+
+    Raises:
+        BenchError: naming the path, what is in the way and what to do.
+    """
+    from bench.paths import check_folder
+
+    flag = "--out" if given else "output folder"
+    hint = "" if given else " (move it away, or give --out DIR)"
+    try:
+        check_folder(flag, out)
+    except BenchError as exc:
+        raise BenchError(f"{exc}{hint}") from None
+    for name in files:
+        p = Path(out) / name
+        if os.path.lexists(p) and not p.is_symlink() and not p.is_file():  # a link is replaced, never followed
+            kind = "a folder" if p.is_dir() else "not a regular file"
+            raise BenchError(f"{flag} {out}: {p} is {kind} (move it away; the harness writes a file there)")
+
+
+def check_baseline_slot(ref: str | None, results: Path) -> None:
+    """Refuse a baseline name whose file ``<results>/baselines/<ref>.json`` exists as a folder or other
+    non-file (read by ``baseline show``, ``gate --baseline`` and ``compare``, written by ``baseline save``).
+
+    Raises:
+        BenchError: naming the path.
+    """
+    if not ref or "/" in ref or ref.endswith(".json"):
+        return
+    p = Path(results) / "baselines" / f"{ref}.json"
+    if os.path.lexists(p) and not p.is_file():
+        kind = "a folder" if p.is_dir() else "a dangling link" if p.is_symlink() else "not a regular file"
+        raise BenchError(f"baseline {ref}: {p} is {kind} (a baseline is a JSON file; move it away)")
+
+
 def new_sweep_id(fingerprint: str) -> str:
     """``YYYYmmdd-HHMMSS-<fingerprint>`` in local time; sorts by start time."""
     return time.strftime("%Y%m%d-%H%M%S") + f"-{fingerprint}"
@@ -270,12 +309,30 @@ def check_sweep_meta(path: Path) -> dict:
     runs = (meta.get("plan") or {}).get("runs") if isinstance(meta.get("plan"), dict) else None
     if not isinstance(runs, list):
         raise BenchError(f"{path}: not a sweep record: plan.runs missing")
+    if not runs:
+        raise BenchError(f"{path}: plan.runs is empty (allowed: the sweep's cells, at least one)")
+    if len(runs) > MAX_PLANNED_RUNS:
+        raise BenchError(f"{path}: plan.runs has {len(runs)} cells (allowed: at most {MAX_PLANNED_RUNS})")
+    seen: dict[str, int] = {}
     for i, run in enumerate(runs):
         if not (isinstance(run, dict) and isinstance(run.get("cell_id"), str) and isinstance(run.get("label"), str)
                 and isinstance(run.get("levels"), dict)):
             raise BenchError(f"{path}: plan.runs[{i}]: needs cell_id, label and levels")
         if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", run["cell_id"]):  # a folder of this sweep
             raise BenchError(f"{path}: plan.runs[{i}].cell_id {run['cell_id'][:60]!r}: not a cell folder name")
+        if run["cell_id"] in seen:  # a reader would count that cell's runs twice
+            raise BenchError(f"{path}: plan.runs[{i}].cell_id {run['cell_id']!r}: listed twice (also "
+                             f"plan.runs[{seen[run['cell_id']]}]; allowed: each cell once)")
+        seen[run["cell_id"]] = i
+        check_levels(run["levels"], f"{path}: plan.runs[{i}].levels")
+    matrix = meta.get("matrix")
+    if not isinstance(matrix, dict):
+        got = "missing" if matrix is None else f"{type(matrix).__name__} {str(matrix)[:40]!r}"
+        raise BenchError(f"{path}: matrix: {got} (allowed: a JSON object, the matrix as the sweep ran it)")
+    for key, kind in (("base", dict), ("design", dict), ("expect", list)):
+        if matrix.get(key) is not None and not isinstance(matrix[key], kind):
+            raise BenchError(f"{path}: matrix.{key}: {type(matrix[key]).__name__} (allowed: "
+                             f"{'a JSON object' if kind is dict else 'a list'})")
     seq = meta.get("sequential") if isinstance(meta.get("sequential"), dict) else {}
     for key, value in (("plan.repeats", meta["plan"].get("repeats", 1)),
                        ("sequential.stopped_after", seq.get("stopped_after") or 1)):
@@ -285,6 +342,31 @@ def check_sweep_meta(path: Path) -> dict:
         if not isinstance(meta.get(key), str):
             raise BenchError(f"{path}: not a sweep record: {key} missing")
     return meta
+
+
+#: most cells a ``sweep.json`` may plan (a real design of 9 two-level factors has 512)
+MAX_PLANNED_RUNS = 10_000
+
+
+def check_levels(levels: dict[str, Any], where: str) -> None:
+    """Check a cell's factor levels as a results file holds them: each key a registered factor, each value
+    one of that factor's levels (an integer, never a boolean or text) or ``null`` (not applicable).
+
+    Raises:
+        BenchError: ``where`` (file and key path), the factor or value, and what is allowed.
+    """
+    from bench.spec.optimizations import REGISTRY
+
+    for key, value in levels.items():
+        opt = REGISTRY.get(key)
+        if opt is None:
+            raise BenchError(f"{where}: unknown factor {str(key)[:60]!r}{did_you_mean(key, REGISTRY)} "
+                             f"(allowed: {', '.join(REGISTRY)})")
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value not in opt.levels):
+            shown = json.dumps(value)[:40] if isinstance(value, (str, bool, int, float)) else type(value).__name__
+            raise BenchError(f"{where}.{key}: {shown} is not a level of {key} (allowed: "
+                             f"{', '.join(map(str, opt.levels))}, or null where not applicable)")
 
 
 def run_dir(sweep: Path, cell_id: str, repeat: int, version: str | None = None) -> Path:

@@ -225,6 +225,9 @@ def render(data: dict[str, Any]) -> str:
                      f"[{_pct(ci[0])}, {_pct(ci[1])}] | "
                      f"{_f(e.get('p_value'), '.2g')} | {e['result']}{': ' + e['reason'] if e.get('reason') else ''} |")
         L.append("")
+    from bench.analyze.where_md import where_lines
+
+    L += where_lines(data.get("where"), lvl)
     L += [
         "## Method",
         "",

@@ -17,10 +17,10 @@ import argparse
 from pathlib import Path
 
 from bench.commands.base import Command
-from bench.commands.gate import add_comparison_arguments, metric_list, print_result
+from bench.commands.gate import GATE_FILES, add_comparison_arguments, metric_list, print_result
 from bench.gate.stored import run_gate
 from bench.gate.verdicts import EXIT_CODES
-from bench.results import find_sweep
+from bench.results import check_baseline_slot, check_output_folder, find_sweep
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,7 +43,10 @@ def main(args: argparse.Namespace) -> int:
     Raises:
         BenchError: bad input (unknown sweep, another engine or platform, no matching cells, bad flags): exit 2.
     """
+    for ref in (args.sweep_a, args.sweep_b):
+        check_baseline_slot(ref, args.results)
     out = args.out if args.out is not None else find_sweep(args.sweep_b, args.results) / "compare"
+    check_output_folder(out, GATE_FILES, given=args.out is not None)
     result = run_gate(baseline_ref=args.sweep_a, candidate_ref=args.sweep_b, results=args.results,
                       tracking_uri=args.tracking_uri, metrics=metric_list(args), threshold=args.threshold,
                       alpha=args.alpha, out=out, n_boot=args.bootstrap, seed=args.seed, check_expect=False,

@@ -16,6 +16,12 @@ from bench.errors import BenchError
 from bench.gate.markdown import append_step_summary, render_markdown
 from bench.gate.stored import run_gate
 from bench.gate.verdicts import CANNOT_JUDGE, DEFAULT_THRESHOLD, EXIT_CANNOT_JUDGE, EXIT_CODES
+from bench.results import check_baseline_slot, check_output_folder, find_sweep
+
+#: the files a gate writes into its output folder (``gate``, ``compare``)
+GATE_FILES = ("gate.md", "gate.json")
+#: most blocks ``gate --interleave --blocks`` plans (each block runs every cell twice)
+MAX_BLOCKS = 1000
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -107,10 +113,16 @@ def main(args: argparse.Namespace) -> int:
         return interleaved_main(args, metrics)
     if args.candidate is None:
         raise BenchError("gate: give --candidate SWEEP (against --baseline), or --interleave REV --matrix MATRIX.yaml")
+    if args.matrix is not None:
+        raise BenchError(f"--matrix {args.matrix}: only with --interleave (a gate of --candidate judges that sweep "
+                         "with its own matrix; alone it would be ignored)")
     try:
+        check_baseline_slot(args.baseline, args.results)
+        out = args.out if args.out is not None else find_sweep(args.candidate, args.results) / "gate"
+        check_output_folder(out, GATE_FILES, given=args.out is not None)  # before the comparison: nothing half-written
         result = run_gate(baseline_ref=args.baseline, candidate_ref=args.candidate, results=args.results,
                           tracking_uri=args.tracking_uri, metrics=metrics, threshold=args.threshold,
-                          alpha=args.alpha, out=args.out, n_boot=args.bootstrap, seed=args.seed,
+                          alpha=args.alpha, out=out, n_boot=args.bootstrap, seed=args.seed,
                           check_expect=not args.no_expect, pairing=args.pairing == "auto", max_mde=args.max_mde,
                           normalize=args.normalize == "auto", test=getattr(args, "test", None))
     except BenchError as exc:
@@ -156,8 +168,9 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
         raise BenchError("gate --interleave: runs its own sweep of both versions; drop --baseline/--candidate")
     if metrics != ["step_time"]:
         raise BenchError(f"gate --interleave: --metric {','.join(metrics)}: only step_time is compared")
-    if args.blocks is not None and args.blocks < 2:
-        raise BenchError(f"--blocks {args.blocks}: a paired comparison needs 2 or more blocks")
+    if args.blocks is not None and not 2 <= args.blocks <= MAX_BLOCKS:
+        raise BenchError(f"--blocks {args.blocks}: allowed 2..{MAX_BLOCKS} (a paired comparison needs 2 or more "
+                         "blocks; the gate stops early once every cell is judged)")
     budget_s = None
     if getattr(args, "budget", None) is not None:
         from bench.commands.run_planning import parse_duration

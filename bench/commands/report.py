@@ -51,7 +51,7 @@ from bench.analyze.tables import analyze, article_rows, claims_on_runs
 from bench.commands.base import Command
 from bench.errors import BenchError
 from bench.gate.verdicts import check_expectations, validate_expect
-from bench.results import atomic_write_json, atomic_write_text, find_sweep
+from bench.results import atomic_write_json, atomic_write_text, check_output_folder, find_sweep
 from bench.speed import normalize_snapshot
 
 
@@ -90,6 +90,10 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
                   "parent_run_id": snap["source"].get("parent_run_id"), "order": snap.get("order")},
         "speed_normalized_to_s": probe_ref, **stats,
     }
+    from bench.analyze.where import where_section
+
+    # where each optimization acts: each operator category's time through the same run-level model
+    data["where"] = where_section(Path(sweep), snap, stats["effects"], alpha=alpha, interactions=interactions)
     from bench.analyze.planning import report_section
 
     data.update(report_section(Path(sweep), meta))  # noise and cost model, the plan, sequential looks
@@ -106,6 +110,11 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
         apply_to_report(data, seq)
         data["article"] = article_rows(snap, data["cells"], data["effects"])
     return data
+
+
+#: the files :func:`write` puts into the report folder
+REPORT_FILES = ("speedup.png", "effects.png", "phases.png", "long_tail.png", "article.png", "effects.csv",
+                "report.json", "report.md")
 
 
 def write(data: dict[str, Any], out: Path) -> list[Path]:
@@ -156,6 +165,9 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
               for t in ((data["effects"].get("fit") or {}).get("terms") or [])]
         ms += [Metric(_key(f"report.speedup.{r['cell']}"), float(r["speedup"]), now, 0)
                for r in data["cells"] if r["speedup"] is not None]
+        from bench.analyze.where import where_metrics
+
+        ms += [Metric(_key(f"report.{k}"), v, now, 0) for k, v in where_metrics(data.get("where")).items()]
         for i in range(0, len(ms), 900):
             tr.client.log_batch(rid, metrics=ms[i:i + 900])
         tr.client.set_tag(rid, "bench.report", "report/report.md")
@@ -192,9 +204,10 @@ def main(args: argparse.Namespace) -> int:
     if not 0 < args.alpha < 0.5:
         raise BenchError(f"--alpha {args.alpha}: must be in (0, 0.5)")
     sweep = find_sweep(args.sweep, args.results)
+    out = Path(args.out) if args.out else sweep / "report"
+    check_output_folder(out, REPORT_FILES, given=bool(args.out))  # before the analysis: nothing half-written
     data = build(sweep, args.results, alpha=args.alpha, n_boot=args.bootstrap, seed=args.seed,
                  interactions=not args.no_interactions, normalize=args.normalize == "auto")
-    out = Path(args.out) if args.out else sweep / "report"
     files = write(data, out)
     warn = log_mlflow(data, files, args.tracking_uri) if args.tracking_uri else None
     print(f"report: {out / 'report.md'} ({len(data['cells'])} cells, "

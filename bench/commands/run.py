@@ -16,6 +16,7 @@ from bench.commands.base import Command, add_execution_arguments
 from bench.commands.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
 from bench.commands.run_planning import add_planning_arguments, closing_verdict_line, prepare, print_planning
 from bench.engines import engine_class, engines_with, get_engine
+from bench.errors import BenchError
 from bench.figures import SUMMARY_STEP_TIME
 from bench.results import check_writable
 from bench.spec.loading import load_matrix
@@ -217,6 +218,26 @@ def print_summary(rows: list[dict[str, Any]], console: Console) -> None:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
+#: most runs ``--parallel N`` starts at once (one per Ray node)
+MAX_PARALLEL = 4096
+
+
+def check_parallel(value: str) -> None:
+    """Refuse a ``--parallel`` that is neither ``auto`` nor a whole number of runs at once in 1..:data:`MAX_PARALLEL`
+    (checked before the matrix is read, ``--dry-run`` included; the cluster's node count is checked when Ray is met,
+    :func:`bench.execution.ray_parallel.parallel_slots`).
+
+    Raises:
+        BenchError: naming the value and what is allowed.
+    """
+    text = str(value).strip()
+    if text.lower() == "auto":
+        return
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_PARALLEL:
+        raise BenchError(f"--parallel {str(value)[:40]!r}: allowed: auto, or a number of runs at once in "
+                         f"1..{MAX_PARALLEL}")
+
+
 def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""):
     """Ray job executor with ``--ray-address``; the fork server where the engine allows it on this platform
     (``forkserver_platforms``: embedded CPU runs) unless ``--spawn``; else a fresh local process per run. A
@@ -242,6 +263,8 @@ def main(args: argparse.Namespace) -> int:
     """Run (or dry-run) a matrix; 0 when every cell finished, 1 when some failed, 2 on bad input."""
     from bench.progress import make_console
 
+    if getattr(args, "parallel", None) is not None:  # its form, before the matrix (a dry run never meets Ray)
+        check_parallel(args.parallel)
     console = make_console(PLAIN_WIDTH)  # CI log or file: no colours, no 80-column default
     matrix = load_matrix(args.matrix, getattr(args, "overrides", None))  # its expect claims too
     if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command

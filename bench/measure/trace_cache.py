@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover - xxhash is a dependency; exercised by f
         return hashlib.blake2b(digest_size=16)
 
 #: parser kind -> version (bump when that parser's result for the same bytes may change)
-VERSIONS = {"trace": 2, "kernel_details": 1, "step_trace": 1}
+VERSIONS = {"trace": 3, "kernel_details": 1, "step_trace": 1}
 #: folder name, inside a run folder
 CACHE_DIR = ".trace_cache"
 #: bytes read at a time by :meth:`HashingReader.digest`

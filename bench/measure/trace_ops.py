@@ -229,8 +229,9 @@ def top_table(store: OpStore, spans: list[tuple[int | None, float, float]] | Non
         n: operators per kind.
 
     Returns:
-        ``[{"step", "window_ms", "cpu": [...], "device": [...]}]``, one per window; each operator
-        ``{"name", "calls", "self_ms", "share"}`` (``share``: self time / window, ``None`` without one),
+        ``[{"step", "window_ms", "cpu": [...], "device": [...], "ops": {"cpu": [...], "device": [...]}}]``, one
+        per window; each top operator ``{"name", "calls", "self_ms", "share"}``; ``ops``: every operator of the
+        window as ``[name, calls, self us]``, same order (``share``: self time / window, ``None`` without one),
         sorted by self time (then name).
     """
     rows = spans if spans is not None else [(None, 0.0, None)]
@@ -258,8 +259,10 @@ def top_table(store: OpStore, spans: list[tuple[int | None, float, float]] | Non
     for w, (step, _, window) in enumerate(rows):
         entry: dict[str, Any] = {"step": step, "window_ms": None if window is None else round(window / 1e3, 3)}
         for kind in ("cpu", "device"):
-            ops = sorted(tables[kind].get(w, []), key=lambda o: (-o[2], o[0]))[:n]
-            entry[kind] = op_rows(ops, window)
+            ops = sorted(tables[kind].get(w, []), key=lambda o: (-o[2], o[0]))
+            entry[kind] = op_rows(ops[:n], window)
+            # every operator (name, calls, self us): the run's operator and category times (bench.measure.run_ops)
+            entry.setdefault("ops", {})[kind] = [[name, c, round(t, 3)] for name, c, t in ops]
         out.append(entry)
     return out
 

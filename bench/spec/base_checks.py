@@ -61,6 +61,10 @@ def check_override_form(overrides: list[str]) -> list[str]:
     """
     for i, ov in enumerate(overrides):
         key = ov.split("=", 1)[0].strip().lstrip("+~")
-        if "\x00" in ov or "\n" in ov or not key or ("=" not in ov and not ov.startswith("~")):
+        ctrl = next((c for c in ov if ord(c) < 32 or ord(c) == 127), None)
+        if ctrl is not None:  # a carriage return or tab would reach verl's command line as part of a value
+            raise ValueError(f"entry {i}: {ov!r} holds the control character {ctrl!r} (allowed: one line of "
+                             "printable text, KEY=VALUE, +KEY=VALUE, ~KEY)")
+        if not key or ("=" not in ov and not ov.startswith("~")):
             raise ValueError(f"entry {i}: {ov!r} is not a Hydra override (allowed: KEY=VALUE, +KEY=VALUE, ~KEY)")
     return overrides

@@ -201,6 +201,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path)
     """
     given: dict[str, str] = {}
     for ov in overrides:
+        ctrl = next((c for c in ov if ord(c) < 32 or ord(c) == 127), None)
+        if ctrl is not None:  # YAML would read "4\r" as 4: what was typed is not what runs
+            raise BenchError(f"{file}: override {ov!r}: holds the control character {ctrl!r} (allowed: one line "
+                             "of printable text, base.KEY=VALUE)")
         key, eq, value = ov.partition("=")
         parts = key.strip().split(".")
         if not eq or not all(parts) or len(parts) < 2 or parts[0] not in OVERRIDABLE:

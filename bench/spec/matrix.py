@@ -308,6 +308,9 @@ class Matrix(BaseModel):
                 what = _TYPE_WORDS.get(type(bad), "a value")
                 raise ValueError(f"a list of factors holds factor names only, got {what} {repr(bad)[:60]} "
                                  "(write factors as a mapping, factor: [levels], or as a list of names)")
+            twice = next((k for i, k in enumerate(raw) if k in raw[:i]), None)
+            if twice is not None:
+                raise ValueError(f"{twice!r} is listed twice (allowed: each factor once)")
             raw = {k: None for k in raw}
         if not isinstance(raw, dict):
             raise ValueError("expected a mapping of factor -> levels")
@@ -345,6 +348,15 @@ class Matrix(BaseModel):
                         raise ValueError(f"design.cells[{i}].{key}: {key} at {level} is not among the matrix's "
                                          f"factors and levels ({self.factors or 'none listed'}); list it under "
                                          "factors")
+            seen: dict[tuple, int] = {}
+            for i, cell in enumerate(self.design.cells):  # omitted factors at their first level (the class text)
+                full = {**{k: v[0] for k, v in self.factors.items()}, **cell}
+                key = tuple(sorted(full.items()))
+                if key in seen:
+                    raise ValueError(f"design.cells[{i}]: the same cell as design.cells[{seen[key]}] "
+                                     f"({', '.join(f'{k}={v}' for k, v in key) or 'all off'}; a factor a cell omits "
+                                     "is at its first level); list each cell once")
+                seen[key] = i
         for i, rule in enumerate(self.exclude):
             rule.when = parse_cell(rule.when, f"exclude[{i}].when")
             for key, level in rule.when.items():
@@ -363,8 +375,30 @@ class Matrix(BaseModel):
         if check is not None:
             check(self.base)
         if self.expect:  # raises pydantic's ValidationError located at expect.<i>.<key>
-            ExpectBlock(expect=self.expect)
+            for i, claim in enumerate(ExpectBlock(expect=self.expect).expect):
+                self._check_uses(f"expect.{i}", claim.factor, claim.level)
+        fixed = self.tune.get("fixed") if isinstance(self.tune, dict) else None
+        if isinstance(fixed, dict) and self.factors:  # a tune of a matrix that lists factors: within them
+            try:
+                cell = parse_cell(fixed)
+            except ValueError:
+                cell = {}  # named by the tune block's own check (bench.tune.space), in its words
+            for key, level in cell.items():
+                self._check_uses("tune.fixed", key, level)
         return self
+
+    def _check_uses(self, where: str, factor: str, level: int | None) -> None:
+        """Refuse a claim or a fixed level on a factor (or level) this matrix does not list (``factor: all``
+        is every listed factor)."""
+        listed = ", ".join(f"{k}: {v}" for k, v in self.factors.items()) or "none"
+        if factor == "all":
+            return
+        if factor not in self.factors:
+            raise ValueError(f"{where}.{factor}: the matrix does not list {factor} under factors (factors: "
+                             f"{listed}); list it, or drop it here")
+        if level is not None and level not in self.factors[factor]:
+            raise ValueError(f"{where}.{factor}: level {level} is not among the matrix's levels "
+                             f"{self.factors[factor]} of {factor}")
 
     def fingerprint(self) -> str:
         """Stable 10-hex-digit hash of the matrix content (used to find the sweep to resume)."""

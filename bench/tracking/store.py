@@ -73,6 +73,10 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
                          "would be lost); use sqlite:///PATH or a tracking server")
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
     _lower_scheme(uri, "--tracking-uri")
+    if uri.strip() == "databricks" or scheme == "databricks":  # MLflow's word for a Databricks workspace
+        if probe:
+            check_databricks(uri)
+        return
     if scheme == "file" or (scheme == "" and uri.strip()):
         raise BenchError(f"--tracking-uri {uri}: MLflow {_mlflow_version()} keeps no file store (a folder of runs); "
                          f"use sqlite:///PATH (allowed: {ALLOWED_URIS})")
@@ -98,6 +102,19 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
             why = getattr(exc, "reason", None) or exc
             raise BenchError(f"--tracking-uri {uri}: tracking server unreachable ({why}); start it, or use "
                              "a sqlite:/// store and `run_bench.py sync` later") from None
+
+
+def check_databricks(uri: str) -> None:
+    """A ``databricks`` (or ``databricks://PROFILE``) tracking URI needs a configured workspace, as MLflow reads it:
+    ``DATABRICKS_HOST`` in the environment or a ``~/.databrickscfg`` profile file (nothing is contacted).
+
+    Raises:
+        BenchError: neither is there.
+    """
+    if os.environ.get("DATABRICKS_HOST") or (Path.home() / ".databrickscfg").is_file():
+        return
+    raise BenchError(f"--tracking-uri {uri}: a Databricks workspace, but none is configured (set DATABRICKS_HOST and "
+                     "DATABRICKS_TOKEN, or write a profile to ~/.databrickscfg); or use sqlite:///PATH")
 
 
 def check_database(uri: str, flag: str) -> None:
