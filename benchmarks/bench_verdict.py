@@ -46,8 +46,10 @@ interval at the look the sweep stopped, and for the sequential design the ratio 
 smallest fixed design that decides at least as often (``-`` when none of 2, 3, 5 repeats does).
 
     python benchmarks/bench_verdict.py --results results            # about 2-4 minutes on 2 busy cores
-    python benchmarks/bench_verdict.py --sweeps 400 --targets embedded
     python benchmarks/bench_verdict.py --real results/full/20261201-201000-abc results/full/20261201-201500-def
+
+Issue 30's validity benchmark from resampled REAL recorded runs (:mod:`sweep_validity`, docs/method.md): ``record
+SWEEP_DIR...`` writes benchmarks/data/recorded_runs_<target>.json, ``resampled --plot docs/img/sweep_oc.png`` runs it.
 """
 
 from __future__ import annotations
@@ -78,24 +80,26 @@ from bench.planning_apply import target_key, target_sweeps  # noqa: E402
 
 DRIFT = math.log(1.15)  # tests/drift_fake.py: +15 % over the sweep
 FIXED = (2, 3, 5)
-#: verl:cpu as measured on 2026-12-01 (docs/planning.md, "Noise and cost measured": matrix/verl_cpu.yaml with 2 repeats
-#: x 12 steps, 8 of 10 runs, niced under a load average of 20-27; those records were not kept)
+#: verl:cpu as measured on 2026-12-01 (docs/lab-notes/planning.md, "Noise and cost measured": matrix/verl_cpu.yaml
+#: with 2 repeats x 12 steps, 8 of 10 runs, niced under a load average of 20-27; those records were not kept)
 VERL_MEASURED = NoiseCost(sd_step=0.175, sd_run=0.0, sd_block=0.071, startup_s=271.0, step_s=1.33, warmup_step_s=14.4,
                           profiled_step_s=5.3, harness_s=5.6, runs=8, sd_stepidx=0.077,
-                          sweeps=["verl_cpu measured 2026-12-01 under load (docs/planning.md; records not kept)"])
-#: verl:cpu on a quiet host (docs/planning.md, "Where verl:cpu's run-to-run spread comes from", sweep 3 of
+                          sweeps=["verl_cpu measured 2026-12-01 under load (docs/lab-notes/planning.md; records not "
+                                  "kept)"])
+#: verl:cpu on a quiet host (docs/lab-notes/planning.md, "Where verl:cpu's run-to-run spread comes from", sweep 3 of
 #: 2026-12-02 10:44-11:05: components and the start-up and step costs measured; those records were not kept, and
 #: the warm-up, profiled-step and harness costs are the idle figures of matrix/verl_cpu.yaml's comment)
 VERL_QUIET = NoiseCost(sd_step=0.137, sd_run=0.057, sd_block=0.0, startup_s=73.7, step_s=0.80, warmup_step_s=10.0,
                        profiled_step_s=2.4, harness_s=5.0, runs=10, sd_stepidx=0.055,
-                       sweeps=["verl_cpu quiet host 2026-12-02 (docs/planning.md; records not kept)"])
+                       sweeps=["verl_cpu quiet host 2026-12-02 (docs/lab-notes/planning.md; records not kept)"])
 #: verl:cpu as the harness measures it since its runs carry the in-run speed probe (patches/bench_patches/
 #: verl_speed_probe.py; values speed-normalized, as the report, the planner and the stop rule see them): the fixed
-#: sweep of matrix/verl_cpu.yaml of 2026-12-03 08:10-08:40 (10 runs x 20 timed steps, quiet; docs/planning.md,
+#: sweep of matrix/verl_cpu.yaml of 2026-12-03 08:10-08:40 (10 runs x 20 timed steps, quiet; docs/lab-notes/planning.md,
 #: "Real check, 2026-12-03"), as ``estimate_model`` gives it
 VERL_PROBED = NoiseCost(sd_step=0.1551, sd_run=0.0049, sd_block=0.0420, startup_s=113.6, step_s=1.17,
                         warmup_step_s=11.89, profiled_step_s=3.20, harness_s=3.9, runs=10, sd_stepidx=0.1058,
-                        sweeps=["verl_cpu 2026-12-03 08:10, speed-normalized by the in-run probe (docs/planning.md)"])
+                        sweeps=["verl_cpu 2026-12-03 08:10, speed-normalized by the in-run probe "
+                                "(docs/lab-notes/planning.md)"])
 #: the in-run probe's per-step metric before it was applied as the speed probe (patches/bench_patches/
 #: verl_speed_probe.py wrote it under this name until it logged ``bench/speed_probe_s``): sweeps of that time
 DRIVER_PROBE = "bench/driver_probe_s"
@@ -530,6 +534,8 @@ def driver_probes(rec: dict[str, Any]) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if (argv if argv is not None else sys.argv[1:])[:1] in (["record"], ["resampled"]):  # issue 30 (module text)
+        return __import__("sweep_validity").cli(argv if argv is not None else sys.argv[1:])
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--results", type=Path, default=ROOT / "results",
                    help="results folder with finished full.yaml sweeps")

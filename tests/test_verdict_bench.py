@@ -68,7 +68,7 @@ def test_planned_sequential_sweep_needs_at_most_half_the_runs_of_the_fixed_desig
 
 
 def test_kept_decisions_variant_retires_decided_one_at_a_time_cells_and_keeps_its_error_rate():
-    """The simulated stop-rule variant of docs/planning.md (``--stop-variant retire``) on verl:cpu's quiet
+    """The simulated stop-rule variant of docs/lab-notes/planning.md (``--stop-variant retire``) on verl:cpu's quiet
     components, 40 seeded sweeps at a true 2 x threshold of dynamic_bsz: once dynamic_bsz is decided its cell runs in
     no later block (fewer runs than the shipped rule on the same seed), no false effect on the three null factors
     beyond alpha (binomial 99 % margin), never the wrong direction; a fresh rule per sweep (none of one sweep's
@@ -97,7 +97,7 @@ def test_verl_cpu_with_the_in_run_probe_needs_at_most_half_the_runs_of_the_fixed
     precision with longer runs), threshold 5 %, true effects 0 and 2 x threshold of dynamic_bsz, 40 seeded sweeps
     each: the planned sequential sweep keeps its error rates and runs at most half the runs of the smallest fixed
     design with the matrix's 20 timed steps that decides as often. With the raw quiet components (``VERL_QUIET``) this
-    did not hold (0.83-0.96, docs/planning.md): the probe is what brings verl:cpu within the target."""
+    did not hold (0.83-0.96, docs/lab-notes/planning.md): the probe is what brings verl:cpu within the target."""
     args = argparse.Namespace(seed=11, sweeps=40, alpha=0.05, threshold=0.05, search_sweeps=None)
     model, design = bv.verl_target(Path("/nonexistent"))
     assert model is bv.VERL_PROBED and design["timed"] == 20
@@ -114,3 +114,99 @@ def test_verl_cpu_with_the_in_run_probe_needs_at_most_half_the_runs_of_the_fixed
     assert r is not None
     for s in seqs.values():
         assert s["runs"] <= 0.5 * r * len(design["cells"]), (s["runs"], r, seqs)
+
+
+# --- issue 30: the validity benchmark from resampled real recorded runs (benchmarks/sweep_validity.py) ---
+
+import sweep_validity as sv  # noqa: E402
+
+from bench.analyze import sequential  # noqa: E402
+
+FIXTURE = sv.DEFAULT_FIXTURE
+
+
+def test_recorded_runs_fixture_loads_with_every_field_and_no_machine_path():
+    """The committed fixture of real embedded runs (matrix/full.yaml, 2 x 2): a header naming target, machine, load
+    and commit; per run cell, levels, block, order, times, status, timed steps with one speed probe each and the
+    run value; complete blocks of the four cells; no path of the recording machine."""
+    fix = sv.load_fixture(FIXTURE)
+    h = fix["header"]
+    assert h["target"] == "embedded" and h["format_version"] == sv.FORMAT_VERSION
+    assert "cores" in h["machine"] and h["load_average_mean"] > 0
+    assert all(len(s["commit"].removesuffix("+dirty")) == 40 and s["matrix"] == "full" and s["normalized"] for s in h["sweeps"])
+    keys = {"cell_id", "levels", "block", "order", "start_s", "end_s", "wall_s", "status", "reason", "timed_steps",
+            "step_time_s", "speed_probe_s", "value_log", "load1_per_cpu"}
+    for r in fix["runs"]:
+        assert keys <= set(r), keys - set(r)
+        assert r["end_s"] > r["start_s"] >= 0 and set(r["levels"]) == {"rmsnorm_fused", "dynamic_bsz"}
+        if r["status"] == "ok":
+            assert len(r["timed_steps"]) == len(r["step_time_s"]) == len(r["speed_probe_s"]) == 8
+            assert math.isclose(r["value_log"], float(np.median(np.log(np.array(r["step_time_s"])
+                                                                       / np.array(r["speed_probe_s"])))), abs_tol=1e-5)
+    blocks = sv.centred_blocks(fix)
+    assert len(blocks) >= 5 and all(len({r["cell_id"] for r in b}) == len(b) == 4 for b in blocks)
+    text = FIXTURE.read_text()
+    assert "/tmp/" not in text and "/work/" not in text and "/home/" not in text
+
+
+def test_resampler_centres_every_cell_and_draws_each_cell_from_its_own_runs():
+    """Centred blocks: every cell's scaled run values (as the real reader sees them) average the same grand mean, so
+    no real effect is left; a resampled block holds every cell once, in a recorded block's cell order, each run drawn
+    from that cell's own recorded runs, and only the runs with the changed factor on are slower, by exactly
+    1 + change."""
+    fix = sv.load_fixture(FIXTURE)
+    blocks = sv.centred_blocks(fix)
+    per_cell: dict[str, list[float]] = {}
+    for b in blocks:
+        for r in b:
+            if r["status"] == "ok":
+                _, y, _, _ = sequential.run_observations([sv.to_record(r, r["scale"])])
+                assert math.isclose(y[0], r["value_log"] + math.log(r["scale"]), abs_tol=1e-6)
+                per_cell.setdefault(r["cell_id"], []).append(y[0])
+    means = [float(np.mean(v)) for v in per_cell.values()]
+    raw = [float(np.mean([r["value_log"] for b in blocks for r in b if r["cell_id"] == c and r["status"] == "ok"]))
+           for c in per_cell]
+    assert max(means) - min(means) < 1e-4 < max(raw) - min(raw)  # the recorded cells differed; centred, they do not
+    rng = np.random.default_rng(4)
+    recs = sv.resample(rng, blocks, 40, "dynamic_bsz", 0.10)
+    assert len(recs) == 40 * 4 and [r["repeat"] for r in recs] == [k for k in range(40) for _ in range(4)]
+    by_src = {(r["sweep"], r["order"]): r for b in blocks for r in b}
+    orders = {tuple(r["cell_id"] for r in b) for b in blocks}
+    used = set()
+    for k in range(40):
+        srcs = [by_src[rec["_key"][1:3]] for rec in recs[4 * k: 4 * k + 4]]
+        assert tuple(s["cell_id"] for s in srcs) in orders  # every cell once, in a recorded block's order
+        for rec, s in zip(recs[4 * k: 4 * k + 4], srcs):
+            assert rec["cell_id"] == s["cell_id"] and rec["levels"] == s["levels"]
+            mult = 1.10 if s["levels"]["dynamic_bsz"] == 1 else 1.0
+            got = rec["summary"]["step_time_samples_s"]
+            assert np.allclose(got, np.array(s["step_time_s"]) * s["scale"] * mult)
+            assert rec["_cost_s"] >= s["wall_s"]
+            used.add((s["sweep"], s["order"]))
+    assert len(used) > len(blocks) * 4 // 2  # runs of many recorded blocks mixed, not whole blocks
+
+
+def test_short_resampled_simulation_runs_the_real_stop_rule():
+    """50 resampled sweeps of up to 6 blocks at a true 0 and at 2 x the 5 % threshold of dynamic_bsz, each through
+    the shipped stop rule look by look: rates are shares in [0, 1], the change is called 'slower' far more often at
+    2T than at 0, and a sweep's wall time is its runs' recorded seconds (at most 6 blocks of them)."""
+    fix = sv.load_fixture(FIXTURE)
+    blocks = sv.centred_blocks(fix)
+    block_s = max(sum(r["cost_s"] for r in b) for b in blocks)
+    sequential.run_observations = sv.cached_observations
+    try:
+        got = {}
+        for mult in (0.0, 2.0):
+            rng = np.random.default_rng([9, int(mult)])
+            res = [sv.sequential_sweep(sv.resample(rng, blocks, 6, "dynamic_bsz", mult * 0.05), 4, 6, 0.05, 0.05)
+                   for _ in range(50)]
+            got[mult] = sv.score(res, "dynamic_bsz", mult * 0.05, 0.05)
+            assert all(1 <= s["blocks"] <= 6 and 0 < s["wall_s"] <= 6 * block_s + 60 for s in res)
+    finally:
+        sequential.run_observations = sv._RUN_OBSERVATIONS
+    for s in got.values():
+        for k in ("family", "error", "coverage", "decided_all", *(f"v_{v}" for v in sv.VERDICT_KEYS)):
+            x = s["verdicts"][k[2:]] if k.startswith("v_") else s[k]
+            assert 0.0 <= x <= 1.0, (k, x)
+    assert got[2.0]["verdicts"]["slower"] >= got[0.0]["verdicts"]["slower"] + 0.3, got
+    assert got[0.0]["family"] <= 0.2 and got[2.0]["coverage"] >= 0.8, got
