@@ -89,3 +89,14 @@ def did_you_mean(word: Any, allowed: Any) -> str:
         return ""
     hit = difflib.get_close_matches(word, [str(a) for a in allowed], n=1)
     return f" (did you mean {hit[0]!r}?)" if hit else ""
+
+
+def clip_words(text: Any, limit: int) -> str:
+    """``text`` on one line, at most ``limit`` characters: when longer, cut at the last space before the limit
+    (never inside a word) and marked with ``...``; a first word longer than the limit is cut at the limit."""
+    flat = " ".join(str(text).split())
+    if len(flat) <= limit:
+        return flat
+    room = max(limit - 3, 1)
+    cut = flat.rfind(" ", 0, room + 1)
+    return (flat[:cut] if cut > 0 else flat[:room]).rstrip(" ,;:") + "..."

@@ -11,10 +11,12 @@ timing); the Free ratio comes from the profiled steps (:mod:`bench.measure.run_s
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
 
+from bench.errors import clip_words
 from bench.execution.executors import ExecResult
 from bench.measure import MeasureError, collect, summarize
 from bench.results import RECORD, atomic_write_json, is_record, read_json
@@ -22,6 +24,9 @@ from bench.run_record import SCHEMA_VERSION, RunRecord
 from bench.speed import probe_from_patches
 
 LOG_TAIL_LINES = 30
+#: a log line that says what went wrong (a crash's reason quotes the last such line of the run's log, never an
+#: unrelated last line such as a logger's start-up message)
+ERROR_LINE = re.compile(r"error|exception|traceback|fatal|fault|abort|killed|signal|assert", re.IGNORECASE)
 
 
 def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> str:
@@ -47,8 +52,9 @@ def _failure(run_dir: Path, res: ExecResult) -> tuple[str, str]:
     tail = log_tail(run_dir / "run.log", 200).lower()
     if "out of memory" in tail or "outofmemoryerror" in tail or "out of memory" in res.reason:
         return "oom", res.reason + (" (out of memory in log)" if "out of memory" in tail else "")
-    last = next((ln.strip() for ln in reversed(log_tail(run_dir / "run.log").splitlines()) if ln.strip()), "")
-    return "crash", f"{res.reason}: {last}"[:500] if last else res.reason
+    last = next((ln.strip() for ln in reversed(log_tail(run_dir / "run.log").splitlines()) if ERROR_LINE.search(ln)),
+                "")
+    return "crash", clip_words(f"{res.reason}: {last}", 500) if last else res.reason
 
 
 def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat: int, warmup_steps: int,

@@ -363,7 +363,7 @@ class Sweep:
             need = self._run_bytes(sweep_dir) * max(1, len(todo) - done)
             free = free_bytes(sweep_dir) or 0
             raise DiskFullError(
-                f"{sweep_dir}: disk full ({free / 2**20:.1f} MiB free; about {need / 2**20:.0f} MiB needed for the "
+                f"{sweep_dir}: disk full ({free / 2**20:.1f} MiB free; about {need / 2**20:.{0 if need >= 10 << 20 else 2}f} MiB needed for the "
                 f"{max(1, len(todo) - done)} run(s) left); the sweep is closed as failed, finished runs are kept: "
                 "free space and rerun the same command to resume") from None
 

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.errors import BenchError, doing
+from bench.errors import BenchError, clip_words, doing
 from bench.metadata import git_commit, versions  # noqa: F401  (re-exported; gathered in bench.metadata)
 from bench.tracking.naming import (  # noqa: F401  (re-exported: the public names of bench.tracking)
     EXPERIMENT_KIND,
@@ -147,7 +147,7 @@ class Tracker:
         """Record the first failure (later calls are skipped); returns the one-line reason."""
         if self.down is None:
             lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("(")]
-            self.down = f"{type(exc).__name__}: {lines[0]}"[:300] if lines else type(exc).__name__
+            self.down = clip_words(f"{type(exc).__name__}: {lines[0]}", 300) if lines else type(exc).__name__
         return self.down
 
     def _tags(self, tags: dict[str, Any], description: str | None) -> dict[str, str]:
