@@ -212,7 +212,11 @@ def render(data: dict[str, Any]) -> str:
         L += [
             "## Claims of the matrix `expect` block",
             "",
-            "Judged on the runs (t on the log run values of the two cells, pooled residual SD, as the cell table)."
+            "Judged on the runs (t on the log run values of the two cells, pooled residual SD, as the cell table)"
+            + (f"; the block's {fam['m']} claims are one family: each judged at alpha / {fam['m']} = "
+               f"{fam['per_claim_alpha']:.3g} (its interval at {1 - fam['per_claim_alpha']:.2%}), so any wrong "
+               f"verdict among them has probability at most {fam['alpha']:g}."
+               if (fam := data.get("expectations_family")) and fam.get("m", 1) > 1 else ".")
             + (" Step-time claims: the sequential look's repeated interval and decision (no p value); the other "
                f"claims (†): {NOT_COVERED}." if sv else ""),
             "",

@@ -101,7 +101,11 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
         try:
             claims = validate_expect(snap["expect"], snap["source"].get("matrix_file") or sweep)
             found = check_expectations(snap, claims, alpha=alpha, n_boot=0, seed=seed, normalize=False)
-            data["expectations"] = claims_on_runs(snap, found, alpha)
+            # the block's claims are one family: Bonferroni over its m claims, m fixed by the matrix before the data
+            m = max(1, len(claims))
+            data["expectations"] = claims_on_runs(snap, found, alpha / m)
+            data["expectations_family"] = {"alpha": alpha, "m": m, "per_claim_alpha": alpha / m,
+                                           "method": "Bonferroni over the expect block's claims"}
         except BenchError as exc:
             data["expectations_error"] = str(exc)
     from bench.analyze.sequential_view import apply_to_report, view

@@ -200,3 +200,31 @@ def test_saved_twice_the_gate_decides_and_records_what_it_declared(tmp_path):
     s = json.loads(next((tmp_path / "cand").glob("*/gate/gate.json")).read_text())["settings"]
     assert s["family"]["m"] == 2 and s["family"]["alpha_each"] == pytest.approx(0.025)
     assert "Bonferroni" in s["family"]["method"] and "alone" in s["normalization"]["step_time"]["decided_from"]
+
+
+def test_the_report_judges_the_expect_block_as_one_family(tmp_path):
+    """Two claims in the matrix's expect block: the report judges each at alpha / 2 (Bonferroni, m fixed by the
+    matrix), so its intervals are those of ``claims_on_runs`` at alpha / 2, wider than at alpha; report.md says so."""
+    from bench.analyze.tables import claims_on_runs
+    from bench.commands.report import build, write
+    from bench.gate.verdicts import check_expectations, validate_expect
+    from bench.speed import normalize_snapshot
+
+    expect = [{"factor": "dynamic_bsz", "at_least": 0.02}, {"factor": "dynamic_bsz", "at_most": 0.50}]
+    sweep = make_sweep(tmp_path, "two", [{}, {"dynamic_bsz": 1}], repeats=3, steps=8, seed=4, expect=expect,
+                       times=log_normal_times(effects={"dynamic_bsz": -0.10}, sd=0.02, run_sd=0.03))
+    data = build(sweep, tmp_path, alpha=0.05)
+    fam = data["expectations_family"]
+    assert (fam["m"], fam["per_claim_alpha"]) == (2, 0.025)
+    assert [e["alpha"] for e in data["expectations"]] == [0.025, 0.025]
+    from bench.analyze.snapshot import snapshot
+
+    snap = snapshot(sweep)
+    normalize_snapshot(snap)
+    found = check_expectations(snap, validate_expect(expect), alpha=0.05, n_boot=0, normalize=False)
+    wide, narrow = claims_on_runs(snap, found, 0.025), claims_on_runs(snap, found, 0.05)
+    for got, w, n in zip(data["expectations"], wide, narrow):
+        assert got["improvement_ci"] == w["improvement_ci"]
+        assert w["improvement_ci"][0] < n["improvement_ci"][0] and n["improvement_ci"][1] < w["improvement_ci"][1]
+    write(data, sweep / "report")
+    assert "each judged at alpha / 2 = 0.025" in (sweep / "report" / "report.md").read_text()
