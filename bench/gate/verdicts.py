@@ -234,6 +234,11 @@ def _diff_dicts(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[
     return out
 
 
+#: why a per-step comparison (``--pairing auto`` or a named ``--test``) of step time or throughput decides nothing
+PER_STEP_REASON = ("per-step comparison, for diagnosis only: the steps of one run are not independent samples and "
+                   "the sweep-to-sweep offset is not in it; the run-level comparison (the default) decides")
+
+
 def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: list[str], threshold: float,
                       alpha: float, n_boot: int = N_BOOT, seed: int = 0, pairing: bool = False,
                       max_mde: float | None = None, normalize: bool = True, test: str | None = None,
@@ -398,6 +403,12 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                     )
             if notes_:
                 row["reason"] = "; ".join(notes_)
+            if metric in SPEED_SCALED and row["verdict"] in ("regression", "improvement", "unchanged"):
+                # per-step tests treat a run's steps as independent and carry no sweep-to-sweep offset: their
+                # verdict is shown (judged_verdict), the gate is not decided on it
+                row["judged_verdict"], row["verdict"] = row["verdict"], CANNOT_JUDGE
+                row["reason"] = "; ".join(x for x in (PER_STEP_REASON + f" (per step: {row['judged_verdict']})",
+                                                      row.get("reason")) if x)
             _finish_row(row, metric, offset_known, kind, s2s, missing)
     counts = {v: sum(r["verdict"] == v for r in rows)
               for v in ("regression", "failed", "improvement", "unchanged", "noisy", CANNOT_JUDGE)}

@@ -127,9 +127,12 @@ def test_steps_of_the_same_work_are_paired(tmp_path, uri):
                      *(["--force"] if i else [])]) == 0
     slow = make_sweep(tmp_path, "cand", [{}], repeats=1, steps=12, seed=2, same_work=True,
                       times=log_normal_times(sd=0.01, work_sd=0.2, base_s=2.2))
-    assert gate(tmp_path, uri, "--pairing", "auto") == 1
+    # per-step tests are for diagnosis (issue 30): their verdict is shown, the gate cannot judge on it (exit 3)
+    assert gate(tmp_path, uri, "--pairing", "auto") == 3
     row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]
     assert row["test"].startswith("wilcoxon") and 0.08 < row["change"] < 0.12 and row["ci_low"] > 0.05
+    assert row["verdict"] == "cannot judge" and row["judged_verdict"] == "regression"
+    assert row["reason"].startswith("per-step comparison, for diagnosis only")
     # the default compares runs: one run per side cannot be judged (exit 3), not a pass
     assert gate(tmp_path, uri) == 3
     row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]
@@ -139,7 +142,9 @@ def test_steps_of_the_same_work_are_paired(tmp_path, uri):
     row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]
     assert row["test"] == "mann-whitney u" and row["verdict"] == "noisy" and row["judged_verdict"] == "unchanged"
     assert row["reason"].startswith("too noisy to judge") and row["mde"] > 0.10
-    assert gate(tmp_path, uri, "--test", "mann-whitney u", "--max-mde", "0.5") == 0  # a looser limit: unchanged
+    assert gate(tmp_path, uri, "--test", "mann-whitney u", "--max-mde", "0.5") == 3  # a looser limit: unchanged,
+    row = json.loads((slow / "gate" / "gate.json").read_text())["rows"][0]  # per step: shown, not decided
+    assert row["judged_verdict"] == "unchanged" and row["verdict"] == "cannot judge"
     # other work in the candidate (different response lengths): not paired
     other = make_sweep(tmp_path, "other", [{}], repeats=1, steps=12, seed=3, times=times)
     assert gate(tmp_path, uri, "--pairing", "auto", candidate="other") == 3
