@@ -117,3 +117,29 @@ def test_sync_after_an_outage_closes_the_parent_as_an_undisturbed_sweep(tmp_path
     for r in cb:
         assert r["step time s"] == float(f"{float(summary[r['cell id']]['step_time_s']):.4g}")
         assert math.isfinite(r["speedup low"]) and math.isfinite(r["speedup high"])
+
+
+def test_sync_to_another_store_closes_the_parent_it_creates(tmp_path, monkeypatch):
+    """A finished sweep synced to a store that never saw it (no queue, no parent there): ``sync`` creates the
+    parent, uploads every run and closes the parent as FINISHED with the sweep's status (issue 33: it stayed
+    RUNNING); a sweep marked ``running`` in sweep.json is left open (another harness may still be at it)."""
+    import json
+
+    path = small_full(tmp_path, repeats=2)
+    monkeypatch.setattr("bench.commands.run.make_executor", lambda *a, **k: DriftExecutor(8, seed=7))
+    first = f"sqlite:///{(tmp_path / 'first.db').as_posix()}"
+    assert main(["run", str(path), "--order-seed", "3", "--results", str(tmp_path / "r"), "--tracking-uri", first]) == 0
+    other = f"sqlite:///{(tmp_path / 'other.db').as_posix()}"
+    assert main(["sync", "full", "--results", str(tmp_path / "r"), "--tracking-uri", other]) == 0
+    p = _parent(other)
+    assert p.info.status == "FINISHED" and p.data.tags["bench.status"] == "complete"
+    runs = _client(other).search_runs([p.info.experiment_id], filter_string=f"tags.mlflow.parentRunId = "
+                                      f"'{p.info.run_id}'")
+    assert len(runs) == 8
+    sweep = (tmp_path / "r" / "full" / "latest").resolve()
+    meta = json.loads((sweep / "sweep.json").read_text())
+    meta["status"] = "running"
+    (sweep / "sweep.json").write_text(json.dumps(meta))
+    third = f"sqlite:///{(tmp_path / 'third.db').as_posix()}"
+    assert main(["sync", "full", "--results", str(tmp_path / "r"), "--tracking-uri", third]) == 0
+    assert _parent(third).info.status == "RUNNING"

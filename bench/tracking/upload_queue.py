@@ -174,6 +174,10 @@ def check_sweep_files(sweep_dir: Path, meta: dict[str, Any] | None = None
     return meta, specs, problems
 
 
+#: a sweep's final ``status`` in ``sweep.json`` -> its MLflow parent's run status (a ``running`` sweep is left open)
+FINAL_STATUS = {"complete": "FINISHED", "incomplete": "FAILED", "failed": "FAILED", "interrupted": "KILLED"}
+
+
 def sync_sweep(
     sweep_dir: Path, tracker, on_event: Callable[[str, dict[str, Any]], None] | None = None,
     checked: tuple[dict[str, Any], dict[str, Any], list[str]] | None = None,
@@ -225,8 +229,9 @@ def sync_sweep(
                     continue
                 for k in range(int(meta["plan"].get("repeats", 1))):
                     rdir = run_dir(sweep_dir, spec.cell_id, k)
-                    if (rdir / MLFLOW_MARK).exists():
-                        continue
+                    mark = read_json(rdir / MLFLOW_MARK) if (rdir / MLFLOW_MARK).exists() else None
+                    if isinstance(mark, dict) and mark.get("tracking_uri") in (None, tracker.uri):
+                        continue  # uploaded to this store (a mark of another store's upload: uploaded here too)
                     try:
                         rec = read_record(rdir / "record.json")
                     except RecordError as exc:
@@ -244,6 +249,11 @@ def sync_sweep(
                                   + "; the other runs are uploaded, the sweep stays pending")
             queue = read_queue(sweep_dir, on_event)
             fin = queue.get("parent_finish")
+            if not fin and meta.get("status") in FINAL_STATUS and \
+                    tracker.client.get_run(parent).info.status == "RUNNING":
+                # a finished sweep whose parent nothing will close (synced to another store, or its close lost
+                # with no queue): closed with the sweep's own status, its table and summary
+                fin = {"metrics": {}, "tags": {"bench.status": meta["status"]}, "status": FINAL_STATUS[meta["status"]]}
             if fin:  # close the parent as the sweep's own end would have: same metrics, tags, artifacts, table
                 md = sweep_dir / "summary.md"
                 tracker.finish_parent(parent, metrics=fin.get("metrics") or {},
