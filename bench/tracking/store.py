@@ -14,8 +14,11 @@ from bench.errors import BenchError
 #: retries, backoff factor (s) and jitter (s). Worst case per failing call: about 10 + 2 x 10 + 3 s.
 HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
                  "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_JITTER": "0.5"}
-#: seconds the start-up reachability probe of an ``http(s)://`` tracking server may take
+#: seconds the start-up reachability probe of an ``http(s)://`` tracking server may take, both of its requests
+#: (``/health``, then :data:`API_PROBE`) together
 PROBE_TIMEOUT_S = 5.0
+#: an MLflow REST call the probe makes after ``/health`` (a read: the default experiment, by name)
+API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
 #: URI schemes a tracking URI may use (MLflow 3 no longer opens a ``file:`` store: refused with a hint)
 SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 #: database schemes -> the Python modules SQLAlchemy may use as their driver (one must be importable)
@@ -93,15 +96,23 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
             raise BenchError(f"--tracking-uri {uri}: bad port") from None
         if not probe:
             return
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=PROBE_TIMEOUT_S) as resp:
-                resp.read(64)
-        except urllib.error.HTTPError:
-            pass  # it answered: a server without /health is still a server
-        except (OSError, ValueError) as exc:
-            why = getattr(exc, "reason", None) or exc
-            raise BenchError(f"--tracking-uri {uri}: tracking server unreachable ({why}); start it, or use "
-                             "a sqlite:/// store and `run_bench.py sync` later") from None
+        import time
+
+        deadline = time.monotonic() + PROBE_TIMEOUT_S
+        for path, what in (("/health", "unreachable"), (API_PROBE, "answers /health but not the MLflow API")):
+            left = deadline - time.monotonic()
+            try:
+                if left <= 0:
+                    raise TimeoutError("timed out")
+                with urllib.request.urlopen(uri.rstrip("/") + path, timeout=left) as resp:
+                    resp.read(64)
+            except urllib.error.HTTPError:
+                pass  # it answered: a server without /health is still a server
+            except (OSError, ValueError) as exc:
+                why = getattr(exc, "reason", None) or exc
+                raise BenchError(f"--tracking-uri {uri}: tracking server {what} within {PROBE_TIMEOUT_S:g} s "
+                                 f"({why}); start it (or wait until it serves), or use a sqlite:/// store and "
+                                 "`run_bench.py sync` later") from None
 
 
 def check_databricks(uri: str) -> None:

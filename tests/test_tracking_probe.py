@@ -1,0 +1,62 @@
+"""The start-up probe of an http tracking server is bounded (issue 33): a server on 127.0.0.1 that answers
+``/health`` but never the MLflow API is refused within the documented limit, in one line."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+import time
+
+import pytest
+
+from bench.errors import BenchError
+from bench.tracking.store import PROBE_TIMEOUT_S, check_tracking_uri
+
+
+@pytest.fixture
+def half_server():
+    release = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            if self.path == "/health":
+                self.send_response(200)
+                self.end_headers()
+                self.wfile.write(b"OK")
+                return
+            release.wait(60)  # the API never answers while the test runs
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        release.set()
+        srv.shutdown()
+        srv.server_close()
+        t.join(10)
+
+
+def test_a_server_that_answers_health_but_not_the_api_is_refused_in_bounded_time(half_server):
+    t0 = time.monotonic()
+    with pytest.raises(BenchError) as exc:
+        check_tracking_uri(half_server)
+    took = time.monotonic() - t0
+    assert "answers /health but not the MLflow API within 5 s" in str(exc.value)
+    assert "\n" not in str(exc.value)
+    assert took < 3 * PROBE_TIMEOUT_S, took  # bounded by the probe's own deadline (was 41 s); slack for a busy machine
+
+
+def test_a_closed_port_is_unreachable(half_server):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(BenchError, match="tracking server unreachable within 5 s"):
+        check_tracking_uri(f"http://127.0.0.1:{port}")
