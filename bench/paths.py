@@ -41,6 +41,23 @@ def check_names(flag: str, path: Path) -> None:
                              "bytes")
 
 
+def check_not_system(flag: str, path: str | Path, what: str = "folder") -> None:
+    """Refuse a path inside a kernel file system (:data:`SYSTEM_ROOTS`, but :data:`SYSTEM_EXCEPTIONS`), as given
+    or once its links are resolved: nothing there keeps what the harness writes (a sqlite store there fails only
+    after minutes of retries).
+
+    Raises:
+        BenchError: naming ``flag``, the path and the file system.
+    """
+    absolute = Path(os.path.abspath(path))
+    real = Path(os.path.realpath(absolute))
+    for root in SYSTEM_ROOTS:
+        for p in (absolute, real):
+            inside = p == Path(root) or Path(root) in p.parents
+            if inside and not any(p == Path(e) or Path(e) in p.parents for e in SYSTEM_EXCEPTIONS):
+                raise BenchError(f"{flag} {path}: inside {root}, a kernel file system (choose a normal {what})")
+
+
 def check_folder(flag: str, path: str | Path, *, extra: tuple[str, ...] = ()) -> None:
     """Refuse ``path`` as a folder the harness will create or write into (nothing is created).
 
@@ -57,12 +74,7 @@ def check_folder(flag: str, path: str | Path, *, extra: tuple[str, ...] = ()) ->
     for sub in extra:
         check_names(flag, path / sub)
     absolute = Path(os.path.abspath(path))
-    real = Path(os.path.realpath(absolute))
-    for root in SYSTEM_ROOTS:
-        for p in (absolute, real):
-            inside = p == Path(root) or Path(root) in p.parents
-            if inside and not any(p == Path(e) or Path(e) in p.parents for e in SYSTEM_EXCEPTIONS):
-                raise BenchError(f"{flag} {path}: inside {root}, a kernel file system (choose a normal folder)")
+    check_not_system(flag, path)
     probe = absolute
     chain = [absolute, *absolute.parents]
     for p in chain:  # the nearest existing entry; a dangling link on the way is refused by name

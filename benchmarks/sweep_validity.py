@@ -10,10 +10,11 @@ Not a test. Two steps:
   probes, the run value (log median timed step, speed-normalized when every run has the probe, as the report and
   the stop rule read it), status and reason, and the host load around it.
 * **simulate** (:func:`validity`): per true change of one factor (0, T/2, T, 1.5T, 2T of the threshold T; every
-  other factor 0), ``sweeps`` simulated sweeps, each block built by drawing, for every cell, one of that cell's recorded runs
-  with replacement (:func:`centred_blocks`: every cell's runs scaled so that its recorded run values average the
-  grand mean, which removes the real effects; each run keeps its probes, its step pattern, its duration and its
-  failure; :func:`resample` says why runs and not whole blocks are drawn), then multiplying the step times of the runs with the factor on by ``1 + change``
+  other factor 0), ``sweeps`` simulated sweeps, each block built by drawing, for every cell, one of that cell's
+  recorded runs with replacement (:func:`centred_blocks`: every cell's runs scaled so that its recorded run values
+  average the grand mean, which removes the real effects; each run keeps its probes, its step pattern, its duration
+  and its failure; :func:`resample` says why runs and not whole blocks are drawn), then multiplying the step times
+  of the runs with the factor on by ``1 + change``
   (:func:`resample`). The records go through the real decision code: the planned sequential design
   (:func:`bench.analyze.planning.plan_allocation` on the model :func:`bench.analyze.planning_model.estimate_model`
   measures from the same recorded runs, then :class:`bench.analyze.sequential.EffectsStopRule` look by look) and

@@ -60,3 +60,24 @@ def test_a_closed_port_is_unreachable(half_server):
         port = s.getsockname()[1]
     with pytest.raises(BenchError, match="tracking server unreachable within 5 s"):
         check_tracking_uri(f"http://127.0.0.1:{port}")
+
+
+@pytest.mark.parametrize("uri, needle", [
+    ("sqlite:////proc/mlflow.db", "inside /proc, a kernel file system"),
+    ("sqlite+pysqlite:////sys/kernel/mlflow.db", "inside /sys, a kernel file system"),
+    ("sqlite:///res/", "names a folder (allowed: sqlite:///PATH to a database file"),
+])
+def test_a_sqlite_store_where_nothing_can_be_kept_is_refused_at_once(tmp_path, monkeypatch, capsys, uri, needle):
+    """A sqlite store on a kernel file system or given as a folder (issue 33: run failed after 127 s, sync still
+    running at 60 s) is refused by the real entry point before anything is written: exit 2, one line."""
+    from bench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.yaml").write_text("name: m\nengine: embedded\nbase: {steps: 2}\n")
+    for argv in (["run", "m.yaml"], ["sync"]):
+        t0 = time.monotonic()
+        assert main([*argv, "--results", str(tmp_path / "res"), "--tracking-uri", uri]) == 2
+        assert time.monotonic() - t0 < 30
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and needle in err[0], err
+    assert not (tmp_path / "res").exists()

@@ -133,7 +133,8 @@ def test_recorded_runs_fixture_loads_with_every_field_and_no_machine_path():
     h = fix["header"]
     assert h["target"] == "embedded" and h["format_version"] == sv.FORMAT_VERSION
     assert "cores" in h["machine"] and h["load_average_mean"] > 0
-    assert all(len(s["commit"].removesuffix("+dirty")) == 40 and s["matrix"] == "full" and s["normalized"] for s in h["sweeps"])
+    assert all(len(s["commit"].removesuffix("+dirty")) == 40 and s["matrix"] == "full" and s["normalized"]
+               for s in h["sweeps"])
     keys = {"cell_id", "levels", "block", "order", "start_s", "end_s", "wall_s", "status", "reason", "timed_steps",
             "step_time_s", "speed_probe_s", "value_log", "load1_per_cpu"}
     for r in fix["runs"]:

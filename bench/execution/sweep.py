@@ -362,10 +362,11 @@ class Sweep:
                        if (run_dir(sweep_dir, spec.cell_id, k, spec.code_version) / "record.json").exists())
             need = self._run_bytes(sweep_dir) * max(1, len(todo) - done)
             free = free_bytes(sweep_dir) or 0
+            digits = 0 if need >= 10 << 20 else 2  # a small need to the hundredth (was "about 0 MiB")
             raise DiskFullError(
-                f"{sweep_dir}: disk full ({free / 2**20:.1f} MiB free; about {need / 2**20:.{0 if need >= 10 << 20 else 2}f} MiB needed for the "
-                f"{max(1, len(todo) - done)} run(s) left); the sweep is closed as failed, finished runs are kept: "
-                "free space and rerun the same command to resume") from None
+                f"{sweep_dir}: disk full ({free / 2**20:.1f} MiB free; about {need / 2**20:.{digits}f} MiB needed "
+                f"for the {max(1, len(todo) - done)} run(s) left); the sweep is closed as failed, finished runs are "
+                "kept: free space and rerun the same command to resume") from None
 
     def _finish(self, tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead) -> SweepOutcome:
         from bench.analyze.snapshot import snapshot

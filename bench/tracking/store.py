@@ -148,9 +148,13 @@ def check_database(uri: str, flag: str) -> None:
     if dialect == "sqlite" and db is None:
         raise BenchError(f"{flag} {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
     if db is not None:
-        from bench.paths import check_names
+        from bench.paths import check_names, check_not_system
 
+        if uri.split("?", 1)[0].endswith("/"):
+            raise BenchError(f"{flag} {uri}: names a folder (allowed: sqlite:///PATH to a database file, e.g. "
+                             f"sqlite:///{str(db).rstrip('/') or 'results'}/mlflow.db)")
         check_names(flag, db)
+        check_not_system(flag, db, "file")
         folder = db.parent
         while not folder.exists() and folder.parent != folder:
             folder = folder.parent
