@@ -6,8 +6,8 @@ error; 2 bad input (one line on stderr naming file, key and allowed values; noth
 cannot judge (too noisy, too few samples: :data:`bench.gate.verdicts.EXIT_CANNOT_JUDGE`); 130 interrupted
 (Ctrl-C); 143 terminated (SIGTERM).
 
-Error boundary (every subcommand): a :class:`~bench.errors.BenchError` is printed as one line; any other
-exception as one line naming the step in progress (:class:`bench.errors.doing`) and the path of a log
+Error boundary (every subcommand): a :class:`~bench.core.errors.BenchError` is printed as one line; any other
+exception as one line naming the step in progress (:class:`bench.core.errors.doing`) and the path of a log
 holding the full traceback (``<results>/logs/error-*.log``). No Python traceback reaches the terminal.
 Each subcommand is a :class:`bench.commands.base.Command` subclass in its own module of :mod:`bench.commands`
 (``setup_arguments(parser)``, ``run(args) -> int``), found by :func:`bench.commands.commands`.
@@ -25,7 +25,7 @@ import time
 import traceback
 from pathlib import Path
 
-from bench.errors import BenchError, Terminated, current_step
+from bench.core.errors import BenchError, Terminated, current_step
 
 
 def subcommands() -> dict[str, type]:
@@ -139,13 +139,13 @@ def check_flag_combinations(command: str, argv: list[str], args: argparse.Namesp
 
 def check_paths_and_uri(args: argparse.Namespace) -> None:
     """Paths and the tracking URI, checked before any subcommand writes anything: ``--results`` and ``--out``
-    (:func:`bench.paths.check_folder`), and the tracking URI of a subcommand that writes to MLflow (reachability
+    (:func:`bench.core.paths.check_folder`), and the tracking URI of a subcommand that writes to MLflow (reachability
     probed only when the command will really use it: not for ``--dry-run``).
 
     Raises:
         BenchError: naming the option, the value and what is wrong.
     """
-    from bench.paths import check_folder, check_names
+    from bench.core.paths import check_folder, check_names
     from bench.tracking.store import check_tracking_uri, in_memory
 
     command = getattr(args, "command", None) or "run"

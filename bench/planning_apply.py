@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.results import SWEEP, load_records, read_json
+from bench.records.results import SWEEP, load_records, read_json
 
 #: base settings that planning changes or that do not change what a step costs: left out when matching a target
 PLANNED_KEYS = ("steps", "warmup_steps", "profile_steps", "timeout_s", "seed")
@@ -53,7 +53,7 @@ def replan(matrix: Any, plan: Any, results_root: Path, *, precision: float | Non
     """
     from bench.analyze.planning import plan_allocation, steps_range_for
     from bench.analyze.planning_model import estimate_model, kj_optimal_steps
-    from bench.errors import BenchError
+    from bench.core.errors import BenchError
     from bench.spec.matrix import Matrix
     from bench.spec.plan import make_plan
 

@@ -29,7 +29,7 @@ estimated from the sweeps of a ``real`` run (``--from DIR``) or given (``--sd-st
 ``--sd-sweep``, ``--sd-work``).
 Gives tight figures for a noise level and shows how the rates move with it.
 
-The real mode evaluates the gate at its defaults (unpaired, speed-normalized: ``bench.speed``), with
+The real mode evaluates the gate at its defaults (unpaired, speed-normalized: ``bench.records.speed``), with
 ``--pairing auto``, and without normalization; the synthetic mode paired and unpaired (its samples have
 no probe); all at the default threshold (5 %) and alpha (0.01). The noise is printed raw and
 speed-normalized.
@@ -60,8 +60,8 @@ sys.path.insert(0, str(ROOT))
 
 from bench.analyze.snapshot import snapshot  # noqa: E402
 from bench.gate.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # noqa: E402
-from bench.results import read_json  # noqa: E402
-from bench.speed import PROBE_METRIC  # noqa: E402
+from bench.records.results import read_json  # noqa: E402
+from bench.records.speed import PROBE_METRIC  # noqa: E402
 
 KINDS = ("identical", "delay5", "delay10")
 #: bootstrap resamples per gate here (the CLI uses 2000; 400 keeps thousands of simulated gates fast)
@@ -540,7 +540,7 @@ def _pool(dirs: list[str]) -> tuple[list[tuple[float, float | None]], float]:
     (:func:`bench.gate.runs.block_pairs`), each sweep's centred on its own mean (the truth is then 0
     exactly), and the mean wall seconds of a block (both runs)."""
     from bench.gate.runs import block_pairs
-    from bench.results import load_records
+    from bench.records.results import load_records
 
     pool, walls = [], []
     for d in dirs:
@@ -722,7 +722,7 @@ def sweep_to_sweep_cmd(args: argparse.Namespace) -> None:
     from bench.analyze.snapshot import record_samples
     from bench.gate.baseline import history_entry, sweep_to_sweep
     from bench.gate.stored_runs import run_logs
-    from bench.run_record import load_records
+    from bench.records.run_record import load_records
 
     tries = [json.loads(x) for x in (Path(args.from_dir) / "interleaved_tries.jsonl").read_text().splitlines()]
     history = []

@@ -14,7 +14,7 @@ Not a test. Real GRPO runs on the embedded engine, through the same ``tune`` mac
    measured values (every point of the space is a grid point), to show the spread over seeds; next to
    random sampling's exact odds.
 
-Step times are speed-normalized as the tuner does (``bench.speed``: each step time divided by the
+Step times are speed-normalized as the tuner does (``bench.records.speed``: each step time divided by the
 machine-speed probe timed around it, at the grid study's reference probe time), so the grid's points,
 the search's trials and the rechecks are read at one machine speed.
 
@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.commands.tune import ConsoleView  # noqa: E402
-from bench.results import atomic_write_json, read_json  # noqa: E402
+from bench.records.results import atomic_write_json, read_json  # noqa: E402
 from bench.spec.loading import load_matrix  # noqa: E402
 from bench.tune import PROBE_REF, Tuner, make_sampler, resolve_settings  # noqa: E402
 from bench.tune.report import CONSTRAINT, is_infeasible  # noqa: E402
@@ -157,7 +157,7 @@ def replay(settings, grid: dict, seeds: int, budget: int, target: float) -> dict
 def norm_value(rec: dict, key: str, ref: float | None) -> float | None:
     """A run's median step time, speed-normalized to probe time ``ref`` (as the tuner does), or raw without a probe."""
     from bench.analyze.snapshot import record_samples
-    from bench.speed import normalized_median
+    from bench.records.speed import normalized_median
 
     if rec.get("status") != "ok":
         return None

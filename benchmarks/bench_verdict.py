@@ -153,7 +153,7 @@ def as_speed_probe(rec: dict[str, Any]) -> dict[str, Any]:
     """A copy of a verl run record whose in-run probe (``bench/driver_probe_s``) stands as the speed probe
     (``bench/speed_probe_s``) at each step, so that the model is estimated on speed-normalized values as the
     report and the stop rule would see them if that probe were applied (``--in-run-probe``)."""
-    from bench.speed import PROBE_METRIC
+    from bench.records.speed import PROBE_METRIC
 
     steps = {k: ({**v, PROBE_METRIC: v[DRIVER_PROBE]} if isinstance(v, dict) and DRIVER_PROBE in v
                  else v) for k, v in (rec.get("steps") or {}).items()}
@@ -167,7 +167,7 @@ def verl_target(results: Path, sweep: Path | None = None, quiet: bool = False,
     ``quiet``: :data:`VERL_QUIET` (raw) whatever else there is, ``loaded``: :data:`VERL_MEASURED` (raw);
     ``in_run_probe``: ``sweep``'s values normalized by its runs' in-run probe logged under its old name
     (:func:`as_speed_probe`; sweeps since it is the speed probe are normalized anyway)."""
-    from bench.results import load_records
+    from bench.records.results import load_records
 
     factors = ["rmsnorm_fused", "dynamic_bsz", "forward_prefetch", "graph_mode"]
     cells = [{f: 0 for f in factors}] + [{f: int(f == g) for f in factors} for g in factors]
@@ -455,7 +455,7 @@ def kappa_check(model: NoiseCost, seed: int = 0, patterns: int = 300, runs: int 
 def real_summary(sweep_dir: Path, threshold: float, alpha: float) -> str:
     """One line per real sweep: runs (ok), wall time from the first run's start to the last run's end, timed steps
     x blocks, and the decisions (a sequential sweep's last look; a fixed sweep decided once at its end)."""
-    from bench.results import SWEEP, load_records, read_json
+    from bench.records.results import SWEEP, load_records, read_json
 
     meta = read_json(Path(sweep_dir) / SWEEP) or {}
     recs = load_records(Path(sweep_dir))
@@ -479,10 +479,10 @@ def real_summary(sweep_dir: Path, threshold: float, alpha: float) -> str:
 def bracket_summary(sweep_dirs: list[Path]) -> str:
     """Whether the bracket probe tracks the run values of these sweeps (module text), as text lines."""
     from bench.analyze.snapshot import record_samples
-    from bench.figures import run_value
+    from bench.core.metadata import steal_share
     from bench.gate.stored_runs import runs_probe_check
-    from bench.metadata import steal_share
-    from bench.run_record import load_records
+    from bench.records.figures import run_value
+    from bench.records.run_record import load_records
 
     groups: dict[str, dict[str, list[tuple[float, ...]]]] = {}
     steps: list[tuple[list[float], list[float]]] = []  # per run: its timed steps' log times and log in-run probes
@@ -525,7 +525,7 @@ def driver_probes(rec: dict[str, Any]) -> list[float]:
     """The in-run probe of a verl run at each timed step (patches/bench_patches/verl_speed_probe.py:
     ``bench/speed_probe_s``, or ``bench/driver_probe_s`` in sweeps from before it was applied), aligned with
     :func:`bench.analyze.snapshot.record_samples`'s step times; empty unless every timed step has one."""
-    from bench.speed import PROBE_METRIC
+    from bench.records.speed import PROBE_METRIC
 
     by_step = {int(k): v for k, v in (rec.get("steps") or {}).items() if isinstance(v, dict)}
     timed = [by_step.get(int(s)) or {} for s in (rec.get("summary") or {}).get("timed_steps") or []]

@@ -3,7 +3,7 @@
 Not a test. Two steps:
 
 * **record** (:func:`extract_runs`): the runs of finished real sweeps, read with the harness's own readers
-  (:func:`bench.results.load_records`, :func:`bench.analyze.snapshot.record_samples`,
+  (:func:`bench.records.results.load_records`, :func:`bench.analyze.snapshot.record_samples`,
   :func:`bench.analyze.sequential.log_step_samples`), written as a small JSON fixture
   (``benchmarks/data/recorded_runs_<target>.json``): per run its cell and levels, block, order in the sweep,
   start and end (seconds from the sweep's first start), every step's time, the timed steps with their speed
@@ -50,7 +50,7 @@ VERDICT_KEYS = ("slower", "faster", "no_change", "undecided")
 
 
 def _probe_metric() -> str:
-    from bench.speed import PROBE_METRIC
+    from bench.records.speed import PROBE_METRIC
 
     return PROBE_METRIC
 
@@ -61,7 +61,7 @@ def extract_runs(sweep_dirs: Sequence[Path], target: str) -> dict[str, Any]:
     path of this machine. Times in seconds, ``value_log`` = log of the run value (``None`` for a failed run)."""
     from bench.analyze.sequential import log_step_samples, probed
     from bench.analyze.snapshot import record_samples
-    from bench.results import SWEEP, load_records, read_json
+    from bench.records.results import SWEEP, load_records, read_json
 
     runs: list[dict[str, Any]] = []
     sweeps, loads = [], []

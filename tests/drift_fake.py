@@ -25,8 +25,8 @@ import yaml
 from bench.analyze.snapshot import levels_key
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.execution.executors import ExecResult, ResolvedLaunch
+from bench.records.speed import PROBE_METRIC
 from bench.spec.plan import RunOrder
-from bench.speed import PROBE_METRIC
 
 #: timing model defaults: 2 s steps, +15 % drift over the sweep (log scale), 1 % run-to-run, 2 % step-to-step
 BASE_S, DRIFT, RUN_SD, STEP_SD = 2.0, math.log(1.15), 0.01, 0.02

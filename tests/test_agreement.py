@@ -1,6 +1,6 @@
 """One sweep, one set of numbers (issue 11): the console table, ``summary.csv``/``summary.md``,
 ``report.json``/``report.md`` and the MLflow parent run give every cell the same step time and speedup
-(all from :mod:`bench.figures`), and the tune's best value is the same statistic of its run.
+(all from :mod:`bench.records.figures`), and the tune's best value is the same statistic of its run.
 
 The sweep is ``matrix/full.yaml`` (4 runs x 3 repeats, blocked order) on the drifting fake machine of
 :mod:`drift_fake` with a speed probe, so the values are speed-normalized on every path.

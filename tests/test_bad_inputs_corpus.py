@@ -355,8 +355,8 @@ def test_bad_queue_file_is_kept_aside_and_named(sweep_box, capsys):
 @pytest.mark.parametrize("case", ["truncated", "median_nan", "sample_infinite", "wrong_folder", "is_a_pipe"])
 def test_resume_does_not_count_an_unusable_record_as_finished(sweep_box, case):
     """A resumed sweep runs such a repeat again and names it (``corrupt_records`` feeds its warning)."""
-    from bench.record import is_finished
-    from bench.run_record import corrupt_records
+    from bench.records.record import is_finished
+    from bench.records.run_record import corrupt_records
 
     rec = _record(sweep_box)
     assert is_finished(rec.parent)

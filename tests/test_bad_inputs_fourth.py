@@ -26,7 +26,7 @@ def _runs(d: dict) -> list:
     return d["plan"]["runs"]
 
 
-# -- 1. sweep.json hand-edits: one strict reader (bench.results.check_sweep_meta) ----------------------------
+# -- 1. sweep.json hand-edits: one strict reader (bench.records.results.check_sweep_meta) ----------------------------
 
 SWEEP_EDITS = {
     "level_unknown_factor": (lambda d: _runs(d)[0]["levels"].update(dynamic_bzs=1),

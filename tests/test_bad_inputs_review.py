@@ -351,7 +351,7 @@ def test_bad_tune_storage_is_refused_before_anything_is_written(box, capsys, cas
 def test_resume_names_an_unusable_sweep_file_and_never_resumes_it(sweep_box, bad):
     """Resume reads each earlier sweep's ``sweep.json`` through its validator: a truncated or wrong one is named
     (the sweep warns with it) and never resumed, whatever its fingerprint."""
-    from bench.results import ResultsDir
+    from bench.records.results import ResultsDir
 
     good = _sweep(sweep_box)
     meta = json.loads((good / "sweep.json").read_text())

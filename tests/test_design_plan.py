@@ -129,7 +129,7 @@ def test_mc2_not_applicable_at_tp1_applicable_at_tp2():
 
 
 def test_exclude_rules_and_no_runnable_cell():
-    from bench.errors import BenchError
+    from bench.core.errors import BenchError
 
     m = Matrix(name="t", factors={"dynamic_bsz": [0, 1]}, exclude=[{"when": {"dynamic_bsz": 1}, "reason": "x"}])
     plan = make_plan(m, "cpu")

@@ -14,10 +14,10 @@ torch = pytest.importorskip("torch")
 if importlib.util.find_spec("verl") is None:  # found, not imported: the tests import it (seconds)
     pytest.skip("could not import 'verl': not installed", allow_module_level=True)
 
+from bench.core.errors import BenchError  # noqa: E402
 from bench.engines.builtins import data  # noqa: E402
 from bench.engines.embedded import batching, fused  # noqa: E402
 from bench.engines.embedded.step import grpo_advantages, token_level  # noqa: E402
-from bench.errors import BenchError  # noqa: E402
 
 # --------------------------------------------------------------------------- GRPO advantages
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 #: literals that name something else than an engine, each with what it names
-NOT_ENGINES = {("bench/metadata.py", "verl"): "the Python package whose version a run records",
+NOT_ENGINES = {("bench/core/metadata.py", "verl"): "the Python package whose version a run records",
                ("bench/spec/optimizations/versions.py", "verl"): "the Python package a factor's switch range names"}
 
 

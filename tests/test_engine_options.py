@@ -58,7 +58,7 @@ def test_every_built_in_factor_has_a_check_where_it_applies():
 def test_the_default_check_is_the_engines_options_model(tmp_path):
     """An engine that declares ``options_model`` gets its block checked by the inherited ``check_options``, with
     errors that name ``base.<key>.<field>``; through ``load_matrix`` they are one line naming the file."""
-    from bench.errors import BenchError
+    from bench.core.errors import BenchError
     from bench.spec.loading import load_matrix
 
     register(WithSchema)

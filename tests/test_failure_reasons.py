@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from bench.errors import clip_words
+from bench.core.errors import clip_words
 from bench.execution.executors import ExecResult
-from bench.record import _failure
+from bench.records.record import _failure
 from bench.tracking import Tracker
 
 

@@ -18,10 +18,10 @@ import numpy as np
 
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.measure import summarize
-from bench.results import SWEEP, ResultsDir, atomic_write_json, run_dir
-from bench.run_record import SCHEMA_VERSION
+from bench.records.results import SWEEP, ResultsDir, atomic_write_json, run_dir
+from bench.records.run_record import SCHEMA_VERSION
+from bench.records.speed import PROBE_METRIC
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
-from bench.speed import PROBE_METRIC
 
 EMBEDDED_NA = ("task_queue", "forward_prefetch", "mc2", "mrope_cache", "graph_mode")
 
@@ -80,7 +80,7 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
     same response lengths step by step (as runs with one seed do), so the gate pairs steps. ``psi``: the
     CPU pressure recorded around each run. ``machine``: the machine's slowness during this sweep
     (1.0 = nominal, 1.08 = 8 % slower): every step time is multiplied by it and each step carries a
-    speed-probe time of ``0.03 s * machine`` (+-0.5 %), as the embedded engine logs it (``bench.speed``);
+    speed-probe time of ``0.03 s * machine`` (+-0.5 %), as the embedded engine logs it (``bench.records.speed``);
     a list gives one factor per cell; None = no probe. ``machine_sd``: each run's machine slowness varies by this
     SD of log around it (steps and probe alike, as a shared VM's speed moves from run to run).
     """
@@ -180,7 +180,7 @@ EMBEDDED_CELLS = [{}, {"dynamic_bsz": 1}, {"rmsnorm_fused": 1}, {"rmsnorm_fused"
 
 def test_make_sweep_writes_a_readable_sweep(tmp_path):
     from bench.analyze.snapshot import snapshot
-    from bench.results import find_sweep, load_records
+    from bench.records.results import find_sweep, load_records
 
     sweep = make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=2, steps=6)
     assert find_sweep("synth", tmp_path) == sweep.resolve()

@@ -42,7 +42,7 @@ def test_only_engines_that_ask_and_only_runs_on_this_machine():
 def test_host_load_reads_cumulative_cpu_and_steal_seconds():
     """The record's host_load carries /proc/stat's total and steal CPU seconds, so a run's steal share is
     d steal / d total between its before and after readings."""
-    from bench.metadata import host_load
+    from bench.core.metadata import host_load
 
     a = host_load()
     t0 = time.perf_counter()

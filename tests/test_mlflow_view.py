@@ -5,7 +5,7 @@
   description a user edited in the UI is kept;
 - every run has MLflow's system tags (User, Source, Git commit) and a markdown description;
 - a child's Created and Duration are those of the run it mirrors (also when ``sync`` logs it later into
-  another store), its headline metrics are the run values of :mod:`bench.figures` (the numbers of
+  another store), its headline metrics are the run values of :mod:`bench.records.figures` (the numbers of
   ``summary.csv``), and its description shows those same numbers;
 - the parent's description holds the sweep's summary table; a failed child says why on its own page.
 
@@ -63,7 +63,7 @@ def _records(sweep: Path) -> dict[tuple[str, int], dict]:
 
 def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_path, monkeypatch):
     from bench.analyze.snapshot import record_samples
-    from bench.figures import run_value
+    from bench.records.figures import run_value
     from bench.tracking.records import run_start
     from bench.tracking.upload_queue import MLFLOW_MARK, sync_sweep
 
@@ -100,7 +100,7 @@ def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_pa
         assert (
             _client(uri).get_metric_history(child.info.run_id, "step_time_median_s")[0].timestamp == child.info.end_time
         )
-        # the run values of bench.figures, = summary.csv's (one repeat: the cell value is the run value)
+        # the run values of bench.records.figures, = summary.csv's (one repeat: the cell value is the run value)
         samples = record_samples(rec)
         row = summary[tags["cell_id"]]
         for metric, column in (("step_time_median_s", "step_time_s"), ("rollout_share", "rollout_share"),

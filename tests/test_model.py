@@ -13,9 +13,9 @@ from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
 
 from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
 from bench.analyze.snapshot import snapshot
-from bench.errors import BenchError
-from bench.figures import Snapshot, cell_stats, cell_value, run_value, speedup
+from bench.core.errors import BenchError
 from bench.gate.baseline import load_baseline
+from bench.records.figures import Snapshot, cell_stats, cell_value, run_value, speedup
 
 
 def test_run_value_cell_value_and_speedup():

@@ -442,7 +442,7 @@ def test_speed_probe_patch_adds_the_kernel_time_to_every_step_with_the_file_logg
     tracking = importlib.import_module("fake_tracking_061p")
     assert report.patches["verl_speed_probe"]["status"] == "applied"
     assert spec() in " ".join(report.patches["verl_speed_probe"]["actions"])
-    from bench.speed import PROBE_METRIC, probe_from_patches, probe_spec
+    from bench.records.speed import PROBE_METRIC, probe_from_patches, probe_spec
 
     assert sprobe.METRIC == PROBE_METRIC
     reports = [json.loads(f.read_text()) for f in sorted((tmp_path / "patches").glob("*.json"))]

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.executors import resolve_launch
 from bench.execution.ray_executor import RayJobExecutor, submission_id_for
 

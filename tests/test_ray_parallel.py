@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.executors import resolve_launch
 from bench.execution.ray_executor import RayJobExecutor
 from bench.execution.ray_parallel import ClusterNode, RayNodesExecutor, parallel_slots, split_blocks, usable_nodes
@@ -158,10 +158,10 @@ def test_run_block_overlaps_a_block_and_runs_blocks_in_turn(tmp_path):
 
 
 def test_step_stack_of_each_node_thread_is_its_own(tmp_path):
-    """The error step ("running cell ... in ...", :class:`bench.errors.doing`) of a run stays that run's while
+    """The error step ("running cell ... in ...", :class:`bench.core.errors.doing`) of a run stays that run's while
     the runs of a block overlap: with one shared stack a thread's step would be left behind (or another's
     popped) when the jobs end in another order than they started."""
-    from bench.errors import current_step, doing
+    from bench.core.errors import current_step, doing
 
     client = TimedJobs(0.4)
     ex = RayNodesExecutor("A", "auto", ray=RayJobExecutor("A", client=client, poll_s=0.02), nodes=_nodes(2, 1.0))
@@ -197,7 +197,7 @@ def test_node_factor_keeps_a_faster_node_from_posing_as_an_effect(tmp_path):
     from bench.analyze.snapshot import snapshot
     from bench.analyze.tables import _log_runs, effects
     from bench.cli import main
-    from bench.figures import Snapshot
+    from bench.records.figures import Snapshot
 
     base = log_normal_times(sd=0.01, run_sd=0.01)
 

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.executors import kill_strays, signal_reason
-from bench.results import atomic_write_json, atomic_write_text, is_no_space
+from bench.records.results import atomic_write_json, atomic_write_text, is_no_space
 
 
 @pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])

@@ -12,7 +12,7 @@ import yaml
 from drift_fake import DriftExecutor
 
 from bench.cli import main
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.sweep import Sweep
 from bench.spec.loading import load_matrix
 from bench.spec.plan import make_plan, run_order

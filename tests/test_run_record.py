@@ -1,4 +1,4 @@
-"""The typed run record (:mod:`bench.run_record`): every schema version this project wrote is read (version 1,
+"""The typed run record (:mod:`bench.records.run_record`): every schema version this project wrote is read (version 1,
 the hand-built dict, converted: its summary recomputed over the timed steps), an unknown one is named on one
 line, and a record its loader would refuse is never written."""
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import pydantic
 import pytest
 
-from bench.record import write_record
-from bench.run_record import SCHEMA_VERSION, RecordError, RunRecord, load_run_record, read_record
+from bench.records.record import write_record
+from bench.records.run_record import SCHEMA_VERSION, RecordError, RunRecord, load_run_record, read_record
 
 #: steps 1..4: 1 warm-up, 2-3 timed, 4 profiled (slower, as under the profiler)
 STEPS = {str(s): {"timing_s/step": t, "timing_s/gen": g, "perf/throughput": tp, "perf/cpu_memory_used_gb": 3.0 + s}
@@ -90,10 +90,10 @@ def test_write_record_refuses_what_the_loader_would_refuse(tmp_path):
 def test_load_records_with_a_cache_reads_only_new_or_rewritten_records(tmp_path, monkeypatch):
     """A sequential sweep looks after every block (:func:`bench.execution.blocks.run_blocks`): with a cache, an
     unchanged record is not read again, a rewritten one is, and every call returns the same content as a plain
-    :func:`~bench.run_record.load_records` in fresh dicts."""
+    :func:`~bench.records.run_record.load_records` in fresh dicts."""
     from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
 
-    import bench.run_record as run_record
+    import bench.records.run_record as run_record
 
     sweep = make_sweep(tmp_path, "synth", EMBEDDED_CELLS[:2], repeats=2, steps=6)
     real, reads = run_record.read_record, []

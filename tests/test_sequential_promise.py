@@ -20,7 +20,7 @@ from bench.analyze.md import ci_pct
 from bench.analyze.sequential import Decision, EffectsStopRule
 from bench.cli import main
 from bench.execution.blocks import run_blocks
-from bench.results import SWEEP, atomic_write_json
+from bench.records.results import SWEEP, atomic_write_json
 from bench.spec.plan import run_order
 
 #: how the report labels a fixed-sample figure beside a sequential sweep's verdicts

@@ -1,4 +1,5 @@
-"""Speed normalization (``bench.speed``): the gate and claims read step times at the baseline's machine speed."""
+"""Speed normalization (``bench.records.speed``): the gate and claims read step times at the baseline's machine
+speed."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
 
 from bench.cli import main
-from bench.speed import normalizable, normalize, normalized_pair
+from bench.records.speed import normalizable, normalize, normalized_pair
 
 
 @pytest.fixture(scope="module")
@@ -136,7 +137,7 @@ def test_report_reads_cells_at_one_machine_speed(tmp_path, uri):
 def test_probe_evidence_comes_only_from_a_patch_that_applied_and_named_its_kernel():
     """A run whose probe a patch timed (verl:cpu's driver) gets ``speed_probe`` evidence from that patch's report;
     an armed patch that never applied (no FileLogger: no step carries the probe) or another metric gives none."""
-    from bench.speed import PROBE_METRIC, probe_from_patches
+    from bench.records.speed import PROBE_METRIC, probe_from_patches
 
     probe = {"spec": "matmul256x20+stream2000000x30-float32-t1", "metric": PROBE_METRIC, "placement": "driver"}
     worker = {"patches": {"verl_speed_probe": {"status": "armed", "actions": []}}}

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.tracking.store import PROBE_TIMEOUT_S, check_tracking_uri
 
 

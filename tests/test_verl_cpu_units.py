@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.measure import step_from_path
 from bench.measure.verl_evidence import factor_evidence, flagged
 from bench.measure.verl_failure import classify, culprit_override, last_exception_line

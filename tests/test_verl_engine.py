@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
+from bench.core.errors import BenchError
 from bench.engines.base import get_engine
 from bench.engines.verl.launch import VerlEngine, check_path
 from bench.engines.verl.notes import forward_prefetch_note
 from bench.engines.verl.overrides import fill_run_dir, overrides_of
-from bench.errors import BenchError
 from bench.spec.loading import load_matrix
 from bench.spec.matrix import ExplicitDesign, Matrix
 from bench.spec.optimizations import Mechanism

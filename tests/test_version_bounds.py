@@ -11,9 +11,9 @@ import pytest
 from rich.console import Console
 
 from bench.commands.dry_run import plan_json, print_dry_run
+from bench.core.errors import BenchError
 from bench.engines.verl.launch import VerlEngine
 from bench.engines.verl.notes import mc2_note
-from bench.errors import BenchError
 from bench.spec.loading import load_matrix
 from bench.spec.optimizations import (
     CONFLICTS,

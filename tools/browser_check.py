@@ -52,7 +52,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.results import load_records, read_json  # noqa: E402
+from bench.records.results import load_records, read_json  # noqa: E402
 
 #: Debian's packages (``apt-get install chromium chromium-driver``)
 CHROMIUM = "/usr/bin/chromium"

@@ -201,7 +201,7 @@ def plan_lines(planning: dict[str, Any]) -> list[str]:
 def report_section(sweep: Any, meta: dict[str, Any]) -> dict[str, Any]:
     """The report's data on noise and cost (``noise_cost``: :func:`estimate_model` of this sweep's records), the
     sweep's plan (``planning``, from ``sweep.json``) and its sequential looks (``sequential``)."""
-    from bench.results import load_records
+    from bench.records.results import load_records
 
     model = estimate_model([(str(meta.get("sweep_id") or sweep), load_records(sweep))])
     return {"noise_cost": model.to_dict() if model else None, "planning": meta.get("planning"),

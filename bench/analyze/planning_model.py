@@ -14,7 +14,7 @@ Model: the log of timed step ``s`` of run ``r`` of cell ``c`` in block ``b`` is
 - ``e_rs ~ N(0, sd_step^2)``: the run x step interaction, the only step noise that differs between runs;
 - ``beta_b``: drift between time blocks, spread ``sd_block``.
 
-A run's value is the median of its ``n`` timed steps (:func:`bench.figures.run_value`). Between runs of the same
+A run's value is the median of its ``n`` timed steps (:func:`bench.records.figures.run_value`). Between runs of the same
 steps its variance is ``sd_run^2 + kappa(n, rho) sd_step^2 / n`` (:meth:`NoiseCost.run_var`), with
 ``rho = sd_stepidx / sd_step`` and (:func:`kappa`) ``1`` for ``n <= 2`` (a mean: ``w`` cancels) and for
 ``n >= 3`` the asymptotic variance of the median of independent, not identically distributed normals

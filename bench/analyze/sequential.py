@@ -202,7 +202,7 @@ class StopRule(Protocol):
 
 def log_step_samples(rec: dict[str, Any], normalize: bool) -> list[float]:
     """Log timed-step times of one run record; with ``normalize``, each divided by the speed probe of its step
-    (:mod:`bench.speed`: the machine's speed at that step; the constant reference cancels in every effect)."""
+    (:mod:`bench.records.speed`: the machine's speed at that step; the constant reference cancels in every effect)."""
     from bench.analyze.snapshot import record_samples
 
     got = record_samples(rec)
@@ -226,7 +226,7 @@ def probed(records: Sequence[dict[str, Any]]) -> bool:
 def run_observations(records: Sequence[dict[str, Any]]
                      ) -> tuple[list[dict[str, Any]], list[float], list[int], list[str]]:
     """Per ok record with timed steps: its factor levels, the log of its run value (median timed step,
-    :func:`bench.figures.run_value`; speed-normalized when every run has the probe, :func:`probed`), its block
+    :func:`bench.records.figures.run_value`; speed-normalized when every run has the probe, :func:`probed`), its block
     (= repeat) and its node (Ray node id, ``"None"`` for a local run; a blocking factor of the model when the
     runs ran on several nodes, ``--parallel``)."""
     norm = probed(records)

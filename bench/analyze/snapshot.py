@@ -14,12 +14,12 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.errors import BenchError
-from bench.figures import METRICS, SUMMARY_STEP_TIME, Snapshot
+from bench.core.errors import BenchError
 from bench.measure import step_samples
-from bench.results import SWEEP, check_sweep_meta, load_records
+from bench.records.figures import METRICS, SUMMARY_STEP_TIME, Snapshot
+from bench.records.results import SWEEP, check_sweep_meta, load_records
+from bench.records.speed import PROBE_METRIC, probe_spec
 from bench.spec.optimizations import factor_keys
-from bench.speed import PROBE_METRIC, probe_spec
 
 #: format of a snapshot and of a baseline file (a saved snapshot)
 FORMAT = "grpo-bench-baseline"
@@ -48,7 +48,7 @@ def _num(v: Any) -> float | None:
 
 def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     """Per-step samples of every gate metric in one run record (empty lists where absent), plus
-    ``speed_probe``: the speed probe's seconds at each timed step (:mod:`bench.speed`), or empty, and
+    ``speed_probe``: the speed probe's seconds at each timed step (:mod:`bench.records.speed`), or empty, and
     ``phase_share/<phase>``: each phase's share of the step time at each timed step (``other`` = the
     rest of the step), so that a phase breakdown describes the same steps as the step time."""
     summ = rec.get("summary") or {}
@@ -60,7 +60,7 @@ def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     if fr_steps is None:
         fr_steps = [int(k) for k in fr_map]
     fr = [v for v in (_num(fr_map.get(str(s))) for s in fr_steps) if v is not None]
-    # the machine-speed probe of each timed step (bench.speed); kept only when every timed step has one
+    # the machine-speed probe of each timed step (bench.records.speed); kept only when every timed step has one
     pr = [_num((by_step.get(s) or {}).get(PROBE_METRIC)) for s in timed]
     pr = pr if pr and all(v is not None and v > 0 for v in pr) else []
     shares = {k: v for k, v in got.items() if k.startswith("phase_share/")}
@@ -122,7 +122,7 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
     sweep = Path(sweep)
     if not (sweep / SWEEP).exists():
         raise BenchError(f"{sweep}: not a sweep folder ({SWEEP} missing)")
-    meta = check_sweep_meta(sweep / SWEEP)  # named with what is wrong (bench.results)
+    meta = check_sweep_meta(sweep / SWEEP)  # named with what is wrong (bench.records.results)
     records = load_records(sweep)
     if meta.get("code_versions"):
         records = [r for r in records if r.get("code_version") == (version or "candidate")]
@@ -180,7 +180,7 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
 
 
 def check_snapshot(data: dict[str, Any], where: str) -> Snapshot:
-    """Validate a snapshot or baseline dict against :class:`bench.figures.Snapshot`; returns the typed model.
+    """Validate a snapshot or baseline dict against :class:`bench.records.figures.Snapshot`; returns the typed model.
 
     Raises:
         BenchError: one line naming ``where``, the first offending key and the problem.

@@ -39,7 +39,7 @@ from bench.analyze.estimators import (
     walsh_hl,
     wilcoxon_p,
 )
-from bench.plugins import LiveView
+from bench.core.plugins import LiveView
 
 
 @dataclass
@@ -187,12 +187,13 @@ _loaded = False
 
 
 def tests() -> dict[str, StatTest]:
-    """The registered two-sample tests by name: entry points first (``grpo_bench.stat_tests``, :mod:`bench.plugins`:
-    the built-ins, then plugins), then :func:`register_test` calls. Read it, do not change it."""
+    """The registered two-sample tests by name: entry points first (``grpo_bench.stat_tests``,
+    :mod:`bench.core.plugins`: the built-ins, then plugins), then :func:`register_test` calls. Read it, do not change
+    it."""
     global _loaded
     if not _loaded:
         _loaded = True
-        from bench.plugins import fill
+        from bench.core.plugins import fill
 
         early = list(_TESTS.values())
         _TESTS.clear()

@@ -14,10 +14,10 @@ import numpy as np
 
 from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
 from bench.analyze.power import gate_mde, mde_from_se, noise_components
-from bench.errors import BenchError
-from bench.figures import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
+from bench.core.errors import BenchError
 from bench.gate.verdicts import DEFAULT_ALPHA as GATE_ALPHA
 from bench.gate.verdicts import DEFAULT_THRESHOLD as GATE_THRESHOLD
+from bench.records.figures import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
 from bench.spec.expect import judge_claim
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys, not_read
 
@@ -76,7 +76,7 @@ def replication(m: Snapshot) -> dict[str, Any]:
 
 
 def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]], str | None]:
-    """Per cell: values of :mod:`bench.figures` (step time, speedup vs the all-off cell, rollout share, Free
+    """Per cell: values of :mod:`bench.records.figures` (step time, speedup vs the all-off cell, rollout share, Free
     ratio, throughput), the speedup's interval and p value from the runs (:func:`bench.analyze.effects.run_contrast`
     with the pooled residual SD of :func:`replication`), phases and long tail. Returns (rows, reference label).
 
@@ -150,7 +150,7 @@ def not_read_factors(snap: dict[str, Any]) -> dict[str, str]:
 def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> dict[str, Any]:
     """Main effects and interactions with the run as the unit of replication, plus the design's alias structure.
 
-    One observation per finished run: the log of its value (:func:`bench.figures.run_value`: median timed
+    One observation per finished run: the log of its value (:func:`bench.records.figures.run_value`: median timed
     step, speed-normalized when the snapshot is); the time block (= repeat) is a fixed factor when the
     sweep ran blocked, and the node each run ran on when the runs ran on more than one node
     (:func:`bench.analyze.effects.fit_effects`).

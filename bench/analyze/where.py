@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 
 from bench.analyze.effects import fit_effects
-from bench.figures import Snapshot, reference_cell
 from bench.measure.op_categories import CATEGORIES
 from bench.measure.run_ops import ALL_PHASES, ensure_op_times
-from bench.run_record import load_records
+from bench.records.figures import Snapshot, reference_cell
+from bench.records.run_record import load_records
 
 #: operators listed per trace diff
 DIFF_TOP_N = 8

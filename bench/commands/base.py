@@ -36,7 +36,7 @@ class Command:
         """Do the subcommand with the parsed ``args``; returns the exit code (see :mod:`bench.cli`).
 
         Raises:
-            bench.errors.BenchError: bad input (printed as one line by :func:`bench.cli.main`).
+            bench.core.errors.BenchError: bad input (printed as one line by :func:`bench.cli.main`).
         """
         raise NotImplementedError
 

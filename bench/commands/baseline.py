@@ -7,10 +7,10 @@ from __future__ import annotations
 import argparse
 
 from bench.commands.base import Command
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.gate.baseline import add_arguments
 from bench.gate.baseline import main as baseline_main
-from bench.results import check_baseline_slot
+from bench.records.results import check_baseline_slot
 
 #: options only ``baseline save`` reads (argparse dest -> (option, value when not given))
 SAVE_ONLY = {"name": ("--name", None), "note": ("--note", ""), "force": ("--force", False), "alpha": ("--alpha", None)}

@@ -20,7 +20,7 @@ from bench.commands.base import Command
 from bench.commands.gate import GATE_FILES, add_comparison_arguments, metric_list, print_result
 from bench.gate.stored import run_gate
 from bench.gate.verdicts import EXIT_CODES
-from bench.results import check_baseline_slot, check_output_folder, find_sweep
+from bench.records.results import check_baseline_slot, check_output_folder, find_sweep
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -12,11 +12,11 @@ from typing import Any
 from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT
 from bench.analyze.snapshot import METRICS
 from bench.commands.base import Command
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.gate.markdown import append_step_summary, render_markdown
 from bench.gate.stored import run_gate
 from bench.gate.verdicts import CANNOT_JUDGE, DEFAULT_THRESHOLD, EXIT_CANNOT_JUDGE, EXIT_CODES
-from bench.results import check_baseline_slot, check_output_folder, find_sweep
+from bench.records.results import check_baseline_slot, check_output_folder, find_sweep
 
 #: the files a gate writes into its output folder (``gate``, ``compare``)
 GATE_FILES = ("gate.md", "gate.json")

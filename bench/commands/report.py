@@ -10,10 +10,10 @@ under ``report/``, effect metrics, tag ``bench.report``):
   fixed-sample p value; the fixed-sample figures left (interactions, cell speedups) are labelled as not covered
   by the sequential error control;
 * the unit of replication is the **run**: each finished run is summarized by its value
-  (:func:`bench.figures.run_value`: median of its timed steps, speed-normalized when every run timed the
+  (:func:`bench.records.figures.run_value`: median of its timed steps, speed-normalized when every run timed the
   probe) and every interval and p value below is computed from run values, never from steps as if they
   were independent samples; the time block (repeat ``k`` of a blocked sweep) is a fixed factor;
-* per cell: speedup vs the all-off cell (:func:`bench.figures.speedup` of the cells' geometric-mean run
+* per cell: speedup vs the all-off cell (:func:`bench.records.figures.speedup` of the cells' geometric-mean run
   values, the same number as ``summary.md``) with a t interval and p value from the log run values and
   the pooled residual SD of the cell-means model (:func:`bench.analyze.effects.run_contrast`) -> ``speedup.png``;
 * main effects and two-factor interactions: OLS (statsmodels) of the log run values, factors coded +-1
@@ -49,10 +49,10 @@ from bench.analyze.plots import plot_article, plot_effects, plot_long_tail, plot
 from bench.analyze.snapshot import snapshot
 from bench.analyze.tables import analyze, article_rows, claims_on_runs
 from bench.commands.base import Command
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.gate.verdicts import check_expectations, validate_expect
-from bench.results import atomic_write_json, atomic_write_text, check_output_folder, find_sweep
-from bench.speed import normalize_snapshot
+from bench.records.results import atomic_write_json, atomic_write_text, check_output_folder, find_sweep
+from bench.records.speed import normalize_snapshot
 
 
 def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BOOT, seed: int = 0,
@@ -60,9 +60,9 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
     """All numbers of the report of one sweep (no files written).
 
     With ``normalize`` (default) and a speed probe in every run (embedded engine on CPU), step times and
-    throughput are speed-normalized to the sweep's median probe time first (:func:`bench.speed.normalize_snapshot`),
-    exactly as ``summary.md`` is. ``n_boot``/``seed`` are kept for the command line; the report's
-    intervals are t intervals on runs and draw no bootstrap.
+    throughput are speed-normalized to the sweep's median probe time first
+    (:func:`bench.records.speed.normalize_snapshot`), exactly as ``summary.md`` is. ``n_boot``/``seed`` are kept for
+    the command line; the report's intervals are t intervals on runs and draw no bootstrap.
     """
     snap = snapshot(sweep, results)
     if not snap["cells"]:
@@ -70,13 +70,13 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
     # cells of a sweep run minutes apart: read every step time at the sweep's median machine speed
     probe_ref = normalize_snapshot(snap) if normalize else None
     stats = analyze(snap, alpha=alpha, interactions=interactions)
-    from bench.results import read_json
+    from bench.records.results import read_json
 
     meta = read_json(Path(sweep) / "sweep.json") or {}
     if meta.get("code_versions"):  # an interleaved gate sweep: the gate's own figure, by the gate's own function
         from bench.gate.runs import gate_figure
         from bench.gate.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-        from bench.results import load_records
+        from bench.records.results import load_records
 
         stats["mde"]["gate"] = gate_figure(load_records(sweep), threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA)
         stats["mde"]["gate_source"] = "this interleaved gate sweep (both code versions paired by block), as the gate"

@@ -15,10 +15,10 @@ from rich.table import Table
 from bench.commands.base import Command, add_execution_arguments
 from bench.commands.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
 from bench.commands.run_planning import add_planning_arguments, closing_verdict_line, prepare, print_planning
+from bench.core.errors import BenchError
 from bench.engines import engine_class, engines_with, get_engine
-from bench.errors import BenchError
-from bench.figures import SUMMARY_STEP_TIME
-from bench.results import check_writable
+from bench.records.figures import SUMMARY_STEP_TIME
+from bench.records.results import check_writable
 from bench.spec.loading import load_matrix
 from bench.spec.optimizations import FACTOR_KEYS
 from bench.spec.plan import ORDERS, Plan, make_plan, new_order_seed, run_order
@@ -70,7 +70,7 @@ def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -
     """
     from fnmatch import fnmatchcase
 
-    from bench.errors import BenchError
+    from bench.core.errors import BenchError
 
     alts = [a.strip() for a in pattern.split(",") if a.strip()]
     if not alts:
@@ -90,21 +90,21 @@ def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -
 
 
 class ConsoleView:
-    """The live progress of a sweep (:class:`bench.progress.LiveProgress`: runs done/total, ETA from the
+    """The live progress of a sweep (:class:`bench.core.progress.LiveProgress`: runs done/total, ETA from the
     measured run times, the current cell and what it is doing) plus a line per finished run.
 
     Each line shows the run's own median timed step (raw seconds); speedups are a cell statistic and
     appear only in the final table (:func:`summary_table`, the rows of ``summary.md``).
 
     Args:
-        console: :func:`bench.progress.make_console`.
+        console: :func:`bench.core.progress.make_console`.
         executor: the sweep's executor (a fork server still importing is shown as such).
         steps: GRPO steps per run (``base.steps``), for ``step k/N``.
         engine: the matrix's engine (what a run's start-up is called).
     """
 
     def __init__(self, console: Console, executor: Any = None, steps: int = 0, engine: str = ""):
-        from bench.progress import LiveProgress
+        from bench.core.progress import LiveProgress
 
         self.console = console
         self.executor, self.steps, self.engine = executor, steps, engine
@@ -116,7 +116,7 @@ class ConsoleView:
         self.live.start(text)
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
-        from bench.progress import FORKSERVER_STARTING, run_status
+        from bench.core.progress import FORKSERVER_STARTING, run_status
 
         if kind == "start":
             verb = "resuming" if data.get("resumed") else "sweep"
@@ -131,7 +131,7 @@ class ConsoleView:
             self.live.start(FORKSERVER_STARTING if starting else "starting the first run", total=data["total"])
         elif kind == "launch":
             spec, k = data["spec"], data["repeat"]
-            from bench.results import run_dir
+            from bench.records.results import run_dir
 
             rdir = run_dir(self.sweep_dir, spec.cell_id, k) if self.sweep_dir is not None else None
             steps = self.steps or 1
@@ -169,7 +169,7 @@ class ConsoleView:
 
 
 def summary_table(rows: list[dict[str, Any]]) -> Table:
-    """The final rich table of cells: the rows of ``summary.md`` (:func:`bench.summary.cell_rows`), factor
+    """The final rich table of cells: the rows of ``summary.md`` (:func:`bench.records.summary.cell_rows`), factor
     columns only for factors that apply and vary."""
     head, body = _summary_columns(rows)
     t = Table(title="cells")
@@ -261,7 +261,7 @@ def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""
 
 def main(args: argparse.Namespace) -> int:
     """Run (or dry-run) a matrix; 0 when every cell finished, 1 when some failed, 2 on bad input."""
-    from bench.progress import make_console
+    from bench.core.progress import make_console
 
     if getattr(args, "parallel", None) is not None:  # its form, before the matrix (a dry run never meets Ray)
         check_parallel(args.parallel)
@@ -338,8 +338,8 @@ def main(args: argparse.Namespace) -> int:
 
 def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     """``--smoke``: each cell of a verl matrix for a few real steps on the CPU; 0 when every cell ran."""
+    from bench.core.errors import BenchError
     from bench.engines.verl_cpu.smoke import not_exercised, run_smoke, smoke_base, smoke_cells
-    from bench.errors import BenchError
 
     if not engine_class(matrix.engine).supports_smoke:
         allowed = engines_with("supports_smoke")

@@ -7,7 +7,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Any
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 
 def add_planning_arguments(p: argparse.ArgumentParser) -> None:
@@ -156,7 +156,7 @@ def closing_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0
     from pathlib import Path
 
     from bench.analyze.sequential_view import verdict_line, view
-    from bench.results import SWEEP, read_json
+    from bench.records.results import SWEEP, read_json
 
     v = view(read_json(Path(sweep_dir) / SWEEP) or {})
     if v is not None:
@@ -173,7 +173,7 @@ def fixed_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0.0
     if prep.stop_rule is not None:
         return None
     from bench.analyze.sequential import EffectsStopRule
-    from bench.results import load_records
+    from bench.records.results import load_records
 
     try:  # an informational line after a finished sweep: a failure here must not fail the sweep
         look = EffectsStopRule(1, threshold=threshold, alpha=alpha, claims=prep.matrix.expect).after_block(

@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 from bench.commands.base import Command
-from bench.errors import BenchError
-from bench.results import SWEEP, check_sweep_meta, find_sweep
+from bench.core.errors import BenchError
+from bench.records.results import SWEEP, check_sweep_meta, find_sweep
 from bench.tracking.upload_queue import QUEUE, check_sweep_files, pending, sync_sweep
 
 

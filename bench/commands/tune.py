@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.commands.base import Command, add_execution_arguments
-from bench.results import check_writable
+from bench.records.results import check_writable
 from bench.spec.loading import load_matrix
 from bench.tune import TuneOutcome, Tuner, TuneSettings, default_storage, redact, resolve_settings, trial_spec
 from bench.tune.report import verl_overrides
@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 class ConsoleView:
     """One line per trial, plus the start and the result, under a live progress line
-    (:class:`bench.progress.LiveProgress`: trials done/total, ETA from the measured trial times, best so far,
+    (:class:`bench.core.progress.LiveProgress`: trials done/total, ETA from the measured trial times, best so far,
     and what the current trial's run is doing).
 
     Args:
@@ -46,7 +46,7 @@ class ConsoleView:
     def __init__(self, out=None, executor: Any = None, steps: int = 0, engine: str = "", direction: str = "minimize"):
         from rich.console import Console
 
-        from bench.progress import LiveProgress, make_console
+        from bench.core.progress import LiveProgress, make_console
 
         self.out = out
         console = make_console() if out is None else Console(file=out, force_terminal=False, no_color=True,
@@ -64,7 +64,7 @@ class ConsoleView:
         self.live.stop()
 
     def __call__(self, kind: str, d: dict[str, Any]) -> None:
-        from bench.progress import FORKSERVER_STARTING, run_status
+        from bench.core.progress import FORKSERVER_STARTING, run_status
 
         if kind == "start":
             verb = "resuming" if d["resumed"] else "new"

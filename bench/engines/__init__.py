@@ -1,6 +1,6 @@
 """Engines turn a planned cell into a launch; this package holds their registry (name -> engine class).
 
-Engines are found by lookup: the entry points of the group ``grpo_bench.engines`` (:mod:`bench.plugins`:
+Engines are found by lookup: the entry points of the group ``grpo_bench.engines`` (:mod:`bench.core.plugins`:
 the built-ins in ``pyproject.toml``, then those of installed plugin packages) are loaded on the first
 lookup, so importing this package stays free of torch, verl and the engines' own imports; :func:`register`
 adds a class at run time (a decorator). Every question about an engine is asked of its class (the
@@ -47,7 +47,7 @@ def _load_builtin() -> None:
     if _loaded:
         return
     _loaded = True  # before loading: an engine module may look the registry up while it is imported
-    from bench.plugins import load
+    from bench.core.plugins import load
 
     for _name, cls in load(GROUP):
         register(cls)

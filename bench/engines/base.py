@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bench.errors import did_you_mean
+from bench.core.errors import did_you_mean
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from bench.core.errors import BenchError, did_you_mean
 from bench.engines.base import EngineBase, Launch
 from bench.engines.common import default_profile_steps, device_available
-from bench.errors import BenchError, did_you_mean
 from bench.spec.loading import expand_env, value_message
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism
@@ -60,9 +60,9 @@ def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
     import os
     from pathlib import Path
 
+    from bench.core.paths import check_names
     from bench.engines.builtins.data import BUILTINS
     from bench.engines.builtins.model import BUILTIN_MODEL
-    from bench.paths import check_names
 
     value = expand_env(value, file="base", key=key.removeprefix("base."), strict=strict)
     if "${" in value:

@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.results import SWEEP, atomic_write_json, load_records
+from bench.records.results import SWEEP, atomic_write_json, load_records
 
 RunOne = Callable[[Any, int], None]
 
@@ -103,7 +103,7 @@ def resume_rule(meta: dict[str, Any], stop_rule: Any, claims: Sequence[dict[str,
         return EffectsStopRule(int(seq["max_looks"]), claims=claims, **recorded)
     now = {"threshold": stop_rule.threshold, "alpha": stop_rule.alpha}
     if any(not math.isclose(float(now[k]), float(recorded[k])) for k in now):
-        from bench.errors import BenchError
+        from bench.core.errors import BenchError
 
         raise BenchError(f"{source}: sequential.threshold {recorded['threshold']}, sequential.alpha "
                          f"{recorded['alpha']}: the sweep being resumed decides with these; --threshold "

@@ -40,7 +40,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.executors import ExecResult, ResolvedLaunch
 
 _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}

@@ -36,7 +36,7 @@ import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.blocks import split_blocks
 from bench.execution.executors import ExecResult, ResolvedLaunch
 from bench.execution.ray_executor import RayJobExecutor, resolve_auth_token

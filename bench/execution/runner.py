@@ -12,11 +12,11 @@ from typing import Any
 
 import yaml
 
+from bench.core.metadata import host_load
 from bench.engines.base import capability
 from bench.execution.executors import Executor, resolve_launch
-from bench.metadata import host_load
-from bench.record import build_record, write_record
-from bench.results import atomic_write_text
+from bench.records.record import build_record, write_record
+from bench.records.results import atomic_write_text
 from bench.spec.plan import RunSpec
 
 

@@ -13,7 +13,7 @@ wall time and overhead are those of its first finished invocation; a resume reco
 Faults: the results lock is taken before MLflow is touched; MLflow failures queue the upload on disk
 (:mod:`bench.tracking.upload_queue`) and never stop the sweep; a resume first ends processes a killed harness
 left in the sweep's folders; a full disk records the current run as failed when it can, closes the sweep and its
-parent run as failed and stops with :class:`~bench.errors.DiskFullError`; SIGTERM/Ctrl-C close them as
+parent run as failed and stops with :class:`~bench.core.errors.DiskFullError`; SIGTERM/Ctrl-C close them as
 interrupted.
 """
 
@@ -25,13 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.errors import BenchError, DiskFullError, doing
+from bench.core.errors import BenchError, DiskFullError, doing
 from bench.execution.blocks import plan_params, resume_rule, run_blocks, sequential_header, sequential_tags
 from bench.execution.executors import Executor, LocalExecutor, kill_strays
 from bench.execution.runner import execute_spec
 from bench.gate.versions import gate_fingerprint, version_meta
-from bench.record import is_finished
-from bench.results import (
+from bench.records.record import is_finished
+from bench.records.results import (
     SWEEP,
     ResultsDir,
     atomic_write_json,
@@ -41,10 +41,10 @@ from bench.results import (
     read_json,
     run_dir,
 )
-from bench.run_record import corrupt_records
+from bench.records.run_record import corrupt_records
+from bench.records.summary import cell_rows, parent_cells, plan_summary, sweep_header, write_summary
 from bench.spec.matrix import Matrix, base_params
 from bench.spec.plan import Plan, RunSpec, interleaved_order, new_order_seed, planned_order, run_order
-from bench.summary import cell_rows, parent_cells, plan_summary, sweep_header, write_summary
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
 from bench.tracking.records import log_record, parent_description, summary_metrics
 from bench.tracking.upload_queue import QUEUE, queue_upload, read_queue, sync_matrix
@@ -371,7 +371,7 @@ class Sweep:
     def _finish(self, tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead) -> SweepOutcome:
         from bench.analyze.snapshot import snapshot
         from bench.execution.blocks import sequential_metrics, sequential_summary
-        from bench.speed import normalize_snapshot
+        from bench.records.speed import normalize_snapshot
 
         snap = snapshot(sweep_dir)
         probe_ref = normalize_snapshot(snap)

@@ -12,7 +12,7 @@ results folder:
   repeat the per-step ``samples`` of every gate metric (step time of the timed steps, throughput,
   rollout share, Free ratio of the profiled steps), the timed ``steps`` and their ``workload``
   fingerprints (response and prompt lengths, so the gate can pair steps that did the same work), the
-  machine-speed probe of each timed step and its kernel (``probe_spec``; :mod:`bench.speed`), plus the
+  machine-speed probe of each timed step and its kernel (``probe_spec``; :mod:`bench.records.speed`), plus the
   run's summary statistics.
 
 Saving tags the sweep's MLflow parent run ``bench.baseline=<NAME>``. Other actions: ``baseline list``
@@ -43,10 +43,10 @@ from bench.analyze.snapshot import (
     cpu_pressure,
     snapshot,
 )
-from bench.errors import BenchError, did_you_mean
-from bench.figures import METRICS
-from bench.metadata import machine
-from bench.results import atomic_write_json, find_sweep, read_json
+from bench.core.errors import BenchError, did_you_mean
+from bench.core.metadata import machine
+from bench.records.figures import METRICS
+from bench.records.results import atomic_write_json, find_sweep, read_json
 
 BASELINES = "baselines"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -105,7 +105,7 @@ def _shape_model() -> Any:
     """The pydantic model of the parts of a baseline every reader indexes (built once, on first use)."""
     from pydantic import BaseModel, ConfigDict
 
-    from bench.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
+    from bench.records.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
 
     class _Repeat(BaseModel):
         model_config = ConfigDict(extra="allow")
@@ -168,7 +168,7 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
         raise BenchError(f"--name {name[:60]!r}: use at most 100 letters, digits, '_', '-', '.' (starting with a "
                          "letter or digit)")
     out = baselines_dir(results) / f"{name}.json"
-    from bench.paths import check_folder
+    from bench.core.paths import check_folder
 
     check_folder("--results", baselines_dir(results))  # <results>/baselines a file, a dangling link ...
     if out.exists() and not force:

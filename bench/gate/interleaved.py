@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.analyze.sequential import Decision, Look, decide
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.gate.markdown import append_step_summary, render_interleaved
 from bench.gate.runs import declare_analysis, paired_comparison
 from bench.gate.versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
-from bench.results import atomic_write_json, atomic_write_text, load_records
+from bench.records.results import atomic_write_json, atomic_write_text, load_records
 
 #: blocks an interleaved gate plans when neither ``--blocks`` nor the matrix says more
 DEFAULT_BLOCKS = 8

@@ -3,7 +3,7 @@ as the unit (:func:`paired_comparison`).
 
 Each block of an interleaved gate sweep (:func:`bench.spec.plan.interleaved_order`) holds one run of every
 cell under each code version, in random order. Per cell and block with both runs ok, the **block's log
-ratio** is ``d = log(v_cand) - log(v_base)`` with ``v`` a run's value (:func:`bench.figures.run_value`, the
+ratio** is ``d = log(v_cand) - log(v_base)`` with ``v`` a run's value (:func:`bench.records.figures.run_value`, the
 median of its timed steps): steps of one run are never treated as independent samples. Over the ``n``
 blocks: estimate ``exp(mean d) - 1``, interval ``mean d +- t(1 - alpha/2, n - 1) * sd(d) / sqrt(n)``
 (Kalibera & Jones 2020, "Quantifying performance changes with effect size confidence intervals": runs as
@@ -61,8 +61,8 @@ import numpy as np
 from scipy import stats as sps
 
 from bench.analyze.power import blocks_needed, gate_mde
-from bench.figures import run_value
-from bench.speed import PROBE_METRIC
+from bench.records.figures import run_value
+from bench.records.speed import PROBE_METRIC
 
 #: one-sided level of the probe-tracking test (:func:`probe_check`, a description of the sweep)
 PROBE_ALPHA = 0.05

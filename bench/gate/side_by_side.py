@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.blocks import split_blocks
 
 AFFINITY_FILE = "affinity.json"

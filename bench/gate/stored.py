@@ -13,7 +13,7 @@ from typing import Any, Literal
 from bench.analyze.estimators import N_BOOT
 from bench.analyze.snapshot import METRICS, snapshot
 from bench.analyze.stat_tests import TESTS, describe_tests
-from bench.errors import BenchError, did_you_mean
+from bench.core.errors import BenchError, did_you_mean
 from bench.gate.baseline import load_baseline
 from bench.gate.markdown import (
     PER_STEP_METHOD,
@@ -31,7 +31,7 @@ from bench.gate.verdicts import (
     compare_snapshots,
     validate_expect,
 )
-from bench.results import atomic_write_json, atomic_write_text, find_sweep
+from bench.records.results import atomic_write_json, atomic_write_text, find_sweep
 
 
 def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) -> str | None:
@@ -126,15 +126,16 @@ def load_reference(ref: str, results: Path, *, prefer: Literal["baseline", "swee
 def judge_claims(snap: dict[str, Any], expects: list[Any], *, alpha: float, seed: int = 0,
                  normalize: bool = True) -> list[dict[str, Any]]:
     """The matrix ``expect`` claims judged on the runs, exactly as ``report`` judges them: the snapshot
-    speed-normalized to the sweep's median probe where every run carries it (:func:`bench.speed.normalize_snapshot`,
-    the report's rule, fixed by what the runs recorded, not by their values), the claims' cells found by
+    speed-normalized to the sweep's median probe where every run carries it
+    (:func:`bench.records.speed.normalize_snapshot`, the report's rule, fixed by what the runs recorded, not by their
+    values), the claims' cells found by
     :func:`bench.gate.verdicts.check_expectations`, then :func:`bench.analyze.tables.claims_on_runs` (a t interval
     on the log run values at ``1 - alpha``; "not met" only when it excludes the claim, "cannot judge" when it
     includes a bound). ``alpha``: the gate's per-test level (its family's ``alpha / m``). ``snap`` is not changed."""
     import copy
 
     from bench.analyze.tables import claims_on_runs
-    from bench.speed import normalize_snapshot
+    from bench.records.speed import normalize_snapshot
 
     snap = copy.deepcopy(snap)
     snap.pop("machine", None)
@@ -208,7 +209,7 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
                               "sweep": base["source"].get("sweep"), "engine": base["engine"],
                               "platform": base["platform"], "git_commit": base.get("git_commit"),
                               "created_at": base.get("created_at")}
-        from bench.metadata import machine
+        from bench.core.metadata import machine
 
         cand["machine"] = machine()
         s2s = None

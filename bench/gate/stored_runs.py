@@ -2,7 +2,7 @@
 :func:`compare_runs`, with the speed probe checked first (:func:`runs_probe_check`).
 
 The unit is the run, as in the interleaved gate and the report (:mod:`bench.gate.runs`): a run's value is
-:func:`bench.figures.run_value` (the median of its timed-step samples) and steps of one run are never treated as
+:func:`bench.records.figures.run_value` (the median of its timed-step samples) and steps of one run are never treated as
 independent samples. Per matched cell, on the log scale (``x = log v`` for a time, ``-log v`` for a rate, so that
 ``x`` grows when the cell gets worse): estimate ``mean(x_cand) - mean(x_base)``, standard error
 
@@ -49,8 +49,8 @@ import numpy as np
 from scipy import stats as sps
 
 from bench.analyze.power import mde_from_se
-from bench.figures import run_value
 from bench.gate.runs import probe_check
+from bench.records.figures import run_value
 
 
 def run_logs(cell: dict[str, Any], metric: str, sign: float) -> tuple[list[float], list[float | None]]:
@@ -189,7 +189,7 @@ def declared_probes(ref_cells: list[dict[str, Any]], metrics: list[str], source:
     its own comparison then uses. ``source`` names the reference in the note. Each value: ``apply``, ``note``,
     ``decided_from`` and the check's figures (``r``, ``p``, ``n``, ``sd_raw``, ``sd_corrected``)."""
     from bench.analyze.snapshot import METRICS
-    from bench.speed import SPEED_SCALED
+    from bench.records.speed import SPEED_SCALED
 
     out = {}
     for metric in metrics:

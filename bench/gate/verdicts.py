@@ -56,12 +56,12 @@ from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT  # noqa: F401  (DEFAU
 from bench.analyze.power import mde_from_se
 from bench.analyze.snapshot import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, pairable
 from bench.analyze.stat_tests import compare, verdict
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.gate.stored_runs import compare_runs, declared_probes, failed_runs, family_alpha, no_offset_reason
+from bench.records.speed import SPEED_SCALED, normalizable, normalized_pair
 from bench.spec.expect import Expect, ExpectBlock
 from bench.spec.loading import format_validation_error
 from bench.spec.optimizations import REGISTRY, applicability
-from bench.speed import SPEED_SCALED, normalizable, normalized_pair
 
 DEFAULT_THRESHOLD = 0.05
 #: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
@@ -132,7 +132,7 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
     which replaces ``result``/``reason`` wherever a ``comparison`` was made); the step-level ``result`` here is
     never a verdict on its own.
 
-    With ``normalize`` (default) step times and throughput are speed-normalized (:mod:`bench.speed`)
+    With ``normalize`` (default) step times and throughput are speed-normalized (:mod:`bench.records.speed`)
     when both cells carry the same speed probe: cells of a sweep run minutes apart.
 
     ``result``: ``met``, ``not met``, ``n/a`` (the factor does not apply on this engine/platform) or
@@ -248,7 +248,7 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     named ``test``.
 
     With ``normalize`` (default) ``step_time`` and ``throughput`` samples are speed-normalized
-    (:mod:`bench.speed`) when both cells carry the same speed probe; each row then has
+    (:mod:`bench.records.speed`) when both cells carry the same speed probe; each row then has
     ``normalized: true``, ``speed_change`` (the machine's slowdown during the candidate vs the
     baseline) and ``raw_change`` (the change before normalization). Otherwise ``normalize_reason``
     says why the raw samples were compared.

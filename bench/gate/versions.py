@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.executors import REPO_ROOT, ExecResult, Executor, ResolvedLaunch
 
 #: the two versions of an interleaved gate sweep

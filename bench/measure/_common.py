@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 
 class MeasureError(BenchError):

@@ -5,7 +5,7 @@ JSONL, :mod:`bench.measure.torch_reader` for torch chrome traces, :mod:`bench.me
 Ascend profiler's ``step_trace_time.csv`` / ``analysis.db`` / ``kernel_details``); :func:`bench.measure.collect`
 asks every reader of :func:`readers` in order whether it finds its files (``detect``) and merges what
 it reads (``read``). Readers are found by lookup: the entry points of the group ``grpo_bench.readers``
-(:mod:`bench.plugins`; the built-ins in ``pyproject.toml``, in the order of their warnings), loaded on the
+(:mod:`bench.core.plugins`; the built-ins in ``pyproject.toml``, in the order of their warnings), loaded on the
 first lookup. Adding a format: one module with a ``Reader`` subclass and one entry point line (see
 ``CONTRIBUTING.md``).
 """
@@ -137,7 +137,7 @@ def readers() -> list[Reader]:
     global _loaded
     if not _loaded:
         _loaded = True
-        from bench.plugins import fill
+        from bench.core.plugins import fill
 
         early = list(_READERS)
         _READERS.clear()

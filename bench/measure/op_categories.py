@@ -134,7 +134,7 @@ def _plugin_rules() -> list[CategoryRule]:
     registries fill theirs)."""
     global _PLUGINS
     if _PLUGINS is None:
-        from bench.plugins import load
+        from bench.core.plugins import load
 
         out: list[CategoryRule] = []
         for name, obj in load(ENTRY_POINT_GROUP):

@@ -151,7 +151,7 @@ def ensure_op_times(run_dir: str | os.PathLike, record: dict[str, Any]) -> dict[
         pass
     data = run_op_times(rdir, record)
     try:
-        from bench.results import atomic_write_json
+        from bench.records.results import atomic_write_json
 
         atomic_write_json(path, data)
     except OSError:

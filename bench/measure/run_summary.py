@@ -6,7 +6,7 @@ measured steps that ran without the profiler (all measured steps when every one 
 summary's ``timed_steps`` says which). Every time-like figure (step time, phases, rollout share,
 throughput, response lengths) is over the timed steps, because the profiler perturbs timing; the Free
 ratio is over the profiled measured steps (it exists only there). A run's value of a figure is the median
-of its samples (:func:`bench.figures.run_value` is the same :func:`~bench.measure._common.median`), so the
+of its samples (:func:`bench.records.figures.run_value` is the same :func:`~bench.measure._common.median`), so the
 record's summary, the snapshot, the report, the gate, MLflow and the tune see one number per run.
 """
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.spec.matrix import ExplicitDesign, FractionalDesign, Matrix, OneAtATimeDesign
 from bench.spec.optimizations import REGISTRY, factor_keys
 

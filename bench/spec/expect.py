@@ -12,7 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
-from bench.figures import METRICS
+from bench.records.figures import METRICS
 from bench.spec.optimizations import REGISTRY, factor_keys
 
 

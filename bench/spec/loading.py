@@ -2,7 +2,7 @@
 overrides from the command line, and pydantic errors turned into one line naming file, key and line
 (:func:`load_matrix`; the schema is :mod:`bench.spec.matrix`).
 
-Every error is a :class:`~bench.errors.BenchError` naming the file, the key (and line where known) and
+Every error is a :class:`~bench.core.errors.BenchError` naming the file, the key (and line where known) and
 the allowed values.
 """
 
@@ -17,8 +17,8 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from bench.errors import BenchError, did_you_mean, doing
-from bench.inputs import StrictLoader, ValueRefused, load_yaml, read_text, yaml_error_line
+from bench.core.errors import BenchError, did_you_mean, doing
+from bench.core.inputs import StrictLoader, ValueRefused, load_yaml, read_text, yaml_error_line
 from bench.spec.matrix import DESIGN_TYPES, Matrix
 
 __all__ = ["StrictLoader", "load_yaml", "load_matrix", "apply_overrides", "expand_env", "format_validation_error"]
@@ -237,7 +237,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path)
 
 
 def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
-    from bench.paths import check_names
+    from bench.core.paths import check_names
 
     check_names("matrix", path)  # before any lookup: an over-long name is an OSError of every call below
     if not os.path.lexists(path):  # a near miss of an existing matrix file is named

@@ -7,7 +7,7 @@ engines (:mod:`bench.engines`); ``expect`` (claims checked by the gate) is typed
 :mod:`bench.spec.expect` and validated here; ``tune`` (Optuna search) by :mod:`bench.tune.space`.
 
 Reading the file (strict YAML, ``${VAR}`` expansion, overrides, one-line errors) is
-:mod:`bench.spec.loading`. Every error is a :class:`~bench.errors.BenchError` naming the file, the key
+:mod:`bench.spec.loading`. Every error is a :class:`~bench.core.errors.BenchError` naming the file, the key
 (and line where known) and the allowed values.
 """
 
@@ -20,7 +20,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import InitErrorDetails, ValidationError
 
-from bench.errors import did_you_mean
+from bench.core.errors import did_you_mean
 from bench.spec.base_checks import check_batch_sizes, check_env, check_override_form
 from bench.spec.expect import ExpectBlock
 from bench.spec.optimizations import REGISTRY, factor_keys

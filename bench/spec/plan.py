@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bench.core.errors import BenchError
 from bench.engines import engine_class
 from bench.engines.base import Launch, get_engine
-from bench.errors import BenchError
 from bench.spec.design import Cell, DesignResult, expand
 from bench.spec.matrix import Matrix
 from bench.spec.optimizations import REGISTRY, Mechanism, applicability, conflicts_of, factor_keys, resolve

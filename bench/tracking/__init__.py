@@ -44,8 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.errors import BenchError, clip_words, doing
-from bench.metadata import git_commit, versions  # noqa: F401  (re-exported; gathered in bench.metadata)
+from bench.core.errors import BenchError, clip_words, doing
+from bench.core.metadata import git_commit, versions  # noqa: F401  (re-exported; gathered in bench.core.metadata)
 from bench.tracking.naming import (  # noqa: F401  (re-exported: the public names of bench.tracking)
     EXPERIMENT_KIND,
     ML_VIEW,

@@ -10,7 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from bench.metadata import git_commit
+from bench.core.metadata import git_commit
 
 #: the run tag the MLflow UI shows (and edits) as a run's description; markdown (GitHub flavour, tables too)
 NOTE = "mlflow.note.content"

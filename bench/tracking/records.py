@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.analyze.snapshot import record_samples
-from bench.figures import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, run_value
+from bench.core.metadata import git_commit, versions
 from bench.measure.patch_reports import patch_evidence
 from bench.measure.top_ops import TOP_N, step_top_ops
-from bench.metadata import git_commit, versions
+from bench.records.figures import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, run_value
 from bench.spec.optimizations import REGISTRY, compact_label
 from bench.tracking.naming import _key
 
@@ -43,7 +43,7 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
     series = step_series(rec)
     for step, value in rec.get("free_ratio", {}).items():
         series.setdefault("free_ratio/step", []).append((int(step), value))
-    # the run's values as summary.md, the report and the gate see them (bench.figures.run_value of the timed
+    # the run's values as summary.md, the report and the gate see them (bench.records.figures.run_value of the timed
     # steps; Free ratio: profiled steps), raw seconds (a sweep's speed normalization is the parent's)
     samples = record_samples(rec)
     summary = {
@@ -171,7 +171,8 @@ def profile_summary(rec: dict[str, Any], rdir: Path, free_ratio: float | None) -
         d["top_ops"] = step_top_ops(rdir, step, d["sources"], memo)
     return trace, {
         "free_ratio": free_ratio,
-        "free_ratio_is": "median over the profiled measured steps of the per-step Free ratio (bench.figures.run_value)",
+        "free_ratio_is": "median over the profiled measured steps of the per-step Free ratio "
+                         "(bench.records.figures.run_value)",
         "definition": "per profiler step window: free = window - union of busy intervals; Free ratio = free / window",
         "basis_meaning": {
             "device": "union of device kernel/memcpy/memset intervals (all streams)",

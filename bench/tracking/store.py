@@ -8,7 +8,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 #: MLflow HTTP settings the harness uses unless the variable is already set: timeout per request (s),
 #: retries, backoff factor (s) and jitter (s). Worst case per failing call: about 10 + 2 x 10 + 3 s.
@@ -148,7 +148,7 @@ def check_database(uri: str, flag: str) -> None:
     if dialect == "sqlite" and db is None:
         raise BenchError(f"{flag} {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
     if db is not None:
-        from bench.paths import check_names, check_not_system
+        from bench.core.paths import check_names, check_not_system
 
         if uri.split("?", 1)[0].endswith("/"):
             raise BenchError(f"{flag} {uri}: names a folder (allowed: sqlite:///PATH to a database file, e.g. "

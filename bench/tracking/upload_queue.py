@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.errors import BenchError, doing
-from bench.results import SWEEP, atomic_write_json, is_no_space, read_json, run_dir
+from bench.core.errors import BenchError, doing
+from bench.records.results import SWEEP, atomic_write_json, is_no_space, read_json, run_dir
 from bench.spec.matrix import base_params
 
 #: the queue file of a sweep folder
@@ -42,8 +42,8 @@ def read_queue(sweep_dir: Path, on_event: Callable[[str, dict[str, Any]], None] 
     path = Path(sweep_dir) / QUEUE
     if not path.exists() and not path.is_symlink():
         return {}
-    from bench.inputs import read_bytes
-    from bench.results import atomic_write_text
+    from bench.core.inputs import read_bytes
+    from bench.records.results import atomic_write_text
 
     try:
         data = json.loads(read_bytes(path, 16 << 20, "queue file"))
@@ -131,8 +131,8 @@ def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
 def check_sweep_files(sweep_dir: Path, meta: dict[str, Any] | None = None
                       ) -> tuple[dict[str, Any], dict[str, Any], list[str]]:
     """Check, before MLflow is touched, every file a sync reads: ``sweep.json`` (``meta``: its content as
-    :func:`bench.results.check_sweep_meta` already returned it to the caller), each run record
-    (:func:`bench.run_record.read_record`) and each cell's ``spec.json``.
+    :func:`bench.records.results.check_sweep_meta` already returned it to the caller), each run record
+    (:func:`bench.records.run_record.read_record`) and each cell's ``spec.json``.
 
     Returns:
         (sweep meta, cell id -> RunSpec of the cells whose ``spec.json`` is usable, one line per unusable
@@ -144,8 +144,8 @@ def check_sweep_files(sweep_dir: Path, meta: dict[str, Any] | None = None
     """
     from pydantic import ValidationError
 
-    from bench.results import check_sweep_meta
-    from bench.run_record import RecordError, corrupt_records
+    from bench.records.results import check_sweep_meta
+    from bench.records.run_record import RecordError, corrupt_records
     from bench.spec.plan import RunSpec
 
     sweep_dir = Path(sweep_dir)
@@ -194,7 +194,7 @@ def sync_sweep(
         BenchError: the folder is not a sweep, or a record or spec cannot be used (the queue file stays; the
             other runs are uploaded first).
     """
-    from bench.run_record import RecordError, read_record
+    from bench.records.run_record import RecordError, read_record
     from bench.spec.matrix import Matrix
     from bench.tracking import sweep_run_name
     from bench.tracking.records import log_record, parent_description
@@ -279,8 +279,8 @@ def sync_sweep(
 def _parent_cells(sweep_dir: Path) -> list[dict[str, Any]]:
     """The parent's ``cells.json`` from the sweep folder, computed as the sweep's end computes it."""
     from bench.analyze.snapshot import snapshot
-    from bench.speed import normalize_snapshot
-    from bench.summary import parent_cells
+    from bench.records.speed import normalize_snapshot
+    from bench.records.summary import parent_cells
 
     snap = snapshot(sweep_dir)
     normalize_snapshot(snap)

@@ -5,10 +5,10 @@ A trial = the fixed factor levels of the matrix's ``tune`` block (dynamic bsz on
 :class:`~bench.spec.plan.RunSpec` exactly as a sweep does (a copy of the matrix whose ``base`` carries the
 limits and whose design is the one fixed cell, through :func:`bench.spec.plan.make_plan`), runs it with
 :func:`bench.execution.runner.execute_spec` into ``results/<matrix>/tune/<study>/trial-<n>/`` and takes the
-objective from the run record: the run's value (:func:`bench.figures.run_value`, the median over its
+objective from the run record: the run's value (:func:`bench.records.figures.run_value`, the median over its
 timed steps of the step time, minimized, or of the throughput, maximized; the same statistic a sweep
 reports per run), speed-normalized when the run timed the machine-speed probe
-(:meth:`Tuner.speed_normalized`, :mod:`bench.speed`; the tune block's ``normalize: false`` turns it
+(:meth:`Tuner.speed_normalized`, :mod:`bench.records.speed`; the tune block's ``normalize: false`` turns it
 off): trials run minutes apart on a shared machine whose speed drifts by several percent. The objective
 is named with its unit in Optuna (``study.set_metric_names``), MLflow and the outputs
 (:attr:`TuneSettings.metric_name`); the best trial is reported with its measured median beside the

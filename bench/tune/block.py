@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationError
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.spec.matrix import Matrix
 from bench.tune.space import TuneBlock, parse_tune
 
@@ -41,7 +41,7 @@ def parse_block(matrix: Matrix) -> TuneBlock:
 
         text = ""
         if matrix.source:
-            from bench.inputs import read_text
+            from bench.core.inputs import read_text
             from bench.spec.loading import MAX_MATRIX_BYTES
 
             try:

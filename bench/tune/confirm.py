@@ -8,7 +8,7 @@ each limit set in a seeded random order, executed exactly like a trial's run
 (:func:`bench.tune.trial.trial_spec`, :func:`bench.execution.runner.execute_spec`, the tune's executor) into
 ``<study>/confirm/block-<b>-<best|other>/``. They are not Optuna trials: the sampler never sees them.
 
-Per block the log ratio of the two run values (:func:`bench.figures.run_value`: the median timed step of the
+Per block the log ratio of the two run values (:func:`bench.records.figures.run_value`: the median timed step of the
 objective's metric, not speed-normalized: the interleaving pairs runs minutes apart),
 ``d = log(v_best / v_other)`` for step time and ``log(v_other / v_best)`` for throughput, so that a negative
 change always means the best is faster (step time, or time per token). Over the complete blocks

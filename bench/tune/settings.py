@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.spec.matrix import Matrix
 from bench.spec.plan import detect_platform
 from bench.tune.block import CONFIRM_BLOCKS, parse_block

@@ -14,7 +14,7 @@ Schema (every key but ``space`` optional)::
       timeout_s: 900                 # and/or a wall-clock budget for this invocation
       sampler: {type: tpe, seed: 0, n_startup_trials: 4}   # tpe | random | grid
       start_at_rule_of_thumb: true   # first trial = the article's 2*(P+R) / 4*(P+R) (snapped into the space)
-      normalize: true                # speed-normalize the objective by the machine-speed probe (bench.speed)
+      normalize: true                # speed-normalize the objective by the machine-speed probe (bench.records.speed)
       study: my-study                # default: the matrix name
       storage: sqlite:///results/optuna.db   # any SQLAlchemy URL, or journal:PATH (Optuna journal file)
 
@@ -39,8 +39,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
-from bench.errors import BenchError, did_you_mean
-from bench.figures import SUMMARY_STEP_TIME, SUMMARY_THROUGHPUT
+from bench.core.errors import BenchError, did_you_mean
+from bench.records.figures import SUMMARY_STEP_TIME, SUMMARY_THROUGHPUT
 from bench.spec.loading import format_validation_error
 from bench.spec.matrix import Base, Matrix, parse_cell
 
@@ -173,7 +173,7 @@ def parse_tune(matrix: Matrix, text: str | None = None) -> TuneBlock:
         raise BenchError(f"{src}: tune: missing (add a tune block with a search space; "
                          f"see matrix/tune_dynamic_bsz.yaml)")
     if text is None and matrix.source:
-        from bench.inputs import read_text
+        from bench.core.inputs import read_text
         from bench.spec.loading import MAX_MATRIX_BYTES
 
         try:

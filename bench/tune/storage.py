@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 FP_ATTR = "bench_fingerprint"
 SETTINGS_ATTR = "bench_settings"  # studies made before the settings were split into keys: one JSON value
@@ -38,7 +38,7 @@ ALLOWED_STORAGES = "sqlite:///PATH, journal:PATH, or a database server URL (post
 
 def check_storage(url: str, where: str = "--storage") -> None:
     """Check an Optuna storage URL without writing anything: not in memory; ``journal:PATH`` a regular file or
-    absent, in a folder the harness may write (:func:`bench.paths.check_folder`); a SQLAlchemy URL of a known
+    absent, in a folder the harness may write (:func:`bench.core.paths.check_folder`); a SQLAlchemy URL of a known
     database with its driver installed, a sqlite file that is a database (:func:`bench.tracking.store.check_database`).
 
     Raises:
@@ -46,7 +46,7 @@ def check_storage(url: str, where: str = "--storage") -> None:
     """
     import os
 
-    from bench.paths import check_folder, check_names
+    from bench.core.paths import check_folder, check_names
     from bench.tracking.store import DB_DRIVERS, check_database, in_memory
 
     if not url.strip() or "\x00" in url:

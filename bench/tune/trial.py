@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.spec.matrix import ExplicitDesign, Matrix
 from bench.spec.optimizations import REGISTRY, factor_keys
 from bench.spec.plan import RunSpec, make_plan

@@ -7,9 +7,9 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.executors import Executor
-from bench.results import ResultsDir, atomic_write_json
+from bench.records.results import ResultsDir, atomic_write_json
 from bench.tune.report import CONSTRAINT, is_interrupted, write_outputs
 from bench.tune.settings import TuneOutcome, TuneSettings, make_sampler
 from bench.tune.space import PARAMS, limits_of, rule_of_thumb, tune_fingerprint
@@ -129,7 +129,7 @@ class Tuner(TuneTracking):
 
     # -- the objective -------------------------------------------------------------------------
     def speed_normalized(self, trial: Any, rec: dict[str, Any], raw: float) -> float:
-        """The trial's objective corrected for the machine's speed (:mod:`bench.speed`), or ``raw``.
+        """The trial's objective corrected for the machine's speed (:mod:`bench.records.speed`), or ``raw``.
 
         Median over the timed steps of ``step_time * ref / probe`` (throughput: ``* probe / ref``), with
         ``ref`` the median probe time of the study's first probed trial (study user attribute
@@ -140,7 +140,7 @@ class Tuner(TuneTracking):
         import numpy as np
 
         from bench.analyze.snapshot import record_samples
-        from bench.speed import normalized_median, probe_spec
+        from bench.records.speed import normalized_median, probe_spec
 
         trial.set_user_attr("raw_value", raw)
         trial.set_user_attr(f"{self.s.value_key}_raw", raw)
@@ -201,7 +201,7 @@ class Tuner(TuneTracking):
         atomic_write_json(rdir / "trial.json", {"study": s.study_name, "number": trial.number, "limits": limits,
                                                 "storage": redact(s.storage_url)})
         from bench.analyze.snapshot import record_samples
-        from bench.figures import run_value
+        from bench.records.figures import run_value
 
         value = run_value(record_samples(rec)[s.block.objective]) if rec["status"] == "ok" else None
         if rec["status"] == "ok" and value is not None:
@@ -316,7 +316,7 @@ class Tuner(TuneTracking):
         ``reuse``: keep the study's last confirmation when it compared the same limits with as many blocks
         (a resumed tune that ran no trial). Also written to ``<study>/confirmation.json``."""
         import bench.tune.confirm as C
-        from bench.results import read_json
+        from bench.records.results import read_json
         from bench.tune.report import best_trial
 
         s = self.s
@@ -338,7 +338,7 @@ class Tuner(TuneTracking):
 
         from bench.analyze.snapshot import record_samples
         from bench.execution.runner import execute_spec
-        from bench.figures import run_value
+        from bench.records.figures import run_value
 
         folder = s.study_dir / C.FOLDER
         if folder.exists():

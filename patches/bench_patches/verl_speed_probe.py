@@ -5,12 +5,13 @@ The embedded engine times a fixed reference kernel next to every step (``bench/s
 real verl run's steps run in other processes (Ray workers, vLLM's engine), but its driver logs every step's
 metrics through verl's ``FileLogger`` (``trainer.logger=[...,file]``) after the step ended and before the next one
 starts, when the workers wait for it. This patch times the same kernel there, :data:`REPS` times (median, seconds)
-and adds it to that step's metrics as :data:`METRIC`, the speed probe's own metric (``bench.speed.PROBE_METRIC``):
+and adds it to that step's metrics as :data:`METRIC`, the speed probe's own metric
+(``bench.records.speed.PROBE_METRIC``):
 the report, the stop rule and the gate divide step times by it as they do the embedded engine's (the gate only where
 it tracks). Measured before it was applied (``benchmarks/bench_verdict.py --bracket-probe``, "in-run probe",
 docs/planning.md): over 10 runs its run median tracked the run's median step, r = +0.96, and the run-to-run spread
 fell from 14.8 % to 5.0 %. The patch record names the kernel (``probe``), which the run record's evidence takes as
-``speed_probe`` (:func:`bench.speed.probe_from_patches`).
+``speed_probe`` (:func:`bench.records.speed.probe_from_patches`).
 
 The kernel and its identity come from the harness (``bench.engines.embedded.speed_probe``; the repository is on
 ``PYTHONPATH`` of every run process); the step's own timing (``timing_s/step``) ended before the probe runs, so the
@@ -28,7 +29,7 @@ from bench_patches import PatchRecord, PatchRefused, when_imported
 NAME = "verl_speed_probe"
 TARGET_MODULE = "verl.utils.tracking"
 #: the per-step metric this patch adds (seconds of the reference kernel, median of REPS; lower = faster machine):
-#: ``bench.speed.PROBE_METRIC`` (this module runs in verl's environment and imports the harness only lazily)
+#: ``bench.records.speed.PROBE_METRIC`` (this module runs in verl's environment and imports the harness only lazily)
 METRIC = "bench/speed_probe_s"
 #: kernel repetitions per step
 REPS = 3

@@ -8,7 +8,7 @@ import pytest
 from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
 
 from bench.cli import main
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.gate.verdicts import validate_expect
 
 

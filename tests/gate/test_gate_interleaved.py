@@ -11,9 +11,9 @@ import pytest
 
 from bench.analyze.power import blocks_needed, gate_mde
 from bench.gate.runs import block_pairs, paired_comparison, probe_check
-from bench.results import run_dir
+from bench.records.results import run_dir
+from bench.records.speed import PROBE_METRIC
 from bench.spec.plan import RunSpec, interleaved_order
-from bench.speed import PROBE_METRIC
 
 
 def _rec(cell: str, block: int, version: str, steps: list[float], probes: list[float] | None = None,

@@ -12,7 +12,7 @@ import numpy as np
 
 from bench.analyze.sequential import decide
 from bench.gate.runs import declare_analysis, paired_comparison
-from bench.speed import PROBE_METRIC
+from bench.records.speed import PROBE_METRIC
 
 
 def _rec(cell: str, block: int, version: str, value: float, probe: float | None, spec: str = "k1") -> dict:

@@ -208,7 +208,7 @@ def test_the_report_judges_the_expect_block_as_one_family(tmp_path):
     from bench.analyze.tables import claims_on_runs
     from bench.commands.report import build, write
     from bench.gate.verdicts import check_expectations, validate_expect
-    from bench.speed import normalize_snapshot
+    from bench.records.speed import normalize_snapshot
 
     expect = [{"factor": "dynamic_bsz", "at_least": 0.02}, {"factor": "dynamic_bsz", "at_most": 0.50}]
     sweep = make_sweep(tmp_path, "two", [{}, {"dynamic_bsz": 1}], repeats=3, steps=8, seed=4, expect=expect,

@@ -18,7 +18,7 @@ import yaml
 from test_tune_fake import SEQ, FakeExecutor, step_time
 
 from bench.cli import main as cli_main
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 from bench.execution.executors import ExecResult
 from bench.spec.loading import load_matrix
 from bench.spec.matrix import Base

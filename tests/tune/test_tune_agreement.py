@@ -10,15 +10,16 @@ import pytest
 
 
 def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
-    """The tune's objective of a trial = :func:`bench.figures.run_value` of its record's (normalized) samples."""
+    """The tune's objective of a trial = :func:`bench.records.figures.run_value` of its record's (normalized)
+    samples."""
     import optuna
     from test_tune import load, make, tune
     from test_tune_fake import FakeExecutor
 
     from bench.analyze.snapshot import record_samples
-    from bench.figures import run_value
-    from bench.results import read_json
-    from bench.speed import normalize
+    from bench.records.figures import run_value
+    from bench.records.results import read_json
+    from bench.records.speed import normalize
 
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"
     s, out = tune(tmp_path, make(tmp_path, "agree", n=3), uri, FakeExecutor(machine=[1.0, 1.25]))

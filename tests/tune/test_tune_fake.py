@@ -16,7 +16,7 @@ import yaml
 
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.execution.executors import ExecResult, ResolvedLaunch
-from bench.speed import PROBE_METRIC
+from bench.records.speed import PROBE_METRIC
 
 SEQ = 160  # P+R of the test matrices
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 DATA_RECIPE_VERSION = 2
 BUILTIN_SIZE = 256

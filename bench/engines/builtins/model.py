@@ -28,8 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.core.errors import BenchError
 from bench.engines.common import default_cache_dir  # noqa: F401  (re-exported: the models' cache)
-from bench.errors import BenchError
 
 from . import data as data_mod
 

@@ -27,7 +27,7 @@ sys.modules.setdefault("sklearn", None)
 
 def classify(exc: BaseException) -> tuple[str, int, str]:
     """``(kind, exit code, one-line reason)`` of an exception raised by a run."""
-    from bench.errors import BenchError
+    from bench.core.errors import BenchError
 
     reason = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, BenchError):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 
 class InfeasibleError(BenchError):

@@ -13,7 +13,7 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 DEFAULT_MODEL = "builtin:qwen3vl-tiny"
 DEFAULT_DATA = "builtin:shapes"
@@ -107,7 +107,7 @@ def load_run_config(path: str | Path | None) -> RunConfig:
     """
     if path is None:
         return RunConfig()
-    from bench.inputs import load_yaml, read_text, yaml_error_line
+    from bench.core.inputs import load_yaml, read_text, yaml_error_line
 
     path = Path(path)
     text = read_text(path, MAX_CONFIG_BYTES, "run config")

@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
+from bench.core.errors import BenchError
 from bench.engines.builtins import data as data_mod
 from bench.engines.builtins import model as model_mod
-from bench.errors import BenchError
 
 from . import checkpoint
 from .batching import InfeasibleError

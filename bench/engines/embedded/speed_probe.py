@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import time
 
-from bench.speed import PROBE_METRIC
+from bench.records.speed import PROBE_METRIC
 
 #: the reference kernel's parameters; change them and :func:`spec` changes, so old and new probes never mix
 PROBE = {"n": 256, "matmul_iters": 20, "stream_floats": 2_000_000, "stream_passes": 30, "dtype": "float32",
          "threads": 1}
-METRIC = PROBE_METRIC  # the metric name is the analysis side's (bench.speed), the kernel is the engine's
+METRIC = PROBE_METRIC  # the metric name is the analysis side's (bench.records.speed), the kernel is the engine's
 
 
 def spec() -> str:

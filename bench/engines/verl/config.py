@@ -34,7 +34,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 #: Repository root; the download cache lives in ``<repo>/.cache/verl`` (git-ignored).
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.core.errors import BenchError
 from bench.engines.base import EngineBase, Launch
 from bench.engines.verl.notes import forward_prefetch_note, mc2_note, not_read_notes
 from bench.engines.verl.overrides import (
@@ -53,7 +54,6 @@ from bench.engines.verl.overrides import (
     profiler_overrides,
 )
 from bench.engines.verl.probe import probe_machine
-from bench.errors import BenchError
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism, conflict_lifts, resolve
 

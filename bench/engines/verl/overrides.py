@@ -10,8 +10,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from bench.core.errors import BenchError
 from bench.engines.common import default_profile_steps
-from bench.errors import BenchError
 from bench.spec.loading import expand_env
 from bench.spec.matrix import Base
 

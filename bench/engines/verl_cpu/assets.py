@@ -29,7 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 BUILTIN_MODEL = "builtin:qwen3-tiny"
 BUILTIN_VL_MODEL = "builtin:qwen3vl-tiny"

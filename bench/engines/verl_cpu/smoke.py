@@ -213,7 +213,7 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     from bench.execution.executors import LocalExecutor
     from bench.execution.runner import execute_spec
     from bench.measure.patch_reports import patch_evidence
-    from bench.results import atomic_write_json
+    from bench.records.results import atomic_write_json
 
     cells = smoke_cells(matrix, plan, steps)
     inert_factors = not_exercised(plan, matrix)

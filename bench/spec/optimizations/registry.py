@@ -2,7 +2,7 @@
 
 The built-in optimizations are one module each in this package (like optuna's samplers); each is registered
 by one line of the group ``grpo_bench.optimizations`` in ``pyproject.toml``, and a plugin package registers
-its own the same way (:mod:`bench.plugins`). The entry points are loaded on the first lookup, so the order
+its own the same way (:mod:`bench.core.plugins`). The entry points are loaded on the first lookup, so the order
 of imports never matters: :func:`register_optimization` after any import is seen by every later lookup.
 
 Nothing outside this package knows what an optimization does: the planner asks :func:`resolve` for the
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.plugins import LiveView
+from bench.core.plugins import LiveView
 from bench.spec.optimizations.base import Conflict, Mechanism, Optimization
 from bench.spec.optimizations.versions import VERL, Bound, Lift, at_least, range_verdict, stack_versions
 
@@ -44,12 +44,12 @@ def _load() -> dict[str, Optimization]:
     global _loaded
     if not _loaded:
         _loaded = True  # before loading: an entry point's module may itself look the registry up
-        from bench.plugins import load
+        from bench.core.plugins import load
 
         found = {}
         for name, opt in load(GROUP):
             if not isinstance(opt, Optimization):
-                from bench.errors import BenchError
+                from bench.core.errors import BenchError
 
                 raise BenchError(f"entry point {GROUP}: {name}: not an Optimization ({type(opt).__name__})")
             found[opt.key] = opt

@@ -8,7 +8,7 @@ release tag or a PR); a bound that could not be checked against the sources has 
 starting with ``unconfirmed`` and is never used to judge. Versions compare as PEP 440 versions
 (``0.25.1rc1 < 0.25.1``); a local part (``+cpu``) is ignored.
 
-The installed stack comes from this process's packages (:func:`bench.metadata.versions`) or, for a report,
+The installed stack comes from this process's packages (:func:`bench.core.metadata.versions`) or, for a report,
 from the sweep's recorded ``versions``; on ``npu`` it counts only where the NPU stack itself is there
 (``torch_npu`` or ``vllm_ascend``: a CPU machine's verl says nothing about the NPU machine's). The
 environment variable :data:`STACK_ENV` (``vllm_ascend=0.25.1rc1,verl=0.9.1``) sets versions over both, so
@@ -24,9 +24,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 #: ``name=version,...``: versions of the stack that replace the installed ones (tests fake versions with it)
 STACK_ENV = "BENCH_STACK_VERSIONS"
-#: the verl Python package (its distribution name, as :func:`bench.metadata.versions` keys it; not the engine)
+#: the verl Python package (its distribution name, as :func:`bench.core.metadata.versions` keys it; not the engine)
 VERL = "verl"
-#: the packages a switch range may name, as :func:`bench.metadata.versions` keys them
+#: the packages a switch range may name, as :func:`bench.core.metadata.versions` keys them
 PACKAGES = (VERL, "vllm", "vllm_ascend", "torch_npu", "torch", "transformers")
 #: per platform, the packages whose presence makes the installed stack that platform's stack
 _PLATFORM_MARKERS = {"npu": ("torch_npu", "vllm_ascend")}
@@ -114,7 +114,7 @@ def parse_stack(text: str) -> dict[str, str]:
     Raises:
         BenchError: an item is not ``name=version`` or names a package outside :data:`PACKAGES`.
     """
-    from bench.errors import BenchError
+    from bench.core.errors import BenchError
 
     out = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
@@ -135,7 +135,7 @@ def stack_versions(platform: str, recorded: dict[str, str] | None = None, *, env
         BenchError: :data:`STACK_ENV` is malformed.
     """
     if recorded is None:
-        from bench.metadata import versions
+        from bench.core.metadata import versions
 
         recorded = versions()
     base = {k: v for k, v in recorded.items() if k in PACKAGES}

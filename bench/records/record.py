@@ -16,12 +16,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.errors import clip_words
+from bench.core.errors import clip_words
 from bench.execution.executors import ExecResult
 from bench.measure import MeasureError, collect, summarize
-from bench.results import RECORD, atomic_write_json, is_record, read_json
-from bench.run_record import SCHEMA_VERSION, RunRecord
-from bench.speed import probe_from_patches
+from bench.records.results import RECORD, atomic_write_json, is_record, read_json
+from bench.records.run_record import SCHEMA_VERSION, RunRecord
+from bench.records.speed import probe_from_patches
 
 LOG_TAIL_LINES = 30
 #: a log line that says what went wrong (a crash's reason quotes the last such line of the run's log, never an
@@ -144,7 +144,7 @@ def _registry_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
 
 def write_record(run_dir: Path, record: dict[str, Any]) -> None:
     """Write ``record.json`` atomically (last file of a run: its presence marks the run measured), after
-    validating it as a :class:`~bench.run_record.RunRecord` (a record that its own loader would refuse is
+    validating it as a :class:`~bench.records.run_record.RunRecord` (a record that its own loader would refuse is
     never written).
 
     Raises:
@@ -155,9 +155,9 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> None:
 
 
 def is_finished(run_dir: Path) -> bool:
-    """True when the run folder holds a usable record (:func:`bench.run_record.read_record`) with status ``ok``;
+    """True when the run folder holds a usable record (:func:`bench.records.run_record.read_record`) with status ``ok``;
     an unusable one (truncated, wrong types, non-finite times) is not finished: the run is done again."""
-    from bench.run_record import RecordError, read_record
+    from bench.records.run_record import RecordError, read_record
 
     try:
         rec = read_record(Path(run_dir) / RECORD)

@@ -1,6 +1,6 @@
 """The typed result model shared by sweep, report, gate, baseline, speed normalization and tune.
 
-Data flows one way: a run's ``record.json`` (:mod:`bench.record`) -> a :class:`Snapshot` of the sweep
+Data flows one way: a run's ``record.json`` (:mod:`bench.records.record`) -> a :class:`Snapshot` of the sweep
 (:func:`bench.analyze.snapshot.snapshot`; a baseline file is a saved snapshot) -> statistics. The pydantic models
 below name and type what flows between those stages; every stage reads the snapshot through them.
 
@@ -9,7 +9,7 @@ Each statistic is computed in exactly one function here, so that the console tab
 
 * :func:`run_value`: one run's value of a metric = the median of its per-step samples over the timed
   steps (measured, not warm-up, not profiled); seconds for ``step_time``. When the snapshot was
-  speed-normalized (:func:`bench.speed.normalize_snapshot`) the samples are already normalized, and so
+  speed-normalized (:func:`bench.records.speed.normalize_snapshot`) the samples are already normalized, and so
   is this value.
 * :func:`cell_value`: a cell's value = the geometric mean of its ok runs' values (the run is the unit
   of replication; the geometric mean is the back-transformed mean of the log values the report's model
@@ -69,7 +69,7 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
 
 class Samples(BaseModel):
     """Per-step samples of one run (timed steps; Free ratio: profiled steps). ``*_raw``: before speed
-    normalization (present once :func:`bench.speed.normalize_snapshot` ran)."""
+    normalization (present once :func:`bench.records.speed.normalize_snapshot` ran)."""
 
     model_config = ConfigDict(extra="allow")
     step_time: list[float] = Field(default_factory=list)

@@ -88,7 +88,7 @@ def versions() -> dict[str, str]:
 @lru_cache(maxsize=1)
 def git_commit() -> str:
     """The project's git commit (``+dirty`` when the tree has changes), or ``unknown``."""
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10)
         if sha.returncode != 0:

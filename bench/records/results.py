@@ -31,9 +31,9 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from bench.errors import BenchError, did_you_mean
-from bench.inputs import read_bytes
-from bench.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
+from bench.core.errors import BenchError, did_you_mean
+from bench.core.inputs import read_bytes
+from bench.records.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
 
 SWEEP = "sweep.json"
 #: largest JSON file :func:`read_json` reads
@@ -125,7 +125,7 @@ def atomic_write_json(path: Path, data: Any) -> None:
 def read_json(path: Path) -> Any | None:
     """The JSON content of ``path``, or ``None`` when missing or unusable: not a regular file (a pipe or a
     device is never opened for a blocking read), above :data:`MAX_JSON_BYTES` (checked while reading), not
-    JSON. For run records use :func:`bench.run_record.read_record`, which names what is wrong."""
+    JSON. For run records use :func:`bench.records.run_record.read_record`, which names what is wrong."""
     try:
         return json.loads(read_bytes(path, MAX_JSON_BYTES, "JSON file"))
     except (BenchError, ValueError, RecursionError):
@@ -135,13 +135,13 @@ def read_json(path: Path) -> Any | None:
 def check_writable(root: Path, matrix_name: str | None = None) -> None:
     """Fail early, writing nothing, when ``root`` (or its nearest existing parent) is not writable, or (given
     ``matrix_name``) when ``<root>/<matrix_name>`` or its ``latest`` is not what the harness made there
-    (:func:`bench.paths.check_matrix_folder`).
+    (:func:`bench.core.paths.check_matrix_folder`).
 
     Raises:
         BenchError: naming the folder.
     """
     if matrix_name is not None:
-        from bench.paths import check_matrix_folder
+        from bench.core.paths import check_matrix_folder
 
         check_matrix_folder(root, matrix_name)
     root = Path(root)
@@ -157,13 +157,13 @@ def check_writable(root: Path, matrix_name: str | None = None) -> None:
 def check_output_folder(out: Path, files: tuple[str, ...], given: bool) -> None:
     """Refuse, before anything is computed or written, an output folder ``out`` the harness cannot fill with
     ``files``: the folder (or its nearest existing parent) a file, a read-only mount or not writable
-    (:func:`bench.paths.check_folder`), or one of ``files`` inside it a folder or something else than a file.
+    (:func:`bench.core.paths.check_folder`), or one of ``files`` inside it a folder or something else than a file.
     ``given``: ``out`` came from ``--out`` (else it is the command's default place, and the message says so).
 
     Raises:
         BenchError: naming the path, what is in the way and what to do.
     """
-    from bench.paths import check_folder
+    from bench.core.paths import check_folder
 
     flag = "--out" if given else "output folder"
     hint = "" if given else " (move it away, or give --out DIR)"

@@ -9,9 +9,9 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bench.figures import SUMMARY_PEAK_MEM, Snapshot, cell_stats
 from bench.measure._common import iqr
-from bench.results import atomic_write_text
+from bench.records.figures import SUMMARY_PEAK_MEM, Snapshot, cell_stats
+from bench.records.results import atomic_write_text
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, compact_label
 from bench.spec.plan import Plan
 
@@ -23,9 +23,9 @@ def _levels_str(levels: dict[str, int | None]) -> dict[str, str]:
 def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
     """One summary row per run spec of a sweep snapshot (:func:`bench.analyze.snapshot.snapshot`).
 
-    When the snapshot was speed-normalized (:func:`bench.speed.normalize_snapshot`) every value is at
+    When the snapshot was speed-normalized (:func:`bench.records.speed.normalize_snapshot`) every value is at
     the sweep's median machine speed; ``step_time_raw_s`` keeps the measured seconds. Values come from
-    :mod:`bench.figures` (the report and MLflow use the same functions): ``step_time_s`` = geometric mean
+    :mod:`bench.records.figures` (the report and MLflow use the same functions): ``step_time_s`` = geometric mean
     over the ok repeats of each run's median timed step (s); ``speedup`` = all-off cell's value / this
     cell's (> 1 = faster); rollout share, Free ratio and throughput likewise per run, then over runs.
 
@@ -130,7 +130,7 @@ def cells_table(rows: list[dict[str, Any]], intervals: dict[str, list[float | No
 
 def parent_cells(snap: dict[str, Any]) -> list[dict[str, Any]]:
     """``cells.json`` of a sweep from its snapshot, speed-normalized as the sweep's summary
-    (:func:`bench.speed.normalize_snapshot` applied first): what a finished sweep and ``sync`` log."""
+    (:func:`bench.records.speed.normalize_snapshot` applied first): what a finished sweep and ``sync`` log."""
     return cells_table(cell_rows(snap), speedup_intervals(snap))
 
 

@@ -1,7 +1,7 @@
 """The run record (``record.json``): its typed, versioned model and the single loader every reader goes through.
 
-:class:`RunRecord` (pydantic) is what :mod:`bench.record` writes (validated before it is written) and what
-:func:`read_record` reads back (bounded: :func:`bench.inputs.read_bytes`; validated on load). A file that is not
+:class:`RunRecord` (pydantic) is what :mod:`bench.records.record` writes (validated before it is written) and what
+:func:`read_record` reads back (bounded: :func:`bench.core.inputs.read_bytes`; validated on load). A file that is not
 JSON, truncated, of the wrong types, with a non-finite or negative time, of an unknown ``schema_version``, or
 that contradicts its folder raises :class:`RecordError` naming the file and what is wrong, on one line.
 ``report``, ``gate``, ``compare`` and ``baseline save`` stop on it (exit 2); ``sync`` uploads the rest, then
@@ -27,11 +27,11 @@ from typing import Annotated, Any, Callable
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, ValidationError, model_validator
 
-from bench.errors import BenchError
-from bench.inputs import read_bytes
+from bench.core.errors import BenchError
+from bench.core.inputs import read_bytes
 
 RECORD = "record.json"
-#: the version :mod:`bench.record` writes
+#: the version :mod:`bench.records.record` writes
 SCHEMA_VERSION = 2
 #: largest record file read (a record holds per-step metrics and a log tail)
 MAX_RECORD_BYTES = 64 << 20

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 #: nesting depth above which a YAML document is refused (a matrix is a few levels deep)
 MAX_YAML_DEPTH = 64

@@ -12,7 +12,7 @@ import os
 import stat
 from pathlib import Path
 
-from bench.errors import BenchError
+from bench.core.errors import BenchError
 
 #: longest path component, bytes (Linux ``NAME_MAX``)
 NAME_MAX = 255

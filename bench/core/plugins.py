@@ -27,7 +27,7 @@ from typing import Any, Callable
 #: this project's distribution name (its own entries are read from the source tree when there is one)
 DIST = "grpo-ablation-bench"
 GROUPS = ("grpo_bench.engines", "grpo_bench.readers", "grpo_bench.optimizations", "grpo_bench.stat_tests")
-SOURCE_PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
+SOURCE_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 
 def _norm(name: str) -> str:
@@ -69,7 +69,7 @@ def load(group: str) -> list[tuple[str, Any]]:
     Raises:
         BenchError: an entry point that cannot be loaded (one line naming the group, the entry and the error).
     """
-    from bench.errors import BenchError
+    from bench.core.errors import BenchError
 
     out = []
     for ep in entry_points(group):

@@ -114,9 +114,9 @@ def normalized_pair(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric
 
 
 def normalized_median(xs: Sequence[float], probes: Sequence[float], ref: float, metric: str) -> float | None:
-    """One run's value (:func:`bench.figures.run_value`, the median of its timed-step samples) after speed
+    """One run's value (:func:`bench.records.figures.run_value`, the median of its timed-step samples) after speed
     normalization to ``ref``; None when the probes do not cover every sample."""
-    from bench.figures import run_value
+    from bench.records.figures import run_value
 
     if not probes or len(probes) != len(xs):
         return None
