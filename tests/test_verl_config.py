@@ -120,3 +120,18 @@ def test_version_helpers():
     assert not vc.version_at_least("0.9.2rc1", "0.10.0") and not vc.version_at_least(None, "0.1")
     with pytest.raises(vc.VerlConfigError):
         vc.config_dir("../0.6.1")
+
+
+def test_cpu_cell_profiles_the_rollout():
+    """verl:cpu (0.9.x only) also profiles the rollout role: vLLM's engine in discrete mode, CPU activity,
+    its traces relocated into the profile folder; the actor and ref keep their continuous traces."""
+    plan = make_plan(load_matrix("matrix/verl_cpu_vl.yaml"), "cpu", strict=False)
+    overrides = fill_run_dir(overrides_of(plan.runs[0].launch.argv))
+    vc.check_overrides(overrides)
+    cfg = vc.compose(overrides)
+    rollout = cfg.actor_rollout_ref.rollout.profiler
+    assert (rollout.enable, rollout.all_ranks, rollout.relocate_results) == (True, True, True)
+    assert rollout.tool == "torch" and rollout.save_path == "/tmp/bench-run/profile"
+    assert rollout.tool_config.torch.discrete is True and list(rollout.tool_config.torch.contents) == ["cpu"]
+    actor = cfg.actor_rollout_ref.actor.profiler
+    assert actor.tool_config.torch.discrete is False and actor.relocate_results is False

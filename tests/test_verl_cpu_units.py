@@ -115,6 +115,27 @@ def test_trace_step_from_verl_file_names():
     assert step_from_path("trace/run.pt.trace.json") is None
 
 
+def test_rollout_traces_paired_with_the_profiled_steps():
+    """vLLM's rollout traces name no step: per engine worker, in the order of their millisecond stamps, they
+    take the steps the training traces name; a count that does not match pairs nothing and says so."""
+    from bench.measure.torch_reader import trace_steps
+
+    train = ["profile/actor-rollout-ref_train_step2_rank0-of-1_pid9.json.gz",
+             "profile/actor-rollout-ref_train_step3_rank0-of-1_pid9.json.gz"]
+    rollout = ["profile/rollout-replica0_ab12-rank-0.1764868201000.pt.trace.json.gz",
+               "profile/rollout-replica0_ab12-rank-0.1764868199000.pt.trace.json.gz"]
+    late = "profile/agent_loop_rollout_replica_1/cd34-rank-0.1764868200500.pt.trace.json.gz"
+    steps, warnings = trace_steps([*train, *rollout])
+    assert [steps[r] for r in train] == [2, 3] and [steps[r] for r in rollout] == [3, 2] and warnings == []
+    steps, warnings = trace_steps([train[1], rollout[0], late])  # one profiled step, two workers
+    assert steps[rollout[0]] == 3 and steps[late] == 3 and warnings == []
+    steps, warnings = trace_steps([train[1], *rollout])
+    assert steps[rollout[0]] is None and steps[rollout[1]] is None
+    assert warnings == ["profile/rollout-replica0_ab12-rank-0.pt.trace.json.gz: 2 rollout trace(s) for 1 "
+                        "profiled step(s) [3]: not paired with a step"]
+    assert trace_steps(["trace/run.pt.trace.json"]) == ({"trace/run.pt.trace.json": None}, [])
+
+
 def test_smoke_cells_keep_the_cell_and_say_what_was_left_out():
     from bench.engines.verl_cpu.smoke import accelerator_only, smoke_cells
 

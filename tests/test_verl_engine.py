@@ -210,6 +210,16 @@ def test_refusals():
     assert cpu.argv[0] == "{verl_python}" and "trainer.device=cpu" in cpu.argv
     assert any(a.startswith("actor_rollout_ref.model.path='{bench_cache}/models/qwen3-tiny-") for a in cpu.argv)
     assert cpu.env["VERL_PLATFORM"] == "cpu" and cpu.patches[0] == "verl_cpu"
+    rollout = [a for a in cpu.argv if a.startswith("actor_rollout_ref.rollout.profiler.")]
+    assert rollout == [f"actor_rollout_ref.rollout.profiler.{k}" for k in (
+        "enable=true", "all_ranks=true", "relocate_results=true", "tool_config.torch.discrete=true",
+        "tool_config.torch.contents=[cpu]")]  # vLLM's engine traced for the rollout phase (verl 0.9.x)
+    for platform in ("npu", "cuda"):  # verl 0.6.1's rollout profiler has no tool_config.torch / relocate_results
+        acc = engine.build(base.model_copy(update={"model": "/m", "data": "/d"}), Mechanism(), platform, {},
+                           strict=True)
+        assert not [a for a in acc.argv if a.startswith("actor_rollout_ref.rollout.profiler.")]
+    unprofiled = engine.build(base.model_copy(update={"profile_steps": []}), Mechanism(), "cpu", {}, strict=True)
+    assert not [a for a in unprofiled.argv if "profiler" in a]
     with pytest.raises(BenchError, match=r"base\.model: builtin:qwen3-tiny is the tiny CPU model"):
         engine.build(base.model_copy(update={"model": "builtin:qwen3-tiny", "data": "/d"}), Mechanism(), "npu", {},
                      strict=False)

@@ -43,7 +43,7 @@ from bench.measure.rank_overlap import (
     run_ranks,
     trace_overlap,
 )
-from bench.measure.torch_reader import find_torch_traces, step_from_path
+from bench.measure.torch_reader import find_torch_traces, trace_steps
 
 OP_STATISTIC_CSV = "op_statistic.csv"
 CLUSTER_STEP_TRACE_CSV = "cluster_step_trace_time.csv"
@@ -62,10 +62,11 @@ def _sources(run_dir: Path) -> list[dict[str, Any]]:
                 out.append({"kind": kind, "path": base / name, "rank": prof.rank, "role": prof.role,
                             "path_step": prof.path_step})
                 break
-    for p in find_torch_traces(run_dir):
+    traces = find_torch_traces(run_dir)
+    steps, _ = trace_steps([rel_path(p, run_dir) for p in traces])
+    for p in traces:
         rel = rel_path(p, run_dir)
-        out.append({"kind": "trace", "path": p, "rank": trace_rank(p), "role": rel,
-                    "path_step": step_from_path(rel)})
+        out.append({"kind": "trace", "path": p, "rank": trace_rank(p), "role": rel, "path_step": steps[rel]})
     return out
 
 
@@ -145,7 +146,9 @@ def run_rank_breakdown(run_dir: str | os.PathLike, threshold: float = SLOW_RANK_
         except MeasureError as exc:
             warnings.append(str(exc))
     per_step: dict[Any, dict[Any, dict[str, float]]] = {}
-    for i, p in enumerate(find_torch_traces(root)):
+    traces = find_torch_traces(root)
+    path_steps, _ = trace_steps([rel_path(p, root) for p in traces])
+    for i, p in enumerate(traces):
         rel = rel_path(p, root)
         try:
             ov = trace_overlap(p, read_trace_events(p))
@@ -159,7 +162,7 @@ def run_rank_breakdown(run_dir: str | os.PathLike, threshold: float = SLOW_RANK_
             rank = -1 - i
             warnings.append(f"{rel}: rank unknown (no distributedInfo.rank, no rank<N> in the name); using {rank}")
         for s in ov["steps"]:
-            step = s["step"] if s["step"] is not None else step_from_path(rel)
+            step = s["step"] if s["step"] is not None else path_steps[rel]
             slot = per_step.setdefault(step, {}).setdefault(rank, {})
             for k, v in s.items():  # several traces of one rank in one step (roles) add up
                 if k not in ("step", "window_us"):

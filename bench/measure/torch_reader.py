@@ -1,5 +1,6 @@
 """The torch chrome traces of a run folder (:func:`find_torch_traces`), the training step a trace's path
-names (:func:`step_from_path`), and their :class:`~bench.measure.formats.Reader`: every trace of the run
+names (:func:`step_from_path`; a verl rollout trace, which names none, paired with its step by
+:func:`trace_steps`), and their :class:`~bench.measure.formats.Reader`: every trace of the run
 parsed at once over the cores and through the parsed-trace cache (:func:`bench.measure.trace_pool.parse_traces`),
 then the Free ratio per step (:mod:`bench.measure.torch_trace`).
 """
@@ -22,6 +23,9 @@ TRACE_DIRS = ("trace", "profile")
 
 
 _PATH_STEP_RE = re.compile(r"(?:^|[_\-/])(?:train_)?step[_\-]?(\d+)(?=[_\-./]|$)")
+#: vLLM's torch profiler names a trace ``<instance>-rank-<tp>.<time stamp>.pt.trace.json[.gz]`` (torch's
+#: ``tensorboard_trace_handler``; unix ns in torch 2.13); verl's relocation prefixes ``rollout-replica<r>_``.
+_STAMP_RE = re.compile(r"\.(\d{10,})(?=\.pt\.trace\.json(?:\.gz)?$)")
 
 
 def step_from_path(rel: str) -> int | None:
@@ -38,6 +42,38 @@ def step_from_path(rel: str) -> int | None:
         if part.isdigit():
             return int(part)
     return None
+
+
+def trace_steps(rels: list[str]) -> tuple[dict[str, int | None], list[str]]:
+    """The training step of each trace path (relative to the run folder), and warnings.
+
+    A path that names a step (:func:`step_from_path`) keeps it. verl's rollout traces (vLLM's engine profiled
+    around the generation of each profiled step; :func:`~bench.measure.op_categories.phase_of` says
+    ``rollout``) name none: those of one engine worker (the name without the time stamp torch writes into it)
+    are ordered by that stamp (else by name) and paired one to one with the steps the other traces name, in order (vLLM
+    writes each before its step's training trace). A worker whose count of rollout traces differs from the
+    count of named steps is left unpaired (``None``: its windows count as unstepped), with a warning.
+    """
+    from bench.measure.op_categories import phase_of
+
+    out = {rel: step_from_path(rel) for rel in rels}
+    named = sorted({s for s in out.values() if s is not None})
+    groups: dict[str, list[tuple[int, str]]] = {}
+    for rel, step in out.items():
+        if step is not None or phase_of(rel) != "rollout":
+            continue
+        m = _STAMP_RE.search(rel)
+        key = rel[:m.start()] + rel[m.end():] if m else rel
+        groups.setdefault(key, []).append((int(m.group(1)) if m else 0, rel))
+    warnings = []
+    for key, files in sorted(groups.items()):
+        if len(files) != len(named):
+            warnings.append(f"{key}: {len(files)} rollout trace(s) for {len(named)} profiled step(s) "
+                            f"{named}: not paired with a step")
+            continue
+        for step, (_stamp, rel) in zip(named, sorted(files)):
+            out[rel] = step
+    return out, warnings
 
 
 def find_torch_traces(run_dir: str | os.PathLike) -> list[Path]:
@@ -69,6 +105,8 @@ class TorchTraceReader(Reader):
     def read(self, run_dir: Path, options: ReadOptions) -> Measurements:
         out = Measurements(fields={"traces": []})
         paths = find_torch_traces(run_dir)
+        steps, step_warnings = trace_steps([rel_path(p, run_dir) for p in paths])
+        out.warnings.extend(step_warnings)
         for trace_path, tf in zip(paths, parse_traces(paths, cache_dir=run_dir / CACHE_DIR)):
             rel = rel_path(trace_path, run_dir)
             if isinstance(tf, MeasureError):  # the file is not a readable trace
@@ -78,7 +116,7 @@ class TorchTraceReader(Reader):
             d["path"] = rel
             out.fields["traces"].append(d)
             out.warnings.extend(f"{rel}: {w}" for w in tf.warnings)
-            path_step = step_from_path(rel)
+            path_step = steps[rel]
             for s in tf.steps:
                 if math.isnan(s.free_ratio):
                     continue

@@ -9,7 +9,9 @@ the overrides in this order:
    ``{run_dir}/metrics.jsonl``);
 2. the profiler (:func:`~bench.engines.verl.overrides.profiler_overrides`): ``global_profiler`` (tool
    ``npu`` on Ascend, ``torch`` on CUDA; steps; ``save_path={run_dir}/profile``) and the actor and ref
-   role profilers on all ranks (on NPU with ``contents=[npu,cpu]``, ``level1``, online ``analysis``);
+   role profilers on all ranks (on NPU with ``contents=[npu,cpu]``, ``level1``, online ``analysis``); on CPU
+   also the rollout role's (vLLM's engine traced around each profiled step's generation, discrete mode, its
+   traces relocated into the profile folder: phase ``rollout``);
 3. the factor mechanisms of :mod:`bench.spec.optimizations` (``{placeholders}`` filled from
    :meth:`bench.spec.matrix.Base.context`, e.g. ``2*(P+R)`` / ``4*(P+R)`` token limits);
 4. ``base.overrides``, last, so a matrix can override anything.

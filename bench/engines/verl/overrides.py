@@ -127,7 +127,12 @@ def base_overrides(base: Base, platform: str, model: str, train: str, val: str) 
 
 
 def profiler_overrides(base: Base, platform: str) -> list[str]:
-    """``global_profiler`` + actor/ref role profilers (empty when ``base.profile_steps`` is ``[]``)."""
+    """``global_profiler`` + actor/ref role profilers, and on ``cpu`` the rollout's (empty when
+    ``base.profile_steps`` is ``[]``).
+
+    The rollout role (:func:`rollout_profiler_overrides`) profiles vLLM's engine for the generation of each
+    profiled step: its trace lies beside the training roles' in the profile folder, read as phase ``rollout``.
+    """
     steps = default_profile_steps(base)
     if not steps:
         return []
@@ -143,7 +148,29 @@ def profiler_overrides(base: Base, platform: str) -> list[str]:
             out += [f"{prefix}.tool_config.npu.{k}={_hv(v)}" for k, v in NPU_PROFILER.items()]
         elif platform == "cpu":
             out.append(f"{prefix}.tool_config.torch.contents=[cpu]")
-    return out
+    return out + rollout_profiler_overrides(platform)
+
+
+def rollout_profiler_overrides(platform: str) -> list[str]:
+    """The rollout role's torch profiler, on ``cpu`` only (the verl 0.9.x CPU stack).
+
+    verl drives vLLM's own torch profiler around the generation of a profiled step only in ``discrete`` mode
+    (``vLLMHttpServer._should_profile``): each replica writes
+    ``<save_path>/agent_loop_rollout_replica_<r>/<instance>-rank-<tp>.<time stamp>.pt.trace.json.gz`` (vLLM's CPU
+    worker records CPU activity only, hence ``contents=[cpu]``), and ``relocate_results`` moves it up into the profile
+    folder as ``rollout-replica<r>_<name>`` (verl's flat layout; a file flushed late stays in the sub-folder,
+    which the trace search walks too). The file names no step: :func:`bench.measure.torch_reader.trace_steps`
+    pairs the rollout traces with the profiled steps in order.
+
+    Not on ``cuda``: its launches must also compose against verl 0.6.1, whose rollout profiler has neither
+    ``tool_config.torch`` nor ``relocate_results`` (nor a vLLM server that drives the engine profiler); not on
+    ``npu`` (vllm-ascend's profiler is configured apart).
+    """
+    if platform != "cpu":
+        return []
+    prefix = "actor_rollout_ref.rollout.profiler"
+    return [f"{prefix}.enable=true", f"{prefix}.all_ranks=true", f"{prefix}.relocate_results=true",
+            f"{prefix}.tool_config.torch.discrete=true", f"{prefix}.tool_config.torch.contents=[cpu]"]
 
 
 def overrides_of(argv: list[str]) -> list[str]:
