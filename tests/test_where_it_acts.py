@@ -224,3 +224,22 @@ def test_markdown_report_json_and_mlflow_agree(tmp_path):
     for k, v in figs.items():
         assert (fmt_pct(v) if k.endswith("_pct") else fmt_ms(v)) in md, k
     assert f"| elementwise | 0.400 | {fmt_ms(-0.4)} [" in md
+
+
+def test_each_phase_keeps_its_own_rows_in_the_report():
+    """Eight training categories that move by more than any rollout one: the report still shows the rollout's
+    first rows (up to CATEGORIES_PER_FACTOR per group: the whole step, each phase), in the term's order."""
+    from bench.analyze.where import CATEGORIES_PER_FACTOR, shown_rows
+
+    def row(series, ms):
+        return {"series": series, "change_ms": ms}
+
+    rows = ([row(f"matmul{i}", 100.0 - i) for i in range(8)] + [row(f"training:c{i}", 90.0 - i) for i in range(8)]
+            + [row("rollout:copy", 20.0), row("rollout:elementwise", -12.0)])
+    rows.sort(key=lambda r: -abs(r["change_ms"]))
+    shown = shown_rows({"factors": {"mrope_cache": rows}})["mrope_cache"]
+    groups = [r["series"].split(":")[0] if ":" in r["series"] else "" for r in shown]
+    assert groups.count("") == groups.count("training") == CATEGORIES_PER_FACTOR
+    assert [r["series"] for r in shown if r["series"].startswith("rollout:")] == ["rollout:copy",
+                                                                                  "rollout:elementwise"]
+    assert [abs(r["change_ms"]) for r in shown] == sorted((abs(r["change_ms"]) for r in shown), reverse=True)

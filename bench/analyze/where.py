@@ -217,9 +217,21 @@ def _num(x: Any) -> float | None:
 
 
 def shown_rows(section: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
-    """Per factor term the rows the report shows: the first :data:`CATEGORIES_PER_FACTOR` by absolute change
+    """Per factor term the rows the report shows: of each group of series (the whole step's categories, and each
+    phase's ``phase:category``), the first :data:`CATEGORIES_PER_FACTOR` by absolute change, so a phase whose
+    times are smaller (the rollout beside the training) is never crowded out; in the order of the term's rows
     (all rows stay in ``report.json``'s section)."""
-    return {term: rows[:CATEGORIES_PER_FACTOR] for term, rows in ((section or {}).get("factors") or {}).items()}
+    out = {}
+    for term, rows in ((section or {}).get("factors") or {}).items():
+        seen: dict[str, int] = {}
+        keep = []
+        for r in rows:
+            group = r["series"].split(":", 1)[0] if ":" in r["series"] else ""
+            seen[group] = seen.get(group, 0) + 1
+            if seen[group] <= CATEGORIES_PER_FACTOR:
+                keep.append(r)
+        out[term] = keep
+    return out
 
 
 def where_metrics(section: dict[str, Any] | None) -> dict[str, float]:
