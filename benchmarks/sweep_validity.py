@@ -302,7 +302,8 @@ def fixed_sweep(recs: list[dict[str, Any]], threshold: float, alpha: float) -> d
 def score(sweeps: list[dict[str, Any]], factor: str, change: float, threshold: float) -> dict[str, Any]:
     """Per-sweep rates of one design at one true change (log truth ``log(1 + change)`` for ``factor``, 0 for
     every other main effect): ``family`` = share of sweeps with any 'slower'/'faster' verdict on a factor whose
-    truth is 0 at any look (``k``/``n`` kept for the Wilson interval); ``verdicts`` = share of each final verdict
+    truth is 0 at any look (at ``change`` 0: every factor, the changed one included; ``k``/``n`` kept for the
+    Wilson interval); ``verdicts`` = share of each final verdict
     on ``factor``; ``power`` = share deciding ``factor`` in the right direction; ``error`` = share deciding it in
     the wrong direction, or 'no change' when ``change >= threshold``; ``decided_all`` = share of sweeps with every
     main effect decided at the end; ``coverage`` = share of the final intervals of
@@ -310,12 +311,13 @@ def score(sweeps: list[dict[str, Any]], factor: str, change: float, threshold: f
     fit (any significant term other than ``factor``'s; its 95 % intervals) where the design has it; mean
     blocks and wall seconds."""
     truth = math.log1p(change)
+    rfam_all = change == 0
     n = len(sweeps)
     fam = err = cov = cov_n = rfam = rcov = rcov_n = done = 0
     counts = dict.fromkeys(VERDICT_KEYS, 0)
     right = "slower" if change > 0 else "faster" if change < 0 else None
-    for s in sweeps:
-        fam += any(d.verdict in ("slower", "faster") for d in s["seen"] if d.name != factor)
+    for s in sweeps:  # at a true 0 every factor's truth is 0: a verdict on the changed factor is false too
+        fam += any(d.verdict in ("slower", "faster") for d in s["seen"] if d.name != factor or change == 0)
         done += bool(s["decisions"]) and all(d.verdict != "undecided" for d in s["decisions"])
         mine = next((d for d in s["decisions"] if d.name == factor), None)
         v = mine.verdict if mine is not None else "undecided"
@@ -331,7 +333,7 @@ def score(sweeps: list[dict[str, Any]], factor: str, change: float, threshold: f
                 rcov_n += 1
                 rcov += lo <= (truth if name == factor else 0.0) <= hi
         if s.get("terms"):
-            rfam += any(sig for name, _, _, _, sig in s["terms"] if name != factor)
+            rfam += any(sig for name, _, _, _, sig in s["terms"] if name != factor or rfam_all)
     out = {"n": n, "family_k": fam, "family": fam / n, "family_ci": wilson(fam, n),
            "decided_all": done / n, "verdicts": {k: v / n for k, v in counts.items()},
            "power": counts[right] / n if right else float("nan"),
@@ -357,7 +359,7 @@ MULTS = (0.0, 0.5, 1.0, 1.5, 2.0)
 
 def validity(fix: dict[str, Any], *, sweeps: int = 1000, threshold: float = 0.05, alpha: float = 0.05,
              factor: str = "dynamic_bsz", seed: int = 0, precision: float | None = None, r_max: int = 30,
-             fixed_sweeps: int | None = None, log: Any = print) -> dict[str, Any]:
+             fixed_sweeps: int | None = None, log: Any = print, fixed: bool = True) -> dict[str, Any]:
     """The validity benchmark on the recorded runs of ``fix`` (module text): the plan (``precision``, default
     ``threshold / 2``, at the recorded timed steps per run), ``sweeps`` sequential sweeps per true change of
     ``factor`` in :data:`MULTS` x threshold, fixed designs of the plan's maximum of blocks, and the smallest fixed
@@ -369,13 +371,14 @@ def validity(fix: dict[str, Any], *, sweeps: int = 1000, threshold: float = 0.05
     sequential.run_observations = cached_observations  # the real reader, once per recorded run and scale
     gc.freeze()  # statsmodels' Holm step calls gc.collect() on every fit
     try:
-        return _validity(fix, sweeps, threshold, alpha, factor, seed, precision, r_max, fixed_sweeps, log)
+        return _validity(fix, sweeps, threshold, alpha, factor, seed, precision, r_max, fixed_sweeps, log, fixed)
     finally:
         sequential.run_observations = _RUN_OBSERVATIONS
 
 
 def _validity(fix: dict[str, Any], sweeps: int, threshold: float, alpha: float, factor: str, seed: int,
-              precision: float | None, r_max: int, fixed_sweeps: int | None, log: Any) -> dict[str, Any]:
+              precision: float | None, r_max: int, fixed_sweeps: int | None, log: Any,
+              with_fixed: bool = True) -> dict[str, Any]:
     from bench.analyze.planning import plan_allocation
 
     blocks = centred_blocks(fix)
@@ -405,6 +408,11 @@ def _validity(fix: dict[str, Any], sweeps: int, threshold: float, alpha: float, 
                for _ in range(sweeps)]
         rows.append({"design": "sequential", "mult": mult, **score(res, factor, change, threshold)})
         log(_line(rows[-1]) + f"  [{time.time() - t0:.0f} s]")
+    model_out = {"sd_step": model.sd_step, "sd_run": model.sd_run, "sd_block": model.sd_block,
+                 "sd_stepidx": model.sd_stepidx}
+    if not with_fixed:
+        return {"plan": {"timed_steps": timed, "max_blocks": K, "reached": reached}, "rows": rows, "fixed_r": {},
+                "model": model_out}
     cache: dict[tuple[int, float], dict[str, Any]] = {}
     nf = fixed_sweeps or sweeps
 
@@ -517,6 +525,8 @@ def cli(argv: list[str]) -> int:
     sim.add_argument("--seed", type=int, default=0)
     sim.add_argument("--plot", type=Path, default=None, help="write the OC curve here (PNG)")
     sim.add_argument("--json", type=Path, default=None, help="also write the rows here")
+    sim.add_argument("--sequential-only", action="store_true",
+                     help="the sequential rows only (no fixed designs, no search for the equal fixed design)")
     a = p.parse_args(argv)
     if a.cmd == "record":
         missing = [str(d) for d in a.sweep_dirs if not (d / "sweep.json").is_file()]
@@ -538,7 +548,7 @@ def cli(argv: list[str]) -> int:
                       for s in h["sweeps"]))
     t0 = time.time()
     out = validity(fix, sweeps=a.sweeps, threshold=a.threshold, alpha=a.alpha, factor=a.factor, seed=a.seed,
-                   precision=a.precision, fixed_sweeps=a.fixed_sweeps)
+                   precision=a.precision, fixed_sweeps=a.fixed_sweeps, fixed=not a.sequential_only)
     print(f"{time.time() - t0:.0f} s on {os.cpu_count()} cores, load average now {os.getloadavg()[0]:.1f}")
     if a.plot:
         plot_oc(out["rows"], a.threshold, a.alpha, a.plot)
