@@ -209,6 +209,9 @@ def test_markdown_report_json_and_mlflow_agree(tmp_path):
     assert rows["elementwise"]["base_ms"] == pytest.approx(0.4)
     assert rows["normalization"]["change_ms"] == pytest.approx(0.15) and rows["normalization"]["change_pct"] is None
     assert rows["matmul"]["change_ms"] == pytest.approx(0.0, abs=1e-9)  # mm is the same in both cells
+    # categories no trace holds are named (on CPU: rotary, ai_cpu, communication, ...), not silently dropped
+    assert "rotary" in sec["absent"] and "ai_cpu" in sec["absent"] and not set(sec["absent"]) & set(sec["series"])
+    assert "rotary" not in rows
     assert [r["series"] for r in sec["factors"]["rmsnorm_fused"]][:2] == ["elementwise", "normalization"]
     diff = {o["op"]: o for o in sec["diffs"][0]["ops"]}
     assert sec["diffs"][0]["factor"] == "rmsnorm_fused"
@@ -221,6 +224,8 @@ def test_markdown_report_json_and_mlflow_agree(tmp_path):
     # report.md prints them
     md = (sweep / "report" / "report.md").read_text()
     assert "## Where each optimization acts" in md
+    absent = ", ".join(sec["absent"])
+    assert f"No operator of these categories in any run's trace (0 ms, nothing to compare): {absent}." in md
     for k, v in figs.items():
         assert (fmt_pct(v) if k.endswith("_pct") else fmt_ms(v)) in md, k
     assert f"| elementwise | 0.400 | {fmt_ms(-0.4)} [" in md

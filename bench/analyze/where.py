@@ -179,7 +179,7 @@ def _factor_cells(snap: dict[str, Any], ref_id: str) -> list[tuple[str, Any, str
 
 def where_section(sweep: Path, snap: dict[str, Any], eff: dict[str, Any], *, alpha: float,
                   interactions: bool) -> dict[str, Any]:
-    """The report's ``where`` section (see the module text): ``{"runs", "series", "factors": {term: rows},
+    """The report's ``where`` section (see the module text): ``{"runs", "series", "absent", "factors": {term: rows},
     "diffs": [{"factor", "level", "cell", "base_cell", "ops": [...]}], "platform_note", "note", "unit"}``."""
     runs = collect(Path(sweep), snap)
     out: dict[str, Any] = {"runs": len(runs), "unit": "ms per profiled step (mean over the run's profiled steps)",
@@ -192,6 +192,9 @@ def where_section(sweep: Path, snap: dict[str, Any], eff: dict[str, Any], *, alp
     series = sorted({s for v in runs.values() for s, x in v["series"].items()},
                     key=lambda s: (":" in s, s))
     out["series"] = [s for s in series if any(v["series"].get(s, 0.0) > 0 for v in runs.values())]
+    # categories no trace of any run holds (nothing to fit: on CPU rotary, ai_cpu, ...), named so a reader knows
+    # they were looked for
+    out["absent"] = [c for c in CATEGORIES if c not in out["series"]]
     fits = {}
     for s in out["series"]:
         got = fit_series(snap, runs, s, alpha=alpha, interactions=interactions, blocked=bool(rep.get("blocked")),

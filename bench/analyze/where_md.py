@@ -32,6 +32,9 @@ def where_lines(section: dict[str, Any] | None, level: float) -> list[str]:
         L += ["", f"On this platform: {section['platform_note']}"]
     if section.get("note"):
         L += ["", section["note"]]
+    if section.get("absent"):
+        L += ["", f"No operator of these categories in any run's trace (0 ms, nothing to compare): "
+                  f"{', '.join(section['absent'])}."]
     m = where_metrics(section)
     for term, rows in shown_rows(section).items():
         L += ["", f"### {term}", "",
