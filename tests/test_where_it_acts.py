@@ -248,3 +248,18 @@ def test_each_phase_keeps_its_own_rows_in_the_report():
     assert [r["series"] for r in shown if r["series"].startswith("rollout:")] == ["rollout:copy",
                                                                                   "rollout:elementwise"]
     assert [abs(r["change_ms"]) for r in shown] == sorted((abs(r["change_ms"]) for r in shown), reverse=True)
+
+
+def test_a_category_fit_in_hundreds_of_ms_does_not_overflow():
+    """The report's model fitted to milliseconds (a real verl:cpu run's categories reach a second per step): the
+    log-scale relative change the fit also computes would overflow ``exp``; the fit still gives the ms effect and its
+    interval (CI saw 'OverflowError: math range error' in `report`)."""
+    from bench.analyze.effects import fit_effects
+
+    obs = [{"mrope_cache": lv} for _ in range(3) for lv in (0, 1)]
+    y = [2100.0, 3000.0, 2080.0, 3020.0, 2110.0, 2990.0]
+    fit = fit_effects(obs, y, ["mrope_cache"], alpha=0.05, interactions=False, blocks=[0, 0, 1, 1, 2, 2],
+                      unit="run", replicated=True)
+    (t,) = [t for t in fit.terms if t.name == "mrope_cache"]
+    assert t.effect == pytest.approx((3000 + 3020 + 2990) / 3 - (2100 + 2080 + 2110) / 3)
+    assert 0 < t.ci_low < t.effect < t.ci_high

@@ -161,6 +161,15 @@ def _nuisance(n: int, blocks: Sequence[Any] | None, nodes: Sequence[Any] | None)
     return base, n_blocks, n_nodes, kept
 
 
+def _expm1(x: float) -> float:
+    """``exp(x) - 1``, the relative change of a log-scale effect; ``inf`` where it overflows (a fit on another scale,
+    e.g. the where section's milliseconds, has no relative change and ignores it)."""
+    try:
+        return math.expm1(x)
+    except OverflowError:
+        return math.inf
+
+
 def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors: list[str], *,
                 alpha: float = 0.05, interactions: bool = True, blocks: Sequence[Any] | None = None,
                 unit: str = "run", replicated: bool = True, nodes: Sequence[Any] | None = None,
@@ -245,11 +254,11 @@ def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors
             se, lo, hi = mult * float(res.bse[pos]), mult * float(ci[pos, 0]), mult * float(ci[pos, 1])
             p = float(res.pvalues[pos])
             terms.append(Term(name=names[k], factors=fl[k], kind=kinds[k], effect=eff, se=se, ci_low=lo, ci_high=hi,
-                              p_value=p, change=math.expm1(eff), change_ci_low=math.expm1(lo),
-                              change_ci_high=math.expm1(hi), aliases=alias_of.get(k, [])))
+                              p_value=p, change=_expm1(eff), change_ci_low=_expm1(lo),
+                              change_ci_high=_expm1(hi), aliases=alias_of.get(k, [])))
         else:
             terms.append(Term(name=names[k], factors=fl[k], kind=kinds[k], effect=eff, se=None, ci_low=None,
-                              ci_high=None, p_value=None, change=math.expm1(eff), change_ci_low=None,
+                              ci_high=None, p_value=None, change=_expm1(eff), change_ci_low=None,
                               change_ci_high=None, aliases=alias_of.get(k, [])))
     ps = [t.p_value for t in terms if t.p_value is not None and math.isfinite(t.p_value)]
     if ps and adjust:

@@ -154,7 +154,8 @@ def check_database(uri: str, flag: str) -> None:
             raise BenchError(f"{flag} {uri}: names a folder (allowed: sqlite:///PATH to a database file, e.g. "
                              f"sqlite:///{str(db).rstrip('/') or 'results'}/mlflow.db)")
         check_names(flag, db)
-        check_not_system(flag, db, "file")
+        if not db.exists() or db.is_file():  # a device or folder there is named below as "not a file"
+            check_not_system(flag, db, "file")
         folder = db.parent
         while not folder.exists() and folder.parent != folder:
             folder = folder.parent

@@ -395,6 +395,11 @@ def test_outputs_written_and_importance_needs_two_trials(tmp_path, mlflow_uri):
     merged = yaml.safe_load(path.read_text())
     merged["base"].update(frag["base"])
     merged["factors"] = frag["factors"]
+    # kept beside factors that no longer list its fixed levels, the tune block is refused by name (issue 33)
+    (tmp_path / "merged.yaml").write_text(yaml.safe_dump(merged))
+    with pytest.raises(BenchError, match=r"tune\.fixed\.\w+: the matrix does not list"):
+        load_matrix(tmp_path / "merged.yaml")
+    merged.pop("tune")  # a matrix to run: the fragment without the tuning block
     (tmp_path / "merged.yaml").write_text(yaml.safe_dump(merged))
     m = load_matrix(tmp_path / "merged.yaml")
     assert m.base.context()["ppo_max_token_len"] == 320
