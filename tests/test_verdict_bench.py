@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from pathlib import Path
 
@@ -147,7 +148,7 @@ def test_recorded_runs_fixture_loads_with_every_field_and_no_machine_path():
     blocks = sv.centred_blocks(fix)
     assert len(blocks) >= 5 and all(len({r["cell_id"] for r in b}) == len(b) == 4 for b in blocks)
     text = FIXTURE.read_text()
-    assert "/tmp/" not in text and "/work/" not in text and "/home/" not in text
+    assert not re.search(r'"/[^"]', text)  # no string of the fixture is an absolute path
 
 
 def test_resampler_centres_every_cell_and_draws_each_cell_from_its_own_runs():

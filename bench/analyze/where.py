@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from bench.analyze.effects import fit_effects
+from bench.analyze.tables import _ok_cells, _varied
 from bench.measure.op_categories import CATEGORIES
 from bench.measure.run_ops import ALL_PHASES, ensure_op_times
 from bench.records.figures import Snapshot, reference_cell
@@ -88,8 +89,6 @@ def fit_series(snap: dict[str, Any], runs: dict[tuple[str, int], dict[str, Any]]
                alpha: float, interactions: bool, blocked: bool, nodes_varied: bool) -> dict[str, Any] | None:
     """The report's fit of one series (ms per step) over the runs: ``{"fit": EffectsFit dict, "base": {factor:
     mean at its first level}}``; ``None`` when no factor varies among the runs that have it or the fit fails."""
-    from bench.analyze.tables import _ok_cells, _varied
-
     m = Snapshot.model_validate(snap)
     cells = [c for c in _ok_cells(m) if any((c.cell_id, r.repeat) in runs for r in c.ok_repeats())]
     varied = _varied(cells)

@@ -4,6 +4,7 @@ sqlite store keeps its artifacts."""
 from __future__ import annotations
 
 import os
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -96,8 +97,6 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
             raise BenchError(f"--tracking-uri {uri}: bad port") from None
         if not probe:
             return
-        import time
-
         deadline = time.monotonic() + PROBE_TIMEOUT_S
         for path, what in (("/health", "unreachable"), (API_PROBE, "answers /health but not the MLflow API")):
             left = deadline - time.monotonic()
