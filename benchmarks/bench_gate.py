@@ -349,6 +349,9 @@ def synthetic(args: argparse.Namespace) -> None:
 
 #: where the injected slowdown goes: the end of the update phase of the embedded engine's training step
 SLOW_ANCHOR = "        actor_metrics = update_actor(tr, ro.seqs, batch, metrics)\n"
+#: the end of the rollout (generation) phase, and the line after the step's time is taken
+ROLLOUT_ANCHOR = "cfg.max_response_length, cfg.temperature, tr.device\n        )\n"
+STEP_ANCHOR = '    timing["step"] = time.perf_counter() - t_step\n'
 
 
 def _clone(dst: Path) -> Path:
@@ -374,17 +377,46 @@ def slowdown_patch(fraction: float, when: str) -> str:
             f"{ind}    _w = _w @ _w\n")
 
 
-def _set_slowdown(repo: Path, fraction: float, when: str) -> None:
-    """Add (``fraction`` > 0) or remove the injected slowdown (:func:`slowdown_patch`) in the candidate's
-    working tree ``repo``."""
+def rollout_slowdown_patch(fraction: float, when: str) -> tuple[str, str]:
+    """The injected slowdown in the **rollout** phase (``timing_s/gen``), a phase the speed probe and the gate's
+    update-phase calibration never touch: right after generation, CPU work (products of a 128 x 128 float32
+    matrix) for ``fraction`` of the previous step's own time without the injected work (the first step, a
+    warm-up, uses twice its generation time). Sized from the step just before, so the step takes about ``1 +
+    fraction`` times as long whatever the machine's load. Returns ``(work, bookkeeping)``: the lines after
+    generation and the line after the step's time is taken (the step's time less the injected work, kept as
+    an attribute of ``run_step``)."""
+    ind = " " * 12
+    work = (f"        if cfg.{when}:  # injected test slowdown in the rollout: {fraction:.0%} of a step's time\n"
+            f"{ind}_prev = getattr(run_step, '_bench_prev_s', None) or 2 * (time.perf_counter() - t_step)\n"
+            f"{ind}_t_inj = time.perf_counter()\n"
+            f"{ind}_until = _t_inj + {fraction!r} * _prev\n"
+            f"{ind}_w = torch.full((128, 128), 1.0 / 128)\n"
+            f"{ind}while time.perf_counter() < _until:\n"
+            f"{ind}    _w = _w @ _w\n"
+            f"{ind}run_step._bench_inj_s = time.perf_counter() - _t_inj\n")
+    book = (f"    if cfg.{when}:\n"
+            f"        run_step._bench_prev_s = timing['step'] - getattr(run_step, '_bench_inj_s', 0.0)\n")
+    return work, book
+
+
+def _set_slowdown(repo: Path, fraction: float, when: str, where: str = "update") -> None:
+    """Add (``fraction`` > 0) or remove the injected slowdown in the candidate's working tree ``repo``:
+    ``where`` "update" (:func:`slowdown_patch`) or "rollout" (:func:`rollout_slowdown_patch`)."""
     import subprocess
 
     step = repo / "bench/engines/embedded/step.py"
     subprocess.run(["git", "-C", str(repo), "checkout", "--", str(step)], check=True)
     if fraction > 0:
         text = step.read_text()
-        assert text.count(SLOW_ANCHOR) == 1, "anchor of the injected slowdown not found"
-        step.write_text(text.replace(SLOW_ANCHOR, SLOW_ANCHOR + slowdown_patch(fraction, when)))
+        if where == "rollout":
+            work, book = rollout_slowdown_patch(fraction, when)
+            for anchor in (ROLLOUT_ANCHOR, STEP_ANCHOR):
+                assert text.count(anchor) == 1, "anchor of the injected slowdown not found"
+            text = text.replace(ROLLOUT_ANCHOR, ROLLOUT_ANCHOR + work).replace(STEP_ANCHOR, STEP_ANCHOR + book)
+        else:
+            assert text.count(SLOW_ANCHOR) == 1, "anchor of the injected slowdown not found"
+            text = text.replace(SLOW_ANCHOR, SLOW_ANCHOR + slowdown_patch(fraction, when))
+        step.write_text(text)
 
 
 def _psi_total() -> float | None:
@@ -428,7 +460,7 @@ def interleaved(args: argparse.Namespace) -> None:
             print(f"stopping before try {i}: a gate (median {np.median(walls):.0f} s) would end after {args.until} UTC")
             break
         frac = args.slowdown if kind == "slowdown" else 0.0
-        _set_slowdown(repo, frac, args.when)
+        _set_slowdown(repo, frac, args.when, args.phase)
         cmd = [sys.executable, "run_bench.py", "gate", "--results", str(work / "results"),
                "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", "--interleave", "HEAD", "--matrix", str(matrix),
                "--force", *(["--blocks", str(args.blocks)] if args.blocks else []),
@@ -450,7 +482,7 @@ def interleaved(args: argparse.Namespace) -> None:
         g = json.loads(gate_json.read_text())
         rows = g.get("rows", [])
         entry = {"try": i, "kind": kind, "exit": res.returncode, "verdict": g.get("verdict"), "wall_s": wall,
-                 "blocks": g.get("blocks_run"), "slowdown": frac, "sweep": g.get("sweep"),
+                 "blocks": g.get("blocks_run"), "slowdown": frac, "phase": args.phase, "sweep": g.get("sweep"),
                  "started_utc": dt.datetime.fromtimestamp(t0, dt.timezone.utc).strftime("%H:%M:%S"),
                  "pressure": cpu_pressure(),
                  "pressure_gate": (None if psi0 is None or psi1 is None else (psi1 - psi0) / 1e6 / wall * 100),
@@ -463,7 +495,7 @@ def interleaved(args: argparse.Namespace) -> None:
         with open(log_path, "a") as fh:
             fh.write(json.dumps(entry) + "\n")
         print(_try_line(entry), flush=True)
-    _set_slowdown(repo, 0, args.when)
+    _set_slowdown(repo, 0, args.when, args.phase)
     _summary_interleaved(done, args)
 
 
@@ -792,6 +824,8 @@ def main() -> None:
     i.add_argument("--matrix", default="matrix/gate.yaml", help="matrix (default matrix/gate.yaml, the CI gate matrix)")
     i.add_argument("--tries", type=int, default=10, help="gates of each kind (default 10)")
     i.add_argument("--slowdown", type=float, default=0.10, help="injected slowdown (default 0.10 of the step time)")
+    i.add_argument("--phase", choices=("update", "rollout"), default="update",
+                   help="where the slowdown goes: the end of the update phase (default) or right after generation")
     i.add_argument("--when", default="use_dynamic_bsz",
                    help="embedded RunConfig flag of the cell(s) slowed down (default use_dynamic_bsz)")
     i.add_argument("--blocks", type=int, default=None, help="--blocks of each gate (default: the matrix's repeats)")

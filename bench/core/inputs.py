@@ -63,6 +63,12 @@ def read_bytes(path: str | Path, limit: int, what: str = "file") -> bytes:
         if os.path.islink(path) and not path.exists():
             raise BenchError(f"{path}: cannot read {what}: a link to {os.readlink(path)}, which does not exist") \
                 from None
+        try:  # a socket cannot be opened at all (ENXIO): name what it is, not the kernel's words
+            mode = os.stat(path).st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISREG(mode):
+            raise BenchError(f"{path}: cannot read {what}: is {_kind(mode)}, not a regular file") from None
         raise BenchError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
     try:
         st = os.fstat(fd)
@@ -289,10 +295,18 @@ def yaml_error_line(path: str | Path, text: str, exc: yaml.YAMLError) -> str:
     if mark is not None and mark.line >= len(text.splitlines()):  # at end of stream: where it opened
         mark = getattr(exc, "context_mark", None) or mark
     where = f"{path}:{mark.line + 1}" if mark else str(path)
+    kind, problem = yaml_problem(exc)
+    return f"{where}: {kind}: {problem}"
+
+
+def yaml_problem(exc: yaml.YAMLError) -> tuple[str, str]:
+    """``(kind, problem)`` of a :class:`yaml.YAMLError` from :func:`load_yaml`, in our words: kind "YAML
+    refused" (a tag, too large, a refused value) or "malformed YAML"; PyYAML's "could not determine a
+    constructor for the tag ..." becomes "tag !!python/name:... is not allowed (plain YAML only: no tags)"."""
     kind = "YAML refused" if isinstance(exc, (YamlTooLarge, ValueRefused)) else "malformed YAML"
     problem = str(getattr(exc, "problem", None) or exc)
     if problem.startswith("could not determine a constructor for the tag"):  # PyYAML's words for a tag
         tag = problem.removeprefix("could not determine a constructor for the tag").strip(" '")
         tag = tag.replace("tag:yaml.org,2002:", "!!")
         kind, problem = "YAML refused", f"tag {tag} is not allowed (plain YAML only: no tags)"
-    return f"{where}: {kind}: {problem}"
+    return kind, problem

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from bench.core.errors import BenchError, did_you_mean, doing
-from bench.core.inputs import StrictLoader, ValueRefused, load_yaml, read_text, yaml_error_line
+from bench.core.inputs import StrictLoader, ValueRefused, load_yaml, read_text, yaml_error_line, yaml_problem
 from bench.spec.matrix import DESIGN_TYPES, Matrix
 
 __all__ = ["StrictLoader", "load_yaml", "load_matrix", "apply_overrides", "expand_env", "format_validation_error"]
@@ -221,9 +221,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path)
         except ValueRefused as exc:
             raise BenchError(f"{file}: override {ov!r}: {dotted}: {exc.problem}") from None
         except yaml.YAMLError as exc:
-            raise BenchError(
-                f"{file}: override {ov!r}: value is not YAML: {getattr(exc, 'problem', None) or exc}"
-            ) from None
+            kind, problem = yaml_problem(exc)
+            what = "value is not YAML" if kind == "malformed YAML" else kind
+            raise BenchError(f"{file}: override {ov!r}: {what}: {problem}") from None
         node = raw
         for i, part in enumerate(parts[:-1]):
             if node.get(part) is None:  # absent or empty (``base:`` with nothing below) in the file

@@ -67,9 +67,9 @@ from bench.tracking.store import (  # noqa: F401  (re-exported)
     PROBE_TIMEOUT_S,
     SCHEMES,
     _artifact_location,
-    _sqlite_path,
     check_tracking_uri,
     http_defaults,
+    sqlite_path,
 )
 
 _MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
@@ -94,7 +94,7 @@ class Tracker:
         http_defaults()
         self.uri = tracking_uri
         self.down: str | None = None
-        db = _sqlite_path(tracking_uri)
+        db = sqlite_path(tracking_uri)
         try:
             with doing(f"opening the MLflow store {tracking_uri}"):
                 import mlflow

@@ -35,7 +35,7 @@ def http_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
-def _sqlite_path(uri: str) -> Path | None:
+def sqlite_path(uri: str) -> Path | None:
     """The database file of ``sqlite[+driver]:///PATH`` (``None`` for another URL or another form)."""
     scheme, sep, rest = uri.partition("://")
     if sep and scheme.partition("+")[0] == "sqlite" and rest.startswith("/"):
@@ -86,7 +86,7 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
                          f"use sqlite:///PATH (allowed: {ALLOWED_URIS})")
     if scheme.split("+", 1)[0] not in SCHEMES:
         raise BenchError(f"--tracking-uri {uri}: unsupported scheme (allowed: {ALLOWED_URIS})")
-    check_database(uri, "--tracking-uri")
+    check_database(uri, "--tracking-uri", "mlflow")
     if scheme in ("http", "https"):
         parsed = urllib.parse.urlparse(uri)
         if not parsed.hostname:
@@ -127,13 +127,62 @@ def check_databricks(uri: str) -> None:
                      "DATABRICKS_TOKEN, or write a profile to ~/.databrickscfg); or use sqlite:///PATH")
 
 
-def check_database(uri: str, flag: str) -> None:
+#: what :func:`sqlite_kind` tells apart, in the words of the messages
+STORE_KINDS = {"mlflow": "an MLflow tracking store", "optuna": "an Optuna storage"}
+
+
+def sqlite_kind(db: Path) -> str | None:
+    """What the existing SQLite file ``db`` holds, read without writing (``mode=ro``, 2 s busy timeout):
+    ``"mlflow"`` (tables ``experiments`` and ``runs``), else ``"optuna"`` (``studies`` and ``version_info``),
+    ``"other: t1, t2, ..."`` (other tables, none of them ``alembic_version``), ``"damaged: <sqlite's words>"``
+    (not a database or malformed), or ``None`` (no tables, a store still being created by its migrations, or it
+    cannot be read now: locked, a WAL file without its index; the store's own opening then decides)."""
+    import sqlite3
+
+    try:
+        con = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, timeout=2)
+    except sqlite3.Error:
+        return None
+    try:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    except sqlite3.DatabaseError as exc:
+        words = str(exc)
+        if "malformed" in words or "not a database" in words:
+            return f"damaged: {words}"
+        return None
+    finally:
+        con.close()
+    if {"experiments", "runs"} <= tables:  # first: an MLflow store an Optuna storage was once pointed at is both
+        return "mlflow"
+    if {"studies", "version_info"} <= tables:
+        return "optuna"
+    if "alembic_version" in tables:  # a store another harness is creating right now (migrations under way)
+        return None
+    user = sorted(t for t in tables if not t.startswith("sqlite_"))
+    return f"other: {', '.join(user[:5])}{', ...' if len(user) > 5 else ''}" if user else None
+
+
+def _check_kind(flag: str, uri: str, db: Path, want: str) -> None:
+    kind = sqlite_kind(db)
+    if kind is None or kind == want:
+        return
+    use = ("sqlite:///<results>/mlflow.db, the default" if want == "mlflow"
+           else "sqlite:///<results>/optuna.db, the default")
+    if kind.startswith("damaged: "):
+        raise BenchError(f"{flag} {uri}: {db} is damaged ({kind.removeprefix('damaged: ')}); restore it from a "
+                         f"copy, or give a new file ({use})")
+    what = STORE_KINDS.get(kind) or f"a SQLite database of something else (tables {kind.removeprefix('other: ')})"
+    raise BenchError(f"{flag} {uri}: {db} is {what}, not {STORE_KINDS[want]}; give another file ({use})")
+
+
+def check_database(uri: str, flag: str, want: str | None = None) -> None:
     """The database part of a store URL, checked without writing anything: for ``sqlite:///PATH`` a file that is a
-    SQLite database (or absent, in a writable folder) with names of legal length; for a database server URL
+    SQLite database (or absent, in a writable folder) with names of legal length and, with ``want`` ("mlflow" or
+    "optuna"), one that holds that kind of store or nothing yet (:func:`sqlite_kind`); for a database server URL
     (``postgresql``, ``mysql``, ``mssql``, with an optional ``+driver``) an installed driver. Other URLs pass.
 
     Raises:
-        BenchError: naming ``flag``, the URL and what is wrong.
+        BenchError: naming ``flag``, the URL and what is wrong (the other kind of store, a damaged file).
     """
     _lower_scheme(uri, flag)
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
@@ -143,7 +192,7 @@ def check_database(uri: str, flag: str) -> None:
         if not any(_importable(m) for m in wanted):
             raise BenchError(f"{flag} {uri}: no {dialect} driver installed (pip install one of: "
                              f"{', '.join(wanted)}), or use sqlite:///PATH")
-    db = _sqlite_path(uri)
+    db = sqlite_path(uri)
     if dialect == "sqlite" and db is None:
         raise BenchError(f"{flag} {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
     if db is not None:
@@ -170,6 +219,8 @@ def check_database(uri: str, flag: str) -> None:
                 raise BenchError(f"{flag} {uri}: {db} is not a SQLite database")
             if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK | os.X_OK):
                 raise BenchError(f"{flag} {uri}: {db} is not writable")
+            if head and want is not None:
+                _check_kind(flag, uri, db, want)
         elif not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
             raise BenchError(f"{flag} {uri}: folder {folder} is not writable")
 

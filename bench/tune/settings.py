@@ -20,7 +20,7 @@ from bench.tune.space import (
     resolve_space,
     seq_len,
 )
-from bench.tune.storage import default_storage
+from bench.tune.storage import check_storage, default_storage
 from bench.tune.trial import fixed_cell, trial_spec
 
 
@@ -122,9 +122,7 @@ def resolve_settings(matrix: Matrix, *, results: Path, tracking_uri: str, study:
         url, url_from = block.storage, f"{src}: tune.storage:"
     else:
         url, url_from = default_storage(results), "storage"
-    from bench.tune.storage import check_storage
-
-    check_storage(url, url_from)  # before anything is written
+    check_storage(url, url_from, results)  # before anything is written (the results folder is made later)
     settings = TuneSettings(matrix, block, platform, space, notes, cell, name, url, url_from, n, t,
                             Path(results), tracking_uri)
     # one real spec as a check: conflicts, exclusions, engine refusals surface now, before anything is written

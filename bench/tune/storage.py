@@ -4,10 +4,13 @@ the settings a study was made with (its ``setting.*`` user attributes: :func:`fl
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
 from bench.core.errors import BenchError
+from bench.core.paths import check_folder, check_names
+from bench.tracking.store import DB_DRIVERS, check_database, in_memory, sqlite_path
 
 FP_ATTR = "bench_fingerprint"
 SETTINGS_ATTR = "bench_settings"  # studies made before the settings were split into keys: one JSON value
@@ -36,19 +39,15 @@ def redact(url: str) -> str:
 ALLOWED_STORAGES = "sqlite:///PATH, journal:PATH, or a database server URL (postgresql://, mysql://)"
 
 
-def check_storage(url: str, where: str = "--storage") -> None:
+def check_storage(url: str, where: str = "--storage", results: str | Path | None = None) -> None:
     """Check an Optuna storage URL without writing anything: not in memory; ``journal:PATH`` a regular file or
     absent, in a folder the harness may write (:func:`bench.core.paths.check_folder`); a SQLAlchemy URL of a known
-    database with its driver installed, a sqlite file that is a database (:func:`bench.tracking.store.check_database`).
+    database with its driver installed, a sqlite file that is a database (:func:`bench.tracking.store.check_database`)
+    in a folder that exists or is ``results`` (the results folder, made before the storage is opened).
 
     Raises:
         BenchError: naming ``where``, the URL and what is wrong.
     """
-    import os
-
-    from bench.core.paths import check_folder, check_names
-    from bench.tracking.store import DB_DRIVERS, check_database, in_memory
-
     if not url.strip() or "\x00" in url:
         raise BenchError(f"{where} {url!r}: empty or not a URL (allowed: {ALLOWED_STORAGES})")
     if in_memory(url):
@@ -66,7 +65,12 @@ def check_storage(url: str, where: str = "--storage") -> None:
     dialect = url.split("://", 1)[0].lower().partition("+")[0]
     if dialect not in ("sqlite", *DB_DRIVERS):
         raise BenchError(f"{where} {redact(url)}: unsupported storage (allowed: {ALLOWED_STORAGES})")
-    check_database(url, where)
+    db = sqlite_path(url)
+    made = results is not None and os.path.abspath(db.parent if db else "") == os.path.abspath(results)
+    if db is not None and not in_memory(url) and not made and not db.parent.is_dir():  # sqlite: "unable to open..."
+        raise BenchError(f"{where} {redact(url)}: cannot open Optuna storage: folder {db.parent} does not exist "
+                         "(create it, or give a sqlite file in an existing folder)")
+    check_database(url, where, "optuna")
 
 
 def check_tune_block(matrix: Any) -> None:
@@ -106,7 +110,14 @@ def open_storage(url: str, where: str = "--storage") -> Any:
             return JournalStorage(JournalFileBackend(str(path)))
         if "://" not in url:
             raise ValueError("not a URL (give e.g. sqlite:///results/optuna.db, postgresql://..., or journal:PATH)")
+        db = sqlite_path(url)
+        if db is not None and not db.parent.is_dir():  # sqlite's own words: "unable to open database file"
+            raise OSError(f"folder {db.parent} does not exist")
+        if db is not None and db.is_file():  # the default storage is checked here, a given one earlier too
+            check_database(url, where, "optuna")
         return optuna.storages.RDBStorage(url, skip_table_creation=False)
+    except BenchError:
+        raise
     except BaseException as exc:  # sqlalchemy / driver import errors come in many classes
         if isinstance(exc, KeyboardInterrupt):
             raise
