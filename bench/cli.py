@@ -26,6 +26,7 @@ import traceback
 from pathlib import Path
 
 from bench.core.errors import BenchError, Terminated, current_step
+from bench.records.results import is_no_space
 
 
 def subcommands() -> dict[str, type]:
@@ -307,6 +308,11 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except BaseException as exc:  # noqa: BLE001 - the error boundary
         step = getattr(exc, "bench_step", None) or current_step() or f"running `{argv[0] if argv else ''}`"
+        if is_no_space(exc):  # no crash log: there is no room for one, and the cause is known
+            where = getattr(exc, "filename", None) or getattr(args, "results", None) or "the output folder"
+            print(f"error: disk full while {step} ({where}): free some space and rerun the same command "
+                  "(finished runs are kept)", file=sys.stderr)
+            return 1
         log = crash_log(getattr(args, "results", None), argv)
         msg = _one_line(f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         print(f"error: unexpected {msg} while {step}; full traceback in {log}", file=sys.stderr)

@@ -184,11 +184,11 @@ def main(args: argparse.Namespace) -> int:
                       settings.platform)
     get_engine(matrix.engine).preflight(matrix, [spec.launch], settings.platform)
     check_writable(args.results)
-    if settings.storage_url == default_storage(args.results):
-        Path(args.results).mkdir(parents=True, exist_ok=True)
     from bench.commands.run import make_executor
 
-    executor = make_executor(args, matrix.engine, settings.platform)
+    executor = make_executor(args, matrix.engine, settings.platform)  # a Ray cluster is reached before any write
+    if settings.storage_url == default_storage(args.results):
+        Path(args.results).mkdir(parents=True, exist_ok=True)
     view = ConsoleView(executor=executor, steps=matrix.base.steps, engine=matrix.engine, direction=settings.direction)
     view.live.start(f"opening the Optuna storage and the MLflow store ({settings.tracking_uri})")
     try:

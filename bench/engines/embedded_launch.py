@@ -232,6 +232,12 @@ class EmbeddedEngine(EngineBase):
         for key in ("model", "data"):  # the sub-block's own paths: checked and resolved like base's
             if options.get(key) is not None:
                 config[key] = _check_source(key, str(options[key]), f"base.embedded.{key}", strict)
+        taken = sorted(set(options) & set(mechanism.config))
+        if taken:  # the factor would silently win, the cell id unchanged (issue 33)
+            used = ", ".join(sorted(k for k, v in levels.items() if v is not None))
+            raise BenchError(f"base.embedded.{taken[0]}: set in each cell by the optimizations' levels ({used}; "
+                             "one not under factors is held off); remove it from base.embedded and list the "
+                             "optimization under factors to choose its level")
         config.update({k: _fill(v, ctx) for k, v in mechanism.config.items()})
         try:
             config = RunConfig.model_validate(config).model_dump()

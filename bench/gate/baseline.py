@@ -103,7 +103,7 @@ def load_baseline(ref: str, results: Path) -> dict[str, Any]:
 @functools.cache
 def _shape_model() -> Any:
     """The pydantic model of the parts of a baseline every reader indexes (built once, on first use)."""
-    from pydantic import BaseModel, ConfigDict
+    from pydantic import BaseModel, ConfigDict, Field
 
     from bench.records.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
 
@@ -129,7 +129,7 @@ def _shape_model() -> Any:
         engine: str
         platform: str
         source: _Source
-        cells: list[_Cell]
+        cells: list[_Cell] = Field(min_length=1)  # a baseline of no cell judges nothing
 
     return _Shape
 

@@ -285,7 +285,8 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     matched = [k for k in bmap if k in cmap]
     if not matched:
         raise BenchError(
-            "no matching cells: the candidate's factor levels match none of the baseline's "
+            f"no matching cells: the candidate {cand['source'].get('sweep')}'s factor levels match none of the "
+            f"baseline {base.get('name') or base['source'].get('sweep')}'s "
             f"(baseline: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in base['cells'][:6])}; "
             f"candidate: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in cand['cells'][:6])})")
     notes: list[str] = []

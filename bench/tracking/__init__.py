@@ -44,8 +44,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core.errors import BenchError, clip_words, doing
+from bench.core.errors import BenchError, DiskFullError, clip_words, doing
 from bench.core.metadata import git_commit, versions  # noqa: F401  (re-exported; gathered in bench.core.metadata)
+from bench.records.results import is_no_space
 from bench.tracking.naming import (  # noqa: F401  (re-exported: the public names of bench.tracking)
     EXPERIMENT_KIND,
     ML_VIEW,
@@ -95,6 +96,7 @@ class Tracker:
         self.uri = tracking_uri
         self.down: str | None = None
         db = sqlite_path(tracking_uri)
+        fresh = db is not None and not db.exists()
         try:
             with doing(f"opening the MLflow store {tracking_uri}"):
                 import mlflow
@@ -119,6 +121,17 @@ class Tracker:
         except BenchError:
             raise
         except Exception as exc:  # MlflowException, requests errors, sqlalchemy errors, filelock timeout
+            if is_no_space(exc):
+                if fresh:  # the store this call began to create is half made: none is better (rerun makes it)
+                    for leftover in (db, Path(f"{db}-journal"), Path(f"{db}.lock")):
+                        leftover.unlink(missing_ok=True)
+                raise DiskFullError(f"--tracking-uri {tracking_uri}: disk full while creating the MLflow store "
+                                    f"(nothing kept); free space in {db.parent if db else 'its folder'} and rerun") \
+                    from None
+            if db is not None and "database is locked" in str(exc):  # sqlite waited its busy timeout
+                raise BenchError(f"--tracking-uri {tracking_uri}: {db} stays locked by another process (a harness, "
+                                 "`sync` or `mlflow ui` writing it); rerun when it is done, or give another "
+                                 "--tracking-uri") from None
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
             raise BenchError(f"--tracking-uri {tracking_uri}: cannot open MLflow store: {first}") from None
 

@@ -8,8 +8,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, DiskFullError
 from bench.core.paths import check_folder, check_names
+from bench.records.results import is_no_space
 from bench.tracking.store import DB_DRIVERS, check_database, in_memory, sqlite_path
 
 FP_ATTR = "bench_fingerprint"
@@ -99,6 +100,8 @@ def open_storage(url: str, where: str = "--storage") -> Any:
     """
     import optuna
 
+    db = sqlite_path(url) if not url.startswith("journal:") else None
+    fresh = db is not None and not db.exists()
     try:
         if url.startswith("journal:"):
             from optuna.storages import JournalStorage
@@ -110,7 +113,6 @@ def open_storage(url: str, where: str = "--storage") -> Any:
             return JournalStorage(JournalFileBackend(str(path)))
         if "://" not in url:
             raise ValueError("not a URL (give e.g. sqlite:///results/optuna.db, postgresql://..., or journal:PATH)")
-        db = sqlite_path(url)
         if db is not None and not db.parent.is_dir():  # sqlite's own words: "unable to open database file"
             raise OSError(f"folder {db.parent} does not exist")
         if db is not None and db.is_file():  # the default storage is checked here, a given one earlier too
@@ -121,6 +123,15 @@ def open_storage(url: str, where: str = "--storage") -> Any:
     except BaseException as exc:  # sqlalchemy / driver import errors come in many classes
         if isinstance(exc, KeyboardInterrupt):
             raise
+        if is_no_space(exc):
+            if fresh:  # the storage this call began to create is half made: none is better (rerun makes it)
+                for leftover in (db, Path(f"{db}-journal")):
+                    leftover.unlink(missing_ok=True)
+            raise DiskFullError(f"{where} {redact(url)}: disk full while creating the Optuna storage (nothing kept); "
+                                "free some space and rerun") from None
+        if "database is locked" in str(exc):  # sqlite waited its busy timeout
+            raise BenchError(f"{where} {redact(url)}: the database stays locked by another process (another tune or "
+                             "optuna-dashboard writing it); rerun when it is done, or give another storage") from None
         msg = next((ln for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         raise BenchError(f"{where} {redact(url)}: cannot open Optuna storage: {msg}") from None
 
