@@ -4,8 +4,8 @@ Not a test. For each target and each true effect (0, threshold/2, threshold, 2 x
 other factor has no effect) it simulates ``--sweeps`` sweeps (default 200) of
 
 * **sequential**: the plan of ``--precision`` (default threshold / 2, so that every comparison can be decided
-  by the last block; :func:`bench.analyze.planning.plan_allocation`) run block by block with the effects'
-  stop rule (:class:`bench.analyze.sequential.EffectsStopRule`: repeated confidence intervals, O'Brien-Fleming
+  by the last block; :func:`bench.planning.allocation.plan_allocation`) run block by block with the effects'
+  stop rule (:class:`bench.planning.sequential.EffectsStopRule`: repeated confidence intervals, O'Brien-Fleming
   spending, Bonferroni over the main effects), stopping when every main effect is decided;
 * **fixed R=2, 3, 5**: the matrix's own timed steps per run and R repeats, decided once at the end with the same
   rule (one look: the plain t interval at alpha / m).
@@ -14,9 +14,9 @@ Each run's value is the median of its timed steps: log step time = cell effect +
 drift (``+15 %`` over the sweep in run order, as in ``tests/drift_fake.py``) + run offset (``sd_run``) + the step
 pattern every run of the sweep replays (``sd_stepidx``, drawn once per simulated sweep: same batches) + run x
 step noise (``sd_step``); the costs of a run (start-up, warm-up, profiled and timed steps, harness) give each
-sweep's wall time. Components and costs (:mod:`bench.analyze.planning_model`):
+sweep's wall time. Components and costs (:mod:`bench.planning.model`):
 
-* ``embedded``: measured by :func:`bench.analyze.planning_model.estimate_model` from the finished sweeps of
+* ``embedded``: measured by :func:`bench.planning.model.estimate_model` from the finished sweeps of
   ``matrix/full.yaml`` in ``--results`` (speed-normalized, as the report and the stop rule see them); the
   2 x 2 design of full.yaml on the embedded engine (4 runs per block, 8 timed steps per run);
 * ``verl_cpu``: measured the same way from the finished sweeps of matrix/verl_cpu.yaml's target in
@@ -72,11 +72,11 @@ import numpy as np  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.analyze import sequential  # noqa: E402
-from bench.analyze.planning import plan_allocation  # noqa: E402
-from bench.analyze.planning_model import NoiseCost, estimate_model  # noqa: E402
-from bench.analyze.sequential import EffectsStopRule  # noqa: E402
-from bench.planning_apply import target_key, target_sweeps  # noqa: E402
+from bench.planning import sequential  # noqa: E402
+from bench.planning.allocation import plan_allocation  # noqa: E402
+from bench.planning.apply import target_key, target_sweeps  # noqa: E402
+from bench.planning.model import NoiseCost, estimate_model  # noqa: E402
+from bench.planning.sequential import EffectsStopRule  # noqa: E402
 
 DRIFT = math.log(1.15)  # tests/drift_fake.py: +15 % over the sweep
 FIXED = (2, 3, 5)
@@ -190,7 +190,7 @@ def verl_target(results: Path, sweep: Path | None = None, quiet: bool = False,
 
 
 def fast_observations(records: Any) -> tuple[list[dict[str, Any]], list[float], list[int], list[str]]:
-    """:func:`bench.analyze.sequential.run_observations` for the simulated records of :func:`simulate` (one ok run
+    """:func:`bench.planning.sequential.run_observations` for the simulated records of :func:`simulate` (one ok run
     value each, its log kept as ``_log``, no speed probe, no node): the same levels, log values, blocks and nodes
     without reading a record's per-step metrics (3-4 x faster for sweeps of hundreds of runs); any other record
     goes through the original."""
@@ -212,7 +212,7 @@ class KeptDecisionsRule(EffectsStopRule):
         self.retire, self.kept = retire, {}
 
     def after_block(self, records: list[dict[str, Any]], look: int) -> Any:
-        from bench.analyze.sequential import Look
+        from bench.planning.sequential import Look
 
         ds, runs, _ = self.decisions(records, look)
         out = []
@@ -295,7 +295,7 @@ def fixed_repeats_for(model: NoiseCost, design: dict[str, Any], precision: float
     each further block adds ``cells - 1`` residual degrees of freedom."""
     from scipy import stats as sps
 
-    from bench.analyze.planning import design_factors
+    from bench.planning.allocation import design_factors
 
     sd = math.sqrt(model.run_var(design["timed"]))
     facs2, df2 = design_factors(design["cells"], design["factors"], 2)
@@ -361,7 +361,7 @@ class FixedDesigns:
 
 def run_target(name: str, model: NoiseCost, design: dict[str, Any], args: argparse.Namespace) -> list[dict[str, Any]]:
     """Simulate every scenario of one target; print its table and the target's check; return the rows."""
-    from bench.analyze.planning import steps_range_for
+    from bench.planning.allocation import steps_range_for
 
     thr, alpha = args.threshold, args.alpha
     precision = args.precision or thr / 2
@@ -438,7 +438,7 @@ def kappa_check(model: NoiseCost, seed: int = 0, patterns: int = 300, runs: int 
     """Print, for timed steps per run ``n``, the variance of a run's median between runs (one shared step pattern per
     simulated sweep, ``patterns`` sweeps of ``runs`` runs) against the planner's model
     (:meth:`NoiseCost.run_var` without ``sd_run``: ``kappa(n, rho) sd_step^2 / n``, asymptotic in ``n``)."""
-    from bench.analyze.planning_model import kappa
+    from bench.planning.model import kappa
 
     rng = np.random.default_rng(seed)
     print(f"\nmedian of n steps, run x step {model.sd_step:.4f}, shared pattern {model.sd_stepidx:.4f} (log SD): "

@@ -4,7 +4,7 @@ Not a test. Two steps:
 
 * **record** (:func:`extract_runs`): the runs of finished real sweeps, read with the harness's own readers
   (:func:`bench.records.results.load_records`, :func:`bench.analyze.snapshot.record_samples`,
-  :func:`bench.analyze.sequential.log_step_samples`), written as a small JSON fixture
+  :func:`bench.planning.sequential.log_step_samples`), written as a small JSON fixture
   (``benchmarks/data/recorded_runs_<target>.json``): per run its cell and levels, block, order in the sweep,
   start and end (seconds from the sweep's first start), every step's time, the timed steps with their speed
   probes, the run value (log median timed step, speed-normalized when every run has the probe, as the report and
@@ -16,8 +16,8 @@ Not a test. Two steps:
   and its failure; :func:`resample` says why runs and not whole blocks are drawn), then multiplying the step times
   of the runs with the factor on by ``1 + change``
   (:func:`resample`). The records go through the real decision code: the planned sequential design
-  (:func:`bench.analyze.planning.plan_allocation` on the model :func:`bench.analyze.planning_model.estimate_model`
-  measures from the same recorded runs, then :class:`bench.analyze.sequential.EffectsStopRule` look by look) and
+  (:func:`bench.planning.allocation.plan_allocation` on the model :func:`bench.planning.model.estimate_model`
+  measures from the same recorded runs, then :class:`bench.planning.sequential.EffectsStopRule` look by look) and
   fixed designs of R blocks (the same rule at one look, and the report's fit
   :func:`bench.analyze.effects.fit_effects` with its Holm-adjusted p values and 95 % intervals). A sweep's wall
   time = the recorded durations of its resampled runs + the recorded gap before the next run (harness) + the stop
@@ -38,8 +38,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.analyze import sequential
-from bench.analyze.sequential import EffectsStopRule
+from bench.planning import sequential
+from bench.planning.sequential import EffectsStopRule
 
 _RUN_OBSERVATIONS = sequential.run_observations
 
@@ -59,8 +59,8 @@ def extract_runs(sweep_dirs: Sequence[Path], target: str) -> dict[str, Any]:
     """The fixture of the runs of ``sweep_dirs`` (finished sweeps of one matrix and target): a header (target,
     matrices, sweep ids, UTC date, commit, machine, mean load average) and one dict per run (module text); no
     path of this machine. Times in seconds, ``value_log`` = log of the run value (``None`` for a failed run)."""
-    from bench.analyze.sequential import log_step_samples, probed
     from bench.analyze.snapshot import record_samples
+    from bench.planning.sequential import log_step_samples, probed
     from bench.records.results import SWEEP, load_records, read_json
 
     runs: list[dict[str, Any]] = []
@@ -134,7 +134,7 @@ def to_record(run: dict[str, Any], scale: float = 1.0, repeat: int | None = None
               all_steps: bool = False) -> dict[str, Any]:
     """A run record (the ``record.json`` fields the readers use) from a fixture run, its timed steps' times
     multiplied by ``scale``, in block ``repeat`` (default its own); ``all_steps``: also the warm-up and profiled
-    steps (for :func:`bench.analyze.planning_model.estimate_model`'s costs)."""
+    steps (for :func:`bench.planning.model.estimate_model`'s costs)."""
     probe = _probe_metric()
     steps: dict[str, dict[str, float]] = {k: {STEP: v} for k, v in run["steps_s"].items()} if all_steps else {}
     probes = run["speed_probe_s"] or [None] * len(run["step_time_s"])
@@ -150,9 +150,9 @@ def to_record(run: dict[str, Any], scale: float = 1.0, repeat: int | None = None
 
 
 def recorded_model(fix: dict[str, Any]) -> Any:
-    """The planner's noise and cost model of the recorded runs (:func:`bench.analyze.planning_model.estimate_model`,
+    """The planner's noise and cost model of the recorded runs (:func:`bench.planning.model.estimate_model`,
     one entry per recorded sweep)."""
-    from bench.analyze.planning_model import estimate_model
+    from bench.planning.model import estimate_model
 
     by_sweep: dict[int, list[dict[str, Any]]] = {}
     for r in fix["runs"]:
@@ -222,11 +222,11 @@ def resample(rng: np.random.Generator, blocks: list[list[dict[str, Any]]], n_blo
 
 def cached_observations(records: Sequence[dict[str, Any]]
                         ) -> tuple[list[dict[str, Any]], list[float], list[int], list[str]]:
-    """:func:`bench.analyze.sequential.run_observations`, the real function, called once per recorded run and scale
+    """:func:`bench.planning.sequential.run_observations`, the real function, called once per recorded run and scale
     (:func:`resample`'s ``_key``) instead of once per record per look: a run's levels, log value and node are those
     of its source run at that scale; its block is the record's own. The whole list goes through the original when
     a record has no ``_key`` or when the runs do not all share one normalization choice
-    (:func:`bench.analyze.sequential.probed` of each ok run alone), so the choice stays the set's."""
+    (:func:`bench.planning.sequential.probed` of each ok run alone), so the choice stays the set's."""
     if not all("_key" in r for r in records):
         return _RUN_OBSERVATIONS(records)
     got = []
@@ -379,7 +379,7 @@ def validity(fix: dict[str, Any], *, sweeps: int = 1000, threshold: float = 0.05
 def _validity(fix: dict[str, Any], sweeps: int, threshold: float, alpha: float, factor: str, seed: int,
               precision: float | None, r_max: int, fixed_sweeps: int | None, log: Any,
               with_fixed: bool = True) -> dict[str, Any]:
-    from bench.analyze.planning import plan_allocation
+    from bench.planning.allocation import plan_allocation
 
     blocks = centred_blocks(fix)
     cells, factors = design_of(blocks)

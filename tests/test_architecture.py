@@ -16,9 +16,9 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 #: modules that must not import from bench.engines or a command module (bench.cli, bench.commands.*).
 #: Not yet an order of packages: bench.core.progress imports bench.engines.base (lazily), and bench.records is
 #: imported by bench.measure, bench.spec and bench.engines while it imports them (issue 31)
-LOWER_LAYERS = ("bench.measure", "bench.analyze", "bench.gate.verdicts", "bench.gate.runs", "bench.gate.stored_runs",
-                "bench.gate.markdown", "bench.gate.stored", "bench.gate.baseline", "bench.records", "bench.spec.expect",
-                "bench.core.metadata", "bench.tracking")
+LOWER_LAYERS = ("bench.measure", "bench.analyze", "bench.planning", "bench.gate.verdicts", "bench.gate.runs",
+                "bench.gate.stored_runs", "bench.gate.markdown", "bench.gate.stored", "bench.gate.baseline",
+                "bench.records", "bench.spec.expect", "bench.core.metadata", "bench.tracking")
 #: execution (sweep loop, executors, runner, fork server, Ray): never imports a command
 EXECUTION = "bench.execution"
 #: what to run (matrix, plan, ...): no command, and engines only through their registry and interface
@@ -147,9 +147,9 @@ def test_new_layers_are_checked():
     """The packages of the layout exist and are covered by the layer rules above."""
     mods = _modules()
     for pkg in ("bench.analyze", "bench.spec", "bench.measure", "bench.engines.verl", "bench.execution",
-                "bench.commands", "bench.core", "bench.records"):
+                "bench.commands", "bench.core", "bench.records", "bench.planning"):
         assert pkg in mods and any(m.startswith(pkg + ".") for m in mods), pkg
-    assert {"bench.analyze", "bench.measure", "bench.records"} <= set(LOWER_LAYERS)
+    assert {"bench.analyze", "bench.measure", "bench.records", "bench.planning"} <= set(LOWER_LAYERS)
 
 
 def test_every_bench_import_resolves():

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.analyze.planning import plan_allocation, steps_range_for
-from bench.analyze.planning_model import NoiseCost
-from bench.analyze.sequential import EffectsStopRule
+from bench.planning.allocation import plan_allocation, steps_range_for
+from bench.planning.model import NoiseCost
+from bench.planning.sequential import EffectsStopRule
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 import bench_verdict as bv  # noqa: E402
@@ -121,7 +121,7 @@ def test_verl_cpu_with_the_in_run_probe_needs_at_most_half_the_runs_of_the_fixed
 
 import sweep_validity as sv  # noqa: E402
 
-from bench.analyze import sequential  # noqa: E402
+from bench.planning import sequential  # noqa: E402
 
 FIXTURE = sv.DEFAULT_FIXTURE
 

@@ -8,10 +8,10 @@ from typing import Any
 
 from bench.analyze.md import ci_pct, table_head
 from bench.analyze.md import pct as _pct
-from bench.analyze.sequential import Decision
-from bench.analyze.sequential_view import NOT_COVERED, SequentialView, summary_lines
 from bench.gate.verdicts import DEFAULT_ALPHA as GATE_ALPHA
 from bench.gate.verdicts import DEFAULT_THRESHOLD as GATE_THRESHOLD
+from bench.planning.sequential import Decision
+from bench.planning.view import NOT_COVERED, SequentialView, summary_lines
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:
@@ -247,7 +247,7 @@ def render(data: dict[str, Any]) -> str:
         "the terms. With one run per cell no run-to-run variance exists to test against: estimates only.",
         "",
     ]
-    from bench.analyze.planning import report_lines
+    from bench.planning.allocation import report_lines
 
     L += report_lines(data)
     return "\n".join(L)

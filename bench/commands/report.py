@@ -6,7 +6,7 @@ under ``report/``, effect metrics, tag ``bench.report``):
 * ``report.md``: the tables below, with the plots linked; ``report.json``: the same numbers;
   ``effects.csv``: the model terms;
 * after a sequential sweep (``--sequential``, ``--precision``, ``--budget``) each main effect and step-time claim
-  shows the stopping look's repeated interval and verdict (:mod:`bench.analyze.sequential_view`), without a
+  shows the stopping look's repeated interval and verdict (:mod:`bench.planning.view`), without a
   fixed-sample p value; the fixed-sample figures left (interactions, cell speedups) are labelled as not covered
   by the sequential error control;
 * the unit of replication is the **run**: each finished run is summarized by its value
@@ -94,7 +94,7 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
 
     # where each optimization acts: each operator category's time through the same run-level model
     data["where"] = where_section(Path(sweep), snap, stats["effects"], alpha=alpha, interactions=interactions)
-    from bench.analyze.planning import report_section
+    from bench.planning.allocation import report_section
 
     data.update(report_section(Path(sweep), meta))  # noise and cost model, the plan, sequential looks
     if snap.get("expect"):
@@ -108,7 +108,7 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
                                            "method": "Bonferroni over the expect block's claims"}
         except BenchError as exc:
             data["expectations_error"] = str(exc)
-    from bench.analyze.sequential_view import apply_to_report, view
+    from bench.planning.view import apply_to_report, view
 
     if (seq := view(meta)) is not None:  # a sequential sweep: its stopping look's intervals and verdicts, not fixed
         apply_to_report(data, seq)
@@ -140,7 +140,7 @@ def write(data: dict[str, Any], out: Path) -> list[Path]:
     fit = data["effects"].get("fit") or {}
     w.writerow(["term", "kind", "effect_log", "se", "ci_low", "ci_high", "p_value", "p_holm", "step_time_change",
                 "aliases", "unit", "df_resid", "verdict", "interval"])
-    for t in fit.get("terms") or []:  # verdict, interval: a sequential sweep's (bench.analyze.sequential_view)
+    for t in fit.get("terms") or []:  # verdict, interval: a sequential sweep's (bench.planning.view)
         w.writerow([t["name"], t["kind"], t["effect"], t["se"], t["ci_low"], t["ci_high"], t["p_value"],
                     t["p_adjusted"], t["change"], " ".join(t["aliases"]), fit.get("unit"), fit.get("df_resid"),
                     t.get("verdict") or "", t.get("interval") or f"fixed-sample t, {fit.get('level', 0.95):.0%}"])

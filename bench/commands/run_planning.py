@@ -112,7 +112,7 @@ def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
         raise BenchError(f"--precision {precision}: must be a fraction in (0, 1) (0.02 = 2 %)")
     planning = None
     if precision is not None or budget is not None:
-        from bench.planning_apply import replan
+        from bench.planning.apply import replan
 
         budget_s = parse_duration(budget) if budget is not None else None
         matrix, plan, planning = replan(matrix, plan, args.results, precision=precision, budget_s=budget_s,
@@ -123,7 +123,7 @@ def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
         if getattr(args, "order", "blocked") != "blocked":
             raise BenchError("--sequential: a sequential sweep decides after each block: it needs --order blocked "
                              "(allowed: blocked)")
-        from bench.analyze.sequential import EffectsStopRule
+        from bench.planning.sequential import EffectsStopRule
 
         rule = EffectsStopRule(plan.repeats, threshold=threshold, alpha=alpha, claims=matrix.expect)
     return Prepared(matrix=matrix, plan=plan, stop_rule=rule, planning=planning)
@@ -133,13 +133,13 @@ def print_planning(prep: Prepared, console: Any) -> None:
     """The dry run's planning lines (after the run order): the plan of --precision/--budget with its predicted
     wall time and precision and why, and the stopping rule of a sequential sweep."""
     if prep.planning:
-        from bench.analyze.planning import plan_lines
+        from bench.planning.allocation import plan_lines
 
         console.print("\n[bold]planning[/]", markup=True)
         for line in plan_lines(prep.planning):
             console.print(f"  {line}", markup=False, soft_wrap=True)
     if prep.stop_rule is not None:
-        from bench.analyze.sequential import METHOD
+        from bench.planning.sequential import METHOD
 
         r = prep.stop_rule
         console.print(f"sequential stopping: after each of up to {r.max_looks} block(s) every main effect is decided "
@@ -151,11 +151,11 @@ def closing_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0
                          ) -> str | None:
     """The console's last word on a finished sweep: for a sequential sweep (its ``sweep.json`` records looks, with or
     without ``--sequential`` in this invocation) the verdicts and repeated intervals of its stopping look, the figures
-    of its report and ``summary.md`` (:func:`bench.analyze.sequential_view.verdict_line`); else
+    of its report and ``summary.md`` (:func:`bench.planning.view.verdict_line`); else
     :func:`fixed_verdict_line`."""
     from pathlib import Path
 
-    from bench.analyze.sequential_view import verdict_line, view
+    from bench.planning.view import verdict_line, view
     from bench.records.results import SWEEP, read_json
 
     v = view(read_json(Path(sweep_dir) / SWEEP) or {})
@@ -166,13 +166,13 @@ def closing_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0
 
 def fixed_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0.05, alpha: float = 0.05) -> str | None:
     """The console's last word on a fixed design (no stop rule): every main effect (and step-time ``expect`` claim)
-    decided once at the sweep's end with the sequential rule at one look (:class:`bench.analyze.sequential.
+    decided once at the sweep's end with the sequential rule at one look (:class:`bench.planning.sequential.
     EffectsStopRule` with ``max_looks = 1``: the plain t interval at ``alpha / m``), and what stays undecided with
     how many more blocks would likely decide it. ``None`` for a sequential sweep (its looks were printed) or when
     nothing varies."""
     if prep.stop_rule is not None:
         return None
-    from bench.analyze.sequential import EffectsStopRule
+    from bench.planning.sequential import EffectsStopRule
     from bench.records.results import load_records
 
     try:  # an informational line after a finished sweep: a failure here must not fail the sweep

@@ -2,14 +2,15 @@
 
 A blocked :class:`~bench.spec.plan.RunOrder` holds repeat ``k`` of every run spec in block ``k``
 (0-based); look ``k + 1`` follows it. Without a stop rule every run of the order is executed in turn
-(exactly the sweep of a fixed design). With one (:class:`bench.analyze.sequential.StopRule`), after
-each block the rule sees the run records of that block and the earlier ones; its :class:`~bench.analyze.sequential.Look`
-is written to ``sweep.json`` (key ``sequential``: method, planned looks, every look, the block after
-which the sweep stopped), sent to the console as a ``look`` event, and ends the sweep when it says
-stop. A resumed sweep walks the same blocks: finished runs are skipped and each look is recomputed from
-the same records (not from runs of a later block the interruption left on disk), so a resume stops where an
-uninterrupted sweep would have. A sequential sweep stays sequential when resumed without ``--sequential``: the
-sweep rebuilds its recorded rule (:func:`resume_rule`), and refuses another ``--threshold``/``--alpha``.
+(exactly the sweep of a fixed design). With one (:class:`bench.planning.sequential.StopRule`), after
+each block the rule sees the run records of that block and the earlier ones; its
+:class:`~bench.planning.sequential.Look` is written to ``sweep.json`` (key ``sequential``: method, planned
+looks, every look, the block after which the sweep stopped), sent to the console as a ``look`` event, and ends
+the sweep when it says stop. A resumed sweep walks the same blocks: finished runs are skipped and each look is
+recomputed from the same records (not from runs of a later block the interruption left on disk), so a resume
+stops where an uninterrupted sweep would have. A sequential sweep stays sequential when resumed without
+``--sequential``: the sweep rebuilds its recorded rule (:func:`resume_rule`), and refuses another
+``--threshold``/``--alpha``.
 
 Runs of one block are executed by ``run_block`` (default: one after another); the Ray executor of
 ``--parallel`` replaces it to run a block's runs at once.
@@ -57,7 +58,7 @@ def run_blocks(todo: Sequence[tuple[Any, int]], run_one: RunOne, *, stop_rule: A
         run_block(list(todo), run_one)
         return None
     assert sweep_dir is not None and meta is not None
-    from bench.analyze.sequential import METHOD
+    from bench.planning.sequential import METHOD
 
     state = meta.setdefault("sequential", {})
     state.update({"method": METHOD, "max_looks": stop_rule.max_looks, "looks": [], "stopped_after": None,
@@ -85,7 +86,7 @@ def resume_rule(meta: dict[str, Any], stop_rule: Any, claims: Sequence[dict[str,
     this invocation's options, ``None`` without ``--sequential``; ``claims``: the matrix's ``expect``, the same as the
     sweep's since its fingerprint holds them; ``source``: its ``sweep.json``, named in the error). A sweep that
     recorded ``sequential`` stays sequential: without a rule of the command line the same
-    :class:`bench.analyze.sequential.EffectsStopRule` is rebuilt from the record (``max_looks``, ``threshold``,
+    :class:`bench.planning.sequential.EffectsStopRule` is rebuilt from the record (``max_looks``, ``threshold``,
     ``alpha``), so its looks are recomputed and it stops where it would have. A fixed design, or an interleaved gate
     sweep (its own rule), keeps ``stop_rule``.
 
@@ -93,7 +94,7 @@ def resume_rule(meta: dict[str, Any], stop_rule: Any, claims: Sequence[dict[str,
         BenchError: ``--sequential`` (or ``--precision``/``--budget``) with a ``--threshold`` or ``--alpha`` other than
             the sweep recorded (one line naming the recorded values).
     """
-    from bench.analyze.sequential import EffectsStopRule
+    from bench.planning.sequential import EffectsStopRule
 
     seq = meta.get("sequential") or {}
     if not seq or meta.get("code_versions") or not (stop_rule is None or isinstance(stop_rule, EffectsStopRule)):
@@ -140,8 +141,8 @@ def plan_params(planning: dict[str, Any] | None) -> dict[str, Any]:
 def sequential_tags(meta: dict[str, Any]) -> dict[str, str]:
     """MLflow parent tags of a sequential sweep: blocks run of the planned maximum, the last look's line and per
     comparison ``bench.sequential.verdict.<name>`` (its verdict and repeated interval,
-    :func:`bench.analyze.sequential_view.view`: the figures of the report and ``summary.md``)."""
-    from bench.analyze.sequential_view import view
+    :func:`bench.planning.view.view`: the figures of the report and ``summary.md``)."""
+    from bench.planning.view import view
     from bench.tracking.naming import _key
 
     seq = meta.get("sequential") or {}
@@ -158,8 +159,8 @@ def sequential_tags(meta: dict[str, Any]) -> dict[str, str]:
 def sequential_metrics(meta: dict[str, Any]) -> dict[str, float]:
     """MLflow parent metrics of a sequential sweep's verdicts: per comparison ``sequential.change.<name>`` and its
     repeated interval ``sequential.change_low.<name>`` / ``sequential.change_high.<name>`` (relative step-time
-    changes; no interval: left out), from :func:`bench.analyze.sequential_view.view` (empty for a fixed design)."""
-    from bench.analyze.sequential_view import view
+    changes; no interval: left out), from :func:`bench.planning.view.view` (empty for a fixed design)."""
+    from bench.planning.view import view
     from bench.tracking.naming import _key
 
     v = view(meta)
@@ -172,9 +173,9 @@ def sequential_metrics(meta: dict[str, Any]) -> dict[str, float]:
 
 
 def sequential_summary(meta: dict[str, Any]) -> list[str]:
-    """The ``summary.md`` section of a sequential sweep's verdicts (:func:`bench.analyze.sequential_view.summary_lines`;
+    """The ``summary.md`` section of a sequential sweep's verdicts (:func:`bench.planning.view.summary_lines`;
     empty for a fixed design)."""
-    from bench.analyze.sequential_view import summary_lines, view
+    from bench.planning.view import summary_lines, view
 
     v = view(meta)
     return summary_lines(v) if v else []

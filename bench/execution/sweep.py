@@ -92,7 +92,7 @@ class Sweep:
             a resumed sweep keeps the order it planned.
         order_seed: shuffle seed of a blocked order (default: a fresh random one, recorded in ``sweep.json``).
         stop_rule: decide after each complete block whether to stop (:mod:`bench.execution.blocks`); ``None``: run all.
-        planning: the plan of ``--precision``/``--budget`` (:mod:`bench.analyze.planning`), kept in ``sweep.json``.
+        planning: the plan of ``--precision``/``--budget`` (:mod:`bench.planning.allocation`), kept in ``sweep.json``.
         code_versions: an interleaved gate sweep's code versions (:mod:`bench.gate.interleaved`,
             :mod:`bench.gate.versions`).
         analysis: the analysis declared before the first run (an interleaved gate's metric, covariate, cells,

@@ -14,7 +14,7 @@ matrix, same baseline commit), ``--force`` starts a new one.
 The comparison is run-level and paired by block (:func:`bench.gate.runs.paired_comparison`). With
 ``--blocks N`` the sweep plans ``N`` blocks; after each complete block the stop rule
 (:class:`GateStopRule`, run by the sweep's block loop :func:`bench.execution.blocks.run_blocks`) compares what has run
-on the repeated confidence intervals of :func:`bench.analyze.sequential.decide`, and the sweep stops as soon as
+on the repeated confidence intervals of :func:`bench.planning.sequential.decide`, and the sweep stops as soon as
 every cell is pass or regression, else after the ``N`` blocks (the budget). Where it still cannot decide, each
 row says how many blocks would let it (:func:`bench.analyze.power.blocks_needed`).
 """
@@ -27,11 +27,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.analyze.sequential import Decision, Look, decide
 from bench.core.errors import BenchError
 from bench.gate.markdown import append_step_summary, render_interleaved
 from bench.gate.runs import declare_analysis, paired_comparison
 from bench.gate.versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
+from bench.planning.sequential import Decision, Look, decide
 from bench.records.results import atomic_write_json, atomic_write_text, load_records
 
 #: blocks an interleaved gate plans when neither ``--blocks`` nor the matrix says more
@@ -42,13 +42,13 @@ class GateStopRule:
     """The gate's stop rule (the verdict helper's ``StopRule``, called by the sweep's block loop
     :func:`bench.execution.blocks.run_blocks` after each complete block): compares the blocks so far
     (:func:`bench.gate.runs.paired_comparison` with the sequential intervals of
-    :func:`bench.analyze.sequential.decide`, so the error rate holds over all looks) and stops once every cell
+    :func:`bench.planning.sequential.decide`, so the error rate holds over all looks) and stops once every cell
     is pass or regression (never before ``min_blocks``), the planned blocks are done, or (with ``budget_s``,
     wall seconds counted from ``t0``, the rule's creation unless set) another block would likely end past the
     budget: the mean wall time of the blocks after the first (which carries the start-up) is the forecast.
     Stopping early never spends more error than planned: the intervals are those of ``max_blocks`` looks, except
     that a look where the budget ends the sweep is its final analysis and spends all the
-    alpha left (:func:`bench.analyze.sequential.obf_boundaries` ``final_look``; the clock, not the data, chose
+    alpha left (:func:`bench.planning.sequential.obf_boundaries` ``final_look``; the clock, not the data, chose
     it); ``final_look`` records it."""
 
     def __init__(self, *, threshold: float, alpha: float, max_mde: float | None, normalize: bool,
@@ -181,7 +181,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
                      "estimate": "exp(mean over blocks of log(run value cand / run value base)) - 1; run value = "
                                  "median timed step",
                      "ci": "paired t over blocks (Kalibera & Jones 2020) with the speed probe as a covariate (CUPED / "
-                           "ANCOVA), repeated confidence interval at this look (bench.analyze.sequential: "
+                           "ANCOVA), repeated confidence interval at this look (bench.planning.sequential: "
                            "O'Brien-Fleming spending over the planned blocks; a look where the budget ends the sweep "
                            "spends all the alpha left), each cell at alpha / m (Bonferroni over the cells)"},
         "baseline": {"ref": base["ref"], "commit": base.get("commit"), "kind": base.get("kind")},

@@ -48,7 +48,7 @@ promised are a false regression at a true change <= 0 (at most ``alpha`` per gat
 Contention on a shared machine is heavy-tailed: a burst that hits a few runs of one version moves the mean and
 widens the spread; the figure (``mde``) and the robust check keep such a burst from being called a regression
 (issue 18's measured false alarm: +33.8 %, interval [+0.3 %, +78.5 %], figure 27.9 %, now "cannot judge"). With the
-sequential intervals of :func:`bench.analyze.sequential.decide` the rules are applied to the look's repeated
+sequential intervals of :func:`bench.planning.sequential.decide` the rules are applied to the look's repeated
 confidence interval, so the error rate holds across the looks of a sweep that stops when every cell is decided.
 """
 
@@ -267,7 +267,7 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
         alpha: two-sided level of the whole gate (over its cells and looks); each cell gets ``alpha / m``.
         max_mde: judge "unchanged" only when the gate can see this change (default ``2 * threshold``).
         normalize: fit the speed probe as a covariate (:func:`probe_covariate`); ignored with ``analysis``.
-        look, max_looks, decide: sequential intervals (:func:`bench.analyze.sequential.decide`: the repeated
+        look, max_looks, decide: sequential intervals (:func:`bench.planning.sequential.decide`: the repeated
             confidence interval ``lo``/``hi`` at ``look`` (complete blocks) of ``max_looks``, O'Brien-Fleming
             spending) instead of the fixed-sample t interval; the gate's rules are applied to that interval.
         analysis: the declared analysis (:func:`declare_analysis`); without it, the cells found in ``records``

@@ -1,20 +1,20 @@
 """The plan of timed steps per run x repeats per cell that the noise and cost model of a target implies.
 
-The model (:class:`~bench.analyze.planning_model.NoiseCost`, :func:`~bench.analyze.planning_model.estimate_model`):
+The model (:class:`~bench.planning.model.NoiseCost`, :func:`~bench.planning.model.estimate_model`):
 run to run, step index shared by the runs, run x step interaction, block; costs of a run
-(:mod:`bench.analyze.planning_model`, Kalibera & Jones, ISMM 2013).
+(:mod:`bench.planning.model`, Kalibera & Jones, ISMM 2013).
 
 Plan (:func:`plan_allocation`): for ``n`` timed steps and ``R`` repeats (= blocks) of the plan's cells,
 the standard error of each main effect is ``sqrt(V(n)) * m * sqrt([(X'X)^-1]_jj)`` for the design
 matrix ``X`` of the run-level model (:func:`bench.analyze.effects.fit_effects`: intercept, blocks,
 nodes with ``--parallel``, mains, interactions; ``m = 2`` for +-1 coded terms) and ``V(n)`` of
-:meth:`~bench.analyze.planning_model.NoiseCost.run_var`; the predicted precision is the half-width of
-the decision interval at the last planned look (:func:`bench.analyze.sequential.critical_value`,
+:meth:`~bench.planning.model.NoiseCost.run_var`; the predicted precision is the half-width of
+the decision interval at the last planned look (:func:`bench.planning.sequential.critical_value`,
 alpha shared over the main effects). The wall time is ``R x ceil(cells / slots) x (startup + harness +
 warm-up and profiled steps + n x step_s)``. ``--precision`` picks the cheapest ``(n, R)`` reaching it,
 ``--budget`` the most precise within it (grid search; the cost-optimal ``n`` is close to Kalibera &
 Jones' ``n* = sqrt(kappa sd_step^2 C_run / (sd_run^2 c_step))``,
-:func:`bench.analyze.planning_model.kj_optimal_steps`): dear
+:func:`bench.planning.model.kj_optimal_steps`): dear
 start-up and cheap steps give more steps per run, large run-to-run spread more runs, and only the run x
 step interaction (not the step pattern the runs share) is averaged out by more steps.
 """
@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.analyze.planning_model import NoiseCost, estimate_model
+from bench.planning.model import NoiseCost, estimate_model
 
 #: bounds of the grid search: timed steps per run and repeats (blocks) per cell
 STEPS_RANGE = (2, 200)
@@ -119,8 +119,8 @@ def evaluate(model: NoiseCost, cells: Sequence[dict[str, Any]], factors: Sequenc
 def design_quantile(cells: Sequence[dict[str, Any]], factors: Sequence[str], repeats: int, alpha: float, *,
                     slots: int = 1) -> tuple[dict[str, float], int, float]:
     """:func:`design_factors` of ``repeats`` blocks plus the decision interval's quantile at the last look
-    (:func:`bench.analyze.sequential.critical_value`, ``alpha`` shared by the main effects; ``inf`` without df)."""
-    from bench.analyze.sequential import critical_value
+    (:func:`bench.planning.sequential.critical_value`, ``alpha`` shared by the main effects; ``inf`` without df)."""
+    from bench.planning.sequential import critical_value
 
     facs, df = design_factors(cells, factors, repeats, slots=slots)
     q = critical_value(df, alpha=alpha / max(len(facs), 1), look=repeats, max_looks=repeats) if facs else None
@@ -168,7 +168,7 @@ def plan_allocation(model: NoiseCost, cells: Sequence[dict[str, Any]], factors: 
 
 
 def plan_lines(planning: dict[str, Any]) -> list[str]:
-    """Human lines of a planning record (:func:`bench.planning_apply.replan`): the plan, its predicted wall time
+    """Human lines of a planning record (:func:`bench.planning.apply.replan`): the plan, its predicted wall time
     and precision, and why (components, costs)."""
     if not planning.get("model"):
         return [planning.get("note") or "no noise and cost model for this target"]

@@ -1,6 +1,6 @@
 """Re-plan a matrix for ``--precision``/``--budget``: the noise and cost model of its target from the finished sweeps
-in the results folder (:func:`target_sweeps`, :func:`bench.analyze.planning_model.estimate_model`), the allocation of
-timed steps per run and repeats (:func:`bench.analyze.planning.plan_allocation`), and the matrix and plan
+in the results folder (:func:`target_sweeps`, :func:`bench.planning.model.estimate_model`), the allocation of
+timed steps per run and repeats (:func:`bench.planning.allocation.plan_allocation`), and the matrix and plan
 that run it (:func:`replan`)."""
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def replan(matrix: Any, plan: Any, results_root: Path, *, precision: float | Non
     Raises:
         BenchError: no factor varies among the plan's runs (nothing to plan for).
     """
-    from bench.analyze.planning import plan_allocation, steps_range_for
-    from bench.analyze.planning_model import estimate_model, kj_optimal_steps
     from bench.core.errors import BenchError
+    from bench.planning.allocation import plan_allocation, steps_range_for
+    from bench.planning.model import estimate_model, kj_optimal_steps
     from bench.spec.matrix import Matrix
     from bench.spec.plan import make_plan
 

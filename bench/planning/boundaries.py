@@ -7,7 +7,8 @@
 
 Why not the z boundary's nominal level read off Student's t (the "significance level" translation of Jennison &
 Turnbull 2000, sec. 11.4)? At few degrees of freedom it is liberal: with 1-2 observations per look and 10 looks
-the chance of crossing at some look is 5.6-5.8 % at a nominal 5 % (issue 30; ``tests/test_sequential_promise.py``).
+the chance of crossing at some look is 5.6-5.8 % at a nominal 5 % (issue 30;
+``tests/planning/test_sequential_promise.py``).
 :func:`critical_value` therefore calibrates the t boundaries for the degrees of freedom actually available: it
 simulates the joint law of the repeated t statistics of a mean with ``df + 1`` observations at each look (the
 estimate and its variance estimate share the data: the residual sum of squares grows by each new group's own

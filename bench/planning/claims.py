@@ -1,12 +1,12 @@
 """The matrix's ``expect`` claims as comparisons of a sequential sweep
-(:class:`bench.analyze.sequential.EffectsStopRule`).
+(:class:`bench.planning.sequential.EffectsStopRule`).
 
 A step-time claim (:class:`bench.spec.expect.Expect`) compares two cells: the cell with only ``factor`` changed from
 the all-off cell against the all-off cell (``vs: all_off``; ``factor: all``: the all-on cell), or the all-on
 cell against the all-on cell with ``factor`` off (``vs: all_on``). Its difference of mean log run values and
 standard error come from the cell-means model with the block (:func:`bench.analyze.effects.cell_means_residual`,
 :func:`bench.analyze.effects.run_contrast`), its repeated interval from
-:func:`bench.analyze.sequential.critical_value` (passed in by the stop rule). With the improvement
+:func:`bench.planning.sequential.critical_value` (passed in by the stop rule). With the improvement
 ``1 - cell / reference``:
 
 * ``met`` when the whole interval of the improvement lies within ``[at_least, at_most]`` (missing bound:
@@ -57,10 +57,10 @@ def claim_name(claim: dict[str, Any]) -> str:
 def claim_decisions(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: Sequence[int],
                     claims: Sequence[dict[str, Any]], *, quantile: Callable[[float], float | None], alpha: float
                     ) -> list[dict[str, Any]]:
-    """Per step-time claim, the fields of a :class:`bench.analyze.sequential.Decision` (``name``, ``verdict``
+    """Per step-time claim, the fields of a :class:`bench.planning.sequential.Decision` (``name``, ``verdict``
     ``met`` / ``not_met`` / ``undecided``, ``estimate``, ``se``, ``df``, ``lo``/``hi`` of the log ratio cell /
     reference, ``change*``); ``quantile(df)`` is the look's multiplier of the standard error
-    (:func:`bench.analyze.sequential.critical_value`); ``alpha`` is this claim's share (for the contrast)."""
+    (:func:`bench.planning.sequential.critical_value`); ``alpha`` is this claim's share (for the contrast)."""
     from bench.analyze.effects import cell_means_residual, run_contrast
 
     cells = _cells(obs, y, blocks)

@@ -1,5 +1,5 @@
 """Noise and cost model of a target (:class:`NoiseCost`, :func:`estimate_model`), the input of the planner
-(:mod:`bench.analyze.planning`).
+(:mod:`bench.planning.allocation`).
 
 Model: the log of timed step ``s`` of run ``r`` of cell ``c`` in block ``b`` is
 ``mu_c + beta_b + u_r + w_s + e_rs`` with
@@ -165,7 +165,7 @@ def estimate_model(sweeps: Sequence[tuple[str, Sequence[dict[str, Any]]]]) -> No
     block_terms: list[tuple[float, int]] = []
     groups: dict[tuple[str, str, tuple[int, ...]], list[list[float]]] = {}
     ns, startup, step, warm, prof, gaps = [], [], [], [], [], []
-    from bench.analyze.sequential import log_step_samples, probed
+    from bench.planning.sequential import log_step_samples, probed
 
     names, runs = [], 0
     for name, recs in sweeps:

@@ -12,7 +12,7 @@ degrees of freedom at the boundary's nominal level ``1 - Phi(c_k)`` (the "signif
 translation of Jennison & Turnbull 2000, sec. 11.4, for a variance estimated at each look). The
 intervals hold the true value at *every* look simultaneously with probability about ``1 - alpha``, so
 any decision read off them, at any look, keeps its error rate (checked by simulation in
-``benchmarks/bench_verdict.py`` and ``tests/test_sequential.py``).
+``benchmarks/bench_verdict.py`` and ``tests/planning/test_sequential.py``).
 
 Why not a confidence sequence (Howard & Ramdas 2021; the mSPRT of Johari, Pekelis & Walsh 2017):
 they are valid for unboundedly many looks, which costs width; a sweep plans its maximum of blocks, has few
@@ -45,11 +45,11 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from bench.analyze.boundaries import critical_value, obf_boundaries, obf_spending
+from bench.planning.boundaries import critical_value, obf_boundaries, obf_spending
 
 METHOD = ("repeated confidence intervals, Lan-DeMets O'Brien-Fleming alpha spending over the planned looks by the "
           "information reached, t boundaries calibrated for the degrees of freedom available (Jennison & Turnbull "
-          "2000, ch. 9; bench.analyze.boundaries)")
+          "2000, ch. 9; bench.planning.boundaries)")
 VERDICTS = ("slower", "faster", "no_change", "undecided", "met", "not_met")  # met/not_met: expect claims
 
 
@@ -281,7 +281,7 @@ class EffectsStopRule:
         alpha: error rate of all decisions of the sweep over all looks.
         interactions: fit two-factor interactions (as the report does).
         claims: the matrix's ``expect`` claims; those on step time are decided too
-            (:func:`bench.analyze.sequential_claims.claim_decisions`: met / not_met / undecided).
+            (:func:`bench.planning.claims.claim_decisions`: met / not_met / undecided).
     """
 
     def __init__(self, max_looks: int, *, threshold: float = 0.05, alpha: float = 0.05, interactions: bool = True,
@@ -320,7 +320,7 @@ class EffectsStopRule:
                             threshold=self.threshold, alpha=self.alpha / m, look=look, max_looks=self.max_looks)
                    for f in names]
         if self.claims:
-            from bench.analyze.sequential_claims import claim_decisions
+            from bench.planning.claims import claim_decisions
 
             a = self.alpha / m
             q = lambda df: critical_value(df, alpha=a, look=look, max_looks=self.max_looks,  # noqa: E731

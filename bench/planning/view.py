@@ -2,7 +2,7 @@
 for every place that shows it (the report, ``summary.md``, the console's closing line, MLflow).
 
 A sweep run with ``--sequential`` (or ``--precision``/``--budget``) decides its main effects and step-time ``expect``
-claims after every block (:class:`bench.analyze.sequential.EffectsStopRule`) and records every look in
+claims after every block (:class:`bench.planning.sequential.EffectsStopRule`) and records every look in
 ``sweep.json`` (key ``sequential``, :mod:`bench.execution.blocks`). Its error control (Lan-DeMets O'Brien-Fleming
 spending over the looks, Bonferroni over the comparisons) holds for the *repeated* intervals only: a fixed-sample
 t interval or Holm p value of the same comparison, computed as if the number of blocks had been fixed in advance,
@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.analyze.sequential import Decision, Look
-from bench.analyze.sequential_claims import claim_name
+from bench.planning.claims import claim_name
+from bench.planning.sequential import Decision, Look
 
 #: the label of a fixed-sample figure shown beside a sequential sweep's verdicts
 NOT_COVERED = "fixed-sample, not covered by the sequential error control"
@@ -29,7 +29,7 @@ CLAIM_RESULT = {"met": "met", "not_met": "not met", "undecided": "undecided"}
 
 @dataclass
 class SequentialView:
-    """The verdicts of a sequential sweep: its latest look's ``decisions`` (:class:`~bench.analyze.sequential.
+    """The verdicts of a sequential sweep: its latest look's ``decisions`` (:class:`~bench.planning.sequential.
     Decision`: log-scale estimate, repeated interval ``lo``/``hi``, relative ``change*``, verdict), the look number
     ``look`` of ``max_looks``, whether the sweep ``stopped`` there, why (``reason``), the ``method`` and the error
     rate ``alpha`` of all decisions over all looks and the ``threshold`` (relative change that matters)."""
@@ -56,7 +56,7 @@ class SequentialView:
                 f"looks and {len(self.decisions)} comparison(s), change that matters +-{(self.threshold or 0):.0%}")
 
     def lines(self) -> list[str]:
-        """One line per comparison (:meth:`bench.analyze.sequential.Decision.text`)."""
+        """One line per comparison (:meth:`bench.planning.sequential.Decision.text`)."""
         return [d.text() for d in self.decisions]
 
     def to_dict(self) -> dict[str, Any]:

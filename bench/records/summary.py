@@ -146,7 +146,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
                   sections: list[str] | None = None) -> tuple[Path, Path]:
     """Write ``summary.csv`` and ``summary.md`` (atomically) into the sweep folder; returns both paths.
     ``sections``: markdown lines after the cells table (a sequential sweep's verdicts,
-    :func:`bench.analyze.sequential_view.summary_lines`)."""
+    :func:`bench.planning.view.summary_lines`)."""
     cols = ["cell_id", "label", *FACTOR_KEYS, "merged", "repeats_ok", "repeats", "step_time_s", "step_time_raw_s",
             "step_time_iqr_s", "speedup", "rollout_share", "free_ratio", "throughput", "peak_memory_gb",
             "status", "reason", "startup_s", "steps_s", "harness_s", "nodes"]

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from bench.analyze.power import gate_mde
-from bench.analyze.sequential import decide
 from bench.gate.interleaved import GateStopRule
 from bench.gate.runs import judge_ratios, robust_check
+from bench.planning.sequential import decide
 
 ALPHA, THR = 0.01, 0.05
 

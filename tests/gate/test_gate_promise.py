@@ -10,8 +10,8 @@ import math
 
 import numpy as np
 
-from bench.analyze.sequential import decide
 from bench.gate.runs import declare_analysis, paired_comparison
+from bench.planning.sequential import decide
 from bench.records.speed import PROBE_METRIC
 
 

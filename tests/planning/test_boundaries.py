@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from bench.analyze.boundaries import critical_value, info_fractions, obf_boundaries, t_boundaries
-from bench.analyze.sequential import EffectsStopRule, decide, information
+from bench.planning.boundaries import critical_value, info_fractions, obf_boundaries, t_boundaries
+from bench.planning.sequential import EffectsStopRule, decide, information
 
 
 def _any_look_rate(q_of, per_look: int, looks: int, sims: int, seed: int) -> float:

@@ -10,9 +10,9 @@ import math
 import numpy as np
 import pytest
 
-from bench.analyze.planning import block_wall_s, design_factors, evaluate, plan_allocation, steps_range_for
-from bench.analyze.planning_model import NoiseCost, estimate_model, kappa, kj_optimal_steps, step_components
-from bench.planning_apply import target_key
+from bench.planning.allocation import block_wall_s, design_factors, evaluate, plan_allocation, steps_range_for
+from bench.planning.apply import target_key
+from bench.planning.model import NoiseCost, estimate_model, kappa, kj_optimal_steps, step_components
 
 FACTORS = ["rmsnorm_fused", "dynamic_bsz"]
 CELLS = [{"rmsnorm_fused": a, "dynamic_bsz": b} for a in (0, 1) for b in (0, 1)]

@@ -15,8 +15,8 @@ import pytest
 from drift_fake import DriftExecutor
 from test_run_order import small_full
 
-from bench.analyze.sequential import EffectsStopRule, Look, critical_value, decide, obf_boundaries, obf_spending
 from bench.cli import main
+from bench.planning.sequential import EffectsStopRule, Look, critical_value, decide, obf_boundaries, obf_spending
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -228,7 +228,7 @@ def test_real_embedded_sequential_sweep_resumes_in_the_middle(tmp_path):
 
     import yaml
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     m = yaml.safe_load((root / "matrix" / "smoke.yaml").read_text())
     m["base"].update(steps=4, profile_steps=[4])
     m["repeats"] = 3

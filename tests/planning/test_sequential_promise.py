@@ -17,9 +17,9 @@ from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
 from test_run_order import small_full
 
 from bench.analyze.md import ci_pct
-from bench.analyze.sequential import Decision, EffectsStopRule
 from bench.cli import main
 from bench.execution.blocks import run_blocks
+from bench.planning.sequential import Decision, EffectsStopRule
 from bench.records.results import SWEEP, atomic_write_json
 from bench.spec.plan import run_order
 
