@@ -253,6 +253,22 @@ def test_every_command_is_a_command_module():
         tree = ast.parse(path.read_text())
         outside += [f"{mod}.{n.name}" for n in tree.body if isinstance(n, ast.FunctionDef)
                     and n.name in ("setup_arguments", "add_arguments")]
-    # bench.gate.baseline keeps its argument code until the gate's work on it is merged (bench.commands.baseline
-    # is the command); empty this set then
-    assert set(outside) <= {"bench.gate.baseline.add_arguments"}, outside
+    assert outside == [], outside
+
+
+#: processes of their own with their own command line (a run's process), not parts of the harness's commands
+OWN_ENTRY_POINTS = {"bench.engines.embedded.__main__"}
+
+
+def test_no_argparse_below_the_commands():
+    """Commands turn arguments into typed options: no module below ``bench/commands/`` and ``bench.cli`` imports
+    ``argparse`` (a namespace passed down would carry every flag of every command), but a process's own
+    ``__main__``."""
+    bad = []
+    for mod, path in _modules().items():
+        if _in(mod, "bench.commands") or mod == "bench.cli" or mod in OWN_ENTRY_POINTS:
+            continue
+        bad += [f"{mod}:{n.lineno}" for n in ast.walk(ast.parse(path.read_text()))
+                if isinstance(n, (ast.Import, ast.ImportFrom))
+                and any(a.name == "argparse" for a in n.names) | ((getattr(n, "module", "") or "") == "argparse")]
+    assert bad == [], bad
