@@ -25,14 +25,16 @@ import time
 import traceback
 from pathlib import Path
 
+from bench import __version__
+from bench.commands import commands
 from bench.core.errors import BenchError, Terminated, current_step
+from bench.core.paths import check_folder, check_names
 from bench.records.results import is_no_space
+from bench.tracking.store import check_tracking_uri, in_memory
 
 
 def subcommands() -> dict[str, type]:
     """``{name: Command subclass}``: every subcommand of :mod:`bench.commands` (found by scanning it)."""
-    from bench.commands import commands
-
     return commands()
 
 
@@ -77,8 +79,7 @@ class OneLineParser(argparse.ArgumentParser):
 def version_string() -> str:
     """``run_bench.py <package version> (git <short sha>[+dirty])``; without the git part when the code is
     not in a git checkout (an installed package) or git is missing."""
-    from bench import __version__
-    from bench.tracking import git_commit
+    from bench.tracking import git_commit  # deferred: read at call time (tests patch bench.tracking.git_commit)
 
     sha = git_commit()
     if sha == "unknown":
@@ -146,9 +147,6 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
     Raises:
         BenchError: naming the option, the value and what is wrong.
     """
-    from bench.core.paths import check_folder, check_names
-    from bench.tracking.store import check_tracking_uri, in_memory
-
     command = getattr(args, "command", None) or "run"
     check_names("--results", args.results)
     dry = bool(getattr(args, "dry_run", False))

@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: cycles through lazy imports owned by other work, each with its reason (empty this set as they go)
 KNOWN_CYCLES: set[frozenset[str]] = set()
 #: modules that must not import from bench.engines or a command module (bench.cli, bench.commands.*).
-#: Not yet an order of packages: bench.core.progress imports bench.engines.base (lazily), and bench.records is
+#: Not yet an order of packages: bench.core.progress imports bench.engines.base, and bench.records is
 #: imported by bench.measure, bench.spec and bench.engines while it imports them (issue 31)
 LOWER_LAYERS = ("bench.measure", "bench.analyze", "bench.planning", "bench.gate.verdicts", "bench.gate.runs",
                 "bench.gate.stored_runs", "bench.gate.markdown", "bench.gate.stored", "bench.gate.baseline",
@@ -127,7 +127,8 @@ def test_graph_sees_imports():
     g = import_graph()
     assert g.has_edge("bench.commands.run", "bench.engines")
     assert g.has_edge("bench.spec.plan", "bench.engines.base")
-    assert g.has_edge("bench.spec.matrix", "bench.engines")  # lazy: the registry of engine names
+    assert g.has_edge("bench.spec.matrix", "bench.engines")  # the registry of engine names
+    assert g.has_edge("bench.records.summary", "bench.analyze.tables")  # lazy: bench.analyze.tables loads scipy
     assert not g.has_edge("bench.engines", "bench.engines.base")  # TYPE_CHECKING only
 
 
@@ -272,3 +273,46 @@ def test_no_argparse_below_the_commands():
                 if isinstance(n, (ast.Import, ast.ImportFrom))
                 and any(a.name == "argparse" for a in n.names) | ((getattr(n, "module", "") or "") == "argparse")]
     assert bad == [], bad
+
+
+def _function_level_bench_imports() -> list[tuple[str, int, str]]:
+    """``(file, line, first line)`` of every import of a ``bench`` module (relative ones included) made inside a
+    function or method of bench/; imports under ``if TYPE_CHECKING:`` are for annotations only and are skipped."""
+    out = []
+    for mod, path in _modules().items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        lines = path.read_text().splitlines()
+        rel = str(path.relative_to(ROOT))
+
+        def visit(node: ast.AST, in_function: bool) -> None:
+            if isinstance(node, ast.If) and _is_type_checking(node):
+                for child in node.orelse:
+                    visit(child, in_function)
+                return
+            in_function = in_function or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if in_function and isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = _imports(node, package)
+                if any(n == "bench" or n.startswith("bench.") for n in names):
+                    out.append((rel, node.lineno, lines[node.lineno - 1]))
+                return
+            for child in ast.iter_child_nodes(node):
+                visit(child, in_function)
+
+        visit(ast.parse("\n".join(lines)), False)
+    return out
+
+
+def test_function_level_bench_imports_say_why():
+    """A ``bench`` module is imported at the top of the module that uses it; one imported inside a function says
+    why on the import's (first) line: ``# deferred: <reason>`` (the module loads a heavy or optional library the
+    caller does not load, a name clash, an initialization order)."""
+    found = _function_level_bench_imports()
+    print(f"function-level bench imports: {len(found)}")
+    bad = []
+    for rel, line, text in found:
+        comment = text[text.index("#"):] if "#" in text else ""
+        if not comment.startswith("# deferred:") or not comment.removeprefix("# deferred:").strip():
+            bad.append(f"{rel}:{line}: {text.strip()}")
+    assert bad == [], "function-level bench imports without '# deferred: <reason>' (move them to the top of " \
+        "the module, or say why they stay):\n" + "\n".join(bad)
+

@@ -8,8 +8,10 @@ from typing import Any
 
 from bench.analyze.md import ci_pct, table_head
 from bench.analyze.md import pct as _pct
+from bench.analyze.where_md import where_lines
 from bench.gate.verdicts import DEFAULT_ALPHA as GATE_ALPHA
 from bench.gate.verdicts import DEFAULT_THRESHOLD as GATE_THRESHOLD
+from bench.planning.allocation import report_lines
 from bench.planning.sequential import Decision
 from bench.planning.view import NOT_COVERED, SequentialView, summary_lines
 
@@ -229,8 +231,6 @@ def render(data: dict[str, Any]) -> str:
                      f"[{_pct(ci[0])}, {_pct(ci[1])}] | "
                      f"{_f(e.get('p_value'), '.2g')} | {e['result']}{': ' + e['reason'] if e.get('reason') else ''} |")
         L.append("")
-    from bench.analyze.where_md import where_lines
-
     L += where_lines(data.get("where"), lvl)
     L += [
         "## Method",
@@ -247,7 +247,5 @@ def render(data: dict[str, Any]) -> str:
         "the terms. With one run per cell no run-to-run variance exists to test against: estimates only.",
         "",
     ]
-    from bench.planning.allocation import report_lines
-
     L += report_lines(data)
     return "\n".join(L)

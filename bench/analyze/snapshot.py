@@ -237,7 +237,10 @@ def check_judgeable(snap: dict[str, Any], what: str, alpha: float) -> None:
             (``repeats`` or ``steps`` in the matrix).
     """
 
-    from bench.analyze.estimators import min_attainable_p, min_samples_for
+    from bench.analyze.estimators import (  # deferred: bench.analyze.estimators loads scipy
+        min_attainable_p,
+        min_samples_for,
+    )
 
     short = []
     for c in snap["cells"]:

@@ -39,7 +39,7 @@ from bench.analyze.estimators import (
     walsh_hl,
     wilcoxon_p,
 )
-from bench.core.plugins import LiveView
+from bench.core.plugins import LiveView, fill
 
 
 @dataclass
@@ -193,8 +193,6 @@ def tests() -> dict[str, StatTest]:
     global _loaded
     if not _loaded:
         _loaded = True
-        from bench.core.plugins import fill
-
         early = list(_TESTS.values())
         _TESTS.clear()
         fill(GROUP, early, _put)

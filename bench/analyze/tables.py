@@ -20,6 +20,7 @@ from bench.gate.verdicts import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.records.figures import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
 from bench.spec.expect import judge_claim
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys, not_read
+from bench.spec.optimizations.versions import stack_versions
 
 #: the article's end-to-end claim (summary)
 ARTICLE_E2E = 0.30
@@ -136,8 +137,6 @@ def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]]
 def not_read_factors(snap: dict[str, Any]) -> dict[str, str]:
     """Per factor the sweep varied, why the stack its runs recorded (``versions``) does not read the factor's
     switch (:func:`bench.spec.optimizations.not_read`); such a factor's effect is never reported as measured."""
-    from bench.spec.optimizations.versions import stack_versions
-
     engine, platform = snap.get("engine"), snap.get("platform")
     if not engine or not platform:
         return {}

@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
+from bench.commands.base import Command
+
 
 def commands() -> dict[str, type]:
     """``{name: Command subclass}`` of every module of this package, in help order (``order``, then name).
@@ -15,8 +17,6 @@ def commands() -> dict[str, type]:
     Raises:
         ValueError: two subcommands with one name.
     """
-    from bench.commands.base import Command
-
     for info in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{info.name}")
     found: dict[str, type[Command]] = {}

@@ -30,6 +30,7 @@ from rich.console import Console
 
 from bench.engines import engine_class
 from bench.engines.base import Launch
+from bench.spec.optimizations import not_read, stack_versions
 from bench.spec.plan import Plan, RunOrder
 
 #: a Hydra override token of an argv (``key=value``, ``+key=value``, ``++key=value``, ``~key``)
@@ -233,8 +234,6 @@ def _merged(run) -> str | None:
 def not_read_factors(plan: Plan) -> dict[str, str]:
     """Per factor the plan sets, why the installed stack of its platform does not read the factor's switch
     (:func:`bench.spec.optimizations.not_read`: ``"mc2: not read by vllm-ascend X (...)"``)."""
-    from bench.spec.optimizations import not_read, stack_versions
-
     versions = stack_versions(plan.platform)
     keys = dict.fromkeys(k for r in plan.runs for k, v in r.levels.items() if v is not None)
     return {k: why for k in keys if (why := not_read(k, plan.engine, plan.platform, versions))}

@@ -12,8 +12,10 @@ from typing import Any
 from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT
 from bench.analyze.snapshot import METRICS
 from bench.commands.base import Command
+from bench.commands.run_planning import parse_duration
 from bench.core.errors import BenchError
-from bench.gate.markdown import append_step_summary, render_markdown
+from bench.gate.interleaved import run_interleaved_gate
+from bench.gate.markdown import append_step_summary, render_interleaved, render_markdown
 from bench.gate.stored import run_gate
 from bench.gate.verdicts import CANNOT_JUDGE, DEFAULT_THRESHOLD, EXIT_CANNOT_JUDGE, EXIT_CODES
 from bench.records.results import check_baseline_slot, check_output_folder, find_sweep
@@ -160,8 +162,6 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
     Raises:
         BenchError: no --matrix, a metric other than step_time, a baseline/candidate given as well, bad input.
     """
-    from bench.gate.interleaved import run_interleaved_gate
-
     if args.matrix is None:
         raise BenchError("gate --interleave: give --matrix MATRIX.yaml (the matrix both code versions run)")
     if args.baseline is not None or args.candidate is not None:
@@ -173,8 +173,6 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
                          "blocks; the gate stops early once every cell is judged)")
     budget_s = None
     if getattr(args, "budget", None) is not None:
-        from bench.commands.run_planning import parse_duration
-
         budget_s = parse_duration(args.budget)
 
     def on_event(kind: str, data: dict[str, Any]) -> None:
@@ -198,8 +196,6 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
     except BenchError as exc:
         append_step_summary(f"## Gate ERROR\n\n{exc}\n\n")
         raise
-    from bench.gate.markdown import render_interleaved
-
     print(render_interleaved(result))
     print(f"gate: {result['verdict']} (exit {result['exit_code']}); wall {result['wall_s']:.0f} s; "
           f"files: {', '.join(result['files'])}")

@@ -48,11 +48,23 @@ from bench.analyze.markdown import render
 from bench.analyze.plots import plot_article, plot_effects, plot_long_tail, plot_phases, plot_speedup
 from bench.analyze.snapshot import snapshot
 from bench.analyze.tables import analyze, article_rows, claims_on_runs
+from bench.analyze.where import where_metrics, where_section
 from bench.commands.base import Command
 from bench.core.errors import BenchError
-from bench.gate.verdicts import check_expectations, validate_expect
-from bench.records.results import atomic_write_json, atomic_write_text, check_output_folder, find_sweep
+from bench.gate.runs import gate_figure
+from bench.gate.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_expectations, validate_expect
+from bench.planning.allocation import report_section
+from bench.planning.view import apply_to_report, view
+from bench.records.results import (
+    atomic_write_json,
+    atomic_write_text,
+    check_output_folder,
+    find_sweep,
+    load_records,
+    read_json,
+)
 from bench.records.speed import normalize_snapshot
+from bench.tracking import NOTE, REPORT_POINTER, Tracker, _key, note
 
 
 def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BOOT, seed: int = 0,
@@ -70,14 +82,8 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
     # cells of a sweep run minutes apart: read every step time at the sweep's median machine speed
     probe_ref = normalize_snapshot(snap) if normalize else None
     stats = analyze(snap, alpha=alpha, interactions=interactions)
-    from bench.records.results import read_json
-
     meta = read_json(Path(sweep) / "sweep.json") or {}
     if meta.get("code_versions"):  # an interleaved gate sweep: the gate's own figure, by the gate's own function
-        from bench.gate.runs import gate_figure
-        from bench.gate.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD
-        from bench.records.results import load_records
-
         stats["mde"]["gate"] = gate_figure(load_records(sweep), threshold=DEFAULT_THRESHOLD, alpha=DEFAULT_ALPHA)
         stats["mde"]["gate_source"] = "this interleaved gate sweep (both code versions paired by block), as the gate"
     resolution = (meta.get("plan") or {}).get("resolution") or (snap.get("design") or {}).get("resolution")
@@ -90,12 +96,8 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
                   "parent_run_id": snap["source"].get("parent_run_id"), "order": snap.get("order")},
         "speed_normalized_to_s": probe_ref, **stats,
     }
-    from bench.analyze.where import where_section
-
     # where each optimization acts: each operator category's time through the same run-level model
     data["where"] = where_section(Path(sweep), snap, stats["effects"], alpha=alpha, interactions=interactions)
-    from bench.planning.allocation import report_section
-
     data.update(report_section(Path(sweep), meta))  # noise and cost model, the plan, sequential looks
     if snap.get("expect"):
         try:
@@ -108,8 +110,6 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
                                            "method": "Bonferroni over the expect block's claims"}
         except BenchError as exc:
             data["expectations_error"] = str(exc)
-    from bench.planning.view import apply_to_report, view
-
     if (seq := view(meta)) is not None:  # a sequential sweep: its stopping look's intervals and verdicts, not fixed
         apply_to_report(data, seq)
         data["article"] = article_rows(snap, data["cells"], data["effects"])
@@ -160,8 +160,6 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
     try:
         from mlflow.entities import Metric
 
-        from bench.tracking import NOTE, REPORT_POINTER, Tracker, _key, note
-
         tr = Tracker(tracking_uri, data["sweep"]["matrix"])
         tr.log_report(rid, files)  # the files under report/, and report.html (images embedded) that the UI renders
         now = int(time.time() * 1000)
@@ -169,8 +167,6 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
               for t in ((data["effects"].get("fit") or {}).get("terms") or [])]
         ms += [Metric(_key(f"report.speedup.{r['cell']}"), float(r["speedup"]), now, 0)
                for r in data["cells"] if r["speedup"] is not None]
-        from bench.analyze.where import where_metrics
-
         ms += [Metric(_key(f"report.{k}"), v, now, 0) for k, v in where_metrics(data.get("where")).items()]
         for i in range(0, len(ms), 900):
             tr.client.log_batch(rid, metrics=ms[i:i + 900])

@@ -16,12 +16,22 @@ from bench.commands.base import Command, add_execution_arguments
 from bench.commands.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
 from bench.commands.run_planning import add_planning_arguments, closing_verdict_line, prepare, print_planning
 from bench.core.errors import BenchError
+from bench.core.progress import FORKSERVER_STARTING, LiveProgress, make_console, run_status
 from bench.engines import engine_class, engines_with, get_engine
+from bench.engines.verl_cpu.smoke import not_exercised, run_smoke, smoke_base, smoke_cells
+from bench.execution.executors import LocalExecutor
+from bench.execution.forkserver import ForkServerExecutor
+from bench.execution.ray_executor import RayJobExecutor
+from bench.execution.ray_parallel import RayNodesExecutor
+from bench.execution.sweep import Sweep
 from bench.records.figures import SUMMARY_STEP_TIME
-from bench.records.results import check_writable
+from bench.records.results import check_writable, run_dir
 from bench.spec.loading import load_matrix
 from bench.spec.optimizations import FACTOR_KEYS
 from bench.spec.plan import ORDERS, Plan, make_plan, new_order_seed, run_order
+from bench.tracking import ML_VIEW, run_url
+from bench.tracking.upload_queue import queued_line
+from bench.tune.storage import check_tune_block
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -70,8 +80,6 @@ def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -
     """
     from fnmatch import fnmatchcase
 
-    from bench.core.errors import BenchError
-
     alts = [a.strip() for a in pattern.split(",") if a.strip()]
     if not alts:
         raise BenchError(f"--cells {pattern!r}: empty pattern (give a label, a cell id or a glob)")
@@ -104,8 +112,6 @@ class ConsoleView:
     """
 
     def __init__(self, console: Console, executor: Any = None, steps: int = 0, engine: str = ""):
-        from bench.core.progress import LiveProgress
-
         self.console = console
         self.executor, self.steps, self.engine = executor, steps, engine
         self.live = LiveProgress(console, noun="run")
@@ -116,8 +122,6 @@ class ConsoleView:
         self.live.start(text)
 
     def __call__(self, kind: str, data: dict[str, Any]) -> None:
-        from bench.core.progress import FORKSERVER_STARTING, run_status
-
         if kind == "start":
             verb = "resuming" if data.get("resumed") else "sweep"
             self.sweep_dir = Path(data["sweep_dir"])
@@ -131,8 +135,6 @@ class ConsoleView:
             self.live.start(FORKSERVER_STARTING if starting else "starting the first run", total=data["total"])
         elif kind == "launch":
             spec, k = data["spec"], data["repeat"]
-            from bench.records.results import run_dir
-
             rdir = run_dir(self.sweep_dir, spec.cell_id, k) if self.sweep_dir is not None else None
             steps = self.steps or 1
             status_of = (lambda: run_status(rdir, steps, self.engine, spec.launch, self.executor)) if rdir else None
@@ -243,33 +245,21 @@ def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""
     (``forkserver_platforms``: embedded CPU runs) unless ``--spawn``; else a fresh local process per run. A
     ``--parallel`` without ``--ray-address`` never gets here (:func:`bench.cli.check_flag_combinations`)."""
     if getattr(args, "ray_address", None):
-        from bench.execution.ray_executor import RayJobExecutor
-
         if getattr(args, "parallel", None) is not None:
-            from bench.execution.ray_parallel import RayNodesExecutor
-
             return RayNodesExecutor(args.ray_address, args.parallel)
         return RayJobExecutor(args.ray_address)
     if engine and platform in engine_class(engine).forkserver_platforms and not getattr(args, "spawn", False):
-        from bench.execution.forkserver import ForkServerExecutor
-
         return ForkServerExecutor()
-    from bench.execution.executors import LocalExecutor
-
     return LocalExecutor()
 
 
 def main(args: argparse.Namespace) -> int:
     """Run (or dry-run) a matrix; 0 when every cell finished, 1 when some failed, 2 on bad input."""
-    from bench.core.progress import make_console
-
     if getattr(args, "parallel", None) is not None:  # its form, before the matrix (a dry run never meets Ray)
         check_parallel(args.parallel)
     console = make_console(PLAIN_WIDTH)  # CI log or file: no colours, no 80-column default
     matrix = load_matrix(args.matrix, getattr(args, "overrides", None))  # its expect claims too
     if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command
-        from bench.tune.storage import check_tune_block
-
         check_tune_block(matrix)
     if getattr(args, "smoke", False):
         return smoke_main(args, matrix, console)
@@ -295,8 +285,6 @@ def main(args: argparse.Namespace) -> int:
         return 0
     get_engine(matrix.engine).preflight(matrix, [r.launch for r in plan.runs], plan.platform)
     check_writable(args.results, matrix.name)
-    from bench.execution.sweep import Sweep
-
     executor = make_executor(args, matrix.engine, plan.platform)
     if hasattr(executor, "describe"):  # --parallel: how many runs at once, on which nodes
         console.print(f"parallel: {executor.describe()}", markup=False, soft_wrap=True)
@@ -311,11 +299,7 @@ def main(args: argparse.Namespace) -> int:
     print_summary(out.rows, console)
     console.print(f"sweep folder: {out.sweep_dir}")
     console.print(f"summary: {out.sweep_dir / 'summary.md'}")
-    from bench.tracking import ML_VIEW, run_url
-
     link = run_url(args.tracking_uri, out.experiment_id, out.parent_run_id)
-    from bench.tracking.upload_queue import queued_line
-
     if queued := queued_line(out.sweep_dir):  # an outage (or a store that kept nothing): never a dead link
         console.print(queued, markup=False, soft_wrap=True)
     elif link:
@@ -338,9 +322,6 @@ def main(args: argparse.Namespace) -> int:
 
 def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     """``--smoke``: each cell of a verl matrix for a few real steps on the CPU; 0 when every cell ran."""
-    from bench.core.errors import BenchError
-    from bench.engines.verl_cpu.smoke import not_exercised, run_smoke, smoke_base, smoke_cells
-
     if not engine_class(matrix.engine).supports_smoke:
         allowed = engines_with("supports_smoke")
         raise BenchError(f"{args.matrix}: engine: --smoke checks {' or '.join(allowed)} launches; this matrix uses "

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.core.errors import BenchError
+from bench.execution.ray_parallel import cluster_nodes, parallel_slots, usable_nodes
+from bench.planning.allocation import plan_lines
+from bench.planning.apply import replan
+from bench.records.results import SWEEP, load_records, read_json
 
 
 def add_planning_arguments(p: argparse.ArgumentParser) -> None:
@@ -76,8 +80,6 @@ def planned_slots(args: argparse.Namespace) -> int:
         if n < 1:
             raise BenchError(f"--parallel {parallel}: allowed values: auto, or a number of runs at once >= 1")
         return n
-    from bench.execution.ray_parallel import cluster_nodes, parallel_slots, usable_nodes
-
     nodes, _ = usable_nodes(cluster_nodes(address))
     return parallel_slots("auto", nodes, address)
 
@@ -112,8 +114,6 @@ def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
         raise BenchError(f"--precision {precision}: must be a fraction in (0, 1) (0.02 = 2 %)")
     planning = None
     if precision is not None or budget is not None:
-        from bench.planning.apply import replan
-
         budget_s = parse_duration(budget) if budget is not None else None
         matrix, plan, planning = replan(matrix, plan, args.results, precision=precision, budget_s=budget_s,
                                         alpha=alpha, threshold=threshold, slots=planned_slots(args))
@@ -123,7 +123,7 @@ def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
         if getattr(args, "order", "blocked") != "blocked":
             raise BenchError("--sequential: a sequential sweep decides after each block: it needs --order blocked "
                              "(allowed: blocked)")
-        from bench.planning.sequential import EffectsStopRule
+        from bench.planning.sequential import EffectsStopRule  # deferred: bench.planning.sequential loads scipy
 
         rule = EffectsStopRule(plan.repeats, threshold=threshold, alpha=alpha, claims=matrix.expect)
     return Prepared(matrix=matrix, plan=plan, stop_rule=rule, planning=planning)
@@ -133,13 +133,11 @@ def print_planning(prep: Prepared, console: Any) -> None:
     """The dry run's planning lines (after the run order): the plan of --precision/--budget with its predicted
     wall time and precision and why, and the stopping rule of a sequential sweep."""
     if prep.planning:
-        from bench.planning.allocation import plan_lines
-
         console.print("\n[bold]planning[/]", markup=True)
         for line in plan_lines(prep.planning):
             console.print(f"  {line}", markup=False, soft_wrap=True)
     if prep.stop_rule is not None:
-        from bench.planning.sequential import METHOD
+        from bench.planning.sequential import METHOD  # deferred: bench.planning.sequential loads scipy
 
         r = prep.stop_rule
         console.print(f"sequential stopping: after each of up to {r.max_looks} block(s) every main effect is decided "
@@ -155,8 +153,7 @@ def closing_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0
     :func:`fixed_verdict_line`."""
     from pathlib import Path
 
-    from bench.planning.view import verdict_line, view
-    from bench.records.results import SWEEP, read_json
+    from bench.planning.view import verdict_line, view  # deferred: bench.planning.view loads scipy
 
     v = view(read_json(Path(sweep_dir) / SWEEP) or {})
     if v is not None:
@@ -172,8 +169,7 @@ def fixed_verdict_line(prep: Prepared, sweep_dir: Any, *, threshold: float = 0.0
     nothing varies."""
     if prep.stop_rule is not None:
         return None
-    from bench.planning.sequential import EffectsStopRule
-    from bench.records.results import load_records
+    from bench.planning.sequential import EffectsStopRule  # deferred: bench.planning.sequential loads scipy
 
     try:  # an informational line after a finished sweep: a failure here must not fail the sweep
         look = EffectsStopRule(1, threshold=threshold, alpha=alpha, claims=prep.matrix.expect).after_block(

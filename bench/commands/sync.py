@@ -10,6 +10,7 @@ from pathlib import Path
 from bench.commands.base import Command
 from bench.core.errors import BenchError
 from bench.records.results import SWEEP, check_sweep_meta, find_sweep
+from bench.tracking import Tracker, check_tracking_uri
 from bench.tracking.upload_queue import QUEUE, check_sweep_files, pending, sync_sweep
 
 
@@ -23,8 +24,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def main(args: argparse.Namespace) -> int:
     """Sync one sweep (or every pending sweep); 0 when MLflow holds everything, 1 when the store is still
     unreachable (the queue stays), 2 on bad input."""
-    from bench.tracking import Tracker, check_tracking_uri
-
     if args.sweep is not None:
         sweeps = [find_sweep(args.sweep, args.results)]
     else:

@@ -8,6 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.commands.base import Command, add_execution_arguments
+from bench.commands.run import make_executor
+from bench.core.progress import FORKSERVER_STARTING, LiveProgress, make_console, run_status
+from bench.engines.base import get_engine
 from bench.records.results import check_writable
 from bench.spec.loading import load_matrix
 from bench.tune import TuneOutcome, Tuner, TuneSettings, default_storage, redact, resolve_settings, trial_spec
@@ -46,8 +49,6 @@ class ConsoleView:
     def __init__(self, out=None, executor: Any = None, steps: int = 0, engine: str = "", direction: str = "minimize"):
         from rich.console import Console
 
-        from bench.core.progress import LiveProgress, make_console
-
         self.out = out
         console = make_console() if out is None else Console(file=out, force_terminal=False, no_color=True,
                                                                  width=160, highlight=False, soft_wrap=True)
@@ -64,8 +65,6 @@ class ConsoleView:
         self.live.stop()
 
     def __call__(self, kind: str, d: dict[str, Any]) -> None:
-        from bench.core.progress import FORKSERVER_STARTING, run_status
-
         if kind == "start":
             verb = "resuming" if d["resumed"] else "new"
             todo = "until the timeout" if d["todo"] is None else f"{d['todo']} trial(s) to run"
@@ -175,8 +174,6 @@ def print_result(out: TuneOutcome, settings: TuneSettings, view: ConsoleView) ->
 
 def main(args: argparse.Namespace) -> int:
     """Tune; 0 when the study has a feasible best trial, 1 when not, 2 on bad input."""
-    from bench.engines.base import get_engine
-
     matrix = load_matrix(args.matrix)
     settings = resolve_settings(matrix, results=args.results, tracking_uri=args.tracking_uri, study=args.study,
                                 storage=args.storage, n_trials=args.n_trials, timeout_s=args.timeout)
@@ -184,8 +181,6 @@ def main(args: argparse.Namespace) -> int:
                       settings.platform)
     get_engine(matrix.engine).preflight(matrix, [spec.launch], settings.platform)
     check_writable(args.results)
-    from bench.commands.run import make_executor
-
     executor = make_executor(args, matrix.engine, settings.platform)  # a Ray cluster is reached before any write
     if settings.storage_url == default_storage(args.results):
         Path(args.results).mkdir(parents=True, exist_ok=True)

@@ -24,6 +24,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.core.errors import BenchError
+
 #: this project's distribution name (its own entries are read from the source tree when there is one)
 DIST = "grpo-ablation-bench"
 GROUPS = ("grpo_bench.engines", "grpo_bench.readers", "grpo_bench.optimizations", "grpo_bench.stat_tests")
@@ -69,8 +71,6 @@ def load(group: str) -> list[tuple[str, Any]]:
     Raises:
         BenchError: an entry point that cannot be loaded (one line naming the group, the entry and the error).
     """
-    from bench.core.errors import BenchError
-
     out = []
     for ep in entry_points(group):
         try:

@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 from rich.console import Console
 
+from bench.engines.base import capability
+
 #: what a fork server does before its first run (:class:`bench.execution.forkserver.ForkServerExecutor`)
 FORKSERVER_STARTING = "starting fork server (importing torch, transformers, verl)"
 
@@ -71,8 +73,6 @@ def steps_done(run_dir: Path) -> int:
 def startup_text(engine: str, launch: Any) -> str:
     """What a run does before its first step, as the engine says (:meth:`bench.engines.base.EngineBase.startup_text`:
     the embedded engine building or loading its tiny model; verl starting Ray, the workers and the rollout)."""
-    from bench.engines.base import capability
-
     return capability(engine, "startup_text")(launch)
 
 

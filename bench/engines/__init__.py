@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from bench.core.plugins import load
+
 GROUP = "grpo_bench.engines"
 _ENGINES: dict[str, type] = {}
 _order: list[str] = []  # names found through entry points, in entry-point order
@@ -47,8 +49,6 @@ def _load_builtin() -> None:
     if _loaded:
         return
     _loaded = True  # before loading: an engine module may look the registry up while it is imported
-    from bench.core.plugins import load
-
     for _name, cls in load(GROUP):
         register(cls)
         if cls.name not in _order:

@@ -18,6 +18,9 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bench.core.errors import did_you_mean
+from bench.engines import engine_class
+from bench.engines import get_engine as lookup
+from bench.spec.loading import value_message
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism
 
@@ -133,8 +136,6 @@ class EngineBase:
         try:
             cls.options_model.model_validate(base.options(cls.options_key))
         except ValidationError as exc:
-            from bench.spec.loading import value_message
-
             err = exc.errors()[0]
             where = ".".join(["base", cls.options_key, *map(str, err["loc"])])
             fields = sorted(cls.options_model.model_fields)
@@ -168,8 +169,6 @@ class EngineBase:
 def capability(engine: str, attr: str, default: Any = None) -> Any:
     """``attr`` of the engine class registered as ``engine`` (an :class:`EngineBase` default when the class
     does not define it, else ``default``); ``default`` too for an engine no longer registered."""
-    from bench.engines import engine_class
-
     try:
         cls = engine_class(engine)
     except KeyError:
@@ -183,6 +182,4 @@ def get_engine(name: str) -> Engine:
     Raises:
         KeyError: unknown engine name (the matrix schema already restricts it).
     """
-    from bench.engines import get_engine as lookup
-
     return lookup(name)

@@ -9,8 +9,12 @@ import importlib.util
 from typing import Any
 
 from bench.core.errors import BenchError, did_you_mean
+from bench.core.paths import check_names
 from bench.engines.base import EngineBase, Launch
-from bench.engines.common import default_profile_steps, device_available
+from bench.engines.builtins.data import BUILTINS
+from bench.engines.builtins.model import BUILTIN_MODEL
+from bench.engines.common import default_cache_dir, default_profile_steps, device_available
+from bench.engines.embedded.config import RunConfig
 from bench.spec.loading import expand_env, value_message
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism
@@ -59,10 +63,6 @@ def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
     """
     import os
     from pathlib import Path
-
-    from bench.core.paths import check_names
-    from bench.engines.builtins.data import BUILTINS
-    from bench.engines.builtins.model import BUILTIN_MODEL
 
     value = expand_env(value, file="base", key=key.removeprefix("base."), strict=strict)
     if "${" in value:
@@ -120,8 +120,6 @@ class EmbeddedEngine(EngineBase):
     @staticmethod
     def placeholders() -> dict[str, str]:
         """``{bench_cache}``: where the tiny model and the built-in data are built (:func:`default_cache_dir`)."""
-        from bench.engines.common import default_cache_dir
-
         return {"bench_cache": str(default_cache_dir())}
 
     @staticmethod
@@ -131,7 +129,10 @@ class EmbeddedEngine(EngineBase):
             import os
             from pathlib import Path
 
-            from bench.engines.builtins.model import default_cache_dir, resolve_model_path
+            from bench.engines.builtins.model import (  # deferred: name clash with engines.common.default_cache_dir
+                default_cache_dir,
+                resolve_model_path,
+            )
 
             cfg = getattr(launch, "config", None) or {}
             env = getattr(launch, "env", None) or {}
@@ -147,8 +148,6 @@ class EmbeddedEngine(EngineBase):
     @staticmethod
     def id_config(config: dict[str, Any]) -> dict[str, Any]:
         """The run config as it names a cell: the :data:`ID_FIELDS`, and any later field off its default."""
-        from bench.engines.embedded.config import RunConfig
-
         fields = RunConfig.model_fields
         return {k: v for k, v in config.items() if k in ID_FIELDS or k not in fields
                 or v != fields[k].get_default(call_default_factory=True)}
@@ -162,8 +161,6 @@ class EmbeddedEngine(EngineBase):
             ValueError: naming ``base.embedded.<key>``, the bad value and what is allowed.
         """
         from pydantic import ValidationError
-
-        from bench.engines.embedded.config import RunConfig
 
         fields, options = sorted(RunConfig.model_fields), base.options(cls.options_key)
         if base.val_data is not None:
@@ -206,8 +203,6 @@ class EmbeddedEngine(EngineBase):
                 ``base.env`` names an unset ``${VAR}`` (``strict``; a dry run leaves it visible).
         """
         from pydantic import ValidationError
-
-        from bench.engines.embedded.config import RunConfig
 
         ctx, options = base.context(), base.options(self.options_key)
         config: dict[str, Any] = {k: getattr(base, k) for k in _SHARED_KEYS}

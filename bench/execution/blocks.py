@@ -22,7 +22,9 @@ import math
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from bench.core.errors import BenchError
 from bench.records.results import SWEEP, atomic_write_json, load_records
+from bench.tracking.naming import _key
 
 RunOne = Callable[[Any, int], None]
 
@@ -58,7 +60,7 @@ def run_blocks(todo: Sequence[tuple[Any, int]], run_one: RunOne, *, stop_rule: A
         run_block(list(todo), run_one)
         return None
     assert sweep_dir is not None and meta is not None
-    from bench.planning.sequential import METHOD
+    from bench.planning.sequential import METHOD  # deferred: bench.planning.sequential loads scipy
 
     state = meta.setdefault("sequential", {})
     state.update({"method": METHOD, "max_looks": stop_rule.max_looks, "looks": [], "stopped_after": None,
@@ -94,7 +96,7 @@ def resume_rule(meta: dict[str, Any], stop_rule: Any, claims: Sequence[dict[str,
         BenchError: ``--sequential`` (or ``--precision``/``--budget``) with a ``--threshold`` or ``--alpha`` other than
             the sweep recorded (one line naming the recorded values).
     """
-    from bench.planning.sequential import EffectsStopRule
+    from bench.planning.sequential import EffectsStopRule  # deferred: bench.planning.sequential loads scipy
 
     seq = meta.get("sequential") or {}
     if not seq or meta.get("code_versions") or not (stop_rule is None or isinstance(stop_rule, EffectsStopRule)):
@@ -104,8 +106,6 @@ def resume_rule(meta: dict[str, Any], stop_rule: Any, claims: Sequence[dict[str,
         return EffectsStopRule(int(seq["max_looks"]), claims=claims, **recorded)
     now = {"threshold": stop_rule.threshold, "alpha": stop_rule.alpha}
     if any(not math.isclose(float(now[k]), float(recorded[k])) for k in now):
-        from bench.core.errors import BenchError
-
         raise BenchError(f"{source}: sequential.threshold {recorded['threshold']}, sequential.alpha "
                          f"{recorded['alpha']}: the sweep being resumed decides with these; --threshold "
                          f"{now['threshold']} --alpha {now['alpha']} would change its error control mid-way (allowed: "
@@ -142,8 +142,7 @@ def sequential_tags(meta: dict[str, Any]) -> dict[str, str]:
     """MLflow parent tags of a sequential sweep: blocks run of the planned maximum, the last look's line and per
     comparison ``bench.sequential.verdict.<name>`` (its verdict and repeated interval,
     :func:`bench.planning.view.view`: the figures of the report and ``summary.md``)."""
-    from bench.planning.view import view
-    from bench.tracking.naming import _key
+    from bench.planning.view import view  # deferred: bench.planning.view loads scipy
 
     seq = meta.get("sequential") or {}
     if not seq.get("looks"):
@@ -160,8 +159,7 @@ def sequential_metrics(meta: dict[str, Any]) -> dict[str, float]:
     """MLflow parent metrics of a sequential sweep's verdicts: per comparison ``sequential.change.<name>`` and its
     repeated interval ``sequential.change_low.<name>`` / ``sequential.change_high.<name>`` (relative step-time
     changes; no interval: left out), from :func:`bench.planning.view.view` (empty for a fixed design)."""
-    from bench.planning.view import view
-    from bench.tracking.naming import _key
+    from bench.planning.view import view  # deferred: bench.planning.view loads scipy
 
     v = view(meta)
     out: dict[str, float] = {}
@@ -175,7 +173,7 @@ def sequential_metrics(meta: dict[str, Any]) -> dict[str, float]:
 def sequential_summary(meta: dict[str, Any]) -> list[str]:
     """The ``summary.md`` section of a sequential sweep's verdicts (:func:`bench.planning.view.summary_lines`;
     empty for a fixed design)."""
-    from bench.planning.view import summary_lines, view
+    from bench.planning.view import summary_lines, view  # deferred: bench.planning.view loads scipy
 
     v = view(meta)
     return summary_lines(v) if v else []

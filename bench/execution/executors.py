@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from bench.engines import engine_classes
+
 #: Folder of runtime patches (``patches/`` at the repository root).
 PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
 #: Repository root (put on ``PYTHONPATH`` so ``python -m bench...`` works from any cwd).
@@ -81,8 +83,6 @@ def machine_placeholders(python: str = sys.executable) -> dict[str, str]:
     (a hash of the launch) is the same everywhere: ``{python}`` (the harness's interpreter), ``{repo}`` (this
     checkout) and those of every registered engine (:meth:`bench.engines.base.EngineBase.placeholders`, e.g.
     ``{verl_python}``, ``{bench_cache}``)."""
-    from bench.engines import engine_classes
-
     out: dict[str, str] = {}
     for cls in engine_classes():
         out.update(getattr(cls, "placeholders", dict)())

@@ -32,6 +32,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench.engines import engine_classes
 from bench.execution.executors import (
     REPO_ROOT,
     ExecResult,
@@ -48,8 +49,6 @@ from bench.execution.executors import (
 def preload_modules() -> tuple[str, ...]:
     """Modules the server imports before forking: what the runs of the engines that fork import first
     (:attr:`bench.engines.base.Engine.forkserver_preload` of every registered engine, in registry order)."""
-    from bench.engines import engine_classes
-
     out: list[str] = []
     for cls in engine_classes():
         out += [m for m in getattr(cls, "forkserver_preload", ()) if m not in out]

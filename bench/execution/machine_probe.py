@@ -20,6 +20,8 @@ import statistics
 import time
 from typing import Any
 
+from bench.engines.embedded.speed_probe import SpeedProbe, spec
+
 #: seconds of kernel repetitions per window (before and after a run); the window's figure is their median
 SECONDS = 1.5
 #: fewest repetitions per window, however slow the machine
@@ -35,8 +37,6 @@ class BracketProbe:
     """
 
     def __init__(self, seconds: float = SECONDS) -> None:
-        from bench.engines.embedded.speed_probe import SpeedProbe, spec
-
         self.seconds = seconds
         self.spec = "bracket:" + spec()
         self._probe = SpeedProbe()

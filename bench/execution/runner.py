@@ -15,9 +15,11 @@ import yaml
 from bench.core.metadata import host_load
 from bench.engines.base import capability
 from bench.execution.executors import Executor, resolve_launch
+from bench.execution.machine_probe import BracketProbe, bracket_record
 from bench.records.record import build_record, write_record
 from bench.records.results import atomic_write_text
 from bench.spec.plan import RunSpec
+from bench.tracking.records import step_phases
 
 
 def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, warmup_steps: int,
@@ -57,8 +59,6 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     rec["label"] = spec.label
     rec["all_off"] = spec.is_all_off()
     if probe:
-        from bench.execution.machine_probe import bracket_record
-
         rec["machine_probe"] = bracket_record(probe, before, after)
     if spec.code_version:
         rec["code_version"], rec["code_commit"] = spec.code_version, (code or {}).get("commit")
@@ -80,8 +80,6 @@ def _bracket_probe(engine: str, executor: Executor):
 @functools.cache
 def _shared_probe():
     """The harness's one BracketProbe, built at its first use (imports torch, warms the kernel)."""
-    from bench.execution.machine_probe import BracketProbe
-
     return BracketProbe()
 
 
@@ -90,8 +88,6 @@ def run_timing(rec: dict[str, Any], harness_s: float) -> dict[str, float]:
     process, Ray, workers, engine, and shut-down), ``steps_s`` = the sum of ``timing_s/step`` over all its steps,
     split into ``warmup_s``, ``timed_s`` and ``profiled_s`` (:func:`bench.tracking.records.step_phases` roles),
     ``harness_s`` = the harness's own time for the run (preparing the folder and launch, measuring the record)."""
-    from bench.tracking.records import step_phases
-
     steps = rec.get("steps") or {}
 
     def total(which: list[int]) -> float:

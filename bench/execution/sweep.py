@@ -25,8 +25,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.analyze.snapshot import snapshot
 from bench.core.errors import BenchError, DiskFullError, doing
-from bench.execution.blocks import plan_params, resume_rule, run_blocks, sequential_header, sequential_tags
+from bench.execution.blocks import (
+    plan_params,
+    resume_rule,
+    run_blocks,
+    sequential_header,
+    sequential_metrics,
+    sequential_summary,
+    sequential_tags,
+)
 from bench.execution.executors import Executor, LocalExecutor, kill_strays
 from bench.execution.runner import execute_spec
 from bench.gate.versions import gate_fingerprint, version_meta
@@ -42,6 +51,7 @@ from bench.records.results import (
     run_dir,
 )
 from bench.records.run_record import corrupt_records
+from bench.records.speed import normalize_snapshot
 from bench.records.summary import cell_rows, parent_cells, plan_summary, sweep_header, write_summary
 from bench.spec.matrix import Matrix, base_params
 from bench.spec.plan import Plan, RunSpec, interleaved_order, new_order_seed, planned_order, run_order
@@ -369,10 +379,6 @@ class Sweep:
                 "kept: free space and rerun the same command to resume") from None
 
     def _finish(self, tracker, sweep_dir, meta, executed, skipped, failed, wall, in_step, overhead) -> SweepOutcome:
-        from bench.analyze.snapshot import snapshot
-        from bench.execution.blocks import sequential_metrics, sequential_summary
-        from bench.records.speed import normalize_snapshot
-
         snap = snapshot(sweep_dir)
         probe_ref = normalize_snapshot(snap)
         rows = cell_rows(snap)

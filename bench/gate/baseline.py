@@ -40,8 +40,12 @@ from bench.analyze.snapshot import (
 )
 from bench.core.errors import BenchError, did_you_mean
 from bench.core.metadata import machine
+from bench.core.paths import check_folder
 from bench.records.figures import METRICS
 from bench.records.results import atomic_write_json, find_sweep, read_json
+from bench.records.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
+from bench.spec.loading import value_message
+from bench.tracking import Tracker
 
 BASELINES = "baselines"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -100,8 +104,6 @@ def _shape_model() -> Any:
     """The pydantic model of the parts of a baseline every reader indexes (built once, on first use)."""
     from pydantic import BaseModel, ConfigDict, Field
 
-    from bench.records.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
-
     class _Repeat(BaseModel):
         model_config = ConfigDict(extra="allow")
         repeat: int | None = None
@@ -138,8 +140,6 @@ def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
     """
     from pydantic import ValidationError
 
-    from bench.spec.loading import value_message
-
     try:
         _shape_model().model_validate(data)
     except ValidationError as exc:
@@ -163,8 +163,6 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
         raise BenchError(f"--name {name[:60]!r}: use at most 100 letters, digits, '_', '-', '.' (starting with a "
                          "letter or digit)")
     out = baselines_dir(results) / f"{name}.json"
-    from bench.core.paths import check_folder
-
     check_folder("--results", baselines_dir(results))  # <results>/baselines a file, a dangling link ...
     if out.exists() and not force:
         raise BenchError(f"--name {name}: baseline {out} exists (use --force to replace it)")
@@ -172,7 +170,7 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
     snap = snapshot(sweep, results)
     check_complete(snap, f"{sweep}")
     if alpha is None:
-        from bench.analyze.estimators import DEFAULT_ALPHA as alpha
+        from bench.analyze.estimators import DEFAULT_ALPHA as alpha  # deferred: bench.analyze.estimators loads scipy
     check_judgeable(snap, f"{sweep}", alpha)
     snap.update(name=name, created_at=time.time(), note=note, machine=machine())
     for c in snap["cells"]:
@@ -197,7 +195,7 @@ def history_entry(snap: dict[str, Any]) -> dict[str, Any]:
     probe, so that the offset it allows for is measured on the same scale)."""
     import numpy as np
 
-    from bench.gate.stored_runs import run_logs
+    from bench.gate.stored_runs import run_logs  # deferred: bench.gate.stored_runs loads scipy
 
     cells, normed = {}, {}
     for c in snap["cells"]:
@@ -269,8 +267,6 @@ def tag_parent(tracking_uri: str | None, snap: dict[str, Any], tags: dict[str, s
     if not tracking_uri or not rid:
         return "the sweep has no MLflow parent run recorded; nothing tagged"
     try:
-        from bench.tracking import Tracker
-
         tr = Tracker(tracking_uri, snap["source"].get("matrix") or "default")
         for k, v in tags.items():
             tr.client.set_tag(rid, k, v)

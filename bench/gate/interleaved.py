@@ -28,11 +28,19 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.core.errors import BenchError
+from bench.engines import engine_class
+from bench.execution.executors import LocalExecutor
+from bench.execution.forkserver import ForkServerExecutor
+from bench.execution.sweep import Sweep
 from bench.gate.markdown import append_step_summary, render_interleaved
 from bench.gate.runs import declare_analysis, paired_comparison
+from bench.gate.side_by_side import SideBySide
 from bench.gate.versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
 from bench.planning.sequential import Decision, Look, decide
 from bench.records.results import atomic_write_json, atomic_write_text, load_records
+from bench.spec.loading import load_matrix
+from bench.spec.plan import make_plan
+from bench.tune.storage import check_tune_block
 
 #: blocks an interleaved gate plans when neither ``--blocks`` nor the matrix says more
 DEFAULT_BLOCKS = 8
@@ -116,12 +124,6 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     Raises:
         BenchError: bad matrix, unknown revision, bad flags.
     """
-    from bench.engines import engine_class
-    from bench.execution.executors import LocalExecutor
-    from bench.execution.sweep import Sweep
-    from bench.spec.loading import load_matrix
-    from bench.spec.plan import make_plan
-
     if not 0 <= threshold < 1:
         raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
     if not 0 < alpha < 0.5:
@@ -129,8 +131,6 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     t0 = time.time()
     matrix = load_matrix(matrix_path, overrides)
     if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command
-        from bench.tune.storage import check_tune_block
-
         check_tune_block(matrix)
     plan = make_plan(matrix)
     n_blocks = blocks if blocks is not None else max(matrix.repeats, DEFAULT_BLOCKS)
@@ -142,8 +142,6 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
 
     def make(root: Path):
         if fork:
-            from bench.execution.forkserver import ForkServerExecutor
-
             return ForkServerExecutor(repo_root=root)
         return LocalExecutor()
 
@@ -157,8 +155,6 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     rule.t0 = time.monotonic() - (time.time() - t0)
     side = None
     if side_by_side:
-        from bench.gate.side_by_side import SideBySide
-
         side = SideBySide(seed=order_seed if order_seed is not None else random.randrange(2**31))
     with baseline_checkout(baseline_ref) as base:
         versions = {BASELINE: base, CANDIDATE: cand}

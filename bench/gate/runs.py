@@ -61,6 +61,7 @@ import numpy as np
 from scipy import stats as sps
 
 from bench.analyze.power import blocks_needed, gate_mde
+from bench.gate.side_by_side import run_cpu
 from bench.records.figures import run_value
 from bench.records.speed import PROBE_METRIC
 
@@ -149,8 +150,6 @@ def block_pairs(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def _cpu_side(pair: dict[str, dict[str, Any]]) -> int:
     """+1 / -1: the candidate ran on the higher / lower numbered CPU of a side-by-side block; 0 otherwise."""
-    from bench.gate.side_by_side import run_cpu
-
     cb, cc = (run_cpu(pair[v].get("_dir", "")) if pair[v].get("_dir") else None for v in ("baseline", "candidate"))
     return 0 if cb is None or cc is None or cb == cc else (1 if cc > cb else -1)
 

@@ -11,10 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench.analyze.estimators import N_BOOT
-from bench.analyze.snapshot import METRICS, snapshot
+from bench.analyze.snapshot import METRICS, check_complete, snapshot
 from bench.analyze.stat_tests import TESTS, describe_tests
+from bench.analyze.tables import claims_on_runs
 from bench.core.errors import BenchError, did_you_mean
-from bench.gate.baseline import load_baseline
+from bench.core.metadata import machine
+from bench.gate.baseline import load_baseline, sweep_to_sweep
 from bench.gate.markdown import (
     PER_STEP_METHOD,
     RUN_STATUS,
@@ -32,6 +34,8 @@ from bench.gate.verdicts import (
     validate_expect,
 )
 from bench.records.results import atomic_write_json, atomic_write_text, find_sweep
+from bench.records.speed import normalize_snapshot
+from bench.tracking import Tracker, _key
 
 
 def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) -> str | None:
@@ -40,8 +44,6 @@ def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) ->
     as table ``gate_cells.json`` and the counts as metrics; tag the candidate's parent run. Returns a
     warning instead of raising."""
     try:
-        from bench.tracking import Tracker, _key
-
         cand = result["candidate"]
         tr = Tracker(tracking_uri, cand.get("matrix") or "default")
         bname = result["baseline"].get("name") or "none"
@@ -94,8 +96,6 @@ def load_reference(ref: str, results: Path, *, prefer: Literal["baseline", "swee
         BenchError: neither a baseline nor a sweep (listing the known baselines); an unreadable baseline; a
             reference sweep with failed, unfinished or sample-less cells.
     """
-    from bench.analyze.snapshot import check_complete
-
     def as_baseline() -> dict[str, Any]:
         return load_baseline(ref, results)
 
@@ -133,9 +133,6 @@ def judge_claims(snap: dict[str, Any], expects: list[Any], *, alpha: float, seed
     on the log run values at ``1 - alpha``; "not met" only when it excludes the claim, "cannot judge" when it
     includes a bound). ``alpha``: the gate's per-test level (its family's ``alpha / m``). ``snap`` is not changed."""
     import copy
-
-    from bench.analyze.tables import claims_on_runs
-    from bench.records.speed import normalize_snapshot
 
     snap = copy.deepcopy(snap)
     snap.pop("machine", None)
@@ -209,13 +206,9 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
                               "sweep": base["source"].get("sweep"), "engine": base["engine"],
                               "platform": base["platform"], "git_commit": base.get("git_commit"),
                               "created_at": base.get("created_at")}
-        from bench.core.metadata import machine
-
         cand["machine"] = machine()
         s2s = None
         if base.get("_kind", "baseline") == "baseline":  # what a stored baseline carries from sweep to sweep
-            from bench.gate.baseline import sweep_to_sweep
-
             s2s = base.get("sweep_to_sweep") or sweep_to_sweep(base.get("history") or [])
             result["baseline"]["sweep_to_sweep"] = s2s
         result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,

@@ -49,8 +49,10 @@ import numpy as np
 from scipy import stats as sps
 
 from bench.analyze.power import mde_from_se
+from bench.analyze.snapshot import METRICS
 from bench.gate.runs import probe_check
 from bench.records.figures import run_value
+from bench.records.speed import SPEED_SCALED
 
 
 def run_logs(cell: dict[str, Any], metric: str, sign: float) -> tuple[list[float], list[float | None]]:
@@ -188,9 +190,6 @@ def declared_probes(ref_cells: list[dict[str, Any]], metrics: list[str], source:
     cells whose ok runs all carry a probe at every sample, so that no candidate's data can choose the correction
     its own comparison then uses. ``source`` names the reference in the note. Each value: ``apply``, ``note``,
     ``decided_from`` and the check's figures (``r``, ``p``, ``n``, ``sd_raw``, ``sd_corrected``)."""
-    from bench.analyze.snapshot import METRICS
-    from bench.records.speed import SPEED_SCALED
-
     out = {}
     for metric in metrics:
         if metric not in SPEED_SCALED:

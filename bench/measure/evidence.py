@@ -17,6 +17,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+from bench.spec.optimizations import evidence_check, registry
+
 #: Verdict words, in order of concern.
 VERDICTS = ("contradicted", "missing", "confirmed", "n/a")
 HYDRA_CONFIG = Path("hydra") / ".hydra" / "config.yaml"
@@ -96,8 +98,6 @@ def factor_evidence(run_dir: str | Path, levels: dict[str, int | None], engine: 
                     platform: str = "*") -> dict[str, dict[str, str]]:
     """Per factor of ``levels``: ``{"verdict": confirmed|missing|contradicted|n/a, "detail": str}``, from the
     check each factor's registry entry names for ``engine``/``platform``; ``missing`` where it names none."""
-    from bench.spec.optimizations import evidence_check, registry
-
     run = FinishedRun(Path(run_dir), engine, platform)
     out: dict[str, dict[str, str]] = {}
     for key, level in levels.items():

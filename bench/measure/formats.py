@@ -19,6 +19,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from bench.core.plugins import fill
+
 GROUP = "grpo_bench.readers"
 
 
@@ -137,8 +139,6 @@ def readers() -> list[Reader]:
     global _loaded
     if not _loaded:
         _loaded = True
-        from bench.core.plugins import fill
-
         early = list(_READERS)
         _READERS.clear()
         fill(GROUP, early, _put)

@@ -43,6 +43,7 @@ from typing import Any
 import ijson
 import numpy as np
 
+from bench.core.plugins import load
 from bench.measure._common import MeasureError, read_csv_rows
 from bench.measure.ascend_step_trace import int_or_none
 from bench.measure.chrome_trace import event_number, hashable, iter_trace_events
@@ -134,8 +135,6 @@ def _plugin_rules() -> list[CategoryRule]:
     registries fill theirs)."""
     global _PLUGINS
     if _PLUGINS is None:
-        from bench.core.plugins import load
-
         out: list[CategoryRule] = []
         for name, obj in load(ENTRY_POINT_GROUP):
             for rule in obj if isinstance(obj, (list, tuple)) else [obj]:

@@ -33,6 +33,7 @@ from bench.measure.op_categories import CATEGORIES, categorize, phase_of
 from bench.measure.trace_cache import CACHE_DIR
 from bench.measure.trace_ops import step_entry
 from bench.measure.trace_pool import parse_files
+from bench.records.results import atomic_write_json
 
 #: the file beside ``record.json`` that holds :func:`run_op_times`
 OP_TIMES = "op_times.json"
@@ -151,8 +152,6 @@ def ensure_op_times(run_dir: str | os.PathLike, record: dict[str, Any]) -> dict[
         pass
     data = run_op_times(rdir, record)
     try:
-        from bench.records.results import atomic_write_json
-
         atomic_write_json(path, data)
     except OSError:
         pass

@@ -15,6 +15,7 @@ from pathlib import Path
 from bench.measure._common import MeasureError, rel_path, walk_files
 from bench.measure.chrome_trace import looks_like_chrome_trace
 from bench.measure.formats import Measurements, Reader, ReadOptions
+from bench.measure.op_categories import phase_of
 from bench.measure.trace_cache import CACHE_DIR
 from bench.measure.trace_pool import parse_traces
 
@@ -54,8 +55,6 @@ def trace_steps(rels: list[str]) -> tuple[dict[str, int | None], list[str]]:
     writes each before its step's training trace). A worker whose count of rollout traces differs from the
     count of named steps is left unpaired (``None``: its windows count as unstepped), with a warning.
     """
-    from bench.measure.op_categories import phase_of
-
     out = {rel: step_from_path(rel) for rel in rels}
     named = sorted({s for s in out.values() if s is not None})
     groups: dict[str, list[tuple[int, str]]] = {}

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench.planning.model import NoiseCost, estimate_model
+from bench.records.results import load_records
 
 #: bounds of the grid search: timed steps per run and repeats (blocks) per cell
 STEPS_RANGE = (2, 200)
@@ -51,7 +52,7 @@ def design_factors(cells: Sequence[dict[str, Any]], factors: Sequence[str], repe
     the cell of rank ``i`` runs on node ``(i + k) mod slots`` in block ``k``
     (:meth:`bench.execution.ray_parallel.RayNodesExecutor.assign`) and the node is a second blocking factor, as in the
     report's model. Terms that are not estimable are left out."""
-    from bench.analyze.effects import _columns, _nuisance
+    from bench.analyze.effects import _columns, _nuisance  # deferred: bench.analyze.effects loads scipy
 
     obs = [{f: c.get(f) for f in factors} for _ in range(repeats) for c in cells]
     blocks = [k for k in range(repeats) for _ in cells]
@@ -120,7 +121,7 @@ def design_quantile(cells: Sequence[dict[str, Any]], factors: Sequence[str], rep
                     slots: int = 1) -> tuple[dict[str, float], int, float]:
     """:func:`design_factors` of ``repeats`` blocks plus the decision interval's quantile at the last look
     (:func:`bench.planning.sequential.critical_value`, ``alpha`` shared by the main effects; ``inf`` without df)."""
-    from bench.planning.sequential import critical_value
+    from bench.planning.sequential import critical_value  # deferred: bench.planning.sequential loads scipy
 
     facs, df = design_factors(cells, factors, repeats, slots=slots)
     q = critical_value(df, alpha=alpha / max(len(facs), 1), look=repeats, max_looks=repeats) if facs else None
@@ -201,8 +202,6 @@ def plan_lines(planning: dict[str, Any]) -> list[str]:
 def report_section(sweep: Any, meta: dict[str, Any]) -> dict[str, Any]:
     """The report's data on noise and cost (``noise_cost``: :func:`estimate_model` of this sweep's records), the
     sweep's plan (``planning``, from ``sweep.json``) and its sequential looks (``sequential``)."""
-    from bench.records.results import load_records
-
     model = estimate_model([(str(meta.get("sweep_id") or sweep), load_records(sweep))])
     return {"noise_cost": model.to_dict() if model else None, "planning": meta.get("planning"),
             "sequential": meta.get("sequential")}

@@ -9,7 +9,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.core.errors import BenchError
+from bench.planning.allocation import plan_allocation, steps_range_for
+from bench.planning.model import estimate_model, kj_optimal_steps
 from bench.records.results import SWEEP, load_records, read_json
+from bench.spec.matrix import Matrix
+from bench.spec.plan import make_plan
 
 #: base settings that planning changes or that do not change what a step costs: left out when matching a target
 PLANNED_KEYS = ("steps", "warmup_steps", "profile_steps", "timeout_s", "seed")
@@ -51,12 +56,6 @@ def replan(matrix: Any, plan: Any, results_root: Path, *, precision: float | Non
     Raises:
         BenchError: no factor varies among the plan's runs (nothing to plan for).
     """
-    from bench.core.errors import BenchError
-    from bench.planning.allocation import plan_allocation, steps_range_for
-    from bench.planning.model import estimate_model, kj_optimal_steps
-    from bench.spec.matrix import Matrix
-    from bench.spec.plan import make_plan
-
     goal = f"precision +-{precision:.2%}" if precision is not None else f"budget {budget_s / 60:.1f} min"
     base = matrix.base
     key = target_key(plan.engine, plan.platform, base.model_dump(mode="json"))

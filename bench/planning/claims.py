@@ -23,6 +23,8 @@ import math
 from types import SimpleNamespace
 from typing import Any, Callable, Sequence
 
+from bench.spec.optimizations import REGISTRY
+
 
 def _cells(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: Sequence[int]) -> dict[tuple, list]:
     out: dict[tuple, list] = {}
@@ -33,8 +35,6 @@ def _cells(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: Sequence[i
 
 def _pair(claim: dict[str, Any], levels: list[dict[str, Any]]) -> tuple[dict, dict] | None:
     """(cell levels, reference levels) of a claim among the observed cells' levels, or ``None``."""
-    from bench.spec.optimizations import REGISTRY
-
     keys = sorted({k for lv in levels for k, v in lv.items() if v is not None})
     off = {k: REGISTRY[k].off if k in REGISTRY else 0 for k in keys}
     on = {k: max(lv[k] for lv in levels if lv.get(k) is not None) for k in keys}
@@ -61,7 +61,7 @@ def claim_decisions(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: S
     ``met`` / ``not_met`` / ``undecided``, ``estimate``, ``se``, ``df``, ``lo``/``hi`` of the log ratio cell /
     reference, ``change*``); ``quantile(df)`` is the look's multiplier of the standard error
     (:func:`bench.planning.sequential.critical_value`); ``alpha`` is this claim's share (for the contrast)."""
-    from bench.analyze.effects import cell_means_residual, run_contrast
+    from bench.analyze.effects import cell_means_residual, run_contrast  # deferred: bench.analyze.effects loads scipy
 
     cells = _cells(obs, y, blocks)
     sd, df = cell_means_residual(list(cells.values()), blocked=len(set(blocks)) > 1) if cells else (None, 0)

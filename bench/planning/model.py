@@ -165,7 +165,7 @@ def estimate_model(sweeps: Sequence[tuple[str, Sequence[dict[str, Any]]]]) -> No
     block_terms: list[tuple[float, int]] = []
     groups: dict[tuple[str, str, tuple[int, ...]], list[list[float]]] = {}
     ns, startup, step, warm, prof, gaps = [], [], [], [], [], []
-    from bench.planning.sequential import log_step_samples, probed
+    from bench.planning.sequential import log_step_samples, probed  # deferred: bench.planning.sequential loads scipy
 
     names, runs = [], 0
     for name, recs in sweeps:

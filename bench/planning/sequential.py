@@ -45,7 +45,10 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
+from bench.analyze.effects import fit_effects
+from bench.analyze.snapshot import record_samples
 from bench.planning.boundaries import critical_value, obf_boundaries, obf_spending
+from bench.planning.claims import claim_decisions
 
 METHOD = ("repeated confidence intervals, Lan-DeMets O'Brien-Fleming alpha spending over the planned looks by the "
           "information reached, t boundaries calibrated for the degrees of freedom available (Jennison & Turnbull "
@@ -203,8 +206,6 @@ class StopRule(Protocol):
 def log_step_samples(rec: dict[str, Any], normalize: bool) -> list[float]:
     """Log timed-step times of one run record; with ``normalize``, each divided by the speed probe of its step
     (:mod:`bench.records.speed`: the machine's speed at that step; the constant reference cancels in every effect)."""
-    from bench.analyze.snapshot import record_samples
-
     got = record_samples(rec)
     x = [float(v) for v in got["step_time"]]
     if normalize:
@@ -216,8 +217,6 @@ def log_step_samples(rec: dict[str, Any], normalize: bool) -> list[float]:
 def probed(records: Sequence[dict[str, Any]]) -> bool:
     """Whether every ok record has a speed probe at each timed step (then values are speed-normalized, as the
     report's are)."""
-    from bench.analyze.snapshot import record_samples
-
     ok = [r for r in records if r.get("status") == "ok"]
     return bool(ok) and all(len(record_samples(r)["speed_probe"]) == len(record_samples(r)["step_time"]) > 0
                             for r in ok)
@@ -291,8 +290,6 @@ class EffectsStopRule:
 
     def decisions(self, records: Sequence[dict[str, Any]], look: int) -> tuple[list[Decision], int, int]:
         """The decisions at ``look``, the number of runs used and the runs per block."""
-        from bench.analyze.effects import fit_effects
-
         obs, y, blocks, nodes = run_observations(records)
         factors = [f for f in sorted({k for o in obs for k in o})
                    if len({o.get(f) for o in obs if o.get(f) is not None}) > 1]
@@ -320,8 +317,6 @@ class EffectsStopRule:
                             threshold=self.threshold, alpha=self.alpha / m, look=look, max_looks=self.max_looks)
                    for f in names]
         if self.claims:
-            from bench.planning.claims import claim_decisions
-
             a = self.alpha / m
             q = lambda df: critical_value(df, alpha=a, look=look, max_looks=self.max_looks,  # noqa: E731
                                           info=info if mains else None, runs=len(y))

@@ -19,9 +19,11 @@ from typing import Any
 from bench.core.errors import clip_words
 from bench.execution.executors import ExecResult
 from bench.measure import MeasureError, collect, summarize
+from bench.measure.evidence import factor_evidence, flagged
 from bench.records.results import RECORD, atomic_write_json, is_record, read_json
-from bench.records.run_record import SCHEMA_VERSION, RunRecord
+from bench.records.run_record import SCHEMA_VERSION, RecordError, RunRecord, read_record
 from bench.records.speed import probe_from_patches
+from bench.spec.optimizations import registry
 
 LOG_TAIL_LINES = 30
 #: a log line that says what went wrong (a crash's reason quotes the last such line of the run's log, never an
@@ -126,9 +128,6 @@ def _registry_evidence(run_dir: Path, rec: dict[str, Any]) -> None:
     (:attr:`bench.spec.optimizations.Optimization.evidence_checks`, :mod:`bench.measure.evidence`; ``missing``
     where it names none), into the record, and into ``evidence.json`` (``{"factors": ...}``) unless the run wrote
     its own there. Missing or contradicted evidence becomes a warning."""
-    from bench.measure.evidence import factor_evidence, flagged
-    from bench.spec.optimizations import registry
-
     levels = {k: v for k, v in rec["levels"].items() if v is not None and k in registry()}
     if not levels:
         return
@@ -157,8 +156,6 @@ def write_record(run_dir: Path, record: dict[str, Any]) -> None:
 def is_finished(run_dir: Path) -> bool:
     """True when the run folder holds a usable record (:func:`bench.records.run_record.read_record`) with status ``ok``;
     an unusable one (truncated, wrong types, non-finite times) is not finished: the run is done again."""
-    from bench.records.run_record import RecordError, read_record
-
     try:
         rec = read_record(Path(run_dir) / RECORD)
     except RecordError:

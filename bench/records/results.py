@@ -33,7 +33,9 @@ from filelock import FileLock, Timeout
 
 from bench.core.errors import BenchError, did_you_mean
 from bench.core.inputs import read_bytes
+from bench.core.paths import check_folder, check_matrix_folder
 from bench.records.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
+from bench.spec.optimizations import REGISTRY
 
 SWEEP = "sweep.json"
 #: largest JSON file :func:`read_json` reads
@@ -141,8 +143,6 @@ def check_writable(root: Path, matrix_name: str | None = None) -> None:
         BenchError: naming the folder.
     """
     if matrix_name is not None:
-        from bench.core.paths import check_matrix_folder
-
         check_matrix_folder(root, matrix_name)
     root = Path(root)
     probe = root
@@ -163,8 +163,6 @@ def check_output_folder(out: Path, files: tuple[str, ...], given: bool) -> None:
     Raises:
         BenchError: naming the path, what is in the way and what to do.
     """
-    from bench.core.paths import check_folder
-
     flag = "--out" if given else "output folder"
     hint = "" if given else " (move it away, or give --out DIR)"
     try:
@@ -355,8 +353,6 @@ def check_levels(levels: dict[str, Any], where: str) -> None:
     Raises:
         BenchError: ``where`` (file and key path), the factor or value, and what is allowed.
     """
-    from bench.spec.optimizations import REGISTRY
-
     for key, value in levels.items():
         opt = REGISTRY.get(key)
         if opt is None:

@@ -29,6 +29,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, Va
 
 from bench.core.errors import BenchError
 from bench.core.inputs import read_bytes
+from bench.measure.run_summary import summarize
+from bench.spec.loading import format_validation_error
 
 RECORD = "record.json"
 #: the version :mod:`bench.records.record` writes
@@ -173,8 +175,6 @@ class RunRecord(BaseModel):
 
 def _migrate_v1(rec: dict[str, Any]) -> dict[str, Any]:
     """Version 1 -> 2: the summary recomputed over the timed steps from the record's per-step metrics."""
-    from bench.measure.run_summary import summarize
-
     old = rec.get("summary")
     steps = rec.get("steps")
     if isinstance(old, dict) and old and isinstance(steps, dict) and steps and \
@@ -198,8 +198,6 @@ MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _migrate
 def _one_line(exc: ValidationError) -> str:
     """``key: what is wrong`` of the first error, in the harness's words
     (:func:`bench.spec.loading.format_validation_error`)."""
-    from bench.spec.loading import format_validation_error
-
     return format_validation_error(RECORD, exc, model=RunRecord).removeprefix(f"{RECORD}: ")
 
 

@@ -23,6 +23,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bench.records.figures import run_value
+
 #: the metric an engine with a speed probe logs per step: seconds of the reference kernel around the step
 PROBE_METRIC = "bench/speed_probe_s"
 
@@ -116,8 +118,6 @@ def normalized_pair(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric
 def normalized_median(xs: Sequence[float], probes: Sequence[float], ref: float, metric: str) -> float | None:
     """One run's value (:func:`bench.records.figures.run_value`, the median of its timed-step samples) after speed
     normalization to ``ref``; None when the probes do not cover every sample."""
-    from bench.records.figures import run_value
-
     if not probes or len(probes) != len(xs):
         return None
     return run_value(normalize([xs], [probes], ref, metric)[0])

@@ -100,7 +100,7 @@ def speedup_intervals(snap: dict[str, Any], alpha: float = CELLS_ALPHA) -> dict[
     """Cell id -> ``[low, high]`` of its speedup against the all-off cell at level ``1 - alpha``, as the report
     computes it (:func:`bench.analyze.tables.cell_table`: t on the log run values with the pooled run-to-run
     SD; ``[None, None]`` with one repeat or a failed cell)."""
-    from bench.analyze.tables import cell_table
+    from bench.analyze.tables import cell_table  # deferred: bench.analyze.tables loads scipy
 
     rows, _ = cell_table(snap, alpha)
     return {r["cell_id"]: list(r["speedup_ci"]) for r in rows}

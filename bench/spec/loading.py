@@ -19,6 +19,9 @@ from pydantic import BaseModel, ValidationError
 
 from bench.core.errors import BenchError, did_you_mean, doing
 from bench.core.inputs import StrictLoader, ValueRefused, load_yaml, read_text, yaml_error_line, yaml_problem
+from bench.core.paths import check_names
+from bench.spec import matrix as schema
+from bench.spec.expect import ExpectBlock
 from bench.spec.matrix import DESIGN_TYPES, Matrix
 
 __all__ = ["StrictLoader", "load_yaml", "load_matrix", "apply_overrides", "expand_env", "format_validation_error"]
@@ -118,13 +121,9 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
     elif kind == "extra_forbidden":
         raw_loc = err["loc"]
         if raw_loc[:1] == ("design",) and len(raw_loc) > 2 and raw_loc[1] in DESIGN_TYPES:
-            from bench.spec import matrix as schema
-
             holder = {typing.get_args(c.model_fields["type"].annotation)[0]: c
                       for c in typing.get_args(schema.Design)}.get(raw_loc[1])
         else:
-            from bench.spec.expect import ExpectBlock
-
             holder = _model_at(ExpectBlock if loc[:1] == ("expect",) else model, loc)
         allowed = getattr(holder, "allowed_keys", None)  # a model with extra keys of its own (``Base``)
         fields = (allowed() if allowed else sorted(holder.model_fields)) if holder is not None else []
@@ -237,8 +236,6 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], file: str | Path)
 
 
 def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
-    from bench.core.paths import check_names
-
     check_names("matrix", path)  # before any lookup: an over-long name is an OSError of every call below
     if not os.path.lexists(path):  # a near miss of an existing matrix file is named
         try:

@@ -20,7 +20,9 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import InitErrorDetails, ValidationError
 
+import bench.engines
 from bench.core.errors import did_you_mean
+from bench.engines import engine_names  # the registry of engines (loaded on first use)
 from bench.spec.base_checks import check_batch_sizes, check_env, check_override_form
 from bench.spec.expect import ExpectBlock
 from bench.spec.optimizations import REGISTRY, factor_keys
@@ -279,8 +281,6 @@ class Matrix(BaseModel):
     @field_validator("engine", mode="before")
     @classmethod
     def _engine(cls, value: Any) -> str:
-        from bench.engines import engine_names  # the registry of engines (loaded on first use)
-
         names = engine_names()
         if value not in names:
             allowed = " or ".join(repr(n) for n in names) if len(names) <= 2 else \
@@ -410,9 +410,7 @@ class Matrix(BaseModel):
 
 
 def _engines() -> Any:
-    """The registry of engines (:mod:`bench.engines`), imported on first use: it loads the engines' entry points."""
-    import bench.engines
-
+    """The registry of engines (:mod:`bench.engines`; it loads the engines' entry points on the first lookup)."""
     return bench.engines
 
 

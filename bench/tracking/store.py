@@ -10,6 +10,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.core.errors import BenchError
+from bench.core.paths import check_names, check_not_system
 
 #: MLflow HTTP settings the harness uses unless the variable is already set: timeout per request (s),
 #: retries, backoff factor (s) and jitter (s). Worst case per failing call: about 10 + 2 x 10 + 3 s.
@@ -196,8 +197,6 @@ def check_database(uri: str, flag: str, want: str | None = None) -> None:
     if dialect == "sqlite" and db is None:
         raise BenchError(f"{flag} {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
     if db is not None:
-        from bench.core.paths import check_names, check_not_system
-
         if uri.split("?", 1)[0].endswith("/"):
             raise BenchError(f"{flag} {uri}: names a folder (allowed: sqlite:///PATH to a database file, e.g. "
                              f"sqlite:///{str(db).rstrip('/') or 'results'}/mlflow.db)")

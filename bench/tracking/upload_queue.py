@@ -22,9 +22,26 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.analyze.snapshot import snapshot
 from bench.core.errors import BenchError, doing
-from bench.records.results import SWEEP, atomic_write_json, is_no_space, read_json, run_dir
-from bench.spec.matrix import base_params
+from bench.core.inputs import read_bytes
+from bench.records.results import (
+    SWEEP,
+    atomic_write_json,
+    atomic_write_text,
+    check_sweep_meta,
+    is_no_space,
+    read_json,
+    run_dir,
+)
+from bench.records.run_record import RecordError, corrupt_records, read_record
+from bench.records.speed import normalize_snapshot
+from bench.records.summary import parent_cells
+from bench.spec.loading import value_message
+from bench.spec.matrix import Matrix, base_params
+from bench.spec.plan import RunSpec
+from bench.tracking import git_commit, sweep_run_name, versions
+from bench.tracking.records import log_record, parent_description
 
 #: the queue file of a sweep folder
 QUEUE = "mlflow_queue.json"
@@ -42,9 +59,6 @@ def read_queue(sweep_dir: Path, on_event: Callable[[str, dict[str, Any]], None] 
     path = Path(sweep_dir) / QUEUE
     if not path.exists() and not path.is_symlink():
         return {}
-    from bench.core.inputs import read_bytes
-    from bench.records.results import atomic_write_text
-
     try:
         data = json.loads(read_bytes(path, 16 << 20, "queue file"))
         problem = None if isinstance(data, dict) else "not a JSON object"
@@ -108,8 +122,6 @@ def pending(sweep_dir: Path) -> bool:
 def parent_fields(meta: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tags, params) of a sweep's parent run, from its ``sweep.json``: those the sweep gives it when it starts
     (:meth:`bench.execution.sweep.Sweep._start_parent`), for a parent that ``sync`` creates after an outage."""
-    from bench.tracking import git_commit, versions
-
     m = meta.get("matrix") or {}
     plan = meta.get("plan") or {}
     order = meta.get("order") or {"kind": "sequential"}  # a sweep from before run orders ran sequentially
@@ -144,10 +156,6 @@ def check_sweep_files(sweep_dir: Path, meta: dict[str, Any] | None = None
     """
     from pydantic import ValidationError
 
-    from bench.records.results import check_sweep_meta
-    from bench.records.run_record import RecordError, corrupt_records
-    from bench.spec.plan import RunSpec
-
     sweep_dir = Path(sweep_dir)
     meta = check_sweep_meta(sweep_dir / SWEEP) if meta is None else meta
     problems = corrupt_records(sweep_dir)
@@ -160,8 +168,6 @@ def check_sweep_files(sweep_dir: Path, meta: dict[str, Any] | None = None
             if isinstance(exc, BenchError):
                 problems.append(str(exc))
                 continue
-            from bench.spec.loading import value_message
-
             err = exc.errors()[0]
             what = ".".join(str(p) for p in err["loc"])
             problems.append(f"{path}: not a usable run spec ("
@@ -194,11 +200,6 @@ def sync_sweep(
         BenchError: the folder is not a sweep, or a record or spec cannot be used (the queue file stays; the
             other runs are uploaded first).
     """
-    from bench.records.run_record import RecordError, read_record
-    from bench.spec.matrix import Matrix
-    from bench.tracking import sweep_run_name
-    from bench.tracking.records import log_record, parent_description
-
     on_event = on_event or (lambda kind, data: None)
     sweep_dir = Path(sweep_dir)
     meta, specs, corrupt = checked if checked is not None else check_sweep_files(sweep_dir)
@@ -278,10 +279,6 @@ def sync_sweep(
 
 def _parent_cells(sweep_dir: Path) -> list[dict[str, Any]]:
     """The parent's ``cells.json`` from the sweep folder, computed as the sweep's end computes it."""
-    from bench.analyze.snapshot import snapshot
-    from bench.records.speed import normalize_snapshot
-    from bench.records.summary import parent_cells
-
     snap = snapshot(sweep_dir)
     normalize_snapshot(snap)
     return parent_cells(snap)

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pydantic import Field, ValidationError
 
 from bench.core.errors import BenchError
+from bench.core.inputs import read_text
+from bench.spec.loading import MAX_MATRIX_BYTES, format_validation_error
 from bench.spec.matrix import Matrix
 from bench.tune.space import TuneBlock, parse_tune
 
@@ -37,13 +39,8 @@ def parse_block(matrix: Matrix) -> TuneBlock:
     try:
         return TuneSettingsBlock(**matrix.tune)
     except ValidationError as exc:
-        from bench.spec.loading import format_validation_error
-
         text = ""
         if matrix.source:
-            from bench.core.inputs import read_text
-            from bench.spec.loading import MAX_MATRIX_BYTES
-
             try:
                 text = read_text(matrix.source, MAX_MATRIX_BYTES, "matrix")
             except BenchError:

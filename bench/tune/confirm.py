@@ -26,6 +26,8 @@ import math
 import random
 from typing import Any, Sequence
 
+from bench.tune.report import trial_kind
+
 ALPHA = 0.05
 FOLDER = "confirm"
 FILE = "confirmation.json"
@@ -78,8 +80,6 @@ def describe(res: dict[str, Any], lead: str, requested: int) -> str:
 
 def runner_up(trials: list[Any], best: Any, limits_of_trial: Any, direction: str) -> Any | None:
     """The best feasible trial after ``best`` whose limits differ from ``best``'s, or ``None``."""
-    from bench.tune.report import trial_kind
-
     sign = 1 if direction == "minimize" else -1
     lim = limits_of_trial(best)
     rest = [t for t in trials if trial_kind(t) == "feasible" and t.number != best.number

@@ -40,8 +40,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, field_validator, model_validator
 
 from bench.core.errors import BenchError, did_you_mean
+from bench.core.inputs import read_text
 from bench.records.figures import SUMMARY_STEP_TIME, SUMMARY_THROUGHPUT
-from bench.spec.loading import format_validation_error
+from bench.spec.loading import MAX_MATRIX_BYTES, format_validation_error
 from bench.spec.matrix import Base, Matrix, parse_cell
 
 #: searchable parameter (verl's name) -> the matrix ``base`` field that carries it into a run
@@ -173,9 +174,6 @@ def parse_tune(matrix: Matrix, text: str | None = None) -> TuneBlock:
         raise BenchError(f"{src}: tune: missing (add a tune block with a search space; "
                          f"see matrix/tune_dynamic_bsz.yaml)")
     if text is None and matrix.source:
-        from bench.core.inputs import read_text
-        from bench.spec.loading import MAX_MATRIX_BYTES
-
         try:
             text = read_text(matrix.source, MAX_MATRIX_BYTES, "matrix")
         except BenchError:

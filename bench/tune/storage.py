@@ -12,6 +12,8 @@ from bench.core.errors import BenchError, DiskFullError
 from bench.core.paths import check_folder, check_names
 from bench.records.results import is_no_space
 from bench.tracking.store import DB_DRIVERS, check_database, in_memory, sqlite_path
+from bench.tune.block import parse_block  # the block as tune reads it (its own settings too)
+from bench.tune.space import resolve_space
 
 FP_ATTR = "bench_fingerprint"
 SETTINGS_ATTR = "bench_settings"  # studies made before the settings were split into keys: one JSON value
@@ -83,9 +85,6 @@ def check_tune_block(matrix: Any) -> None:
     Raises:
         BenchError: naming the file, the key and what is wrong.
     """
-    from bench.tune.block import parse_block  # the block as tune reads it (its own settings too)
-    from bench.tune.space import resolve_space
-
     block = parse_block(matrix)
     resolve_space(block, matrix.base, matrix.source or "matrix")
     if block.storage:

@@ -12,8 +12,11 @@ from typing import TYPE_CHECKING, Any
 from bench.records.results import atomic_write_json, read_json
 from bench.spec.matrix import base_params
 from bench.spec.plan import RunSpec
+from bench.tracking import Tracker, git_commit, versions
+from bench.tracking.records import log_record
 from bench.tune.report import CONSTRAINT, verl_overrides
 from bench.tune.space import PARAMS
+from bench.tune.storage import redact
 
 if TYPE_CHECKING:
     from bench.tracking import Tracker
@@ -39,9 +42,6 @@ class TuneTracking:
         """Reuse the study's MLflow parent run (same tracking URI, still there; set RUNNING again) or create it
         (tags: kind, study, storage, engine, platform, versions; params: objective, sampler, space, fixed levels,
         base) and keep its id in the study's user attributes."""
-        from bench.tracking import Tracker, git_commit, versions
-        from bench.tune.storage import redact
-
         s = self.s
         if self.tracker is None:
             self.tracker = Tracker(s.tracking_uri, s.matrix.name)
@@ -74,8 +74,6 @@ class TuneTracking:
                   limits: dict[str, int], spec: RunSpec, rec: dict[str, Any], rdir: Path) -> str | None:
         """Log one trial as an MLflow child of the study's parent (once: a mark file in the trial folder)."""
         from mlflow.entities import Metric, Param, RunTag
-
-        from bench.tracking.records import log_record
 
         mark = read_json(rdir / MLFLOW_MARK)
         if self.tracker is None or (mark and mark.get("tracking_uri") == self.s.tracking_uri):

@@ -7,10 +7,16 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
+import bench.tune.confirm as C
+from bench.analyze.snapshot import record_samples
 from bench.core.errors import BenchError
-from bench.execution.executors import Executor
-from bench.records.results import ResultsDir, atomic_write_json
-from bench.tune.report import CONSTRAINT, is_interrupted, write_outputs
+from bench.execution.executors import Executor, LocalExecutor
+from bench.execution.runner import execute_spec
+from bench.records.figures import run_value
+from bench.records.results import ResultsDir, atomic_write_json, read_json
+from bench.records.speed import normalized_median, probe_spec
+from bench.tracking import Tracker
+from bench.tune.report import CONSTRAINT, best_trial, is_interrupted, write_outputs
 from bench.tune.settings import TuneOutcome, TuneSettings, make_sampler
 from bench.tune.space import PARAMS, limits_of, rule_of_thumb, tune_fingerprint
 from bench.tune.storage import FP_ATTR, SETTINGS_PREFIX, _diff, flatten, open_storage, redact, study_settings
@@ -50,8 +56,6 @@ class Tuner(TuneTracking):
 
     def __init__(self, settings: TuneSettings, executor: Executor | None = None,
                  on_event: Callable[[str, dict[str, Any]], None] | None = None):
-        from bench.execution.executors import LocalExecutor
-
         self.s = settings
         self.executor = executor or LocalExecutor()
         self.on_event = on_event or (lambda kind, data: None)
@@ -139,9 +143,6 @@ class Tuner(TuneTracking):
         """
         import numpy as np
 
-        from bench.analyze.snapshot import record_samples
-        from bench.records.speed import normalized_median, probe_spec
-
         trial.set_user_attr("raw_value", raw)
         trial.set_user_attr(f"{self.s.value_key}_raw", raw)
         trial.set_user_attr("normalized", False)
@@ -178,8 +179,6 @@ class Tuner(TuneTracking):
         """
         import optuna
 
-        from bench.execution.runner import execute_spec
-
         s = self.s
         params = {name: trial.suggest_int(name, d.low, d.high, step=d.step, log=d.log) for name, d in s.space.items()}
         limits = limits_of(params, s.matrix.base)
@@ -200,9 +199,6 @@ class Tuner(TuneTracking):
         atomic_write_json(rdir / "spec.json", spec.model_dump(mode="json"))
         atomic_write_json(rdir / "trial.json", {"study": s.study_name, "number": trial.number, "limits": limits,
                                                 "storage": redact(s.storage_url)})
-        from bench.analyze.snapshot import record_samples
-        from bench.records.figures import run_value
-
         value = run_value(record_samples(rec)[s.block.objective]) if rec["status"] == "ok" else None
         if rec["status"] == "ok" and value is not None:
             value = self.speed_normalized(trial, rec, float(value))
@@ -245,8 +241,6 @@ class Tuner(TuneTracking):
         s = self.s
         optuna.logging.set_verbosity(optuna.logging.ERROR)
         self.storage = open_storage(s.storage_url, s.storage_from)  # before anything is written
-        from bench.tracking import Tracker
-
         self.tracker = Tracker(s.tracking_uri, s.matrix.name)  # a bad tracking URI fails before the study exists
         rd = ResultsDir(s.results, s.matrix.name)
         with rd.lock():
@@ -315,10 +309,6 @@ class Tuner(TuneTracking):
         thumb, the runner-up's), run like trials but not told to the study; ``None`` without a feasible trial.
         ``reuse``: keep the study's last confirmation when it compared the same limits with as many blocks
         (a resumed tune that ran no trial). Also written to ``<study>/confirmation.json``."""
-        import bench.tune.confirm as C
-        from bench.records.results import read_json
-        from bench.tune.report import best_trial
-
         s = self.s
         best = best_trial(study)
         if best is None:
@@ -335,10 +325,6 @@ class Tuner(TuneTracking):
                                                        "blocks_requested")) and "line" in old:
             return old
         import shutil
-
-        from bench.analyze.snapshot import record_samples
-        from bench.execution.runner import execute_spec
-        from bench.records.figures import run_value
 
         folder = s.study_dir / C.FOLDER
         if folder.exists():

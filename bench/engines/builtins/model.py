@@ -202,7 +202,7 @@ def _warm_start(model: Any, processor: Any, items: list, ws: dict, tid: dict, se
 
     import torch
 
-    from .sequences import Sequence, TokenIds, pack
+    from .sequences import Sequence, TokenIds, pack  # deferred: bench.engines.builtins.sequences loads torch
 
     ids = TokenIds(pad=tid["<|endoftext|>"], image=tid["<|image_pad|>"], eos=(tid["<|im_end|>"],))
     tok = processor.tokenizer

@@ -27,7 +27,7 @@ sys.modules.setdefault("sklearn", None)
 
 def classify(exc: BaseException) -> tuple[str, int, str]:
     """``(kind, exit code, one-line reason)`` of an exception raised by a run."""
-    from bench.core.errors import BenchError
+    from bench.core.errors import BenchError  # deferred: after T_START (start-up clock) and the sklearn stub
 
     reason = " ".join(str(exc).split()) or type(exc).__name__
     if isinstance(exc, BenchError):
@@ -54,13 +54,13 @@ def main(argv: list[str] | None = None) -> int:
     for old in (out / "trace").glob("steps_*.json") if (out / "trace").is_dir() else ():
         old.unlink()
 
-    from .run import setup_logging
+    from .run import setup_logging  # deferred: after T_START (start-up clock) and the sklearn stub
 
     setup_logging(out)
     log = logging.getLogger("bench.embedded")
     try:
-        from .config import load_run_config
-        from .run import run, write_resolved_config
+        from .config import load_run_config  # deferred: after T_START (start-up clock) and the sklearn stub
+        from .run import run, write_resolved_config  # deferred: after T_START (start-up clock) and the sklearn stub
 
         cfg = load_run_config(args.config)
         write_resolved_config(cfg, out)

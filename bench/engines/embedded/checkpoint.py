@@ -43,7 +43,7 @@ def token_ids(model: Any, processor: Any) -> "Any":
 
     EOS ids are the generation config's ``eos_token_id`` (int or list) plus the tokenizer's EOS.
     """
-    from bench.engines.builtins.sequences import TokenIds
+    from bench.engines.builtins.sequences import TokenIds  # deferred: bench.engines.builtins.sequences loads torch
 
     tok = getattr(processor, "tokenizer", processor)
     eos = model.generation_config.eos_token_id

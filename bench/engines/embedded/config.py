@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from bench.core.errors import BenchError
+from bench.core.inputs import load_yaml, read_text, yaml_error_line
 
 DEFAULT_MODEL = "builtin:qwen3vl-tiny"
 DEFAULT_DATA = "builtin:shapes"
@@ -107,8 +108,6 @@ def load_run_config(path: str | Path | None) -> RunConfig:
     """
     if path is None:
         return RunConfig()
-    from bench.core.inputs import load_yaml, read_text, yaml_error_line
-
     path = Path(path)
     text = read_text(path, MAX_CONFIG_BYTES, "run config")
     try:

@@ -35,6 +35,11 @@ from bench.engines.builtins import model as model_mod
 from . import checkpoint
 from .batching import InfeasibleError
 from .config import RunConfig
+from .profiling import StepProfiler
+from .speed_probe import METRIC as PROBE_METRIC
+from .speed_probe import SpeedProbe
+from .speed_probe import source as probe_source
+from .speed_probe import spec as probe_spec
 
 log = logging.getLogger("bench.embedded")
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
@@ -206,9 +211,8 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
         longest,
     )
 
-    from . import fused
-    from .profiling import StepProfiler
-    from .step import make_trainer, run_step
+    from . import fused  # deferred: bench.engines.embedded.fused loads torch
+    from .step import make_trainer, run_step  # deferred: bench.engines.embedded.step loads torch
 
     torch.manual_seed(cfg.seed)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.use_kl_loss else None
@@ -226,11 +230,6 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
     tracking = Tracking(project_name=PROJECT, experiment_name=out.name, default_backend="file")
     timings: list[dict[str, float]] = []
     passes: dict[str, dict[str, list[int]]] = {}
-    from .speed_probe import METRIC as PROBE_METRIC
-    from .speed_probe import SpeedProbe
-    from .speed_probe import source as probe_source
-    from .speed_probe import spec as probe_spec
-
     probe = SpeedProbe() if cfg.speed_probe else None
     t_steps = time.perf_counter()
     log.info("start-up done in %.2f s", t_steps - t_start)

@@ -38,6 +38,9 @@ from typing import Any
 
 from bench.core.errors import BenchError
 from bench.engines.base import EngineBase, Launch
+from bench.engines.builtins import data as data_mod
+from bench.engines.common import default_cache_dir
+from bench.engines.verl.config import VerlConfigError, check_overrides
 from bench.engines.verl.notes import forward_prefetch_note, mc2_note, not_read_notes
 from bench.engines.verl.overrides import (
     DEVICES,
@@ -56,6 +59,10 @@ from bench.engines.verl.overrides import (
     profiler_overrides,
 )
 from bench.engines.verl.probe import probe_machine
+from bench.engines.verl_cpu import assets, target
+from bench.engines.verl_cpu.target import verl_python
+from bench.execution.executors import fill_placeholders
+from bench.measure.verl_failure import classify
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism, conflict_lifts, resolve
 
@@ -69,10 +76,6 @@ REWARD_FILE = "bench/engines/verl_cpu/reward.py"
 
 def _ensure_cpu_assets(launches: list[Launch]) -> None:
     """Build the tiny model and the data set the ``verl:cpu`` launches name (once; cached)."""
-    from bench.engines.builtins import data as data_mod
-    from bench.engines.common import default_cache_dir
-    from bench.engines.verl_cpu import assets
-
     cache = default_cache_dir()
     paths = [p for launch in launches for p in (launch.config.get("paths") or {}).values()]
     if any(("{bench_cache}/" + assets.model_relpath(assets.BUILTIN_MODEL)) in p for p in paths):
@@ -107,9 +110,6 @@ class VerlEngine(EngineBase):
     def placeholders() -> dict[str, str]:
         """``{verl_python}`` (the verl CPU stack's interpreter) and ``{bench_cache}`` (models and data built
         locally)."""
-        from bench.engines.common import default_cache_dir
-        from bench.engines.verl_cpu.target import verl_python
-
         return {"verl_python": verl_python(), "bench_cache": str(default_cache_dir())}
 
     @staticmethod
@@ -119,8 +119,6 @@ class VerlEngine(EngineBase):
         run wrote its own ``failure.json``."""
         if (Path(run_dir) / "failure.json").exists():
             return None
-        from bench.measure.verl_failure import classify
-
         return classify(log_tail, timed_out=timed_out, steps_done=steps_done, returncode=returncode,
                         overrides=[a for a in argv[1:] if "=" in a])
 
@@ -157,8 +155,6 @@ class VerlEngine(EngineBase):
         env: dict[str, str] = {}
         target_patches: tuple[str, ...] = ()
         if cpu:
-            from bench.engines.verl_cpu import target
-
             target_overrides = target.overrides(base.n_gpus_per_node, f"'{{repo}}/{REWARD_FILE}'")
             env.update(target.env())
             target_patches = target.PATCHES
@@ -232,13 +228,9 @@ class VerlEngine(EngineBase):
         Raises:
             BenchError: one line naming what is missing or refused.
         """
-        from bench.execution.executors import fill_placeholders
-
         where = matrix.source or matrix.name
         python = sys.executable
         if platform == "cpu":
-            from bench.engines.verl_cpu import target
-
             python = target.verl_python()
             if not Path(python).exists():
                 raise BenchError(f"{where}: engine verl on cpu: {target.PYTHON_ENV}={python} does not exist "
@@ -253,8 +245,6 @@ class VerlEngine(EngineBase):
             note = mc2_note()
             if note:
                 raise BenchError(f"{where}: factors.{note}")
-        from bench.engines.verl.config import VerlConfigError, check_overrides
-
         for launch in launches:
             try:
                 check_overrides(fill_run_dir(overrides_of(launch.argv)))

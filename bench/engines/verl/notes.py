@@ -7,6 +7,10 @@ from __future__ import annotations
 
 import re
 
+from bench.engines.verl.config import VerlConfigError, installed_verl_version, read_release_file
+from bench.spec.optimizations import not_read
+from bench.spec.optimizations.versions import stack_versions
+
 #: First vllm-ascend release with ``VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE`` (tags v0.10.0rc1 on; absent in v0.9.x);
 #: the whole range, with the release that removed it (vllm-ascend PR 12119), is data of the ``mc2`` optimization
 #: (:attr:`bench.spec.optimizations.base.Optimization.switches`).
@@ -39,8 +43,6 @@ def fsdp2_honours_forward_prefetch(fsdp_utils_source: str | None) -> bool | None
 
 def forward_prefetch_note(overrides: list[str], verl_version: str | None = None) -> str | None:
     """Why ``forward_prefetch`` would do nothing with this verl and these overrides, or ``None``."""
-    from bench.engines.verl.config import VerlConfigError, installed_verl_version, read_release_file
-
     if _fsdp_strategy(overrides) != "fsdp2":
         return None
     try:
@@ -64,9 +66,6 @@ def not_read_notes(levels: dict[str, int | None], platform: str,
     """One line per factor of ``levels`` (not ``None``) whose switch the stack on ``platform`` does not read
     (:func:`bench.spec.optimizations.not_read`; ``versions`` default: the installed stack, which
     ``BENCH_STACK_VERSIONS`` can fake)."""
-    from bench.spec.optimizations import not_read
-    from bench.spec.optimizations.versions import stack_versions
-
     if versions is None:
         versions = stack_versions(platform)
     return [n for k, v in levels.items() if v is not None and (n := not_read(k, "verl", platform, versions))]

@@ -11,7 +11,11 @@ import re
 from typing import Any
 
 from bench.core.errors import BenchError
+from bench.engines.builtins import data as data_mod
 from bench.engines.common import default_profile_steps
+from bench.engines.verl.config import hydra_value
+from bench.engines.verl_cpu import assets
+from bench.execution.executors import fill_placeholders
 from bench.spec.loading import expand_env
 from bench.spec.matrix import Base
 
@@ -30,9 +34,7 @@ MISSING = "???"
 
 
 def _hv(value: Any) -> str:
-    """A value for a Hydra override (lazy import keeps planning free of Hydra)."""
-    from bench.engines.verl.config import hydra_value
-
+    """A value for a Hydra override (:mod:`bench.engines.verl.config` imports Hydra only inside its functions)."""
     return hydra_value(value)
 
 
@@ -68,8 +70,6 @@ def builtin_model_path(spec: str | None, platform: str) -> str | None:
     Raises:
         BenchError: a ``builtin:`` model on an accelerator platform, or an unknown builtin name.
     """
-    from bench.engines.verl_cpu import assets
-
     if spec is None and platform == "cpu":
         spec = assets.BUILTIN_MODEL
     if spec is None or not spec.startswith("builtin:"):
@@ -86,8 +86,6 @@ def builtin_data_path(spec: str | None, platform: str, default: str | None = "bu
     Raises:
         BenchError: a ``builtin:`` data set on an accelerator platform, or an unknown builtin name.
     """
-    from bench.engines.builtins import data as data_mod
-
     if spec is None and platform == "cpu":
         spec = default
     if spec is None or not spec.startswith("builtin:"):
@@ -186,6 +184,4 @@ def overrides_of(argv: list[str]) -> list[str]:
 def fill_run_dir(overrides: list[str], run_dir: str = "/tmp/bench-run") -> list[str]:
     """Overrides with ``{run_dir}`` and the machine placeholders replaced (to check them before the run
     folder exists)."""
-    from bench.execution.executors import fill_placeholders
-
     return [fill_placeholders(o.replace(RUN_DIR_PLACEHOLDER, run_dir)) for o in overrides]

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.engines.verl.config import fast_compose
+
 
 def probe_machine(platform: str, override_lists: list[list[str]] = (), timeout_s: float = 900,
                   python: str = sys.executable) -> dict[str, Any]:
@@ -65,8 +67,6 @@ def _probe(platform: str, path: str) -> dict[str, Any]:
     except ImportError:
         validate_config = None
     if validate_config is not None:
-        from bench.engines.verl.config import fast_compose
-
         for i, overrides in enumerate(json.loads(Path(path).read_text())):
             try:
                 with warnings.catch_warnings():

@@ -30,6 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import BenchError
+from bench.engines.builtins import data as data_mod
+from bench.engines.builtins.model import BUILTIN_MODEL as EMBEDDED_VL
+from bench.engines.builtins.model import _train_tokenizer, ensure_builtin, resolve_model_path
 
 BUILTIN_MODEL = "builtin:qwen3-tiny"
 BUILTIN_VL_MODEL = "builtin:qwen3vl-tiny"
@@ -68,9 +71,6 @@ def build_model(out_dir: Path, cache_dir: Path) -> None:
     """Build tokenizer + random-weight tiny Qwen3 into ``out_dir`` (seconds on 2 cores)."""
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM
-
-    from bench.engines.builtins import data as data_mod
-    from bench.engines.builtins.model import _train_tokenizer
 
     items = data_mod.load_prompts(data_mod.builtin_path(BUILTIN_DATA, cache_dir))
     texts = [m["content"] for it in items for m in it.messages]
@@ -132,9 +132,6 @@ def ensure_model(cache_dir: Path) -> Path:
 
 def vl_model_dir(cache_dir: Path) -> Path:
     """Where ``builtin:qwen3vl-tiny`` lives in ``cache_dir`` (the embedded engine's folder of the same model)."""
-    from bench.engines.builtins.model import BUILTIN_MODEL as EMBEDDED_VL
-    from bench.engines.builtins.model import resolve_model_path
-
     return resolve_model_path(EMBEDDED_VL, Path(cache_dir))[0]
 
 
@@ -144,8 +141,6 @@ def ensure_vl_model(cache_dir: Path) -> Path:
     Raises:
         BenchError: the build failed (message says why).
     """
-    from bench.engines.builtins.model import ensure_builtin
-
     path = vl_model_dir(cache_dir)
     try:
         ensure_builtin(path, Path(cache_dir))
@@ -172,8 +167,6 @@ def model_relpath(spec: str) -> str:
 
 def ensure_data(cache_dir: Path) -> Path:
     """Path of the ``builtin:text`` RL parquet in ``cache_dir`` (generated when absent)."""
-    from bench.engines.builtins import data as data_mod
-
     return data_mod.builtin_path(BUILTIN_DATA, cache_dir)
 
 

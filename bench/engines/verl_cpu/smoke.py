@@ -34,8 +34,13 @@ from typing import Any
 
 from bench.engines.verl.launch import VerlEngine
 from bench.engines.verl.overrides import key_of
+from bench.engines.verl_cpu import target
+from bench.execution.executors import LocalExecutor
+from bench.execution.runner import execute_spec
+from bench.measure.patch_reports import patch_evidence
+from bench.records.results import atomic_write_json
 from bench.spec.matrix import Base, Matrix
-from bench.spec.optimizations import REGISTRY, resolve
+from bench.spec.optimizations import REGISTRY, applicability, resolve
 from bench.spec.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
 
 #: Key patterns of overrides that only make sense on an accelerator, with the reason they are left out.
@@ -91,8 +96,6 @@ SMOKE_VL: dict[str, Any] = {"model": "builtin:qwen3vl-tiny", "data": "builtin:vl
 def accelerator_only(override: str) -> str | None:
     """Why ``override`` is left out of a smoke run (``None``: kept; also when the CPU target sets the
     same value itself, e.g. ``actor_rollout_ref.rollout.name=vllm``)."""
-    from bench.engines.verl_cpu import target
-
     if override.lstrip("+") in {s.value.lstrip("+") for s in target.OVERRIDES}:
         return None
     key = key_of(override)
@@ -106,8 +109,6 @@ def not_exercised(plan: Plan, matrix: Matrix | None = None) -> dict[str, str]:
     """Factors the plan varies whose mechanism has no effect on the CPU target, with the reason (their
     environment variables and patches still go into the smoke launches). ``matrix`` gives the smoke
     settings' context (a multimodal matrix's smoke run serves the tiny Qwen3-VL)."""
-    from bench.spec.optimizations import applicability
-
     ctx = smoke_base(matrix)[0].context() if matrix is not None else {"rollout_tp": 1}
     out = {}
     for key in plan.varied:
@@ -135,8 +136,6 @@ def smoke_base(matrix: Matrix, steps: int = 2) -> tuple[Base, list[str]]:
 def cpu_counterparts(levels: dict[str, int | None], platform: str, context: dict[str, Any]) -> tuple[list, list]:
     """The patches of the ``verl:cpu`` mechanism of each factor level that the cell's own (``platform``)
     mechanism lacks, where the factor applies on CPU; returns them and one note per factor."""
-    from bench.spec.optimizations import applicability
-
     patches, notes = [], []
     if platform == "cpu":
         return patches, notes
@@ -210,11 +209,6 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     ``evidence`` holds only the factors whose evidence is missing or contradicted, among those the CPU
     target can exercise (:func:`not_exercised` lists the others). ``smoke.json`` in the folder holds the list.
     """
-    from bench.execution.executors import LocalExecutor
-    from bench.execution.runner import execute_spec
-    from bench.measure.patch_reports import patch_evidence
-    from bench.records.results import atomic_write_json
-
     cells = smoke_cells(matrix, plan, steps)
     inert_factors = not_exercised(plan, matrix)
     folder = Path(results_root) / f"{matrix.name}-smoke" / time.strftime("%Y%m%d-%H%M%S")

@@ -16,7 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.core.plugins import LiveView
+from bench.core.errors import BenchError
+from bench.core.plugins import LiveView, load
 from bench.spec.optimizations.base import Conflict, Mechanism, Optimization
 from bench.spec.optimizations.versions import VERL, Bound, Lift, at_least, range_verdict, stack_versions
 
@@ -44,13 +45,9 @@ def _load() -> dict[str, Optimization]:
     global _loaded
     if not _loaded:
         _loaded = True  # before loading: an entry point's module may itself look the registry up
-        from bench.core.plugins import load
-
         found = {}
         for name, opt in load(GROUP):
             if not isinstance(opt, Optimization):
-                from bench.core.errors import BenchError
-
                 raise BenchError(f"entry point {GROUP}: {name}: not an Optimization ({type(opt).__name__})")
             found[opt.key] = opt
         # registrations made before the first lookup come after the entry points

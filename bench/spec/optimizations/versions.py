@@ -22,6 +22,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bench.core.errors import BenchError
+from bench.core.metadata import versions
+
 #: ``name=version,...``: versions of the stack that replace the installed ones (tests fake versions with it)
 STACK_ENV = "BENCH_STACK_VERSIONS"
 #: the verl Python package (its distribution name, as :func:`bench.core.metadata.versions` keys it; not the engine)
@@ -114,8 +117,6 @@ def parse_stack(text: str) -> dict[str, str]:
     Raises:
         BenchError: an item is not ``name=version`` or names a package outside :data:`PACKAGES`.
     """
-    from bench.core.errors import BenchError
-
     out = {}
     for item in filter(None, (x.strip() for x in text.split(","))):
         name, sep, version = item.partition("=")
@@ -135,8 +136,6 @@ def stack_versions(platform: str, recorded: dict[str, str] | None = None, *, env
         BenchError: :data:`STACK_ENV` is malformed.
     """
     if recorded is None:
-        from bench.core.metadata import versions
-
         recorded = versions()
     base = {k: v for k, v in recorded.items() if k in PACKAGES}
     markers = _PLATFORM_MARKERS.get(platform)
