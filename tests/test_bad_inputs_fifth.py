@@ -159,3 +159,40 @@ def test_locked_optuna_storage_is_named(box, capsys):
     err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip() and not ln.startswith("[")]
     assert rc == 2 and err, err
     assert "--storage sqlite:///o.db" in err[-1] and "locked by another process" in err[-1], err
+
+
+def test_sequential_stopped_after_zero_is_refused(sweep_box, capsys):
+    """``stopped_after: 0`` was read as 1 (``or 1``) and the report written (the fresh trial of issue 33)."""
+    sweep = next((sweep_box / "res" / "synth").glob("2*"))
+    edit_json(sweep / "sweep.json", lambda d: d.update(sequential={"stopped_after": 0, "looks": []}))
+    check_refused(sweep_box, ["report", "synth", "--results", "res"], capsys,
+                  ("sweep.json", "sequential.stopped_after 0", "an integer >= 1"))
+
+
+@pytest.mark.parametrize("field, value", [("history", "yesterday"), ("sweep_to_sweep", "x")])
+def test_baseline_history_and_offset_have_a_schema(sweep_box, capsys, field, value):
+    """A text ``history`` crashed ``baseline save --force`` (TypeError) and was used by the gate; a text
+    ``sweep_to_sweep`` crashed the gate (AttributeError); both with a crash log (the fresh trial of issue 33)."""
+    assert main(["baseline", "save", "synth", "--name", "b", "--results", "res"]) == 0
+    capsys.readouterr()
+    edit_json(sweep_box / "res" / "baselines" / "b.json", lambda d: d.update({field: value}))
+    for argv in (["gate", "--candidate", "synth", "--baseline", "b", "--no-expect"], ["baseline", "show", "b"],
+                 ["baseline", "save", "synth", "--name", "b", "--force"]):
+        check_refused(sweep_box, [*argv, "--results", "res"], capsys, ("baselines/b.json", "not a valid baseline",
+                                                                        field))
+
+
+NEAR_MISSES = {
+    "expect_factor": (GOOD + "expect:\n  - {factor: dynamic, at_least: 0.1}\n", "did you mean 'dynamic_bsz'?"),
+    "sampler_type": (TUNE.replace("  n_trials: 2\n", "  n_trials: 2\n  sampler: {type: tpee}\n"),
+                     "did you mean 'tpe'?"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NEAR_MISSES))
+def test_near_misses_get_a_did_you_mean(box, capsys, case):
+    """The docs promise "did you mean" for a near miss of a factor and a sampler type (the fresh trial of issue 33:
+    a factor under ``expect`` and ``tune.sampler.type`` had none)."""
+    text, hint = NEAR_MISSES[case]
+    (box / "m.yaml").write_text(text)
+    check_refused(box, ["run", "m.yaml", "--dry-run"], capsys, ("m.yaml", hint))

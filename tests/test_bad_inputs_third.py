@@ -165,7 +165,9 @@ def test_sighup_ends_the_sweep_like_sigterm(box):
     err = open(box / "h.err", "w")
     proc = subprocess.Popen([sys.executable, str(ROOT / "run_bench.py"), "m.yaml", "--results", "res", "--tracking-uri",
                              f"sqlite:///{box / 'mlflow.db'}"], cwd=box, env=env, stdout=subprocess.DEVNULL,
-                            stderr=err, start_new_session=True)
+                            stderr=err, start_new_session=True,
+                            # a terminal's default (under nohup the harness rightly keeps SIGHUP ignored)
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 120
         while not list((box / "res").glob("hup/2*/*/r0/run_config.yaml")):  # a run is under way

@@ -81,3 +81,44 @@ def test_a_sqlite_store_where_nothing_can_be_kept_is_refused_at_once(tmp_path, m
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and needle in err[0], err
     assert not (tmp_path / "res").exists()
+
+
+@pytest.fixture
+def health_only_server():
+    """A server on 127.0.0.1 that answers ``/health`` with 200 and every other path with a plain 404."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            ok = self.path == "/health"
+            self.send_response(200 if ok else 404)
+            self.end_headers()
+            self.wfile.write(b"OK" if ok else b"nope")
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(10)
+
+
+def test_a_server_that_is_not_mlflow_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys,
+                                                                           health_only_server):
+    """Its 404 at the API path was taken for MLflow's "no such experiment": ``run`` made ``results/<name>/.lock``,
+    then failed in MLflow's words (the fresh trial of issue 33)."""
+    from _badinput import GOOD
+
+    from bench.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "m.yaml").write_text(GOOD)
+    assert main(["run", "m.yaml", "--results", "res", "--tracking-uri", health_only_server]) == 2
+    err = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(err) == 1 and "answers /health but not the MLflow API (HTTP 404" in err[0], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.yaml"]

@@ -117,6 +117,16 @@ def _shape_model() -> Any:
         levels: dict[str, int | None]
         repeats: list[_Repeat]
 
+    class _History(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        log_step_time: dict[str, float] = {}
+        log_step_time_normalized: dict[str, float] = {}
+
+    class _Offset(BaseModel):
+        model_config = ConfigDict(extra="allow")
+        sd_log: float | None = None
+        df: int | None = None
+
     class _Source(BaseModel):
         model_config = ConfigDict(extra="allow")
         sweep: str | None = None
@@ -127,6 +137,8 @@ def _shape_model() -> Any:
         platform: str
         source: _Source
         cells: list[_Cell] = Field(min_length=1)  # a baseline of no cell judges nothing
+        history: list[_History] | None = None  # the saved sweeps (save --force appends)
+        sweep_to_sweep: _Offset | None = None
 
     return _Shape
 
@@ -175,7 +187,7 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
     snap.update(name=name, created_at=time.time(), note=note, machine=machine())
     for c in snap["cells"]:
         c["summary"] = _cell_summary(c)
-    old = read_json(out) if out.exists() else None
+    old = load_baseline(str(out), results) if out.exists() else None  # checked like every reader checks it
     snap["history"] = ((old or {}).get("history") or [])[-(HISTORY - 1):] + [history_entry(snap)]
     snap["sweep_to_sweep"] = sweep_to_sweep(snap["history"])
     atomic_write_json(out, snap)

@@ -333,7 +333,7 @@ def check_sweep_meta(path: Path) -> dict:
                              f"{'a JSON object' if kind is dict else 'a list'})")
     seq = meta.get("sequential") if isinstance(meta.get("sequential"), dict) else {}
     for key, value in (("plan.repeats", meta["plan"].get("repeats", 1)),
-                       ("sequential.stopped_after", seq.get("stopped_after") or 1)):
+                       ("sequential.stopped_after", 1 if seq.get("stopped_after") is None else seq["stopped_after"])):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
             raise BenchError(f"{path}: not a sweep record: {key} {value!r} (allowed: an integer >= 1)")
     for key in ("engine", "platform", "matrix_name"):

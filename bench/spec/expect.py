@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from bench.core.errors import did_you_mean
 from bench.records.figures import METRICS
 from bench.spec.optimizations import REGISTRY, factor_keys
 
@@ -44,7 +45,8 @@ class Expect(BaseModel):
     @classmethod
     def _factor(cls, v: str) -> str:
         if v != "all" and v not in REGISTRY:
-            raise ValueError(f"unknown factor {v!r} (allowed: all, {', '.join(factor_keys())})")
+            raise ValueError(f"unknown factor {v!r}{did_you_mean(v, factor_keys())} (allowed: all, "
+                             f"{', '.join(factor_keys())})")
         return v
 
     @field_validator("level")

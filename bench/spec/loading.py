@@ -160,7 +160,8 @@ def value_message(err: dict[str, Any]) -> str:
     if kind.startswith(("greater_than", "less_than")) or kind in ("string_too_long", "string_pattern_mismatch"):
         return f"{msg.replace('Input should be', 'must be').replace('String should', 'must')}, got {_short(bad)}"
     if kind == "literal_error":
-        return f"allowed: {msg.replace('Input should be ', '')}, got {bad!r}"
+        hint = did_you_mean(bad, re.findall(r"'([^']*)'", str(ctx.get("expected", ""))))
+        return f"allowed: {msg.replace('Input should be ', '')}, got {bad!r}{hint}"
     return msg.replace("Input should be", "must be")
 
 

@@ -106,8 +106,11 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
                     raise TimeoutError("timed out")
                 with urllib.request.urlopen(uri.rstrip("/") + path, timeout=left) as resp:
                     resp.read(64)
-            except urllib.error.HTTPError:
-                pass  # it answered: a server without /health is still a server
+            except urllib.error.HTTPError as exc:  # it answered: a server without /health is still a server,
+                # but an API path unknown to it (404 without MLflow's JSON error) is not MLflow's
+                if path == API_PROBE and exc.code == 404 and b"error_code" not in (exc.read(4096) or b""):
+                    raise BenchError(f"--tracking-uri {uri}: the server answers /health but not the MLflow API "
+                                     f"(HTTP 404 at {API_PROBE}); give the URL of an MLflow tracking server") from None
             except (OSError, ValueError) as exc:
                 why = getattr(exc, "reason", None) or exc
                 raise BenchError(f"--tracking-uri {uri}: tracking server {what} within {PROBE_TIMEOUT_S:g} s "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, did_you_mean
 from bench.engines.builtins import data as data_mod
 from bench.engines.common import default_profile_steps
 from bench.engines.verl.config import hydra_value
@@ -91,7 +91,8 @@ def builtin_data_path(spec: str | None, platform: str, default: str | None = "bu
     if spec is None or not spec.startswith("builtin:"):
         return None
     if spec not in data_mod.BUILTINS:
-        raise BenchError(f"base.data: unknown builtin data set {spec!r} (allowed: {', '.join(data_mod.BUILTINS)})")
+        raise BenchError(f"base.data: unknown builtin data set {spec!r}{did_you_mean(spec, data_mod.BUILTINS)} "
+                         f"(allowed: {', '.join(data_mod.BUILTINS)})")
     if platform != "cpu":
         raise BenchError(f"base.data: {spec} is generated for CPU smoke runs; on {platform} give a parquet path")
     return "{bench_cache}/" + data_mod.builtin_relpath(spec)

@@ -29,7 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, did_you_mean
 from bench.engines.builtins import data as data_mod
 from bench.engines.builtins.model import BUILTIN_MODEL as EMBEDDED_VL
 from bench.engines.builtins.model import _train_tokenizer, ensure_builtin, resolve_model_path
@@ -161,8 +161,8 @@ def model_relpath(spec: str) -> str:
         return model_dir(Path("")).as_posix()
     if spec == BUILTIN_VL_MODEL:
         return vl_model_dir(Path("")).as_posix()
-    raise BenchError(f"base.model: unknown builtin model {spec!r} for engine verl "
-                     f"(allowed: {', '.join(BUILTIN_MODELS)})")
+    raise BenchError(f"base.model: unknown builtin model {spec!r}{did_you_mean(spec, BUILTIN_MODELS)} for engine "
+                     f"verl (allowed: {', '.join(BUILTIN_MODELS)})")
 
 
 def ensure_data(cache_dir: Path) -> Path:
