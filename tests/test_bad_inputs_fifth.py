@@ -196,3 +196,31 @@ def test_near_misses_get_a_did_you_mean(box, capsys, case):
     text, hint = NEAR_MISSES[case]
     (box / "m.yaml").write_text(text)
     check_refused(box, ["run", "m.yaml", "--dry-run"], capsys, ("m.yaml", hint))
+
+
+def test_a_loop_of_links_is_named_as_one(box, capsys):
+    """``a.yaml -> b.yaml -> a.yaml`` was called "a link to b.yaml, which does not exist" (the fresh trial)."""
+    (box / "a.yaml").symlink_to("b.yaml")
+    (box / "b.yaml").symlink_to("a.yaml")
+    check_refused(box, ["run", "a.yaml", "--dry-run"], capsys, ("a.yaml", "a loop of symbolic links"))
+
+
+def test_baseline_name_given_empty_is_not_read_as_missing(sweep_box, capsys):
+    check_refused(sweep_box, ["baseline", "save", "synth", "--name", "", "--results", "res"], capsys,
+                  ("--name ''", "empty"))
+
+
+def test_a_tune_key_is_located_in_the_tune_block(box, capsys):
+    """``tune.timeout_s: -5`` was reported at the line of ``base.timeout_s`` (the first key of that name)."""
+    text = TUNE.replace("  max_response_length: 24\n", "  max_response_length: 24\n  timeout_s: 300\n") + \
+        "  timeout_s: -5\n"
+    (box / "m.yaml").write_text(text)
+    line = text.splitlines().index("  timeout_s: -5") + 1
+    check_refused(box, ["tune", "m.yaml", "--results", "res"], capsys, (f"m.yaml:{line}: tune.timeout_s",))
+
+
+def test_an_engine_option_given_as_override_names_the_override(box, capsys):
+    """``base.embedded.lr=2`` was blamed on the matrix file, which has no ``base.embedded``."""
+    (box / "m.yaml").write_text(GOOD)
+    check_refused(box, ["run", "m.yaml", "--dry-run", "base.embedded.lr=2"], capsys,
+                  ("m.yaml: override base.embedded.lr=2", "base.embedded.lr", "less than or equal to 1"))

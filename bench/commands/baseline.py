@@ -55,6 +55,8 @@ def _action(args: argparse.Namespace) -> int:
     if args.action == "save":
         if not args.target:
             raise BenchError("baseline save: give the sweep to save (folder, matrix name or <matrix>/<sweep id>)")
+        if args.name is not None and not args.name.strip():
+            raise BenchError(f"baseline save: --name {args.name!r}: empty (allowed: letters, digits, '_', '-', '.')")
         if not args.name:
             raise BenchError("baseline save: --name NAME is required")
         out, snap, warn = save(args.target, args.name, args.results, args.tracking_uri, force=args.force,

@@ -12,6 +12,7 @@ exceed :data:`MAX_YAML_NODES` nodes, before anything is built from it.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -61,6 +62,9 @@ def read_bytes(path: str | Path, limit: int, what: str = "file") -> bytes:
         fd = os.open(path, flags)
     except OSError as exc:
         if os.path.islink(path) and not path.exists():
+            if exc.errno == errno.ELOOP:  # a -> b -> a: every link exists, none ends in a file
+                raise BenchError(f"{path}: cannot read {what}: a loop of symbolic links (through "
+                                 f"{os.readlink(path)}); point the link at a file") from None
             raise BenchError(f"{path}: cannot read {what}: a link to {os.readlink(path)}, which does not exist") \
                 from None
         try:  # a socket cannot be opened at all (ENXIO): name what it is, not the kernel's words

@@ -54,11 +54,18 @@ def expand_env(value: str, *, file: str, key: str, strict: bool) -> str:
     return _ENV_REF.sub(sub, value)
 
 
-def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
-    """Best-effort line number of the first key of ``loc`` in the YAML text."""
+def _line_of(text: str, loc: tuple[Any, ...], within: str = "") -> int | None:
+    """Best-effort line number of the first key of ``loc`` in the YAML text; with ``within`` (a top-level key
+    such as ``tune``), searched below that key only (``tune.timeout_s`` is not ``base.timeout_s``)."""
+    start = 0
+    if within:
+        top = re.search(rf"^{re.escape(within)}\s*:", text, re.M)
+        if top is None:
+            return None
+        start = top.end()
     for part in loc:
         if isinstance(part, str):
-            m = re.search(rf"^\s*{re.escape(part)}\s*:", text, re.M)
+            m = re.compile(rf"^\s*{re.escape(part)}\s*:", re.M).search(text, start)
             if m:
                 return text.count("\n", 0, m.start()) + 1
     return None
@@ -130,7 +137,7 @@ def format_validation_error(file: str | Path, exc: ValidationError, text: str = 
         msg = "unknown key" + did_you_mean(loc[-1], fields) + (f" (allowed: {', '.join(fields)})" if fields else "")
     else:
         msg = value_message(err)
-    line = _line_of(text, loc) if text else None
+    line = _line_of(text, loc, prefix) if text else None
     where = f"{file}:{line}" if line else str(file)
     if not key:  # a check of the whole model: its message names the key itself
         return f"{where}: {msg}"
@@ -267,6 +274,8 @@ def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
         hit = next((ov for key, ov in given.items() if loc == key or loc.startswith(key + ".")), None)
         if hit is None:  # a check of the whole block (e.g. ``base``) that an override may have upset: name them all
             hit = " ".join(ov for key, ov in given.items() if key.startswith(loc + ".")) or None
+        if hit is None:  # a cross-check of the model (an engine's options) names the key in its message
+            hit = next((ov for key, ov in given.items() if re.search(rf"\b{re.escape(key)}\b", str(exc))), None)
         if hit is not None:  # the value came from the command line: name it, not a line of the file
             raise BenchError(format_validation_error(f"{path}: override {hit}", exc)) from None
         raise BenchError(format_validation_error(path, exc, text)) from None
