@@ -37,6 +37,14 @@ base:
 factors:
   dynamic_bsz: [off, on]
 """
+#: GOOD with a small ``tune`` block (dynamic bsz fixed on, one token limit searched), for the tune and storage cases
+TUNE = GOOD.replace("factors:\n  dynamic_bsz: [off, on]\n", "factors:\n  dynamic_bsz: [on]\n") + """\
+tune:
+  fixed: {dynamic_bsz: on}
+  space:
+    ppo_max_token_len_per_gpu: {low: 1, high: 4, unit: seq}
+  n_trials: 2
+"""
 #: fragments that only a library's own wording would contain (never shown to the user)
 LIBRARY_TEXT = ("Unable to extract tag", "Input should be a valid dictionary", "Generators are not valid",
                 "exceeded maximum size", "validation error for", "pydantic", "For further information visit",

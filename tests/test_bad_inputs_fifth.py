@@ -15,17 +15,9 @@ import sys
 import time
 
 import pytest
-from _badinput import GOOD, box, check_refused, edit_json, sweep_box  # noqa: F401 - fixtures
+from _badinput import GOOD, TUNE, box, check_refused, edit_json, sweep_box  # noqa: F401 - fixtures
 
 from bench.cli import main
-
-TUNE = GOOD.replace("factors:\n  dynamic_bsz: [off, on]\n", "factors:\n  dynamic_bsz: [on]\n") + """\
-tune:
-  fixed: {dynamic_bsz: on}
-  space:
-    ppo_max_token_len_per_gpu: {low: 1, high: 4, unit: seq}
-  n_trials: 2
-"""
 
 
 @pytest.mark.parametrize("key", ["rmsnorm_fused", "use_dynamic_bsz"])

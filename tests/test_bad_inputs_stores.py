@@ -13,17 +13,9 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from _badinput import GOOD, box, check_refused, sweep_box  # noqa: F401 - fixtures
+from _badinput import GOOD, TUNE, box, check_refused, sweep_box  # noqa: F401 - fixtures
 
 from bench.tracking.store import sqlite_kind
-
-TUNE = GOOD.replace("factors:\n  dynamic_bsz: [off, on]\n", "factors:\n  dynamic_bsz: [on]\n") + """\
-tune:
-  fixed: {dynamic_bsz: on}
-  space:
-    ppo_max_token_len_per_gpu: {low: 1, high: 4, unit: seq}
-  n_trials: 2
-"""
 
 
 def _mlflow_db(path: Path) -> Path:

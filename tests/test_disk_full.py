@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from _badinput import GOOD, give_specs
-from test_bad_inputs_fifth import TUNE
+from _badinput import GOOD, TUNE, give_specs
+from _tmpfs import mounted_tmpfs
 from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,13 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture()
 def full_disk(tmp_path):
     """A 4 MiB tmpfs holding a synthetic sweep ``synth`` under ``res/``, then filled to the last byte."""
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m,mode=0755", "tmpfs", str(mnt)], capture_output=True,
-                       text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({(p.stderr or p.stdout).strip() or p.returncode})")
-    try:
+    with mounted_tmpfs(tmp_path / "full", "4m") as mnt:
         make_sweep(mnt / "res", "synth", EMBEDDED_CELLS[:2], repeats=2, seed=1)
         give_specs(next((mnt / "res" / "synth").glob("2*")))  # sync reads each run's spec, as of a real sweep
         for name, chunk in (("filler", 65536), ("filler2", 1)):  # every free block, then the last bytes
@@ -45,8 +39,6 @@ def full_disk(tmp_path):
                 os.close(fd)
         assert shutil.disk_usage(mnt).free < 4096
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 def _files(folder: Path) -> dict[str, bytes]:

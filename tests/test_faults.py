@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from _tmpfs import mounted_tmpfs
 
 from bench.execution.executors import kill_strays
 
@@ -359,17 +360,11 @@ def test_two_harnesses_on_a_fresh_database(box):
 
 @pytest.fixture()
 def small_tmpfs(tmp_path):
-    mnt = tmp_path / "small"
-    mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=24m,mode=0755", "tmpfs", str(mnt)], capture_output=True,
-                       text=True)
-    if p.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({(p.stderr or p.stdout).strip() or p.returncode})")
-    try:
-        yield mnt
-    finally:
-        kill_strays(mnt)
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    with mounted_tmpfs(tmp_path / "small", "24m") as mnt:
+        try:
+            yield mnt
+        finally:
+            kill_strays(mnt)  # before the unmount: nothing of the sweep may outlive it
 
 
 def test_results_on_a_small_tmpfs_that_fills_up(box, small_tmpfs):

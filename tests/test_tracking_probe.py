@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import threading
 import time
@@ -11,6 +12,21 @@ import pytest
 
 from bench.core.errors import BenchError
 from bench.tracking.store import PROBE_TIMEOUT_S, check_tracking_uri
+
+
+@contextlib.contextmanager
+def _serving(handler: type[http.server.BaseHTTPRequestHandler]):
+    """A threaded HTTP server on 127.0.0.1 with ``handler``; yields its URL, stopped on exit."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv.daemon_threads = True
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+        t.join(10)
 
 
 @pytest.fixture
@@ -29,17 +45,11 @@ def half_server():
         def log_message(self, *a):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.daemon_threads = True
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        release.set()
-        srv.shutdown()
-        srv.server_close()
-        t.join(10)
+    with _serving(Handler) as url:
+        try:
+            yield url
+        finally:
+            release.set()  # before the server stops: its handler threads wait on it
 
 
 def test_a_server_that_answers_health_but_not_the_api_is_refused_in_bounded_time(half_server):
@@ -97,15 +107,8 @@ def health_only_server():
         def log_message(self, *a):
             pass
 
-    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}"
-    finally:
-        srv.shutdown()
-        srv.server_close()
-        t.join(10)
+    with _serving(Handler) as url:
+        yield url
 
 
 def test_a_server_that_is_not_mlflow_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys,

@@ -69,6 +69,7 @@ from bench.tracking.store import (  # noqa: F401  (re-exported)
     SCHEMES,
     _artifact_location,
     check_tracking_uri,
+    discard_half_made,
     http_defaults,
     sqlite_path,
 )
@@ -123,8 +124,7 @@ class Tracker:
         except Exception as exc:  # MlflowException, requests errors, sqlalchemy errors, filelock timeout
             if is_no_space(exc):
                 if fresh:  # the store this call began to create is half made: none is better (rerun makes it)
-                    for leftover in (db, Path(f"{db}-journal"), Path(f"{db}.lock")):
-                        leftover.unlink(missing_ok=True)
+                    discard_half_made(db)
                 raise DiskFullError(f"--tracking-uri {tracking_uri}: disk full while creating the MLflow store "
                                     f"(nothing kept); free space in {db.parent if db else 'its folder'} and rerun") \
                     from None

@@ -4,6 +4,7 @@ sqlite store keeps its artifacts."""
 from __future__ import annotations
 
 import os
+import sqlite3
 import time
 import urllib.parse
 import urllib.request
@@ -42,6 +43,13 @@ def sqlite_path(uri: str) -> Path | None:
     if sep and scheme.partition("+")[0] == "sqlite" and rest.startswith("/"):
         return Path(urllib.parse.unquote(rest[1:].split("?", 1)[0]))
     return None
+
+
+def discard_half_made(db: Path) -> None:
+    """Remove a SQLite store this process began to create and could not finish (a full disk): the file, its
+    rollback journal and the harness's creation lock; a rerun creates it afresh."""
+    for leftover in (db, Path(f"{db}-journal"), Path(f"{db}.lock")):
+        leftover.unlink(missing_ok=True)
 
 
 def _lower_scheme(uri: str, flag: str) -> None:
@@ -141,8 +149,6 @@ def sqlite_kind(db: Path) -> str | None:
     ``"other: t1, t2, ..."`` (other tables, none of them ``alembic_version``), ``"damaged: <sqlite's words>"``
     (not a database or malformed), or ``None`` (no tables, a store still being created by its migrations, or it
     cannot be read now: locked, a WAL file without its index; the store's own opening then decides)."""
-    import sqlite3
-
     try:
         con = sqlite3.connect(db.resolve().as_uri() + "?mode=ro", uri=True, timeout=2)
     except sqlite3.Error:

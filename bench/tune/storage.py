@@ -11,7 +11,7 @@ from typing import Any
 from bench.core.errors import BenchError, DiskFullError
 from bench.core.paths import check_folder, check_names
 from bench.records.results import is_no_space
-from bench.tracking.store import DB_DRIVERS, check_database, in_memory, sqlite_path
+from bench.tracking.store import DB_DRIVERS, check_database, discard_half_made, in_memory, sqlite_path
 from bench.tune.block import parse_block  # the block as tune reads it (its own settings too)
 from bench.tune.space import resolve_space
 
@@ -92,7 +92,8 @@ def check_tune_block(matrix: Any) -> None:
 
 
 def open_storage(url: str, where: str = "--storage") -> Any:
-    """An Optuna storage: ``journal:PATH`` (journal file) or any SQLAlchemy URL (RDB).
+    """An Optuna storage: ``journal:PATH`` (journal file) or any SQLAlchemy URL (RDB), already checked by
+    :func:`check_storage` (kind of store, folder).
 
     Raises:
         BenchError: the storage cannot be opened (bad URL, missing driver, unwritable/absent folder).
@@ -112,10 +113,6 @@ def open_storage(url: str, where: str = "--storage") -> Any:
             return JournalStorage(JournalFileBackend(str(path)))
         if "://" not in url:
             raise ValueError("not a URL (give e.g. sqlite:///results/optuna.db, postgresql://..., or journal:PATH)")
-        if db is not None and not db.parent.is_dir():  # sqlite's own words: "unable to open database file"
-            raise OSError(f"folder {db.parent} does not exist")
-        if db is not None and db.is_file():  # the default storage is checked here, a given one earlier too
-            check_database(url, where, "optuna")
         return optuna.storages.RDBStorage(url, skip_table_creation=False)
     except BenchError:
         raise
@@ -124,8 +121,7 @@ def open_storage(url: str, where: str = "--storage") -> Any:
             raise
         if is_no_space(exc):
             if fresh:  # the storage this call began to create is half made: none is better (rerun makes it)
-                for leftover in (db, Path(f"{db}-journal")):
-                    leftover.unlink(missing_ok=True)
+                discard_half_made(db)
             raise DiskFullError(f"{where} {redact(url)}: disk full while creating the Optuna storage (nothing kept); "
                                 "free some space and rerun") from None
         if "database is locked" in str(exc):  # sqlite waited its busy timeout
