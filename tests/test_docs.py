@@ -116,6 +116,19 @@ def test_every_page_is_in_the_nav_and_the_owned_pages_are_there(site):
         assert owned in listed and (site / owned.removesuffix(".md") / "index.html").is_file()
 
 
+#: the most lines of a how-to page (docs/*.md): it says how to use one feature; measurement series go to
+#: docs/lab-notes/ and the index of figures (issue 31: "no how-to page over about 250 lines")
+HOW_TO_MAX_LINES = 250
+
+
+def test_how_to_pages_stay_short_and_measurements_live_in_the_lab_notes():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in sorted((ROOT / "docs").glob("*.md"))}
+    assert len(sizes) >= 15, sizes
+    assert {k: n for k, n in sizes.items() if n > HOW_TO_MAX_LINES} == {}
+    notes = {p.name for p in (ROOT / "docs" / "lab-notes").glob("*.md")}
+    assert {"gate.md", "planning.md", "guarantees.md"} <= notes
+
+
 def _readme_commands() -> tuple[str, str]:
     lines = (ROOT / "README.md").read_text().splitlines()
     main = next(ln for ln in lines if ln.startswith("pip install -c constraints.txt -e . "))
