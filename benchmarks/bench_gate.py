@@ -12,7 +12,7 @@ a block's log ratio) with the blocks the gate needs at that noise. Tries are log
 ``<results>/interleaved_tries.jsonl``; a rerun continues.
 
 ``real``: runs the gate matrix (:func:`gate_matrix`: the embedded engine, one cell, eight repeats of 12
-timed steps, one intra-op thread; the same matrix as the CI test ``tests/test_gate_embedded.py``) as
+timed steps, one intra-op thread; the same matrix as the CI test ``tests/gate/test_gate_embedded.py``) as
 ``--sweeps`` identical
 sweeps, plus as many with an injected update-phase delay of 5 % and of 10 % of the first sweep's
 median step time (``base.embedded.update_delay_s``), interleaved (identical, 5 %, 10 %, identical ...)
@@ -58,9 +58,10 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.analyze.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD  # noqa: E402
 from bench.analyze.snapshot import snapshot  # noqa: E402
-from bench.gate.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD, compare_snapshots  # noqa: E402
-from bench.records.results import read_json  # noqa: E402
+from bench.core.files import read_json  # noqa: E402
+from bench.gate.verdicts import compare_snapshots  # noqa: E402
 from bench.records.speed import PROBE_METRIC  # noqa: E402
 
 KINDS = ("identical", "delay5", "delay10")

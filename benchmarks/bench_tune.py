@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.commands.tune import ConsoleView  # noqa: E402
-from bench.records.results import atomic_write_json, read_json  # noqa: E402
+from bench.core.files import atomic_write_json, read_json  # noqa: E402
 from bench.spec.loading import load_matrix  # noqa: E402
 from bench.tune import PROBE_REF, Tuner, make_sampler, resolve_settings  # noqa: E402
 from bench.tune.report import CONSTRAINT, is_infeasible  # noqa: E402

@@ -455,7 +455,8 @@ def kappa_check(model: NoiseCost, seed: int = 0, patterns: int = 300, runs: int 
 def real_summary(sweep_dir: Path, threshold: float, alpha: float) -> str:
     """One line per real sweep: runs (ok), wall time from the first run's start to the last run's end, timed steps
     x blocks, and the decisions (a sequential sweep's last look; a fixed sweep decided once at its end)."""
-    from bench.records.results import SWEEP, load_records, read_json
+    from bench.core.files import read_json
+    from bench.records.results import SWEEP, load_records
 
     meta = read_json(Path(sweep_dir) / SWEEP) or {}
     recs = load_records(Path(sweep_dir))

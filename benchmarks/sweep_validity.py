@@ -60,8 +60,9 @@ def extract_runs(sweep_dirs: Sequence[Path], target: str) -> dict[str, Any]:
     matrices, sweep ids, UTC date, commit, machine, mean load average) and one dict per run (module text); no
     path of this machine. Times in seconds, ``value_log`` = log of the run value (``None`` for a failed run)."""
     from bench.analyze.snapshot import record_samples
+    from bench.core.files import read_json
     from bench.planning.sequential import log_step_samples, probed
-    from bench.records.results import SWEEP, load_records, read_json
+    from bench.records.results import SWEEP, load_records
 
     runs: list[dict[str, Any]] = []
     sweeps, loads = [], []

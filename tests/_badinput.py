@@ -120,9 +120,9 @@ def box(tmp_path, monkeypatch):
 
 @pytest.fixture()
 def sweep_box(box):
-    """A results folder with a real-shaped synthetic sweep ``synth`` (test_gate_fixtures.make_sweep: 2 cells x 2
+    """A results folder with a real-shaped synthetic sweep ``synth`` (_sweeps.make_sweep: 2 cells x 2
     repeats)."""
-    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
+    from _sweeps import EMBEDDED_CELLS, make_sweep
 
     make_sweep(box / "res", "synth", EMBEDDED_CELLS[:2], repeats=2, seed=1)
     return box

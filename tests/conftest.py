@@ -11,6 +11,8 @@ Only MLflow's step is replaced; the harness's own code (``bench.tracking``: open
 harnesses share, creating experiments and runs) runs as it does outside tests. Harnesses started as subprocesses
 (``run_bench.py`` in tests/test_faults.py, tests/test_bad_inputs_io.py, ...) migrate their stores for real, so the
 fresh-database path stays covered. ``BENCH_TEST_MIGRATE_MLFLOW=1`` turns the copy off (every store migrated).
+
+Also marks ``registry`` every test that enumerates a registry (:mod:`_registry_tests`), for the recipe test.
 """
 
 from __future__ import annotations
@@ -23,6 +25,9 @@ import sqlite3
 import sys
 import tempfile
 from pathlib import Path
+
+import pytest
+from _registry_tests import enumerating_tests
 
 _MODULE = "mlflow.store.db.utils"
 #: folder of the session's template store (created on first use, removed at the end of the session)
@@ -93,6 +98,14 @@ def pytest_configure(config) -> None:
         _patch(sys.modules[_MODULE])
     else:
         sys.meta_path.insert(0, _PatchOnImport())
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """Mark ``registry`` each collected test whose function enumerates a registry (:func:`enumerating_tests`)."""
+    for item in items:
+        fn = getattr(item, "function", None)
+        if fn is not None and fn.__name__ in enumerating_tests(Path(str(item.path))):
+            item.add_marker(pytest.mark.registry)
 
 
 def pytest_unconfigure(config) -> None:

@@ -23,8 +23,9 @@ import numpy as np
 import yaml
 
 from bench.analyze.snapshot import levels_key
+from bench.core.process import ExecResult
 from bench.engines.embedded.speed_probe import spec as probe_kernel
-from bench.execution.executors import ExecResult, ResolvedLaunch
+from bench.execution.executors import ResolvedLaunch
 from bench.records.speed import PROBE_METRIC
 from bench.spec.plan import RunOrder
 

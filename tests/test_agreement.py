@@ -18,7 +18,7 @@ from drift_fake import DriftExecutor
 from test_run_order import small_full
 
 from bench.cli import main
-from bench.tracking import _key
+from bench.tracking import mlflow_key
 
 
 def test_console_summary_report_and_mlflow_agree_on_every_speedup(tmp_path, capsys, monkeypatch):
@@ -46,9 +46,9 @@ def test_console_summary_report_and_mlflow_agree_on_every_speedup(tmp_path, caps
         sp, st = r["speedup"], r["step_time_s"]
         assert float(summary[label]["speedup"]) == pytest.approx(sp, rel=1e-12)
         assert float(summary[label]["step_time_s"]) == pytest.approx(st, rel=1e-12)
-        assert parent[_key(f"speedup.{label}")] == pytest.approx(sp, rel=1e-12)
-        assert parent[_key(f"report.speedup.{label}")] == pytest.approx(sp, rel=1e-12)
-        assert parent[_key(f"step_time_s.{label}")] == pytest.approx(st, rel=1e-12)
+        assert parent[mlflow_key(f"speedup.{label}")] == pytest.approx(sp, rel=1e-12)
+        assert parent[mlflow_key(f"report.speedup.{label}")] == pytest.approx(sp, rel=1e-12)
+        assert parent[mlflow_key(f"step_time_s.{label}")] == pytest.approx(st, rel=1e-12)
         # the same three decimals in the console table, summary.md and report.md rows of this cell
         txt = f"{sp:.3f}"
         assert re.search(rf"^\S*\s*{re.escape(label)}\s.*{re.escape(txt)}", console, re.M), (label, txt)

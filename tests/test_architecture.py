@@ -1,7 +1,8 @@
-"""The import graph of ``bench/``: no import cycle, the analysis/measurement layers never import an
-engine or a command, every imported ``bench`` module exists, and no module is over the size limit. Read
-statically with ``ast`` (every import, also those inside functions; imports under ``if TYPE_CHECKING:``
-are for annotations only and are skipped)."""
+"""The import graph of ``bench/``: no import cycle between modules, none between the packages of ``bench/`` (an
+order of packages in which every import goes downward, :func:`test_no_package_cycle`), the analysis/measurement
+layers never import an engine or a command, every imported ``bench`` module exists, and no module is over the size
+limit. Read statically with ``ast`` (every import, also those inside functions; imports under ``if TYPE_CHECKING:``
+are for annotations only and are skipped, but count for the cycle checks that say so)."""
 
 from __future__ import annotations
 
@@ -9,22 +10,23 @@ import ast
 from pathlib import Path
 
 import networkx as nx
+import pytest
 
+pytestmark = pytest.mark.layout
 ROOT = Path(__file__).resolve().parents[1]
 #: cycles through lazy imports owned by other work, each with its reason (empty this set as they go)
 KNOWN_CYCLES: set[frozenset[str]] = set()
-#: modules that must not import from bench.engines or a command module (bench.cli, bench.commands.*).
-#: Not yet an order of packages: bench.core.progress imports bench.engines.base, and bench.records is
-#: imported by bench.measure, bench.spec and bench.engines while it imports them (issue 31)
+#: modules that must not import from bench.engines or a command module (bench.cli, bench.commands.*); the packages
+#: of bench/ are also in an order without a cycle (:func:`test_no_package_cycle`, issue 31), which this list refines
+#: within bench.gate (whose modules below the interleaved gate import no engine)
 LOWER_LAYERS = ("bench.measure", "bench.analyze", "bench.planning", "bench.gate.verdicts", "bench.gate.runs",
                 "bench.gate.stored_runs", "bench.gate.markdown", "bench.gate.stored", "bench.gate.baseline",
                 "bench.records", "bench.spec.expect", "bench.core.metadata", "bench.tracking")
 #: execution (sweep loop, executors, runner, fork server, Ray): never imports a command
 EXECUTION = "bench.execution"
-#: what to run (matrix, plan, ...): no command, and engines only through their registry and interface
-#: (``bench.engines``, ``bench.engines.base``: the plan asks the matrix's engine to build each launch)
+#: what to run (matrix, plan, launch, ...): no command and nothing of ``bench.engines``; engines only through their
+#: registry (``bench.core.engine_registry``: the plan asks the matrix's engine, found there, to build each launch)
 SPEC_LAYER = "bench.spec"
-ENGINE_INTERFACE = ("bench.engines", "bench.engines.base")
 #: the most lines a module of bench/ may have: modules hold one concept and stay near 400 lines as a guideline;
 #: one may pass it where splitting would cut a concept (issue 31), never this hard limit
 MAX_LINES = 600
@@ -125,23 +127,70 @@ def test_lower_layers_import_no_engine_and_no_command():
 def test_graph_sees_imports():
     """The walker is not blind: known edges are found (a lazy one inside a function included)."""
     g = import_graph()
-    assert g.has_edge("bench.commands.run", "bench.engines")
-    assert g.has_edge("bench.spec.plan", "bench.engines.base")
-    assert g.has_edge("bench.spec.matrix", "bench.engines")  # the registry of engine names
-    assert g.has_edge("bench.records.summary", "bench.analyze.tables")  # lazy: bench.analyze.tables loads scipy
-    assert not g.has_edge("bench.engines", "bench.engines.base")  # TYPE_CHECKING only
+    assert g.has_edge("bench.commands.run", "bench.engines.verl_cpu.smoke")
+    assert g.has_edge("bench.spec.plan", "bench.core.engine_registry")  # the engine that builds each launch
+    assert g.has_edge("bench.spec.matrix", "bench.core.engine_registry")  # the registry of engine names
+    assert g.has_edge("bench.tracking.records", "bench.analyze.tables")  # lazy: bench.analyze.tables loads scipy
+    assert not g.has_edge("bench.core.engine_registry", "bench.engines.base")  # the registry knows no interface
 
 
 def _in(mod: str, layer: str) -> bool:
     return mod == layer or mod.startswith(layer + ".")
 
 
-def test_spec_imports_no_command_and_no_concrete_engine():
-    g = import_graph()
+def test_spec_imports_no_command_and_no_engine():
+    g = import_graph(typing_only=True)
     bad = [f"{mod} -> {target}" for mod in g.nodes if _in(mod, SPEC_LAYER) for target in g.successors(mod)
-           if target.startswith(("bench.cli", "bench.commands"))
-           or (_in(target, "bench.engines") and target not in ENGINE_INTERFACE)]
+           if target.startswith(("bench.cli", "bench.commands")) or _in(target, "bench.engines")]
     assert bad == []
+
+
+def _package(mod: str) -> str:
+    """The package of ``bench/`` a module belongs to: the first two dotted parts (``bench.gate.runs`` ->
+    ``bench.gate``)."""
+    return ".".join(mod.split(".")[:2])
+
+
+def package_graph(graph: nx.DiGraph) -> tuple[nx.DiGraph, dict[tuple[str, str], list[tuple[str, str]]]]:
+    """The graph of the packages of ``bench/`` (``bench.core``, ``bench.spec``, ...; not ``bench`` itself nor the
+    module ``bench.cli``) from a module graph, and for each package edge the module edges behind it."""
+    mods = _modules()
+    packages = {m for m, path in mods.items() if m.count(".") == 1 and path.name == "__init__.py"}
+    pg = nx.DiGraph()
+    pg.add_nodes_from(packages)
+    behind: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for a, b in graph.edges:
+        pa, pb = _package(a), _package(b)
+        if pa != pb and pa in packages and pb in packages:
+            pg.add_edge(pa, pb)
+            behind.setdefault((pa, pb), []).append((a, b))
+    return pg, behind
+
+
+def test_no_package_cycle():
+    """The packages of ``bench/`` have an order in which every import goes downward (typing-only imports
+    included): data flows matrix -> plan -> run -> measure -> record -> decide, and a package never imports one
+    that builds on it. On a failure each cycle is printed with the module imports behind each of its edges."""
+    pg, behind = package_graph(import_graph(typing_only=True))
+    cycles = [sorted(c) for c in nx.strongly_connected_components(pg) if len(c) > 1]
+    lines = []
+    for c in cycles:
+        lines.append("cycle: " + ", ".join(c))
+        for a, b in sorted(pg.subgraph(c).edges):
+            lines += [f"  {a} -> {b}: " + "; ".join(f"{x} -> {y}" for x, y in sorted(behind[(a, b)]))]
+    assert cycles == [], "package cycles:\n" + "\n".join(lines)
+    order = list(nx.lexicographical_topological_sort(pg.reverse()))  # the imported first
+    print("package order (each imports only those before it): " + " < ".join(p.removeprefix("bench.") for p in order))
+
+
+def test_package_graph_sees_a_cycle():
+    """The package check is not blind: one import upward makes a cycle, reported with the module edge behind it."""
+    g = import_graph(typing_only=True)
+    g.add_edge("bench.core.errors", "bench.gate.verdicts")
+    pg, behind = package_graph(g)
+    cycles = [c for c in nx.strongly_connected_components(pg) if len(c) > 1]
+    assert any({"bench.core", "bench.gate"} <= c for c in cycles)
+    assert ("bench.core.errors", "bench.gate.verdicts") in behind[("bench.core", "bench.gate")]
 
 
 def test_new_layers_are_checked():
@@ -316,3 +365,49 @@ def test_function_level_bench_imports_say_why():
     assert bad == [], "function-level bench imports without '# deferred: <reason>' (move them to the top of " \
         "the module, or say why they stay):\n" + "\n".join(bad)
 
+
+
+def _private_cross_package_imports(sources: dict[str, str] | None = None) -> list[str]:
+    """``file:line: module imports _name from other.package`` for every ``from bench.x import _name`` (and every
+    ``alias._name`` read through an imported ``bench`` module) where ``x`` is another top-level package of
+    ``bench/`` than the importer's: a private name is its package's own business."""
+    mods = _modules()
+    if sources is None:
+        sources = {name: path.read_text() for name, path in mods.items()}
+    out = []
+    for name, text in sources.items():
+        own = name.split(".")[:2]
+        tree = ast.parse(text)
+        aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bench.") and not node.level:
+                for a in node.names:
+                    aliases[a.asname or a.name] = f"{node.module}.{a.name}"
+                    if a.name.startswith("_") and not a.name.startswith("__") and node.module.split(".")[:2] != own:
+                        out.append(f"{name}:{node.lineno}: imports {a.name} from {node.module}")
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    if a.name.startswith("bench.") and a.asname:
+                        aliases[a.asname] = a.name
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                    and node.attr.startswith("_") and not node.attr.startswith("__")
+                    and aliases[node.value.id].split(".")[:2] != own):
+                out.append(f"{name}:{node.lineno}: reads {node.value.id}.{node.attr} of {aliases[node.value.id]}")
+    return out
+
+
+def test_no_private_name_crosses_a_package():
+    """No module imports (or reads through an imported module) another package's ``_private`` name: what a
+    package offers others is public and documented; within a package its modules share private helpers freely."""
+    bad = _private_cross_package_imports()
+    assert bad == [], "private names used across packages (make them public, with a docstring):\n" + "\n".join(bad)
+
+
+def test_private_name_check_is_not_blind():
+    """The check above sees both forms, and lets a package's own modules share a private name."""
+    src = {"bench.gate.x": "from bench.tracking.naming import _tag\nimport bench.core.files as f\nf._tmp\n",
+           "bench.gate.y": "from bench.gate.markdown import _pct\n"}
+    bad = _private_cross_package_imports(src)
+    assert bad == ["bench.gate.x:1: imports _tag from bench.tracking.naming",
+                   "bench.gate.x:3: reads f._tmp of bench.core.files"]

@@ -257,8 +257,8 @@ def test_tune_without_tune_block(box, capsys):
 
 @pytest.fixture()
 def sweep_box(box):
-    """A results folder with a real-shaped synthetic sweep ``synth`` (see test_gate_fixtures)."""
-    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
+    """A results folder with a real-shaped synthetic sweep ``synth`` (see _sweeps)."""
+    from _sweeps import EMBEDDED_CELLS, make_sweep
 
     make_sweep(box / "res", "synth", EMBEDDED_CELLS[:2], repeats=2, seed=1)
     return box

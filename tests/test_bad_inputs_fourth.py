@@ -59,7 +59,7 @@ READERS = {
 def test_hand_edited_sweep_json_is_read_identically(sweep_box, capsys, case):
     """Every reader of a sweep refuses the same hand edit with the same line (file, key path, what is allowed);
     ``sync`` used to upload ``levels.dynamic_bsz: "x"``, ``report`` counted a duplicated cell twice."""
-    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
+    from _sweeps import EMBEDDED_CELLS, make_sweep
 
     make_sweep(sweep_box / "res", "other", EMBEDDED_CELLS[:2], repeats=2, seed=2)
     sweep = _sweep(sweep_box)

@@ -125,7 +125,7 @@ def _lossy_store(path: Path, what: str) -> str:
 def test_store_that_loses_writes_leaves_runs_queued(tmp_path, what):
     """``sync`` to a store that loses its writes: nothing is marked uploaded, the queue stays, exit 1."""
     sys.path.insert(0, str(ROOT / "tests"))
-    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
+    from _sweeps import EMBEDDED_CELLS, make_sweep
 
     sweep = make_sweep(tmp_path / "res", "synth", EMBEDDED_CELLS[:2], repeats=2, seed=1)
     meta = json.loads((sweep / "sweep.json").read_text())

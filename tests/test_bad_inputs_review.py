@@ -269,7 +269,7 @@ def test_sync_uploads_the_good_records_and_names_the_bad_one(sweep_box, capsys):
 
 def test_sync_of_every_sweep_goes_on_past_a_bad_one(sweep_box, capsys):
     """``sync`` without a sweep: a sweep whose every record is unusable is named, the others are synced."""
-    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
+    from _sweeps import EMBEDDED_CELLS, make_sweep
 
     from bench.cli import main
     from bench.tracking.upload_queue import QUEUE

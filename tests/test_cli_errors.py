@@ -47,7 +47,7 @@ CASES = {
 
 def _engines() -> str:
     """The registered engines as the matrix error lists them: 'a' or 'b' / 'a', 'b' or 'c'."""
-    from bench.engines import engine_names
+    from bench.core.engine_registry import engine_names
 
     names = [repr(n) for n in engine_names()]
     assert {"'embedded'", "'verl'"} <= set(names)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.core.progress import LiveProgress, eta_s, fmt_duration
+from bench.execution.progress import LiveProgress, eta_s, fmt_duration
 
 ROOT = Path(__file__).resolve().parent.parent
 PROGRESS = re.compile(r"^\[\s*(\d+)s\] (.*)$")

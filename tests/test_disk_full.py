@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 from _badinput import GOOD, TUNE, give_specs
+from _sweeps import EMBEDDED_CELLS, make_sweep
 from _tmpfs import mounted_tmpfs
-from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,6 +45,11 @@ def _files(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+def _paths(folder: Path) -> list[str]:
+    """Every file, folder and link under ``folder`` (a 0-byte lock file and an empty folder included)."""
+    return [str(p.relative_to(folder)) for p in folder.rglob("*")]
+
+
 def _bench(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(cwd)}
     env.pop("MLFLOW_TRACKING_URI", None)
@@ -64,6 +69,7 @@ def test_full_disk_gives_one_line_and_exit_1(full_disk, tmp_path, argv):
     (tmp_path / "t.yaml").write_text(TUNE)
     argv = [str(tmp_path / a) if a.endswith(".yaml") else a for a in argv]
     before = _files(full_disk / "res")
+    paths_before = _paths(full_disk)
     p = _bench(argv, full_disk)
     err = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert p.returncode == 1, p.stdout + p.stderr
@@ -72,5 +78,7 @@ def test_full_disk_gives_one_line_and_exit_1(full_disk, tmp_path, argv):
     assert "Traceback" not in p.stdout + p.stderr and "unexpected" not in err[0]
     after = _files(full_disk / "res")
     assert not (full_disk / "res" / "mlflow.db").exists(), sorted(after)  # no half-made store
+    made = sorted(set(_paths(full_disk)) - set(paths_before))
+    assert not made, made  # nothing half-made left behind: no lock, no empty matrix folder (it held no sweep)
     assert {k: v for k, v in after.items() if k in before} == before  # the sweep's files untouched
     assert not list(full_disk.glob("error-*.log")) and not list((full_disk / "res").rglob("error-*.log"))

@@ -32,7 +32,7 @@ def engine_literals(root: Path, names: set[str]) -> list[str]:
 
 
 def _names() -> set[str]:
-    from bench.engines import engine_names
+    from bench.core.engine_registry import engine_names
 
     packages = {p.name for p in (ROOT / "bench" / "engines").iterdir() if p.is_dir() and not p.name.startswith("_")}
     return set(engine_names()) | packages

@@ -47,14 +47,6 @@ def test_base_holds_exactly_the_registered_engines_blocks():
         unregister("with_options")
 
 
-def test_every_built_in_factor_has_a_check_where_it_applies():
-    from bench.spec.optimizations import evidence_check, registry
-
-    missing = [f"{key} on {target}" for key, opt in registry().items() for target in opt.mechanisms
-               if evidence_check(key, *target.replace("*", "cpu").split(":")) is None]
-    assert missing == []
-
-
 def test_the_default_check_is_the_engines_options_model(tmp_path):
     """An engine that declares ``options_model`` gets its block checked by the inherited ``check_options``, with
     errors that name ``base.<key>.<field>``; through ``load_matrix`` they are one line naming the file."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.engines import engine_names
+from bench.core.engine_registry import engine_names
 from bench.measure.evidence import FinishedRun, env_check, factor_evidence
 from bench.spec.optimizations import applicability, evidence_check, registry
 from bench.spec.plan import ID_BASIS_FACTORS

@@ -4,8 +4,9 @@ Recipes: a copy of the repository gets, for each recipe, its one new file (the f
 ``tests/plugin_pkg/grpo_bench_toy/``, copied where the recipe says) and its one line under the recipe's
 entry-point group in ``pyproject.toml``; then, on that copy, through the CLI: two sweeps of the toy engine
 (the toy reader's Free ratio, the toy optimization's evidence), a report (the article figure beside ours), a
-gate with the toy statistical test, the architecture and engine-name tests; and a new embedded config field
-at its default plus the new optimization leave every shipped matrix's cell ids as pinned.
+gate with the toy statistical test; every test that enumerates a registry and the layout tests, run from a
+virtual environment inside the copy; and a new embedded config field at its default plus the new optimization
+leave every shipped matrix's cell ids as pinned.
 
 Plugin: ``tests/plugin_pkg`` installed with pip into a temporary folder (``--target``), found through its
 entry points by the unchanged ``python run_bench.py`` of this checkout.
@@ -139,12 +140,26 @@ def test_recipes_applied_literally_run_through_the_cli(repo, tmp_path):
     sweep_report_gate(tmp_path, [repo])
 
 
-def test_architecture_holds_on_the_copy(repo):
+def test_registry_enumerating_tests_and_the_layout_hold_on_the_copy(repo):
+    """On the copy, from a virtual environment created inside it (``python3 -m venv .venv``, as a user makes one):
+    every test that enumerates a registry (marked ``registry`` by tests/conftest.py) and the layout tests pass
+    with the four extensions registered, and the venv is neither collected nor copied by a test."""
+    venv = repo / ".venv"
+    if not venv.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
+                       check=True, timeout=300)
+    py = venv / "bin" / "python"
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-                           "tests/test_architecture.py", "tests/test_engine_names.py"],
-                          cwd=repo, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:]
+    where = subprocess.run([str(py), "-c", "import bench, sys; print(bench.__file__); print(sys.prefix)"],
+                           cwd=repo, env=env, capture_output=True, text=True, timeout=120)
+    assert where.stdout.split() == [str(repo / "bench" / "__init__.py"), str(venv)], where.stdout + where.stderr
+    proc = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "registry or layout",
+                           "--ignore", "tests/test_extension_recipes.py", "tests"],
+                          cwd=repo, env=env, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-4000:]
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert " passed" in summary and "failed" not in summary and "error" not in summary, summary
+    assert int(summary.split(" passed")[0].split()[-1]) >= 40, summary  # the registry tests and the layout tests
 
 
 @pytest.mark.parametrize("matrix", ["full.yaml", "ablation.yaml", "verl_cpu.yaml"])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -21,7 +22,9 @@ import psutil
 import pytest
 from _tmpfs import mounted_tmpfs
 
+from bench.core.errors import clip_words
 from bench.execution.executors import kill_strays
+from bench.records.record import ERROR_LINE
 
 ROOT = Path(__file__).resolve().parent.parent
 pytestmark = pytest.mark.slow
@@ -189,7 +192,9 @@ def test_harness_killed_mid_run_then_resume(box, sig):
 
 
 def test_run_and_fork_server_killed_and_a_run_over_its_timeout(box):
-    """Three runs: the first is SIGKILLed, the fork server dies under the second, the third times out."""
+    """Four runs: the first is SIGKILLed, the fork server dies under the second, the third dies of SIGSEGV after its
+    log's last line became "Creating file logger at ..." (its reason must not quote that line), the last is ok; then
+    a run of another sweep times out."""
     tmp, procs = box
     m = matrix(tmp, levels="[off, on]", embedded="{update_delay_s: 2.5}", timeout=60)
     m2 = tmp / "fast.yaml"
@@ -225,14 +230,45 @@ def test_run_and_fork_server_killed_and_a_run_over_its_timeout(box):
     assert not psutil.pid_exists(worker2.pid) or worker2.status() == psutil.STATUS_ZOMBIE
     rec2 = json.loads((d2 / "record.json").read_text())
     assert rec2["status"] == "failed" and "fork server died" in rec2["reason"]
+
+    # 3. SIGSEGV of a run whose log ends with an unrelated line: the reason is the signal (and an error line of the
+    # log, if any), never that last line
+    def logging_run():
+        got = running_run()
+        if got is None or got[0] in (d1, d2):
+            return None
+        log = (got[0] / "run.log").read_text(errors="replace")
+        return got if "Creating file logger at" in log and "phase breakdown" not in log else None
+
+    wait_for(lambda: logging_run() is not None, 120, h, "the third run logged its file logger line")
+    d3, worker3 = logging_run()
+    worker3.send_signal(signal.SIGSEGV)
+    wait_for(lambda: (d3 / "record.json").exists(), 120, h, "the segfaulted run was recorded")
+    rec3 = json.loads((d3 / "record.json").read_text())
+    reason3 = rec3["reason"]
+    assert rec3["status"] == "failed" and rec3["failure_kind"] == "crash" and rec3["returncode"] == -signal.SIGSEGV
+    assert reason3.startswith("killed by signal 11 (SIGSEGV)") and "Creating file logger" not in reason3, reason3
+    log3 = (d3 / "run.log").read_text(errors="replace")
+    assert "Creating file logger at" in log3  # the trap was there
+    if reason3 != "killed by signal 11 (SIGSEGV)":  # an error line of the log follows, quoted whole
+        quoted = reason3.removeprefix("killed by signal 11 (SIGSEGV): ")
+        assert ERROR_LINE.search(quoted) and quoted in log3, reason3
     rc = h.wait(timeout=600)
     assert rc == 1
     assert_no_leftovers(res, h.pid)
     recs = records(res)
     assert len(recs) == 4  # the sweep went on: every run recorded
-    assert sum(r["status"] == "ok" for r in recs.values()) == 2
+    assert sum(r["status"] == "ok" for r in recs.values()) == 1
+    # what the user sees: the run's line on the console, summary.md, and the MLflow child's tag
+    line = next(ln for ln in (tmp / "h.out").read_text().splitlines() if "crash: killed by signal 11" in ln)
+    assert line.endswith(f"crash: {clip_words(reason3, 100)}"), line
+    assert f"crash: {reason3}" in (d3.parent.parent / "summary.csv").read_text()
+    _, children = runs_of(uri, "fast")
+    (child3,) = [c for c in children if c.data.tags["cell_id"] == d3.parent.name
+                 and c.data.tags["repeat"] == d3.name.removeprefix("r")]
+    assert child3.data.tags["failure_reason"] == reason3
 
-    # 3. a run over its timeout: killed at the limit, recorded as timeout, nothing left running
+    # 4. a run over its timeout: killed at the limit, recorded as timeout, nothing left running
     mt = matrix(tmp, name="slow", levels="[off]", embedded="{update_delay_s: 60.0}", timeout=8)
     t0 = time.monotonic()
     p = bench([str(mt), "--results", "res", "--tracking-uri", uri], tmp)
@@ -311,6 +347,15 @@ def test_mlflow_server_killed_mid_sweep_costs_seconds_and_sync_fills_it_in(box):
     sweep = (tmp / "res" / "fast" / "latest").resolve()
     assert (sweep / "mlflow_queue.json").exists()
     assert len(list(sweep.glob("*/r*/mlflow.json"))) == 1
+    # what the user is told of the outage: our words (what the server did), never the library's exception, never a
+    # word cut; the sweep's last lines say where the uploads are queued
+    told = [ln for ln in out.splitlines() if "MLflow unreachable (" in ln or "MLflow: not uploaded (" in ln]
+    assert any(ln.startswith("MLflow: not uploaded (") and "; queued in" in ln for ln in told), out
+    ours = re.compile(rf"(?:MLflow unreachable|not uploaded) \(the tracking server {re.escape(uri)} (?:refused the "
+                      r"connection|closed the connection|did not answer within \d+ s)\)(?::|;) ")
+    for ln in told:
+        assert ours.search(ln), ln
+        assert not re.search(r"Exception|Error|HTTPConnection|Max retries|Caused by|\.\.\.", ln), ln
 
     # the server comes back: sync fills MLflow in, and a second sync changes nothing
     server2 = _mlflow_server(tmp, port)
@@ -377,6 +422,8 @@ def test_results_on_a_small_tmpfs_that_fills_up(box, small_tmpfs):
     err = p.stderr.strip().splitlines()
     assert p.returncode == 1, p.stdout + p.stderr
     assert len(err) == 1 and "disk full" in err[0] and "MiB needed" in err[0], err
+    need = re.search(r"about ([\d.]+) MiB needed", err[0])
+    assert need and float(need.group(1)) > 0, err[0]  # issue 33: it said "about 0 MiB needed"
     sweep = next(res.glob("fast/2*"))
     assert str(sweep) in err[0]
     recs = records(res)

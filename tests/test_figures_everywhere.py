@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from bench.cli import main
-from bench.tracking import _key
+from bench.tracking import mlflow_key
 
 pytestmark = pytest.mark.slow
 
@@ -91,7 +91,7 @@ def test_every_figure_is_the_same_in_every_place(tmp_path, capsys, monkeypatch):
                                 ("free_ratio", "free_ratio_median", "free_ratio"),
                                 ("peak_memory_gb", "peak_memory_gb", "peak_memory_gb")):
             assert summ[skey] == pytest.approx(want[fig], rel=1e-12), (key, fig, "record")
-            assert child[_key(ckey)] == pytest.approx(want[fig], rel=1e-9), (key, fig, "MLflow child")
+            assert child[mlflow_key(ckey)] == pytest.approx(want[fig], rel=1e-9), (key, fig, "MLflow child")
         # the console's line of this run: its raw step time, rollout share and Free ratio (3 decimals)
         label = "all-off" if not rec["levels"].get("dynamic_bsz") else "dynamic_bsz"
         line = f"ok       {label:34} {key[1]:>3} " + " ".join(
@@ -118,13 +118,14 @@ def test_every_figure_is_the_same_in_every_place(tmp_path, capsys, monkeypatch):
         assert _f(row["peak_memory_gb"]) == pytest.approx(max(r["peak_memory_gb"] for r in mine), rel=1e-12)
         # every figure the same in every place that shows it (full precision; 4 significant digits in
         # cells.json; 3 decimals (tokens/s: 1) in the console and the markdown tables)
-        places = {"step_time_s": (rep[label]["step_time_s"], parent[_key(f"step_time_s.{label}")],
+        places = {"step_time_s": (rep[label]["step_time_s"], parent[mlflow_key(f"step_time_s.{label}")],
                                   cells_json[label]["step time s"], 3),
-                  "speedup": (rep[label]["speedup"], parent[_key(f"speedup.{label}")], cells_json[label]["speedup"], 3),
+                  "speedup": (rep[label]["speedup"], parent[mlflow_key(f"speedup.{label}")],
+                              cells_json[label]["speedup"], 3),
                   "rollout_share": (rep[label]["rollout_share"], None, cells_json[label]["rollout share"], 3),
                   "free_ratio": (rep[label]["free_ratio"], None, cells_json[label]["Free ratio"], 3),
                   "throughput": (rep[label]["throughput"], None, cells_json[label]["tokens/s"], 1)}
-        assert parent[_key(f"report.speedup.{label}")] == pytest.approx(float(row["speedup"]), rel=1e-12)
+        assert parent[mlflow_key(f"report.speedup.{label}")] == pytest.approx(float(row["speedup"]), rel=1e-12)
         md_row = next(ln for ln in md.splitlines() if ln.startswith(f"| {label} (`"))
         report_row = next(ln for ln in report_md.splitlines() if ln.startswith(f"| {label} |"))
         console_row = next(ln for ln in console.splitlines() if re.match(rf"^{re.escape(label)}\s", ln))
@@ -141,7 +142,7 @@ def test_every_figure_is_the_same_in_every_place(tmp_path, capsys, monkeypatch):
                 assert re.search(rf"(^|\s){re.escape(txt)}(\s|$)", console_row), (label, col, "console", txt)
             if col == "speedup":
                 assert f"| {txt} [" in report_row, (label, col, "report.md")
-        assert _f(row["step_time_raw_s"]) == pytest.approx(_geo([children[(cid, k)][_key("step_time_median_s")]
+        assert _f(row["step_time_raw_s"]) == pytest.approx(_geo([children[(cid, k)][mlflow_key("step_time_median_s")]
                                                                  for k in (0, 1)]), rel=1e-9)
 
     # the gate judges the same runs (each run's value: the median of its timed steps), the sweep against itself

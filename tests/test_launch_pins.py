@@ -66,7 +66,7 @@ def launches(matrix: Path) -> dict[str, dict]:
     for the ``--smoke`` cells) when the matrix's engine supports smoke runs."""
     plan = _dry_run(matrix)
     sys.path.insert(0, str(REPO))
-    from bench.engines import engine_class
+    from bench.core.engine_registry import engine_class
 
     engine = engine_class(plan["engine"])
     out = {"engine": plan["engine"], "runs": _cells(plan["runs"], engine.shows_config)}

@@ -8,8 +8,8 @@ import math
 
 import numpy as np
 import pytest
+from _sweeps import EMBEDDED_CELLS, make_sweep
 from scipy import stats as sps
-from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
 
 from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
 from bench.analyze.snapshot import snapshot

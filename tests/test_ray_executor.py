@@ -17,7 +17,7 @@ import pytest
 
 from bench.core.errors import BenchError
 from bench.execution.executors import resolve_launch
-from bench.execution.ray_executor import RayJobExecutor, submission_id_for
+from bench.execution.ray_executor import RayJobExecutor, refuse_closed_port, submission_id_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -100,6 +100,24 @@ def test_unreachable_cluster_is_a_bench_error():
     with pytest.raises(BenchError, match=rf"--ray-address http://127.0.0.1:{port}: cannot reach the Ray job server"):
         RayJobExecutor(f"http://127.0.0.1:{port}")
     assert submission_id_for(Path("/r/abc/r1")).startswith("bench-abc-r1-")
+
+
+@pytest.mark.parametrize("form", ["{p}", "http://{p}", "ray://{p}"])
+def test_a_closed_port_is_refused_before_ray_is_asked(form):
+    """A bare ``host:port`` is a GCS address to Ray, which rewrites 127.0.0.1 to the node's own IP and retries for
+    about 40 s: a refused connection is named at once, in every form of the address."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = form.format(p=f"127.0.0.1:{port}")
+    with pytest.raises(BenchError, match=rf"--ray-address {address}: cannot reach the Ray job server: nothing "
+                                         rf"listens at 127.0.0.1:{port} \(connection refused\)"):
+        refuse_closed_port(address)
+    refuse_closed_port("auto")  # Ray finds the cluster itself: nothing to probe
+    with socket.socket() as s:  # a listening port passes the probe
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        refuse_closed_port(f"127.0.0.1:{s.getsockname()[1]}")
 
 
 # ------------------------------------------------------------------------------------ real head

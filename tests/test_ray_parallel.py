@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
+from _sweeps import EMBEDDED_CELLS, log_normal_times, make_sweep
 
 from bench.core.errors import BenchError
 from bench.execution.executors import resolve_launch

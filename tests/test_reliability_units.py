@@ -13,8 +13,9 @@ import time
 import pytest
 
 from bench.core.errors import BenchError
+from bench.core.files import atomic_write_json, atomic_write_text
 from bench.execution.executors import kill_strays, signal_reason
-from bench.records.results import atomic_write_json, atomic_write_text, is_no_space
+from bench.records.results import is_no_space
 
 
 @pytest.mark.parametrize("mask, mode", [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
@@ -124,7 +125,7 @@ class _FakeExecutor:
         import shutil
         from pathlib import Path
 
-        from bench.execution.executors import ExecResult
+        from bench.core.process import ExecResult
 
         fixture = Path(__file__).parent / "fixtures" / "measure" / "verl09_metrics.jsonl"
         shutil.copy(fixture, launch.run_dir / "metrics.jsonl")

@@ -41,6 +41,10 @@ def test_copy_tracked_copies_tracked_files_only_as_in_the_working_tree(tmp_path)
 
 def test_every_test_that_copies_the_repository_uses_the_helper():
     """No test lists files for a copy with ``git ls-files`` of its own (``-co`` copied untracked files too)."""
-    own = [p.name for p in (ROOT / "tests").glob("*.py")
+    own = [p.name for p in (ROOT / "tests").rglob("*.py")
            if p.name not in ("_repo_copy.py", Path(__file__).name) and "ls-files" in p.read_text()]
     assert own == []
+    # nor copies the checkout's folder whole (a venv, results or caches inside it would travel)
+    whole = [p.name for p in (ROOT / "tests").rglob("*.py")
+             if p.name != Path(__file__).name and "copytree(ROOT" in p.read_text().replace(" ", "")]
+    assert whole == []

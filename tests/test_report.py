@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
+from _sweeps import EMBEDDED_CELLS, log_normal_times, make_sweep
 
 from bench.cli import main
 from bench.spec.design import fractional

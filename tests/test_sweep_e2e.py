@@ -193,26 +193,3 @@ def test_failing_run_is_recorded_and_the_sweep_goes_on(tmp_path):
         assert "broken.parquet" in rec["reason"] and rec["log_tail"]
     _, parents, children = runs_of(uri, "crash")
     assert len(parents) == 1 and sorted(c.data.tags["status"] for c in children) == ["failed", "failed"]
-
-
-def test_killed_harness_loses_no_finished_run(tmp_path):
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, str(ROOT / "run_bench.py"), str(SMOKE), "--results", "res",
-                             "--tracking-uri", uri], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.time() + 600
-        while time.time() < deadline and not list((tmp_path / "res").glob("smoke/2*/*/r0/record.json")):
-            assert proc.poll() is None, "harness ended before a run finished"
-            time.sleep(0.5)
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finished = list((tmp_path / "res").glob("smoke/2*/*/r0/record.json"))
-    assert len(finished) == 1
-    p = bench([str(SMOKE), "--results", "res", "--tracking-uri", uri], tmp_path)
-    assert p.returncode == 0, p.stdout + p.stderr
-    assert "executed 1, cached 1, failed 0" in p.stdout
-    _, parents, children = runs_of(uri, "smoke")
-    assert len(parents) == 1 and len(children) == 2

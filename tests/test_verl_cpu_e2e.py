@@ -1,7 +1,10 @@
-"""A real verl sweep on this CPU: ``run_bench.py`` launches ``verl.trainer.main_ppo`` twice (dynamic bsz off
-and on), through the runner, the patches, verl's file logger and profiler, the measurements, MLflow and
-the report. Needs the verl CPU stack (``tools/install_verl_cpu.sh``; ``.ci/run`` installs it); about
-5 minutes on 2 cores.
+"""A real verl sweep on this CPU: ``run_bench.py --ray-address`` launches ``verl.trainer.main_ppo`` twice
+(dynamic bsz off and on) as jobs on a real local Ray head started from the verl stack's own ``ray``, through the
+runner, the patches, verl's file logger and profiler, the measurements, MLflow and the report. Needs the verl CPU
+stack (``tools/install_verl_cpu.sh``; ``.ci/run`` installs it); about 4 minutes on 2 cores.
+
+The same target without a cluster (a local process per run) is CI's VL run (tests/test_verl_cpu_vl_e2e.py); one
+sweep here covers the Ray job path and the text sweep, each verl run costing about 100 s of start-up on 2 cores.
 """
 
 from __future__ import annotations
@@ -39,7 +42,11 @@ def _matrix(tmp_path: Path) -> Path:
     return path
 
 
-def test_real_verl_sweep_on_cpu(tmp_path):
+@pytest.mark.ray
+def test_real_verl_sweep_on_cpu_as_ray_jobs(tmp_path):
+    """Each run a job on an existing Ray cluster (``--ray-address``): the cluster is started from the verl
+    stack's own ``ray`` (its workers must run that Python) with logical GPU slots for the rank."""
+    from _rayhead import start_head
     from mlflow import MlflowClient
 
     from bench.execution.executors import run_processes
@@ -47,9 +54,14 @@ def test_real_verl_sweep_on_cpu(tmp_path):
     results = tmp_path / "results"
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_PATCHES", "BENCH_RUN_DIR"))}
-    argv = [sys.executable, str(ROOT / "run_bench.py"), str(_matrix(tmp_path)), "--results", str(results),
-            "--tracking-uri", uri]
-    proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    gen = start_head({"RAY_AUTH_MODE": "disabled"}, ray_bin=Path(PY).parent / "ray", cpus=8, gpus=1)
+    address = next(gen)
+    try:
+        argv = [sys.executable, str(ROOT / "run_bench.py"), str(_matrix(tmp_path)), "--results", str(results),
+                "--tracking-uri", uri, "--ray-address", address]
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=1800)
+    finally:
+        gen.close()
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
 
@@ -81,14 +93,18 @@ def test_real_verl_sweep_on_cpu(tmp_path):
         reports = [json.loads(p.read_text()) for p in (rdir / "patches").glob("*.json")]
         roles = {r["role"] for r in reports if r["patches"].get("verl_cpu", {}).get("status") == "applied"}
         assert {"driver", "ray-worker"} <= roles
+        # each run was a Ray job that joined the cluster instead of starting one of its own
+        log = (rdir / "run.log").read_text()
+        assert "Ray job bench-" in log and "SUCCEEDED" in log
+        actions = [a for p in (rdir / "patches").glob("driver-*.json")
+                   for a in json.loads(p.read_text())["patches"]["verl_cpu"]["actions"]]
+        assert any(a.startswith("ray_init_existing: joining the cluster") for a in actions), actions
         # the config verl composed
         cfg = yaml.safe_load((rdir / "hydra" / ".hydra" / "config.yaml").read_text())
         assert cfg["actor_rollout_ref"]["actor"]["use_dynamic_bsz"] is bool(level)
-        # the harness timed the machine-speed probe right before and right after the run (bench.execution)
-        mp = rec["machine_probe"]
-        assert mp["spec"].startswith("bracket:matmul") and mp["before"]["reps"] >= 5 and mp["after"]["reps"] >= 5
-        assert mp["before"]["at"] < rec["started_at"] < mp["after"]["at"]
-        assert mp["before"]["min_s"] <= mp["before"]["median_s"] <= mp["before"]["max_s"] and 0 < mp["median_s"] < 1
+        # a Ray job may run on another node: the harness times no machine-speed probe around it (bench.execution
+        # .runner._bracket_probe, local executor only); the verl driver's own probe between steps is asserted above
+        assert "machine_probe" not in rec
     # token-budget micro-batches differ from fixed-size ones: the factor changed the work
     micro = {lv: int(r["evidence"]["dynamic_bsz"].split(" into ")[1].split()[0]) for lv, r in by_level.items()}
     assert micro[0] != micro[1]
@@ -114,37 +130,3 @@ def test_real_verl_sweep_on_cpu(tmp_path):
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
     report = (sweep / "report" / "report.md").read_text()
     assert "| dynamic_bsz |" in report and "| all-off |" in report
-
-
-@pytest.mark.ray
-def test_verl_cpu_run_as_a_ray_job(tmp_path):
-    """The same target as a job on an existing Ray cluster (``--ray-address``): the cluster is started from
-    the verl stack's own ``ray`` (its workers must run that Python) with logical GPU slots for the rank."""
-    from _rayhead import start_head
-
-    ray_bin = Path(PY).parent / "ray"
-    m = yaml.safe_load(_matrix(tmp_path).read_text())
-    m.update(name="verl_cpu_ray", factors={"dynamic_bsz": ["on"]})
-    m["base"].update(steps=2, warmup_steps=1, profile_steps=[])
-    path = tmp_path / "ray.yaml"
-    path.write_text(yaml.safe_dump(m))
-    results = tmp_path / "results"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("BENCH_PATCHES", "BENCH_RUN_DIR"))}
-    gen = start_head({"RAY_AUTH_MODE": "disabled"}, ray_bin=ray_bin, cpus=8, gpus=1)
-    address = next(gen)
-    try:
-        proc = subprocess.run([sys.executable, str(ROOT / "run_bench.py"), str(path), "--results", str(results),
-                               "--tracking-uri", f"sqlite:///{tmp_path / 'mlflow.db'}", "--ray-address", address],
-                              capture_output=True, text=True, env=env, timeout=1200)
-    finally:
-        gen.close()
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    rec = json.loads(next((results / "verl_cpu_ray").glob("*/*/r0/record.json")).read_text())
-    assert rec["status"] == "ok" and len(rec["steps"]) == 2
-    assert rec["evidence_verdicts"]["dynamic_bsz"] == "confirmed"
-    rdir = next((results / "verl_cpu_ray").glob("*/*/r0"))
-    log = (rdir / "run.log").read_text()
-    assert "Ray job bench-" in log and "SUCCEEDED" in log
-    actions = [a for p in (rdir / "patches").glob("driver-*.json")
-               for a in json.loads(p.read_text())["patches"]["verl_cpu"]["actions"]]
-    assert any(a.startswith("ray_init_existing: joining the cluster") for a in actions)

@@ -78,6 +78,11 @@ def test_real_vl_verl_run_on_cpu(tmp_path):
     traces = list((rdir / "profile").glob("*step3*.json.gz"))
     assert traces and json.loads(gzip.open(traces[0]).read())["traceEvents"]
     assert 0.0 < rec["free_ratio"]["3"] < 1.0 and 0 < rec["summary"]["rollout_share_median"] < 1
+    # a local verl run: the harness timed the machine-speed probe right before and right after it (bench.execution)
+    mp = rec["machine_probe"]
+    assert mp["spec"].startswith("bracket:matmul") and mp["before"]["reps"] >= 5 and mp["after"]["reps"] >= 5
+    assert mp["before"]["at"] < rec["started_at"] < mp["after"]["at"]
+    assert mp["before"]["min_s"] <= mp["before"]["median_s"] <= mp["before"]["max_s"] and 0 < mp["median_s"] < 1
     # the phases and the rollout long tail, as for a text run
     phases = rec["summary"]["phase_median_s"]
     assert all(phases[p] > 0 for p in ("gen", "old_log_prob", "ref", "update_actor")), phases

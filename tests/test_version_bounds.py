@@ -117,8 +117,8 @@ def test_graph_mode_task_queue_2_follows_the_installed_verl(monkeypatch):
 def test_report_marks_mc2_not_read_instead_of_an_effect():
     from drift_fake import drift_snapshot
 
-    from bench.analyze.markdown import render
     from bench.analyze.tables import analyze
+    from bench.commands.report_markdown import render
     from bench.spec.plan import run_order
 
     cells = [{"cell_id": f"c{m}{d}", "label": f"mc2={m} dbsz={d}", "all_off": not (m or d),
@@ -144,7 +144,7 @@ def test_report_marks_mc2_not_read_instead_of_an_effect():
 def test_preflight_refuses_an_mc2_sweep_the_stack_does_not_read(monkeypatch):
     import importlib.util
 
-    from bench.engines.base import Launch
+    from bench.spec.launch import Launch
 
     if importlib.util.find_spec("verl") is None:  # preflight first checks that verl is installed
         pytest.skip("verl is not installed")

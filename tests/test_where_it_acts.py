@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from test_gate_fixtures import make_sweep
+from _sweeps import make_sweep
 
 from bench.analyze.where import cell_ops, factor_rows, fit_series, trace_diff, where_metrics
 from bench.analyze.where_md import fmt_ms, fmt_pct
@@ -178,7 +178,7 @@ def _trace(step: int, ops: list[tuple[str, float]]) -> dict:
 
 
 def test_markdown_report_json_and_mlflow_agree(tmp_path):
-    from bench.tracking import Tracker, _key
+    from bench.tracking import Tracker, mlflow_key
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     tr = Tracker(uri, "where")
@@ -220,7 +220,7 @@ def test_markdown_report_json_and_mlflow_agree(tmp_path):
     assert figs["where.rmsnorm_fused.elementwise.change_ms"] == pytest.approx(-0.4)
     # MLflow holds exactly these figures
     logged = {k: v for k, v in tr.client.get_run(pid).data.metrics.items() if k.startswith("report.where.")}
-    assert logged == pytest.approx({_key(f"report.{k}"): v for k, v in figs.items()})
+    assert logged == pytest.approx({mlflow_key(f"report.{k}"): v for k, v in figs.items()})
     # report.md prints them
     md = (sweep / "report" / "report.md").read_text()
     assert "## Where each optimization acts" in md

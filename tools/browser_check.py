@@ -4,7 +4,8 @@ Starts, on 127.0.0.1 and free ports, an ``mlflow server`` (own temporary sqlite 
 and ``optuna-dashboard`` (own temporary sqlite storage), each in its own process group, ended by process
 group at exit (also on an error, Ctrl-C or SIGTERM). Runs a tiny real sweep against the server
 (``run_bench.py matrix/smoke.yaml base.steps=5 base.profile_steps=[5]``: two cells, three timed steps
-each) and a tiny real tune (``run_bench.py tune matrix/tune_dynamic_bsz.yaml --n-trials 2``), then opens
+each) and a tiny real tune (``run_bench.py tune matrix/tune_dynamic_bsz.yaml --n-trials 2``, on a copy of the matrix
+with ``tune.confirm_blocks: 0``: the study page needs the trials, not the confirmation's runs), then opens
 the pages in headless Chromium (Debian's ``chromium`` and ``chromium-driver``; Selenium never downloads a
 browser or driver: the driver path is given and ``SE_OFFLINE=true``) and checks from the rendered DOM:
 
@@ -49,10 +50,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import yaml
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.records.results import load_records, read_json  # noqa: E402
+from bench.core.files import read_json  # noqa: E402
+from bench.records.results import load_records  # noqa: E402
 
 #: Debian's packages (``apt-get install chromium chromium-driver``)
 CHROMIUM = "/usr/bin/chromium"
@@ -62,6 +66,8 @@ SWEEP_MATRIX = "matrix/smoke.yaml"
 SWEEP_OVERRIDES = ["base.steps=5", "base.profile_steps=[5]"]
 TUNE_MATRIX = "matrix/tune_dynamic_bsz.yaml"
 TUNE_TRIALS = 2
+#: the tune block's confirmation is left out (its 3 blocks of 2 runs show nothing on the study page)
+TUNE_CONFIRM_BLOCKS = 0
 #: MLflow 3.17's UI picks the GenAI or the model-training view from this URL parameter (else from the
 #: browser's local storage, default GenAI); the experiment tag ``mlflow.experimentKind`` is what older
 #: 3.x UIs read
@@ -541,8 +547,12 @@ def run(args: argparse.Namespace, procs: Procs, tmp: Path) -> Checks:
     if (
         not args.reuse
     ):  # the tune needs no server (its MLflow runs go to a store of its own): it runs while the server starts
-        tune = procs.start("tune", [sys.executable, "run_bench.py", "tune", TUNE_MATRIX, "--n-trials", str(TUNE_TRIALS),
-                                    "--storage", storage, "--results", str(results),
+        tune_matrix = tmp / Path(TUNE_MATRIX).name  # same file name: the study keeps the matrix's name
+        spec = yaml.safe_load((ROOT / TUNE_MATRIX).read_text())
+        spec["tune"]["confirm_blocks"] = TUNE_CONFIRM_BLOCKS
+        tune_matrix.write_text(yaml.safe_dump(spec, sort_keys=False))
+        tune = procs.start("tune", [sys.executable, "run_bench.py", "tune", str(tune_matrix), "--n-trials",
+                                    str(TUNE_TRIALS), "--storage", storage, "--results", str(results),
                                     "--tracking-uri", f"sqlite:///{tmp / 'tune-mlflow.db'}"],
                            tmp / "tune.log", cwd=ROOT, env=env)
     server = procs.start("mlflow server", [sys.executable, "-m", "mlflow", "server", "--backend-store-uri",

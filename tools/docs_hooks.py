@@ -146,7 +146,7 @@ def _default(field: Any) -> str:
 
 def _special(model: type[BaseModel], key: str) -> tuple[str | None, str | None]:
     """(type, range) of keys whose pydantic annotation is looser than what the validators accept."""
-    from bench.engines import engine_names
+    from bench.core.engine_registry import engine_names
     from bench.spec.optimizations import FACTOR_KEYS
 
     factors = ", ".join(f"`{k}`" for k in FACTOR_KEYS)

@@ -95,9 +95,12 @@ class EffectsFit:
                 "n_nodes": self.n_nodes, "node_columns": self.node_columns}
 
 
-def _columns(levels_of_obs: list[dict[str, Any]], factors: list[str], interactions: bool
-             ) -> tuple[list[str], list[list[str]], list[str], np.ndarray, dict[str, str]]:
-    """Candidate model columns (names, factor lists, kinds, matrix) in order: mains, then interactions."""
+def model_columns(levels_of_obs: list[dict[str, Any]], factors: list[str], interactions: bool
+                  ) -> tuple[list[str], list[list[str]], list[str], np.ndarray, dict[str, str]]:
+    """Candidate model columns of the effects model, in order: main effects, then (with ``interactions``) the
+    two-factor interactions. ``levels_of_obs`` holds one ``{factor: level}`` per observation (n of them).
+    Returns (column names, the factors of each column, each column's kind, the n x k design matrix, the coding
+    of each factor); the planning's allocation (:mod:`bench.planning.allocation`) builds its design from it."""
     names: list[str] = []
     fl: list[list[str]] = []
     kinds: list[str] = []
@@ -143,7 +146,8 @@ def _block_columns(blocks: Sequence[Any], prefix: str = "block") -> tuple[list[s
     return [f"{prefix}={v}" for v in vals[1:]], (np.column_stack(cols) if cols else np.zeros((len(b), 0)))
 
 
-def _nuisance(n: int, blocks: Sequence[Any] | None, nodes: Sequence[Any] | None) -> tuple[np.ndarray, int, int, int]:
+def nuisance_columns(n: int, blocks: Sequence[Any] | None, nodes: Sequence[Any] | None
+                     ) -> tuple[np.ndarray, int, int, int]:
     """Intercept, time-block dummies and node dummies (a node column is kept only when it raises the rank:
     a node that coincides with a block adds nothing). Returns (matrix, blocks, nodes, node columns kept)."""
     base = np.ones((n, 1))
@@ -203,11 +207,11 @@ def fit_effects(levels_of_obs: list[dict[str, Any]], y: Sequence[float], factors
     from statsmodels.stats.multitest import multipletests
 
     y = np.asarray(y, dtype=float)
-    names, fl, kinds, mat, coding = _columns(levels_of_obs, factors, interactions)
+    names, fl, kinds, mat, coding = model_columns(levels_of_obs, factors, interactions)
     keep: list[int] = []
     not_est: dict[str, str] = {}
     alias_of: dict[int, list[str]] = {}
-    base, n_blocks, n_nodes, node_cols = _nuisance(len(y), blocks, nodes)
+    base, n_blocks, n_nodes, node_cols = nuisance_columns(len(y), blocks, nodes)
     cur = base
     rank = np.linalg.matrix_rank(base)
     for j in range(mat.shape[1]):

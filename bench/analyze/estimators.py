@@ -17,6 +17,8 @@ from scipy import stats as sps
 N_BOOT = 2000
 #: default significance level of the gate and the report (intervals at ``1 - alpha``)
 DEFAULT_ALPHA = 0.01
+#: default threshold of the gate: a change beyond it (and seen by its interval) is a regression or an improvement
+DEFAULT_THRESHOLD = 0.05
 
 
 def finite_array(values: Sequence[float]) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Markdown pieces shared by the report (:mod:`bench.analyze.markdown`) and the gate
+"""Markdown pieces shared by the report (:mod:`bench.commands.report_markdown`) and the gate
 (:mod:`bench.gate.markdown`): a signed percentage, an interval of two, a table's head."""
 
 from __future__ import annotations

@@ -16,9 +16,10 @@ from typing import Any
 
 from bench.core.errors import BenchError
 from bench.measure import step_samples
-from bench.records.figures import METRICS, SUMMARY_STEP_TIME, Snapshot
+from bench.records.figures import SUMMARY_STEP_TIME, Snapshot
 from bench.records.results import SWEEP, check_sweep_meta, load_records
 from bench.records.speed import PROBE_METRIC, probe_spec
+from bench.spec.metrics import METRICS
 from bench.spec.optimizations import factor_keys
 
 #: format of a snapshot and of a baseline file (a saved snapshot)

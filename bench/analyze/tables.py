@@ -1,7 +1,7 @@
 """The report's numbers of one sweep snapshot: per-cell table with speedups, effects, replication,
 article rows, minimal detectable effects and the ``expect`` claims judged on the runs (:func:`analyze`).
 
-Pure: no files, no MLflow; the markdown is :mod:`bench.analyze.markdown`, the plots :mod:`bench.analyze.plots`,
+Pure: no files, no MLflow; the markdown is :mod:`bench.commands.report_markdown`, the plots :mod:`bench.analyze.plots`,
 the command ``report`` is :mod:`bench.commands.report`.
 """
 
@@ -13,12 +13,13 @@ from typing import Any
 import numpy as np
 
 from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
+from bench.analyze.estimators import DEFAULT_ALPHA as GATE_ALPHA
+from bench.analyze.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.analyze.power import gate_mde, mde_from_se, noise_components
 from bench.core.errors import BenchError
-from bench.gate.verdicts import DEFAULT_ALPHA as GATE_ALPHA
-from bench.gate.verdicts import DEFAULT_THRESHOLD as GATE_THRESHOLD
-from bench.records.figures import METRICS, CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
+from bench.records.figures import CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
 from bench.spec.expect import judge_claim
+from bench.spec.metrics import METRICS
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys, not_read
 from bench.spec.optimizations.versions import stack_versions
 

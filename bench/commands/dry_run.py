@@ -28,8 +28,8 @@ from typing import Any
 
 from rich.console import Console
 
-from bench.engines import engine_class
-from bench.engines.base import Launch
+from bench.core.engine_registry import engine_class
+from bench.spec.launch import Launch
 from bench.spec.optimizations import not_read, stack_versions
 from bench.spec.plan import Plan, RunOrder
 

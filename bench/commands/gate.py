@@ -9,16 +9,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT
-from bench.analyze.snapshot import METRICS
+from bench.analyze.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD, N_BOOT
 from bench.commands.base import Command
 from bench.commands.run_planning import parse_duration
 from bench.core.errors import BenchError
 from bench.gate.interleaved import run_interleaved_gate
 from bench.gate.markdown import append_step_summary, render_interleaved, render_markdown
 from bench.gate.stored import run_gate
-from bench.gate.verdicts import CANNOT_JUDGE, DEFAULT_THRESHOLD, EXIT_CANNOT_JUDGE, EXIT_CODES
+from bench.gate.verdicts import CANNOT_JUDGE, EXIT_CANNOT_JUDGE, EXIT_CODES
 from bench.records.results import check_baseline_slot, check_output_folder, find_sweep
+from bench.spec.metrics import METRICS
 
 #: the files a gate writes into its output folder (``gate``, ``compare``)
 GATE_FILES = ("gate.md", "gate.json")

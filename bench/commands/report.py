@@ -38,33 +38,29 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import os
+import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.analyze.estimators import N_BOOT
-from bench.analyze.markdown import render
+from bench.analyze.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD, N_BOOT
 from bench.analyze.plots import plot_article, plot_effects, plot_long_tail, plot_phases, plot_speedup
 from bench.analyze.snapshot import snapshot
 from bench.analyze.tables import analyze, article_rows, claims_on_runs
 from bench.analyze.where import where_metrics, where_section
 from bench.commands.base import Command
+from bench.commands.report_markdown import render
 from bench.core.errors import BenchError
+from bench.core.files import atomic_write_json, atomic_write_text, read_json
 from bench.gate.runs import gate_figure
-from bench.gate.verdicts import DEFAULT_ALPHA, DEFAULT_THRESHOLD, check_expectations, validate_expect
+from bench.gate.verdicts import check_expectations, validate_expect
 from bench.planning.allocation import report_section
 from bench.planning.view import apply_to_report, view
-from bench.records.results import (
-    atomic_write_json,
-    atomic_write_text,
-    check_output_folder,
-    find_sweep,
-    load_records,
-    read_json,
-)
+from bench.records.results import check_output_folder, find_sweep, load_records
 from bench.records.speed import normalize_snapshot
-from bench.tracking import NOTE, REPORT_POINTER, Tracker, _key, note
+from bench.tracking import NOTE, REPORT_POINTER, Tracker, mlflow_key, note
 
 
 def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BOOT, seed: int = 0,
@@ -122,8 +118,21 @@ REPORT_FILES = ("speedup.png", "effects.png", "phases.png", "long_tail.png", "ar
 
 
 def write(data: dict[str, Any], out: Path) -> list[Path]:
-    """Write report.md, report.json, effects.csv and the PNG plots into ``out``; returns the files."""
+    """Write report.md, report.json, effects.csv and the PNG plots into ``out``; returns the files. When a write fails
+    (a full disk), no temporary file is left, nor ``out`` when this call made it."""
+    made = not os.path.lexists(out)
     out.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write(data, out)
+    except BaseException:
+        for tmp in out.glob(".*.tmp.png"):
+            tmp.unlink(missing_ok=True)
+        if made:
+            shutil.rmtree(out, ignore_errors=True)  # a report folder this call began: half a report is none
+        raise
+
+
+def _write(data: dict[str, Any], out: Path) -> list[Path]:
     files = []
     lvl = 1 - data["alpha"]
     for name, fn in (("speedup.png", lambda p: plot_speedup(data["cells"], p, lvl)),
@@ -163,17 +172,17 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
         tr = Tracker(tracking_uri, data["sweep"]["matrix"])
         tr.log_report(rid, files)  # the files under report/, and report.html (images embedded) that the UI renders
         now = int(time.time() * 1000)
-        ms = [Metric(_key(f"report.effect.{t['name']}"), float(t["change"]), now, 0)
+        ms = [Metric(mlflow_key(f"report.effect.{t['name']}"), float(t["change"]), now, 0)
               for t in ((data["effects"].get("fit") or {}).get("terms") or [])]
-        ms += [Metric(_key(f"report.speedup.{r['cell']}"), float(r["speedup"]), now, 0)
+        ms += [Metric(mlflow_key(f"report.speedup.{r['cell']}"), float(r["speedup"]), now, 0)
                for r in data["cells"] if r["speedup"] is not None]
-        ms += [Metric(_key(f"report.{k}"), v, now, 0) for k, v in where_metrics(data.get("where")).items()]
+        ms += [Metric(mlflow_key(f"report.{k}"), v, now, 0) for k, v in where_metrics(data.get("where")).items()]
         for i in range(0, len(ms), 900):
             tr.client.log_batch(rid, metrics=ms[i:i + 900])
         tr.client.set_tag(rid, "bench.report", "report/report.md")
         for t in (data["effects"].get("fit") or {}).get("terms") or []:  # a sequential sweep's verdicts
             if t.get("verdict"):
-                tr.client.set_tag(rid, _key(f"report.verdict.{t['name']}"), f"{t['verdict']} ({t['interval']})")
+                tr.client.set_tag(rid, mlflow_key(f"report.verdict.{t['name']}"), f"{t['verdict']} ({t['interval']})")
         # the parent's description points at the report (first, so that a description cut at MLflow's limit keeps it)
         current = tr.client.get_run(rid).data.tags.get(NOTE, "")
         if not current.startswith(REPORT_POINTER):

@@ -15,14 +15,15 @@ from rich.table import Table
 from bench.commands.base import Command, add_execution_arguments
 from bench.commands.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
 from bench.commands.run_planning import add_planning_arguments, closing_verdict_line, prepare, print_planning
-from bench.core.errors import BenchError
-from bench.core.progress import FORKSERVER_STARTING, LiveProgress, make_console, run_status
-from bench.engines import engine_class, engines_with, get_engine
-from bench.engines.verl_cpu.smoke import not_exercised, run_smoke, smoke_base, smoke_cells
+from bench.core.engine_registry import engine_class, engines_with, get_engine
+from bench.core.errors import BenchError, clip_words
+from bench.engines.verl_cpu.smoke import not_exercised, smoke_base, smoke_cells
 from bench.execution.executors import LocalExecutor
 from bench.execution.forkserver import ForkServerExecutor
+from bench.execution.progress import FORKSERVER_STARTING, LiveProgress, make_console, run_status
 from bench.execution.ray_executor import RayJobExecutor
 from bench.execution.ray_parallel import RayNodesExecutor
+from bench.execution.smoke import run_smoke
 from bench.execution.sweep import Sweep
 from bench.records.figures import SUMMARY_STEP_TIME
 from bench.records.results import check_writable, run_dir
@@ -98,14 +99,14 @@ def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -
 
 
 class ConsoleView:
-    """The live progress of a sweep (:class:`bench.core.progress.LiveProgress`: runs done/total, ETA from the
+    """The live progress of a sweep (:class:`bench.execution.progress.LiveProgress`: runs done/total, ETA from the
     measured run times, the current cell and what it is doing) plus a line per finished run.
 
     Each line shows the run's own median timed step (raw seconds); speedups are a cell statistic and
     appear only in the final table (:func:`summary_table`, the rows of ``summary.md``).
 
     Args:
-        console: :func:`bench.core.progress.make_console`.
+        console: :func:`bench.execution.progress.make_console`.
         executor: the sweep's executor (a fork server still importing is shown as such).
         steps: GRPO steps per run (``base.steps``), for ``step k/N``.
         engine: the matrix's engine (what a run's start-up is called).
@@ -154,7 +155,7 @@ class ConsoleView:
             if (rec.get("node") or {}).get("name"):
                 line += f"  node {rec['node']['name']}"
             if rec.get("status") == "failed":
-                line += f"  {rec.get('failure_kind')}: {rec.get('reason', '')[:100]}"
+                line += f"  {rec.get('failure_kind')}: {clip_words(rec.get('reason', ''), 100)}"
             self.live.print(line, style="red" if rec.get("status") == "failed" else None, soft_wrap=True,
                             markup=False)
             self.live.finish(measured=kind == "done")
@@ -194,7 +195,7 @@ def _summary_columns(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[s
              *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
                (r["step_time_s"], r["step_time_raw_s"], r["step_time_iqr_s"], r["speedup"], r["rollout_share"],
                 r["free_ratio"])),
-             r["status"] + (f": {r['reason'][:60]}" if r["reason"] else "")] for r in rows]
+             r["status"] + (f": {clip_words(r['reason'], 60)}" if r["reason"] else "")] for r in rows]
     return head, body
 
 

@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.core.errors import BenchError
+from bench.core.files import read_json
 from bench.execution.ray_parallel import cluster_nodes, parallel_slots, usable_nodes
 from bench.planning.allocation import plan_lines
 from bench.planning.apply import replan
-from bench.records.results import SWEEP, load_records, read_json
+from bench.records.results import SWEEP, load_records
 
 
 def add_planning_arguments(p: argparse.ArgumentParser) -> None:

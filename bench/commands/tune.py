@@ -9,8 +9,8 @@ from typing import Any
 
 from bench.commands.base import Command, add_execution_arguments
 from bench.commands.run import make_executor
-from bench.core.progress import FORKSERVER_STARTING, LiveProgress, make_console, run_status
 from bench.engines.base import get_engine
+from bench.execution.progress import FORKSERVER_STARTING, LiveProgress, make_console, run_status
 from bench.records.results import check_writable
 from bench.spec.loading import load_matrix
 from bench.tune import TuneOutcome, Tuner, TuneSettings, default_storage, redact, resolve_settings, trial_spec
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 class ConsoleView:
     """One line per trial, plus the start and the result, under a live progress line
-    (:class:`bench.core.progress.LiveProgress`: trials done/total, ETA from the measured trial times, best so far,
+    (:class:`bench.execution.progress.LiveProgress`: trials done/total, ETA from the measured trial times, best so far,
     and what the current trial's run is doing).
 
     Args:

@@ -93,10 +93,11 @@ def did_you_mean(word: Any, allowed: Any) -> str:
 
 def clip_words(text: Any, limit: int) -> str:
     """``text`` on one line, at most ``limit`` characters: when longer, cut at the last space before the limit
-    (never inside a word) and marked with ``...``; a first word longer than the limit is cut at the limit."""
+    and marked with ``...``; where that space would drop more than half of the room (a long path or word after a
+    short head: ``r0 bad_input: /a/very/long/path...``), the long word is cut at the limit instead."""
     flat = " ".join(str(text).split())
     if len(flat) <= limit:
         return flat
     room = max(limit - 3, 1)
     cut = flat.rfind(" ", 0, room + 1)
-    return (flat[:cut] if cut > 0 else flat[:room]).rstrip(" ,;:") + "..."
+    return (flat[:cut] if cut > room // 2 else flat[:room]).rstrip(" ,;:") + "..."

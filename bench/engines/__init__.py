@@ -1,4 +1,5 @@
-"""Engines turn a planned cell into a launch; this package holds their registry (name -> engine class).
+"""Engines turn a planned cell into a launch; this package re-exports their registry (name -> engine class,
+:mod:`bench.core.engine_registry`).
 
 Engines are found by lookup: the entry points of the group ``grpo_bench.engines`` (:mod:`bench.core.plugins`:
 the built-ins in ``pyproject.toml``, then those of installed plugin packages) are loaded on the first
@@ -12,95 +13,18 @@ point line (see ``CONTRIBUTING.md``).
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from bench.core.engine_registry import (
+    GROUP,
+    default_engine,
+    engine_class,
+    engine_classes,
+    engine_names,
+    engines_with,
+    get_engine,
+    options_keys,
+    register,
+    unregister,
+)
 
-from bench.core.plugins import load
-
-GROUP = "grpo_bench.engines"
-_ENGINES: dict[str, type] = {}
-_order: list[str] = []  # names found through entry points, in entry-point order
-_loaded = False
-E = TypeVar("E", bound=type)
-
-
-def register(cls: E) -> E:
-    """Register an engine class under its ``name`` attribute (a class decorator; returns ``cls``).
-
-    Raises:
-        ValueError: ``cls`` has no string ``name``, or another class already holds that name.
-    """
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"engine class {cls.__name__} has no name")
-    held = _ENGINES.get(name)
-    if held is not None and held.__qualname__ != cls.__qualname__:
-        raise ValueError(f"engine name {name!r} is already registered by {held.__module__}.{held.__qualname__}")
-    _ENGINES[name] = cls
-    return cls
-
-
-def unregister(name: str) -> None:
-    """Remove the engine called ``name`` (tests that register a toy engine undo it with this)."""
-    _ENGINES.pop(name, None)
-
-
-def _load_builtin() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True  # before loading: an engine module may look the registry up while it is imported
-    for _name, cls in load(GROUP):
-        register(cls)
-        if cls.name not in _order:
-            _order.append(cls.name)
-
-
-def engine_names() -> list[str]:
-    """Names of the registered engines: those of entry points first (built-ins, then plugins), then those
-    registered at run time (:func:`register`)."""
-    _load_builtin()
-
-    def rank(name: str) -> int:
-        return _order.index(name) if name in _order else len(_order)
-
-    return sorted(_ENGINES, key=rank)  # stable: registered order within each rank
-
-
-def engine_class(name: str) -> type:
-    """The class registered as ``name``.
-
-    Raises:
-        KeyError: unknown engine name (the matrix schema already refuses it, naming the allowed ones).
-    """
-    _load_builtin()
-    return _ENGINES[name]
-
-
-def get_engine(name: str) -> Any:
-    """A new instance of the engine called ``name`` (any registered one): a :class:`bench.engines.base.Engine`
-    (not imported here, so the registry imports nothing of the engines' interface, not even for annotations).
-
-    Raises:
-        KeyError: unknown engine name.
-    """
-    return engine_class(name)()
-
-
-def engines_with(capability: str) -> list[str]:
-    """Names of the registered engines whose class attribute ``capability`` is true (e.g. ``supports_smoke``)."""
-    return [n for n in engine_names() if getattr(_ENGINES[n], capability, False)]
-
-
-def engine_classes() -> list[type]:
-    """The registered engine classes, in :func:`engine_names` order."""
-    return [_ENGINES[n] for n in engine_names()]
-
-
-def default_engine() -> str:
-    """The engine a matrix without ``engine:`` uses: the first registered one (the first entry point)."""
-    return engine_names()[0]
-
-
-def options_keys() -> set[str]:
-    """The keys under a matrix's ``base`` that hold some engine's own settings (:attr:`Engine.options_key`)."""
-    return {c.options_key for c in engine_classes() if getattr(c, "options_key", None)}
+__all__ = ["GROUP", "default_engine", "engine_class", "engine_classes", "engine_names", "engines_with", "get_engine",
+           "options_keys", "register", "unregister"]

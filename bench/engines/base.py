@@ -15,35 +15,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ValidationError
 
+from bench.core.engine_registry import engine_class
+from bench.core.engine_registry import get_engine as lookup
 from bench.core.errors import did_you_mean
-from bench.engines import engine_class
-from bench.engines import get_engine as lookup
+from bench.spec.launch import Launch  # the launch an engine builds (engines name it from here, as the recipe does)
 from bench.spec.loading import value_message
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism
-
-
-class Launch(BaseModel):
-    """What an executor needs to start one run.
-
-    Attributes:
-        argv: the command as a list (never a shell string); may contain ``{python}``/``{run_dir}``.
-        env: environment variables set on top of the harness's environment.
-        patches: runtime patch specs loaded in every process of the run (``patches/``).
-        config: the engine's resolved run configuration (written to ``config_file`` in the run folder).
-        config_file: file name of that configuration inside the run folder.
-        notes: anything the user should see in ``--dry-run`` (warnings, unset variables ...).
-    """
-
-    model_config = ConfigDict(extra="forbid")
-    argv: list[str]
-    env: dict[str, str] = Field(default_factory=dict)
-    patches: list[str] = Field(default_factory=list)
-    config: dict[str, Any] = Field(default_factory=dict)
-    config_file: str = "run_config.yaml"
-    notes: list[str] = Field(default_factory=list)
 
 
 class Engine(Protocol):

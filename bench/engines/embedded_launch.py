@@ -10,11 +10,12 @@ from typing import Any
 
 from bench.core.errors import BenchError, did_you_mean
 from bench.core.paths import check_names
-from bench.engines.base import EngineBase, Launch
+from bench.engines.base import EngineBase
 from bench.engines.builtins.data import BUILTINS
 from bench.engines.builtins.model import BUILTIN_MODEL
 from bench.engines.common import default_cache_dir, default_profile_steps, device_available
 from bench.engines.embedded.config import RunConfig
+from bench.spec.launch import Launch
 from bench.spec.loading import expand_env, value_message
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism

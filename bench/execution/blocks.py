@@ -23,8 +23,9 @@ from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from bench.core.errors import BenchError
-from bench.records.results import SWEEP, atomic_write_json, load_records
-from bench.tracking.naming import _key
+from bench.core.files import atomic_write_json
+from bench.records.results import SWEEP, load_records
+from bench.tracking.naming import mlflow_key
 
 RunOne = Callable[[Any, int], None]
 
@@ -151,8 +152,9 @@ def sequential_tags(meta: dict[str, Any]) -> dict[str, str]:
     v = view(meta)
     return {"bench.sequential.blocks": f"{len(seq['looks'])}/{seq['max_looks']}",
             "bench.sequential.last_look": f"{last['reason']}: {last['line']}"[:4900],
-            **{_key(f"bench.sequential.verdict.{d.name}"): f"{d.verdict_text()} ({d.change:+.1%} {d.interval_text()}, "
-               f"look {v.look}/{v.max_looks})" for d in (v.decisions if v else [])}}
+            **{mlflow_key(f"bench.sequential.verdict.{d.name}"):
+               f"{d.verdict_text()} ({d.change:+.1%} {d.interval_text()}, look {v.look}/{v.max_looks})"
+               for d in (v.decisions if v else [])}}
 
 
 def sequential_metrics(meta: dict[str, Any]) -> dict[str, float]:
@@ -166,7 +168,7 @@ def sequential_metrics(meta: dict[str, Any]) -> dict[str, float]:
     for d in v.decisions if v else []:
         for k, x in (("change", d.change), ("change_low", d.change_lo), ("change_high", d.change_hi)):
             if x is not None and math.isfinite(x):
-                out[_key(f"sequential.{k}.{d.name}")] = float(x)
+                out[mlflow_key(f"sequential.{k}.{d.name}")] = float(x)
     return out
 
 

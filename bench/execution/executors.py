@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from bench.engines import engine_classes
+from bench.core.process import ExecResult
+from bench.spec.launch import REPO_ROOT, machine_placeholders
 
 #: Folder of runtime patches (``patches/`` at the repository root).
-PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
-#: Repository root (put on ``PYTHONPATH`` so ``python -m bench...`` works from any cwd).
-REPO_ROOT = Path(__file__).resolve().parents[2]
+PATCHES_DIR = REPO_ROOT / "patches"
 
 
 @dataclass
@@ -54,20 +53,6 @@ class ResolvedLaunch:
     timeout_s: float
 
 
-@dataclass
-class ExecResult:
-    """How a run ended. ``returncode`` is ``None`` when it was killed at the timeout; times in seconds.
-    ``node``: where it ran when the executor knows (a Ray job: ``id``, ``ip``, ``name`` of the node its driver
-    ran on, as Ray reports it, and the job's ``submission_id``, ``job_start``/``job_end`` epoch seconds);
-    ``None`` for a local run."""
-
-    returncode: int | None
-    timed_out: bool
-    wall_s: float
-    reason: str = ""
-    node: dict | None = None
-
-
 class Executor(Protocol):
     """Runs a :class:`ResolvedLaunch` to completion (blocking) and returns an :class:`ExecResult`."""
 
@@ -76,24 +61,6 @@ class Executor(Protocol):
     def execute(self, launch: ResolvedLaunch) -> ExecResult:
         """Run it; stdout/stderr go to ``launch.run_dir / "run.log"``."""
         ...
-
-
-def machine_placeholders(python: str = sys.executable) -> dict[str, str]:
-    """The placeholders a launch may hold that name this machine, filled at launch time so that a cell id
-    (a hash of the launch) is the same everywhere: ``{python}`` (the harness's interpreter), ``{repo}`` (this
-    checkout) and those of every registered engine (:meth:`bench.engines.base.EngineBase.placeholders`, e.g.
-    ``{verl_python}``, ``{bench_cache}``)."""
-    out: dict[str, str] = {}
-    for cls in engine_classes():
-        out.update(getattr(cls, "placeholders", dict)())
-    return {"python": python, **out, "repo": str(REPO_ROOT)}
-
-
-def fill_placeholders(text: str, python: str = sys.executable) -> str:
-    """``text`` with the :func:`machine_placeholders` replaced (``{run_dir}`` is left as it is)."""
-    for key, value in machine_placeholders(python).items():
-        text = text.replace("{" + key + "}", value)
-    return text
 
 
 def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run_dir: Path, timeout_s: float,

@@ -32,10 +32,9 @@ import sys
 import time
 from pathlib import Path
 
-from bench.engines import engine_classes
+from bench.core.engine_registry import engine_classes
+from bench.core.process import ExecResult
 from bench.execution.executors import (
-    REPO_ROOT,
-    ExecResult,
     LocalExecutor,
     ResolvedLaunch,
     _child_setup,
@@ -44,6 +43,7 @@ from bench.execution.executors import (
     oom_kills,
     signal_reason,
 )
+from bench.spec.launch import REPO_ROOT
 
 
 def preload_modules() -> tuple[str, ...]:

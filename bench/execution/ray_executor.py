@@ -34,14 +34,17 @@ import os
 import re
 import shlex
 import signal
+import socket
 import threading
 import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench.core.errors import BenchError
-from bench.execution.executors import ExecResult, ResolvedLaunch
+from bench.core.process import ExecResult
+from bench.execution.executors import ResolvedLaunch
 
 _TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 #: What a head answers while its job agent is not up yet (retried for ``submit_retry_s`` seconds).
@@ -87,6 +90,34 @@ def submission_id_for(run_dir: Path) -> str:
     return f"bench-{stem}-{uuid.uuid4().hex[:8]}"
 
 
+def refuse_closed_port(address: str, timeout_s: float = 2.0) -> None:
+    """Raise :class:`BenchError` at once when nothing listens at ``address``'s host and port.
+
+    ``address`` is what ``--ray-address`` takes: ``http://host:port`` (the job server), ``ray://host:port`` or a
+    bare ``host:port`` (a GCS address, which Ray rewrites to the node's own IP and retries for tens of seconds
+    before it gives up). A refused TCP connection is certain to fail whatever Ray tries next; a timeout or any
+    other socket error is left to Ray (a firewall may drop the probe but let Ray's protocol through).
+    """
+    text = address.strip()
+    if text.lower() == "auto" or not text:
+        return
+    parts = urlsplit(text if "://" in text else f"tcp://{text}")
+    try:
+        host, port = parts.hostname, parts.port
+    except ValueError:
+        return
+    if not host or port is None:
+        return
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return
+    except ConnectionRefusedError:
+        raise BenchError(f"--ray-address {address}: cannot reach the Ray job server: nothing listens at "
+                         f"{host}:{port} (connection refused); start the cluster or fix the address") from None
+    except OSError:
+        return
+
+
 class RayJobExecutor:
     """Runs launches as Ray jobs on the cluster at ``address`` (its dashboard, e.g. ``http://HEAD:8265``).
 
@@ -121,6 +152,7 @@ class RayJobExecutor:
         self.stop_grace_s = stop_grace_s
         self.entrypoint_resources = dict(entrypoint_resources or {})
         if client is None:
+            refuse_closed_port(address)
             token, source = resolve_auth_token()
             headers = {"authorization": f"Bearer {token}"} if token else None
             try:

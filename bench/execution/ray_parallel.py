@@ -13,7 +13,7 @@ to one node of the cluster:
 - **blocks stay sequential**: :meth:`RayNodesExecutor.run_block` returns when every run of a block has
   ended, so a time block still means "these runs ran at the same time", and the next block starts after
   it. Cells rotate over the nodes from block to block (a Latin square when there are as many cells as
-  nodes); the node of every run is recorded (:attr:`bench.execution.executors.ExecResult.node`, Ray's
+  nodes); the node of every run is recorded (:attr:`bench.core.process.ExecResult.node`, Ray's
   ``driver_node_id``) and enters the report's model as a blocking factor beside the time block
   (:func:`bench.analyze.effects.fit_effects`), so a faster node cannot pose as an effect.
 - **the harness stays sequential**: the node threads share one lock, let go only while a thread waits
@@ -37,8 +37,9 @@ from dataclasses import dataclass
 from typing import Callable, Sequence, TypeVar
 
 from bench.core.errors import BenchError
+from bench.core.process import ExecResult
 from bench.execution.blocks import split_blocks
-from bench.execution.executors import ExecResult, ResolvedLaunch
+from bench.execution.executors import ResolvedLaunch
 from bench.execution.ray_executor import RayJobExecutor, resolve_auth_token
 
 #: custom Ray resource that marks a node for benchmark runs (one unit per node); optional

@@ -12,12 +12,12 @@ from typing import Any
 
 import yaml
 
+from bench.core.files import atomic_write_text
 from bench.core.metadata import host_load
 from bench.engines.base import capability
 from bench.execution.executors import Executor, resolve_launch
 from bench.execution.machine_probe import BracketProbe, bracket_record
 from bench.records.record import build_record, write_record
-from bench.records.results import atomic_write_text
 from bench.spec.plan import RunSpec
 from bench.tracking.records import step_phases
 

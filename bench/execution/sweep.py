@@ -27,6 +27,7 @@ from typing import Any, Callable
 
 from bench.analyze.snapshot import snapshot
 from bench.core.errors import BenchError, DiskFullError, doing
+from bench.core.files import atomic_write_json, read_json
 from bench.execution.blocks import (
     plan_params,
     resume_rule,
@@ -36,27 +37,18 @@ from bench.execution.blocks import (
     sequential_summary,
     sequential_tags,
 )
+from bench.execution.code_versions import gate_fingerprint, version_meta
 from bench.execution.executors import Executor, LocalExecutor, kill_strays
 from bench.execution.runner import execute_spec
-from bench.gate.versions import gate_fingerprint, version_meta
 from bench.records.record import is_finished
-from bench.records.results import (
-    SWEEP,
-    ResultsDir,
-    atomic_write_json,
-    folder_size,
-    free_bytes,
-    is_no_space,
-    read_json,
-    run_dir,
-)
+from bench.records.results import SWEEP, ResultsDir, folder_size, free_bytes, is_no_space, run_dir
 from bench.records.run_record import corrupt_records
 from bench.records.speed import normalize_snapshot
-from bench.records.summary import cell_rows, parent_cells, plan_summary, sweep_header, write_summary
+from bench.records.summary import cell_rows, plan_summary, sweep_header, write_summary
 from bench.spec.matrix import Matrix, base_params
 from bench.spec.plan import Plan, RunSpec, interleaved_order, new_order_seed, planned_order, run_order
 from bench.tracking import NOTE, Tracker, check_tracking_uri, git_commit, note, stop_monitor, sweep_run_name, versions
-from bench.tracking.records import log_record, parent_description, summary_metrics
+from bench.tracking.records import log_record, parent_cells, parent_description, summary_metrics
 from bench.tracking.upload_queue import QUEUE, queue_upload, read_queue, sync_matrix
 
 MLFLOW_MARK = "mlflow.json"

@@ -39,12 +39,13 @@ from bench.analyze.snapshot import (
     snapshot,
 )
 from bench.core.errors import BenchError, did_you_mean
+from bench.core.files import atomic_write_json, read_json
 from bench.core.metadata import machine
 from bench.core.paths import check_folder
-from bench.records.figures import METRICS
-from bench.records.results import atomic_write_json, find_sweep, read_json
+from bench.records.results import find_sweep
 from bench.records.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
 from bench.spec.loading import value_message
+from bench.spec.metrics import METRICS
 from bench.tracking import Tracker
 
 BASELINES = "baselines"

@@ -27,8 +27,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.core.engine_registry import engine_class
 from bench.core.errors import BenchError
-from bench.engines import engine_class
+from bench.core.files import atomic_write_json, atomic_write_text
 from bench.execution.executors import LocalExecutor
 from bench.execution.forkserver import ForkServerExecutor
 from bench.execution.sweep import Sweep
@@ -37,7 +38,7 @@ from bench.gate.runs import declare_analysis, paired_comparison
 from bench.gate.side_by_side import SideBySide
 from bench.gate.versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
 from bench.planning.sequential import Decision, Look, decide
-from bench.records.results import atomic_write_json, atomic_write_text, load_records
+from bench.records.results import load_records
 from bench.spec.loading import load_matrix
 from bench.spec.plan import make_plan
 from bench.tune.storage import check_tune_block

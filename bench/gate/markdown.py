@@ -8,9 +8,9 @@ from typing import Any
 
 from bench.analyze.md import ci_pct, table_head
 from bench.analyze.md import pct as _pct
-from bench.analyze.snapshot import METRICS
 from bench.analyze.stat_tests import TESTS
 from bench.gate.verdicts import CANNOT_JUDGE
+from bench.spec.metrics import METRICS
 
 #: ``settings`` keys of a gate against a stored baseline or another sweep: runs as the unit (the default) ...
 STORED_METHOD = {"method": "runs",

@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from bench.analyze.estimators import N_BOOT
-from bench.analyze.snapshot import METRICS, check_complete, snapshot
+from bench.analyze.snapshot import check_complete, snapshot
 from bench.analyze.stat_tests import TESTS, describe_tests
 from bench.analyze.tables import claims_on_runs
 from bench.core.errors import BenchError, did_you_mean
+from bench.core.files import atomic_write_json, atomic_write_text
 from bench.core.metadata import machine
 from bench.gate.baseline import load_baseline, sweep_to_sweep
 from bench.gate.markdown import (
@@ -33,9 +34,10 @@ from bench.gate.verdicts import (
     compare_snapshots,
     validate_expect,
 )
-from bench.records.results import atomic_write_json, atomic_write_text, find_sweep
+from bench.records.results import find_sweep
 from bench.records.speed import normalize_snapshot
-from bench.tracking import Tracker, _key
+from bench.spec.metrics import METRICS
+from bench.tracking import Tracker, mlflow_key
 
 
 def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) -> str | None:
@@ -76,7 +78,7 @@ def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) ->
         result["mlflow_run_id"] = rid
         if cand.get("parent_run_id"):
             try:
-                tr.set_tag(cand["parent_run_id"], _key(f"bench.gate.{bname}"), result["verdict"])
+                tr.set_tag(cand["parent_run_id"], mlflow_key(f"bench.gate.{bname}"), result["verdict"])
             except Exception:
                 pass
     except Exception as exc:

@@ -49,10 +49,10 @@ import numpy as np
 from scipy import stats as sps
 
 from bench.analyze.power import mde_from_se
-from bench.analyze.snapshot import METRICS
 from bench.gate.runs import probe_check
 from bench.records.figures import run_value
 from bench.records.speed import SPEED_SCALED
+from bench.spec.metrics import METRICS
 
 
 def run_logs(cell: dict[str, Any], metric: str, sign: float) -> tuple[list[float], list[float | None]]:

@@ -52,18 +52,18 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bench.analyze.estimators import DEFAULT_ALPHA, N_BOOT  # noqa: F401  (DEFAULT_ALPHA: the gate's default, re-exported)
+from bench.analyze.estimators import N_BOOT
 from bench.analyze.power import mde_from_se
-from bench.analyze.snapshot import CONTENDED_PSI, METRICS, cpu_pressure, levels_key, pairable
+from bench.analyze.snapshot import CONTENDED_PSI, cpu_pressure, levels_key, pairable
 from bench.analyze.stat_tests import compare, verdict
 from bench.core.errors import BenchError
 from bench.gate.stored_runs import compare_runs, declared_probes, failed_runs, family_alpha, no_offset_reason
 from bench.records.speed import SPEED_SCALED, normalizable, normalized_pair
 from bench.spec.expect import Expect, ExpectBlock
 from bench.spec.loading import format_validation_error
+from bench.spec.metrics import METRICS
 from bench.spec.optimizations import REGISTRY, applicability
 
-DEFAULT_THRESHOLD = 0.05
 #: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
 CANNOT_JUDGE = "cannot judge"
 #: the gate's exit codes (also in ``gate --help`` and the README)

@@ -12,8 +12,6 @@ with its own version's code.
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
 import shutil
 import subprocess
 import tempfile
@@ -21,7 +19,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bench.core.errors import BenchError
-from bench.execution.executors import REPO_ROOT, ExecResult, Executor, ResolvedLaunch
+from bench.core.process import ExecResult
+from bench.execution.executors import Executor, ResolvedLaunch
+from bench.spec.launch import REPO_ROOT
 
 #: the two versions of an interleaved gate sweep
 BASELINE, CANDIDATE = "baseline", "candidate"
@@ -81,21 +81,6 @@ def baseline_checkout(ref: str, repo: Path = REPO_ROOT) -> Iterator[dict[str, An
         shutil.rmtree(tmp, ignore_errors=True)
         with contextlib.suppress(BenchError, OSError, subprocess.TimeoutExpired):
             _git(repo, "worktree", "prune")
-
-
-def gate_fingerprint(fp: str, code_versions: dict[str, dict[str, Any]]) -> str:
-    """Fingerprint of an interleaved gate sweep (the one a rerun resumes): the matrix's ``fp`` plus each
-    version's name and commit, so it never resumes a plain sweep or one against another baseline; ``fp`` itself
-    for a plain sweep (no versions)."""
-    if not code_versions:
-        return fp
-    blob = json.dumps([fp, sorted((k, v.get("commit")) for k, v in code_versions.items())])
-    return hashlib.sha256(blob.encode()).hexdigest()[:10]
-
-
-def version_meta(code_versions: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """What ``sweep.json`` keeps of each code version (``commit``, ``ref``, ``dirty``): no machine path."""
-    return {k: {x: v.get(x) for x in ("commit", "ref", "dirty") if x in v} for k, v in code_versions.items()}
 
 
 class VersionedExecutor:

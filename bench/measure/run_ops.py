@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from bench.core.files import atomic_write_json
 from bench.measure._common import MeasureError
 from bench.measure.ascend import find_ascend_profiles
 from bench.measure.ascend_kernels import profile_files
@@ -33,7 +34,6 @@ from bench.measure.op_categories import CATEGORIES, categorize, phase_of
 from bench.measure.trace_cache import CACHE_DIR
 from bench.measure.trace_ops import step_entry
 from bench.measure.trace_pool import parse_files
-from bench.records.results import atomic_write_json
 
 #: the file beside ``record.json`` that holds :func:`run_op_times`
 OP_TIMES = "op_times.json"

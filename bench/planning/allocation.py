@@ -52,13 +52,13 @@ def design_factors(cells: Sequence[dict[str, Any]], factors: Sequence[str], repe
     the cell of rank ``i`` runs on node ``(i + k) mod slots`` in block ``k``
     (:meth:`bench.execution.ray_parallel.RayNodesExecutor.assign`) and the node is a second blocking factor, as in the
     report's model. Terms that are not estimable are left out."""
-    from bench.analyze.effects import _columns, _nuisance  # deferred: bench.analyze.effects loads scipy
+    from bench.analyze.effects import model_columns, nuisance_columns  # deferred: bench.analyze.effects loads scipy
 
     obs = [{f: c.get(f) for f in factors} for _ in range(repeats) for c in cells]
     blocks = [k for k in range(repeats) for _ in cells]
     nodes = [(i + k) % slots for k in range(repeats) for i in range(len(cells))] if slots > 1 else None
-    names, _, kinds, mat, _ = _columns(obs, list(factors), interactions)
-    cur = _nuisance(len(obs), blocks if repeats > 1 else None, nodes)[0]
+    names, _, kinds, mat, _ = model_columns(obs, list(factors), interactions)
+    cur = nuisance_columns(len(obs), blocks if repeats > 1 else None, nodes)[0]
     keep = []
     for j in range(mat.shape[1]):
         trial = np.column_stack([cur, mat[:, j]])

@@ -10,9 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import BenchError
+from bench.core.files import read_json
 from bench.planning.allocation import plan_allocation, steps_range_for
 from bench.planning.model import estimate_model, kj_optimal_steps
-from bench.records.results import SWEEP, load_records, read_json
+from bench.records.results import SWEEP, load_records
 from bench.spec.matrix import Matrix
 from bench.spec.plan import make_plan
 

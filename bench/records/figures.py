@@ -16,7 +16,7 @@ Each statistic is computed in exactly one function here, so that the console tab
   uses, so speedups and model effects describe the same quantity).
 * :func:`speedup`: reference cell value / cell value (> 1 = faster); the reference is the all-off cell.
 
-Units and names of the gate/report metrics are in :data:`METRICS`; the record-summary keys in
+Units and names of the gate/report metrics are in :data:`bench.spec.metrics.METRICS`; the record-summary keys in
 :data:`SUMMARY_STEP_TIME` and friends.
 """
 
@@ -37,34 +37,6 @@ SUMMARY_ROLLOUT = "rollout_share_median"
 SUMMARY_FREE = "free_ratio_median"
 SUMMARY_THROUGHPUT = "throughput_median"
 SUMMARY_PEAK_MEM = "peak_memory_gb"
-
-
-class Metric(BaseModel):
-    """A metric the gate and the report compare: where its per-step samples come from and which way is better.
-
-    ``scale``: ``log`` (strictly positive; changes are ratios) or ``linear`` (may be 0; changes are
-    differences divided by the reference value).
-    """
-
-    model_config = ConfigDict(frozen=True)
-    key: str
-    title: str
-    unit: str
-    higher_is_better: bool
-    scale: str
-    source: str
-
-
-METRICS: dict[str, Metric] = {m.key: m for m in (
-    Metric(key="step_time", title="step time", unit="s", higher_is_better=False, scale="log",
-           source="timing_s/step of the timed steps"),
-    Metric(key="throughput", title="throughput", unit="tokens/s", higher_is_better=True, scale="log",
-           source="perf/throughput of the timed steps"),
-    Metric(key="rollout_share", title="rollout share", unit="", higher_is_better=False, scale="linear",
-           source="timing_s/gen / timing_s/step of the timed steps"),
-    Metric(key="free_ratio", title="Free ratio", unit="", higher_is_better=False, scale="linear",
-           source="per-step Free ratio of the profiled measured steps"),
-)}
 
 
 class Samples(BaseModel):

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import clip_words
-from bench.execution.executors import ExecResult
+from bench.core.files import atomic_write_json, read_json
+from bench.core.process import ExecResult
 from bench.measure import MeasureError, collect, summarize
 from bench.measure.evidence import factor_evidence, flagged
-from bench.records.results import RECORD, atomic_write_json, is_record, read_json
+from bench.records.results import RECORD, is_record
 from bench.records.run_record import SCHEMA_VERSION, RecordError, RunRecord, read_record
 from bench.records.speed import probe_from_patches
 from bench.spec.optimizations import registry

@@ -1,4 +1,4 @@
-"""The results folder: sweeps, run folders, atomic writes, resume and the lock.
+"""The results folder: sweeps, run folders, resume and the lock (atomic writes: :mod:`bench.core.files`).
 
 Layout (a person can browse it)::
 
@@ -24,59 +24,19 @@ import json
 import os
 import re
 import shutil
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from filelock import FileLock, Timeout
 
-from bench.core.errors import BenchError, did_you_mean
-from bench.core.inputs import read_bytes
+from bench.core.errors import BenchError, DiskFullError, did_you_mean
+from bench.core.files import read_json
 from bench.core.paths import check_folder, check_matrix_folder
 from bench.records.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
 from bench.spec.optimizations import REGISTRY
 
 SWEEP = "sweep.json"
-#: largest JSON file :func:`read_json` reads
-MAX_JSON_BYTES = 256 << 20
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder and ``os.replace``.
-
-    A reader sees the old or the new content, never a partial file, even if the process is killed. The
-    file gets the mode a plain ``open()`` would give it (``0o666`` minus the umask: 0644 under umask 022).
-
-    Raises:
-        OSError: the folder cannot be written (``ENOSPC`` when the disk is full; nothing is left behind).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~current_umask())
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def current_umask() -> int:
-    """The process umask (read from ``/proc/self/status`` where available, else set and restored)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 #: errno values that mean "no space left" (disk full, quota exceeded)
@@ -116,21 +76,6 @@ def free_bytes(path: Path) -> int | None:
     try:
         return shutil.disk_usage(path).free
     except OSError:
-        return None
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    """:func:`atomic_write_text` of ``data`` as indented JSON (non-JSON values via ``str``)."""
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True, default=str) + "\n")
-
-
-def read_json(path: Path) -> Any | None:
-    """The JSON content of ``path``, or ``None`` when missing or unusable: not a regular file (a pipe or a
-    device is never opened for a blocking read), above :data:`MAX_JSON_BYTES` (checked while reading), not
-    JSON. For run records use :func:`bench.records.run_record.read_record`, which names what is wrong."""
-    try:
-        return json.loads(read_bytes(path, MAX_JSON_BYTES, "JSON file"))
-    except (BenchError, ValueError, RecursionError):
         return None
 
 
@@ -214,8 +159,12 @@ class ResultsDir:
         """
         if self.base.exists() and not self.base.is_dir() or (self.base / ".lock").is_dir():
             raise BenchError(f"{self.base}: exists and is not a results folder (move it away)")
+        made_base = not os.path.lexists(self.base)
+        made_lock = made_base or not os.path.lexists(self.base / ".lock")
         self.base.mkdir(parents=True, exist_ok=True)
-        return _NamedLock(str(self.base / ".lock"))
+        lock = _NamedLock(str(self.base / ".lock"))
+        lock.made = (made_base, made_lock)
+        return lock
 
     def sweeps(self) -> list[Path]:
         """Sweep folders, oldest first."""
@@ -381,7 +330,16 @@ def is_record(rec: Any) -> bool:
 
 
 class _NamedLock(FileLock):
-    """FileLock that fails at once with a BenchError instead of waiting for another harness."""
+    """FileLock that fails at once with a BenchError instead of waiting for another harness.
+
+    On a full disk before anything was recorded (the matrix folder holds nothing but the lock), it leaves nothing
+    half-made behind: the lock file this invocation created is removed while still held (a harness that opened it
+    meanwhile finds it unlinked and does not take it: filelock checks the link count) and so is the matrix folder
+    when this invocation created it and it is empty. A lock that was there before (a previous sweep's, or another
+    harness's) and a folder that holds anything else are kept."""
+
+    #: (the matrix folder, the lock file) did not exist before :meth:`ResultsDir.lock` made them
+    made: tuple[bool, bool] = (False, False)
 
     def __enter__(self):  # type: ignore[override]
         try:
@@ -391,3 +349,23 @@ class _NamedLock(FileLock):
                 f"{self.lock_file}: another harness is running this matrix (remove the lock if not)"
             ) from None
         return self
+
+    def __exit__(self, exc_type, exc, tb):  # type: ignore[override]
+        try:
+            if self.made[1] and self.is_locked and (isinstance(exc, DiskFullError) or exc is not None
+                                                    and is_no_space(exc)):
+                self._discard_unused()
+        finally:
+            super().__exit__(exc_type, exc, tb)
+
+    def _discard_unused(self) -> None:
+        """Remove the lock file (held) and the folder this invocation made, when the folder holds nothing else."""
+        path = Path(self.lock_file)
+        try:
+            if os.listdir(path.parent) != [path.name]:
+                return
+            path.unlink()
+            if self.made[0]:
+                path.parent.rmdir()  # a harness that just made its own lock there keeps the folder (not empty)
+        except OSError:
+            pass

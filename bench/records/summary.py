@@ -1,18 +1,19 @@
-"""A sweep's summary: one row per cell from its snapshot (:func:`cell_rows`), the MLflow parent's cells table
-(:func:`cells_table`) and ``summary.csv`` / ``summary.md`` (:func:`write_summary`)."""
+"""A sweep's summary: one row per cell from its snapshot (:func:`cell_rows`) and ``summary.csv`` / ``summary.md``
+(:func:`write_summary`); the MLflow parent's cells table from those rows is
+:func:`bench.tracking.records.parent_cells`."""
 
 from __future__ import annotations
 
 import csv
 import io
-import math
 from pathlib import Path
 from typing import Any
 
+from bench.core.errors import clip_words
+from bench.core.files import atomic_write_text
 from bench.measure._common import iqr
 from bench.records.figures import SUMMARY_PEAK_MEM, Snapshot, cell_stats
-from bench.records.results import atomic_write_text
-from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, compact_label
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
 from bench.spec.plan import Plan
 
 
@@ -61,7 +62,8 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             **{m: others[m][c.cell_id]["value"] for m in others},
             "peak_memory_gb": max((m for r in ok if (m := r.summary.get(SUMMARY_PEAK_MEM)) is not None), default=None),
             "status": c.status,
-            "reason": "; ".join(f"r{f['repeat']} {f['kind']}: {(f.get('reason') or '')[:120]}" for f in c.failures)
+            "reason": "; ".join(f"r{f['repeat']} {f['kind']}: {clip_words(f.get('reason') or '', 120)}"
+                                for f in c.failures)
             or (f"unfinished (repeats {c.missing_repeats})" if c.status == "pending" else ""),
             "all_off": c.all_off,
             **_timing(c),
@@ -80,58 +82,6 @@ def _timing(cell: Any) -> dict[str, float | None]:
              and r.timing.get(key) is not None]
         out[key] = sum(v) / len(v) if v else None
     return out
-
-
-#: significant digits of the figures of the MLflow cells table (``cells.json``): short enough to read, finer
-#: than the run-to-run noise of any figure the harness measures (a few percent)
-CELLS_DIGITS = 4
-#: the level of the speedup intervals in ``cells.json``: the report's default (``report --alpha 0.05``)
-CELLS_ALPHA = 0.05
-
-
-def _sig(value: Any, digits: int = CELLS_DIGITS) -> Any:
-    """``value`` rounded to ``digits`` significant digits (floats only; ``None`` and non-finite -> ``None``)."""
-    if isinstance(value, bool) or not isinstance(value, float):
-        return value
-    return float(f"{value:.{digits}g}") if math.isfinite(value) else None
-
-
-def speedup_intervals(snap: dict[str, Any], alpha: float = CELLS_ALPHA) -> dict[str, list[float | None]]:
-    """Cell id -> ``[low, high]`` of its speedup against the all-off cell at level ``1 - alpha``, as the report
-    computes it (:func:`bench.analyze.tables.cell_table`: t on the log run values with the pooled run-to-run
-    SD; ``[None, None]`` with one repeat or a failed cell)."""
-    from bench.analyze.tables import cell_table  # deferred: bench.analyze.tables loads scipy
-
-    rows, _ = cell_table(snap, alpha)
-    return {r["cell_id"]: list(r["speedup_ci"]) for r in rows}
-
-
-def cells_table(rows: list[dict[str, Any]], intervals: dict[str, list[float | None]] | None = None
-                ) -> list[dict[str, Any]]:
-    """The sweep parent's per-cell results table (MLflow artifact ``cells.json``) from :func:`cell_rows`'
-    rows, the values of ``summary.csv`` rounded to :data:`CELLS_DIGITS` significant digits: ``cell``
-    (compact label, as in the child run names), ``label``, ``runs ok``, ``step time s``, ``speedup``,
-    ``speedup low`` / ``speedup high`` (its interval from ``intervals``, :func:`speedup_intervals`; ``None``
-    without one), ``rollout share``, ``Free ratio``, ``tokens/s`` (``None`` where ``summary.csv`` is empty),
-    ``cell id`` and one column per factor that applies to some cell (its level, ``n/a``); the figures come
-    first so that the UI's table shows them without scrolling."""
-    applicable = [k for k in FACTOR_KEYS if any(r.get(k) not in (None, "n/a") for r in rows)]
-    out = []
-    for r in rows:
-        levels = {k: (None if r.get(k) in (None, "n/a") else int(r[k])) for k in FACTOR_KEYS if k in r}
-        low, high = (intervals or {}).get(r["cell_id"]) or [None, None]
-        out.append({"cell": compact_label(levels), "label": r["label"], "runs ok": f"{r['repeats_ok']}/{r['repeats']}",
-                    "step time s": _sig(r.get("step_time_s")), "speedup": _sig(r.get("speedup")),
-                    "speedup low": _sig(low), "speedup high": _sig(high),
-                    "rollout share": _sig(r.get("rollout_share")), "Free ratio": _sig(r.get("free_ratio")),
-                    "tokens/s": _sig(r.get("throughput")), "cell id": r["cell_id"], **{k: r[k] for k in applicable}})
-    return out
-
-
-def parent_cells(snap: dict[str, Any]) -> list[dict[str, Any]]:
-    """``cells.json`` of a sweep from its snapshot, speed-normalized as the sweep's summary
-    (:func:`bench.records.speed.normalize_snapshot` applied first): what a finished sweep and ``sync`` log."""
-    return cells_table(cell_rows(snap), speedup_intervals(snap))
 
 
 def _fmt(v: Any, digits: int = 3) -> str:
@@ -176,7 +126,7 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
             + f" | {_fmt(r['step_time_s'])} | {_fmt(r['step_time_raw_s'])}"
             + f" | {_fmt(r['step_time_iqr_s'])} | {_fmt(r['speedup'])}"
             f" | {_fmt(r['rollout_share'])} | {_fmt(r['free_ratio'])} | {_fmt(r['throughput'], 1)}"
-            f" | {r['status']}{(': ' + r['reason'][:80]) if r['reason'] else ''}"
+            f" | {r['status']}{(': ' + clip_words(r['reason'], 80)) if r['reason'] else ''}"
             f" | {_fmt(r.get('startup_s'), 1)} | {_fmt(r.get('steps_s'), 1)} | {_fmt(r.get('harness_s'), 1)} |"
             + (f" {r.get('nodes') or '-'} |" if nodes else "")
         )

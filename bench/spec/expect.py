@@ -13,7 +13,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from bench.core.errors import did_you_mean
-from bench.records.figures import METRICS
+from bench.spec.metrics import METRICS
 from bench.spec.optimizations import REGISTRY, factor_keys
 
 

@@ -3,7 +3,7 @@
 A matrix names the engine and platform, a ``base`` block of run settings, the ``factors`` (any of the
 seven optimizations of :mod:`bench.spec.optimizations`, each with its levels), a ``design`` that turns
 factors into cells, ``repeats`` and ``exclude`` rules. The engine names come from the registry of
-engines (:mod:`bench.engines`); ``expect`` (claims checked by the gate) is typed by
+engines (:mod:`bench.core.engine_registry`); ``expect`` (claims checked by the gate) is typed by
 :mod:`bench.spec.expect` and validated here; ``tune`` (Optuna search) by :mod:`bench.tune.space`.
 
 Reading the file (strict YAML, ``${VAR}`` expansion, overrides, one-line errors) is
@@ -20,9 +20,9 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
 from pydantic_core import InitErrorDetails, ValidationError
 
-import bench.engines
+from bench.core import engine_registry  # the registry of engines (it loads their entry points on the first lookup)
+from bench.core.engine_registry import engine_names
 from bench.core.errors import did_you_mean
-from bench.engines import engine_names  # the registry of engines (loaded on first use)
 from bench.spec.base_checks import check_batch_sizes, check_env, check_override_form
 from bench.spec.expect import ExpectBlock
 from bench.spec.optimizations import REGISTRY, factor_keys
@@ -131,7 +131,7 @@ class Base(BaseModel):
     def _engine_blocks(cls, data: Any, handler: Any) -> "Base":
         """Other keys than fields: engines' sub-blocks (each present, default empty), else refused as unknown."""
         if isinstance(data, dict):
-            keys = _engines().options_keys()
+            keys = engine_registry.options_keys()
             bad = next((k for k in data if k not in cls.model_fields and k not in keys), None)
             if bad is not None:
                 raise ValidationError.from_exception_data(
@@ -142,7 +142,7 @@ class Base(BaseModel):
     @classmethod
     def allowed_keys(cls) -> list[str]:
         """The keys a ``base`` block may hold: the fields and the registered engines' sub-blocks."""
-        return sorted({*cls.model_fields, *_engines().options_keys()})
+        return sorted({*cls.model_fields, *engine_registry.options_keys()})
 
     def options(self, key: str) -> dict[str, Any]:
         """The engine sub-block ``base.<key>`` (empty when the matrix has none)."""
@@ -179,7 +179,7 @@ class Base(BaseModel):
     def context(self) -> dict[str, Any]:
         """Values the registry's override templates and requirements refer to (P, R, token limits ...)."""
         seq = self.max_prompt_length + self.max_response_length
-        ctx = self.model_dump(exclude={"overrides", "env", *_engines().options_keys()})
+        ctx = self.model_dump(exclude={"overrides", "env", *engine_registry.options_keys()})
         ctx.update(
             multimodal=int(self.is_multimodal()),
             P=self.max_prompt_length,
@@ -260,7 +260,7 @@ class Matrix(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_NAME)
-    engine: str = Field(default_factory=lambda: _engines().default_engine())
+    engine: str = Field(default_factory=lambda: engine_registry.default_engine())
     platform: Literal["auto", "cpu", "cuda", "npu"] = "auto"
     base: Base = Field(default_factory=Base)
     factors: dict[str, list[int]] = Field(default_factory=dict)
@@ -371,7 +371,7 @@ class Matrix(BaseModel):
                     raise ValueError(f"exclude[{i}].when.{key}: {key} has a single level {self.factors[key]} in this "
                                      "matrix, so the rule drops every cell or none (vary the factor, or remove "
                                      f"{key} from the rule)")
-        check = getattr(_engines().engine_class(self.engine), "check_options", None)  # the engine's sub-block
+        check = getattr(engine_registry.engine_class(self.engine), "check_options", None)  # the engine's sub-block
         if check is not None:
             check(self.base)
         if self.expect:  # raises pydantic's ValidationError located at expect.<i>.<key>
@@ -409,14 +409,9 @@ class Matrix(BaseModel):
         return hashlib.sha256(blob.encode()).hexdigest()[:10]
 
 
-def _engines() -> Any:
-    """The registry of engines (:mod:`bench.engines`; it loads the engines' entry points on the first lookup)."""
-    return bench.engines
-
-
 def base_params(base: dict[str, Any]) -> dict[str, Any]:
     """The ``base`` settings logged as MLflow params ``base.<key>`` (sweep, tune and sync alike): every key
-    but ``env``, ``overrides`` and the engines' own sub-blocks (:func:`bench.engines.options_keys`)."""
-    skip = {"env", "overrides", *_engines().options_keys()}
+    but ``env``, ``overrides`` and the engines' own sub-blocks (:func:`bench.core.engine_registry.options_keys`)."""
+    skip = {"env", "overrides", *engine_registry.options_keys()}
     return {f"base.{k}": v for k, v in base.items() if k not in skip}
 

@@ -22,10 +22,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from bench.core.engine_registry import engine_class, get_engine
 from bench.core.errors import BenchError
-from bench.engines import engine_class
-from bench.engines.base import Launch, get_engine
 from bench.spec.design import Cell, DesignResult, expand
+from bench.spec.launch import Launch
 from bench.spec.matrix import Matrix
 from bench.spec.optimizations import REGISTRY, Mechanism, applicability, conflicts_of, factor_keys, resolve
 

@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core.errors import BenchError, DiskFullError, clip_words, doing
+from bench.core.errors import BenchError, DiskFullError, doing
 from bench.core.metadata import git_commit, versions  # noqa: F401  (re-exported; gathered in bench.core.metadata)
 from bench.records.results import is_no_space
 from bench.tracking.naming import (  # noqa: F401  (re-exported: the public names of bench.tracking)
@@ -53,11 +53,11 @@ from bench.tracking.naming import (  # noqa: F401  (re-exported: the public name
     NOTE,
     REPORT_POINTER,
     _finite,
-    _key,
     _ms,
     _tag,
     experiment_description,
     markdown_html,
+    mlflow_key,
     note,
     run_url,
     sweep_run_name,
@@ -71,6 +71,7 @@ from bench.tracking.store import (  # noqa: F401  (re-exported)
     check_tracking_uri,
     discard_half_made,
     http_defaults,
+    outage_reason,
     sqlite_path,
 )
 
@@ -157,10 +158,10 @@ class Tracker:
         return exp.experiment_id
 
     def mark_down(self, exc: BaseException) -> str:
-        """Record the first failure (later calls are skipped); returns the one-line reason."""
+        """Record the first failure (later calls are skipped); returns the one-line reason, in our words
+        (:func:`bench.tracking.store.outage_reason`)."""
         if self.down is None:
-            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("(")]
-            self.down = clip_words(f"{type(exc).__name__}: {lines[0]}", 300) if lines else type(exc).__name__
+            self.down = outage_reason(exc, getattr(self, "uri", "") or "")
         return self.down
 
     def _tags(self, tags: dict[str, Any], description: str | None) -> dict[str, str]:
@@ -224,9 +225,9 @@ class Tracker:
                                      tags=self._tags(tags, description))
         rid = run.info.run_id
         now = _ms(end_time) or int(time.time() * 1000)
-        metrics = [Metric(_key(k), f, now, int(step)) for k, pts in series.items() for step, v in pts
+        metrics = [Metric(mlflow_key(k), f, now, int(step)) for k, pts in series.items() for step, v in pts
                    if (f := _finite(v)) is not None]
-        metrics += [Metric(_key(k), f, now, 0) for k, v in summary.items() if (f := _finite(v)) is not None]
+        metrics += [Metric(mlflow_key(k), f, now, 0) for k, v in summary.items() if (f := _finite(v)) is not None]
         self._log(rid, params=params, metrics=metrics)
         for item in artifacts:
             path, under = item if isinstance(item, tuple) else (item, None)
@@ -363,7 +364,7 @@ class Tracker:
             self.log_table(run_id, cells, "cells.json")
 
         now = int(time.time() * 1000)
-        ms = [Metric(_key(k), f, now, 0) for k, v in metrics.items() if (f := _finite(v)) is not None]
+        ms = [Metric(mlflow_key(k), f, now, 0) for k, v in metrics.items() if (f := _finite(v)) is not None]
         self._log(run_id, metrics=ms)
         tags = {k: _tag(v) for k, v in (tags or {}).items()}
         if description:
@@ -380,7 +381,7 @@ class Tracker:
     def _log(self, run_id: str, params: dict[str, Any] | None = None, metrics: list | None = None) -> None:
         from mlflow.entities import Param
 
-        ps = [Param(_key(k), str(v)[:6000]) for k, v in (params or {}).items()]
+        ps = [Param(mlflow_key(k), str(v)[:6000]) for k, v in (params or {}).items()]
         metrics = metrics or []
         for i in range(0, max(len(metrics), len(ps), 1), _MAX_BATCH):
             self.client.log_batch(run_id, metrics=metrics[i:i + _MAX_BATCH], params=ps[i:i + 100] if i == 0 else [])

@@ -145,6 +145,6 @@ def _tag(v: Any) -> str:
 
 
 
-def _key(k: str) -> str:
+def mlflow_key(k: str) -> str:
     """MLflow-safe metric/param key (letters, digits, ``_-./ :`` kept; others -> ``_``)."""
     return "".join(c if c.isalnum() or c in "_-./ :" else "_" for c in str(k))

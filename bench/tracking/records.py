@@ -1,5 +1,6 @@
 """A run record as an MLflow child run (:func:`log_record`: params, tags, per-step series, summary metrics,
-artifacts, description) and the sweep parent's description and metrics; used by the sweep, ``sync`` and ``tune``."""
+artifacts, description) and the sweep parent's description, metrics and cells table (:func:`parent_cells`); used by
+the sweep, ``sync`` and ``tune``."""
 
 from __future__ import annotations
 
@@ -12,13 +13,66 @@ from bench.core.metadata import git_commit, versions
 from bench.measure.patch_reports import patch_evidence
 from bench.measure.top_ops import TOP_N, step_top_ops
 from bench.records.figures import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, run_value
-from bench.spec.optimizations import REGISTRY, compact_label
-from bench.tracking.naming import _key
+from bench.records.summary import cell_rows
+from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, compact_label
+from bench.tracking.naming import mlflow_key
 
 if TYPE_CHECKING:
     from bench.spec.matrix import Matrix
     from bench.spec.plan import RunSpec
     from bench.tracking import Tracker
+
+#: significant digits of the figures of the MLflow cells table (``cells.json``): short enough to read, finer
+#: than the run-to-run noise of any figure the harness measures (a few percent)
+CELLS_DIGITS = 4
+#: the level of the speedup intervals in ``cells.json``: the report's default (``report --alpha 0.05``)
+CELLS_ALPHA = 0.05
+
+
+def _sig(value: Any, digits: int = CELLS_DIGITS) -> Any:
+    """``value`` rounded to ``digits`` significant digits (floats only; ``None`` and non-finite -> ``None``)."""
+    if isinstance(value, bool) or not isinstance(value, float):
+        return value
+    return float(f"{value:.{digits}g}") if math.isfinite(value) else None
+
+
+def speedup_intervals(snap: dict[str, Any], alpha: float = CELLS_ALPHA) -> dict[str, list[float | None]]:
+    """Cell id -> ``[low, high]`` of its speedup against the all-off cell at level ``1 - alpha``, as the report
+    computes it (:func:`bench.analyze.tables.cell_table`: t on the log run values with the pooled run-to-run
+    SD; ``[None, None]`` with one repeat or a failed cell)."""
+    from bench.analyze.tables import cell_table  # deferred: bench.analyze.tables loads scipy
+
+    rows, _ = cell_table(snap, alpha)
+    return {r["cell_id"]: list(r["speedup_ci"]) for r in rows}
+
+
+def cells_table(rows: list[dict[str, Any]], intervals: dict[str, list[float | None]] | None = None
+                ) -> list[dict[str, Any]]:
+    """The sweep parent's per-cell results table (MLflow artifact ``cells.json``) from
+    :func:`bench.records.summary.cell_rows`' rows, the values of ``summary.csv`` rounded to :data:`CELLS_DIGITS`
+    significant digits: ``cell`` (compact label, as in the child run names), ``label``, ``runs ok``,
+    ``step time s``, ``speedup``, ``speedup low`` / ``speedup high`` (its interval from ``intervals``,
+    :func:`speedup_intervals`; ``None`` without one), ``rollout share``, ``Free ratio``, ``tokens/s`` (``None``
+    where ``summary.csv`` is empty), ``cell id`` and one column per factor that applies to some cell (its level,
+    ``n/a``); the figures come first so that the UI's table shows them without scrolling."""
+    applicable = [k for k in FACTOR_KEYS if any(r.get(k) not in (None, "n/a") for r in rows)]
+    out = []
+    for r in rows:
+        levels = {k: (None if r.get(k) in (None, "n/a") else int(r[k])) for k in FACTOR_KEYS if k in r}
+        low, high = (intervals or {}).get(r["cell_id"]) or [None, None]
+        out.append({"cell": compact_label(levels), "label": r["label"], "runs ok": f"{r['repeats_ok']}/{r['repeats']}",
+                    "step time s": _sig(r.get("step_time_s")), "speedup": _sig(r.get("speedup")),
+                    "speedup low": _sig(low), "speedup high": _sig(high),
+                    "rollout share": _sig(r.get("rollout_share")), "Free ratio": _sig(r.get("free_ratio")),
+                    "tokens/s": _sig(r.get("throughput")), "cell id": r["cell_id"], **{k: r[k] for k in applicable}})
+    return out
+
+
+def parent_cells(snap: dict[str, Any]) -> list[dict[str, Any]]:
+    """``cells.json`` of a sweep from its snapshot, speed-normalized as the sweep's summary
+    (:func:`bench.records.speed.normalize_snapshot` applied first): what a finished sweep and ``sync`` log."""
+    return cells_table(cell_rows(snap), speedup_intervals(snap))
+
 
 #: base settings logged as params on every child run
 KEY_SETTINGS = ("steps", "warmup_steps", "train_batch_size", "n", "max_prompt_length", "max_response_length",
@@ -32,7 +86,7 @@ def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     for r in rows:
         for k in ("speedup", "step_time_s"):
             if r.get(k) is not None:
-                out[_key(f"{k}.{r['label']}")] = float(r[k])
+                out[mlflow_key(f"{k}.{r['label']}")] = float(r[k])
     return out
 
 

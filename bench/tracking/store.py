@@ -4,13 +4,14 @@ sqlite store keeps its artifacts."""
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, clip_words
 from bench.core.paths import check_names, check_not_system
 
 #: MLflow HTTP settings the harness uses unless the variable is already set: timeout per request (s),
@@ -50,6 +51,55 @@ def discard_half_made(db: Path) -> None:
     rollback journal and the harness's creation lock; a rerun creates it afresh."""
     for leftover in (db, Path(f"{db}-journal"), Path(f"{db}.lock")):
         leftover.unlink(missing_ok=True)
+
+
+#: an outage of the tracking store in our words: (pattern over the texts of the exception and its causes, lower
+#: case, -> what the store did); the first that matches wins (:func:`outage_reason`)
+_OUTAGES = (
+    (r"connection refused|failed to establish a new connection|newconnectionerror", "refused the connection"),
+    (r"too many (\d{3}) error responses|error code (\d{3}) != 200|status code (\d{3})", "answered HTTP {code}"),
+    (r"timed out|timeout", "did not answer within {timeout} s"),
+    (r"remotedisconnected|connection aborted|connection reset|broken pipe|closed connection",
+     "closed the connection"),
+    (r"name resolution|name or service not known|nodename nor servname|getaddrinfo", "has a host name that does "
+     "not resolve"),
+    (r"sslerror|ssl:|certificate verify", "failed the TLS handshake"),
+    (r"database is locked", "stayed locked by another process"),
+    (r"unable to open database file|readonly database|read-only", "cannot be written"),
+)
+
+
+def outage_reason(exc: BaseException, uri: str, limit: int = 200) -> str:
+    """One line, in our words, saying why the tracking store at ``uri`` stopped taking uploads (the queued line and
+    the warning show it): what the store did (refused the connection, no answer within the HTTP timeout, an HTTP
+    status, ...) read from ``exc`` and the exceptions it wraps, never the library's text; an error of another kind
+    gives its type and first line, at most ``limit`` characters, cut between words
+    (:func:`bench.core.errors.clip_words`)."""
+    texts, seen, cur = [], 0, exc
+    while cur is not None and seen < 10:
+        texts.append(f"{type(cur).__name__} {cur}")
+        cur = cur.__cause__ or cur.__context__
+        seen += 1
+    low = " ".join(texts).lower()
+    scheme, sep, rest = uri.partition("://")
+    host, slash, path = rest.partition("/")
+    shown = f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}" if sep else uri  # never a password
+    where = " ".join(filter(None, ("the tracking", "server" if scheme.lower() in ("http", "https") else "store",
+                                   shown)))
+    for pattern, what in _OUTAGES:
+        m = re.search(pattern, low)
+        if m:
+            code = next((g for g in m.groups() if g), "")
+            t = re.search(r"(?:read|connect) timeout=([\d.]+)", low)
+            timeout = t.group(1) if t else os.environ.get("MLFLOW_HTTP_REQUEST_TIMEOUT", HTTP_DEFAULTS[
+                "MLFLOW_HTTP_REQUEST_TIMEOUT"])
+            try:
+                timeout = f"{float(timeout):g}"
+            except ValueError:
+                pass
+            return f"{where} {what.format(code=code, timeout=timeout)}"
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("(")]
+    return clip_words(f"{type(exc).__name__}: {lines[0]}", limit) if lines else type(exc).__name__
 
 
 def _lower_scheme(uri: str, flag: str) -> None:

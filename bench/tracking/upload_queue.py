@@ -24,24 +24,16 @@ from typing import Any, Callable
 
 from bench.analyze.snapshot import snapshot
 from bench.core.errors import BenchError, doing
+from bench.core.files import atomic_write_json, atomic_write_text, read_json
 from bench.core.inputs import read_bytes
-from bench.records.results import (
-    SWEEP,
-    atomic_write_json,
-    atomic_write_text,
-    check_sweep_meta,
-    is_no_space,
-    read_json,
-    run_dir,
-)
+from bench.records.results import SWEEP, check_sweep_meta, is_no_space, run_dir
 from bench.records.run_record import RecordError, corrupt_records, read_record
 from bench.records.speed import normalize_snapshot
-from bench.records.summary import parent_cells
 from bench.spec.loading import value_message
 from bench.spec.matrix import Matrix, base_params
 from bench.spec.plan import RunSpec
 from bench.tracking import git_commit, sweep_run_name, versions
-from bench.tracking.records import log_record, parent_description
+from bench.tracking.records import log_record, parent_cells, parent_description
 
 #: the queue file of a sweep folder
 QUEUE = "mlflow_queue.json"

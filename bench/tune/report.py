@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from bench.records.results import atomic_write_json, atomic_write_text
+from bench.core.files import atomic_write_json, atomic_write_text
 from bench.tune.space import PARAMS, IntDim
 
 CONSTRAINT = "infeasible"  # name of the Optuna constraint (> 0 = infeasible)

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.records.results import atomic_write_json, read_json
+from bench.core.files import atomic_write_json, read_json
 from bench.spec.matrix import base_params
 from bench.spec.plan import RunSpec
 from bench.tracking import Tracker, git_commit, versions

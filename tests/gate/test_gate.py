@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
+from _sweeps import EMBEDDED_CELLS, log_normal_times, make_sweep
 
 from bench.cli import main
 from bench.core.errors import BenchError

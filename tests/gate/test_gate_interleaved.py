@@ -161,7 +161,7 @@ def test_stored_baseline_measures_its_sweep_to_sweep_variance(tmp_path, capsys):
     against it carries the note."""
     import json
 
-    from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
+    from _sweeps import EMBEDDED_CELLS, log_normal_times, make_sweep
 
     from bench.cli import main
 

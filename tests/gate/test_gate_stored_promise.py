@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 import pytest
-from test_gate_fixtures import log_normal_times, make_sweep
+from _sweeps import log_normal_times, make_sweep
 
 from bench.gate.baseline import sweep_to_sweep
 from bench.gate.verdicts import compare_snapshots

@@ -19,7 +19,7 @@ from test_tune_fake import SEQ, FakeExecutor, step_time
 
 from bench.cli import main as cli_main
 from bench.core.errors import BenchError
-from bench.execution.executors import ExecResult
+from bench.core.process import ExecResult
 from bench.spec.loading import load_matrix
 from bench.spec.matrix import Base
 from bench.tune import Tuner, resolve_settings
@@ -491,7 +491,7 @@ class BadInput(FakeExecutor):
     def execute(self, launch):
         import json as _json
 
-        from bench.execution.executors import ExecResult
+        from bench.core.process import ExecResult
 
         self.calls.append(None)
         (Path(launch.run_dir) / "failure.json").write_text(_json.dumps(

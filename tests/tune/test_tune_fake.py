@@ -14,8 +14,9 @@ from pathlib import Path
 
 import yaml
 
+from bench.core.process import ExecResult
 from bench.engines.embedded.speed_probe import spec as probe_kernel
-from bench.execution.executors import ExecResult, ResolvedLaunch
+from bench.execution.executors import ResolvedLaunch
 from bench.records.speed import PROBE_METRIC
 
 SEQ = 160  # P+R of the test matrices

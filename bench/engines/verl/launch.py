@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import BenchError
-from bench.engines.base import EngineBase, Launch
+from bench.engines.base import EngineBase
 from bench.engines.builtins import data as data_mod
 from bench.engines.common import default_cache_dir
 from bench.engines.verl.config import VerlConfigError, check_overrides
@@ -61,8 +61,8 @@ from bench.engines.verl.overrides import (
 from bench.engines.verl.probe import probe_machine
 from bench.engines.verl_cpu import assets, target
 from bench.engines.verl_cpu.target import verl_python
-from bench.execution.executors import fill_placeholders
 from bench.measure.verl_failure import classify
+from bench.spec.launch import Launch, fill_placeholders
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import Mechanism, conflict_lifts, resolve
 

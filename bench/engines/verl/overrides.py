@@ -15,7 +15,7 @@ from bench.engines.builtins import data as data_mod
 from bench.engines.common import default_profile_steps
 from bench.engines.verl.config import hydra_value
 from bench.engines.verl_cpu import assets
-from bench.execution.executors import fill_placeholders
+from bench.spec.launch import fill_placeholders
 from bench.spec.loading import expand_env
 from bench.spec.matrix import Base
 

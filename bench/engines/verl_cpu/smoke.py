@@ -19,7 +19,8 @@ launches each cell's own verl launch on the ``verl:cpu`` target for a couple of 
 - left out, with the reason: overrides that only make sense on an accelerator
   (:data:`ACCELERATOR_ONLY`), and the accelerator platform's profiler settings.
 
-Per cell the result is ``ran`` (steps finished, with the evidence of each factor), ``failed`` with the
+This module plans the smoke cells (:func:`smoke_cells`); :func:`bench.execution.smoke.run_smoke` runs
+them. Per cell the result is ``ran`` (steps finished, with the evidence of each factor), ``failed`` with the
 first verl error line, and the list of what was left out and why. Nothing goes to MLflow: a smoke run
 checks launches, it measures nothing worth comparing.
 """
@@ -27,18 +28,12 @@ checks launches, it measures nothing worth comparing.
 from __future__ import annotations
 
 import re
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from bench.engines.verl.launch import VerlEngine
 from bench.engines.verl.overrides import key_of
 from bench.engines.verl_cpu import target
-from bench.execution.executors import LocalExecutor
-from bench.execution.runner import execute_spec
-from bench.measure.patch_reports import patch_evidence
-from bench.records.results import atomic_write_json
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import REGISTRY, applicability, resolve
 from bench.spec.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
@@ -199,44 +194,4 @@ def smoke_cells(matrix: Matrix, plan: Plan, steps: int = 2) -> list[SmokeCell]:
     return out
 
 
-def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2, executor: Any = None,
-              on_cell: Any = None) -> tuple[Path, list[dict[str, Any]]]:
-    """Run every smoke cell; returns the smoke folder and one result per cell.
-
-    Each result: ``{"cell": label, "cell_id", "status": "ran" | "failed", "steps": n, "step_time_s",
-    "reason": first verl error line, "failure_kind", "left_out": [...], "inert_env": [...],
-    "patches": {patch: "applied in N; refused in M: why"}, "evidence": {factor: verdict}}``.
-    ``evidence`` holds only the factors whose evidence is missing or contradicted, among those the CPU
-    target can exercise (:func:`not_exercised` lists the others). ``smoke.json`` in the folder holds the list.
-    """
-    cells = smoke_cells(matrix, plan, steps)
-    inert_factors = not_exercised(plan, matrix)
-    folder = Path(results_root) / f"{matrix.name}-smoke" / time.strftime("%Y%m%d-%H%M%S")
-    folder.mkdir(parents=True, exist_ok=True)
-    executor = executor or LocalExecutor()
-    results = []
-    for i, cell in enumerate(cells, 1):
-        if on_cell:
-            on_cell("start", i, len(cells), cell, None)
-        rdir = folder / cell.spec.cell_id
-        rec = execute_spec(cell.spec, rdir, 0, executor, warmup_steps=0)
-        st = (rec.get("summary") or {}).get("step_time_median_s")
-        res = {
-            "cell": cell.source_label, "cell_id": cell.spec.cell_id,
-            "status": "ran" if rec["status"] == "ok" else "failed",
-            "steps": len(rec.get("steps") or {}), "step_time_s": st,
-            "failure_kind": rec.get("failure_kind"), "reason": rec.get("reason", ""),
-            "left_out": cell.left_out, "inert_env": cell.inert, "patches": patch_evidence(rdir),
-            "evidence": {k: v for k, v in (rec.get("evidence") or {}).items()
-                         if k in (rec.get("evidence_flagged") or []) and k not in inert_factors},
-            "run_dir": str(rdir),
-        }
-        results.append(res)
-        atomic_write_json(folder / "smoke.json", {"matrix": matrix.source, "steps": steps, "cells": results})
-        if on_cell:
-            on_cell("done", i, len(cells), cell, res)
-    return folder, results
-
-
-__all__ = ["ACCELERATOR_ONLY", "SMOKE_VL", "SmokeCell", "accelerator_only", "cpu_counterparts", "run_smoke",
-           "smoke_cells"]
+__all__ = ["ACCELERATOR_ONLY", "SMOKE_VL", "SmokeCell", "accelerator_only", "cpu_counterparts", "smoke_cells"]

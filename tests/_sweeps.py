@@ -1,4 +1,5 @@
-"""Synthetic sweeps for the gate, baseline and report tests (and a check of the writer itself).
+"""Synthetic sweeps for the gate, baseline and report tests (the writer itself is checked by
+``tests/records/test_sweep_fixture.py``).
 
 :func:`make_sweep` writes a results folder exactly as :mod:`bench.execution.sweep` does (``sweep.json`` with the
 plan, ``<cell>/r<k>/record.json`` measured by :func:`bench.measure.summarize`, ``latest``), with step
@@ -16,9 +17,10 @@ from typing import Any, Callable
 
 import numpy as np
 
+from bench.core.files import atomic_write_json
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.measure import summarize
-from bench.records.results import SWEEP, ResultsDir, atomic_write_json, run_dir
+from bench.records.results import SWEEP, ResultsDir, run_dir
 from bench.records.run_record import SCHEMA_VERSION
 from bench.records.speed import PROBE_METRIC
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
@@ -177,17 +179,3 @@ def make_sweep(root: Path, name: str, cells: list[dict[str, Any]], *, repeats: i
 
 EMBEDDED_CELLS = [{}, {"dynamic_bsz": 1}, {"rmsnorm_fused": 1}, {"rmsnorm_fused": 1, "dynamic_bsz": 1}]
 
-
-def test_make_sweep_writes_a_readable_sweep(tmp_path):
-    from bench.analyze.snapshot import snapshot
-    from bench.records.results import find_sweep, load_records
-
-    sweep = make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=2, steps=6)
-    assert find_sweep("synth", tmp_path) == sweep.resolve()
-    recs = load_records(sweep)
-    assert len(recs) == 8
-    assert recs[0]["summary"]["timed_steps"] == [2, 3, 4, 5]
-    snap = snapshot(sweep, tmp_path)
-    assert [c["status"] for c in snap["cells"]] == ["ok"] * 4
-    assert len(snap["cells"][0]["repeats"][0]["samples"]["step_time"]) == 4
-    assert len(snap["cells"][0]["repeats"][0]["samples"]["free_ratio"]) == 1

@@ -91,7 +91,7 @@ def test_load_records_with_a_cache_reads_only_new_or_rewritten_records(tmp_path,
     """A sequential sweep looks after every block (:func:`bench.execution.blocks.run_blocks`): with a cache, an
     unchanged record is not read again, a rewritten one is, and every call returns the same content as a plain
     :func:`~bench.records.run_record.load_records` in fresh dicts."""
-    from test_gate_fixtures import EMBEDDED_CELLS, make_sweep
+    from _sweeps import EMBEDDED_CELLS, make_sweep
 
     import bench.records.run_record as run_record
 

@@ -24,7 +24,7 @@ import yaml
 from bench.cli import main
 from bench.gate.verdicts import EXIT_CANNOT_JUDGE
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from bench_gate import gate_matrix  # noqa: E402  (the benchmark's matrix: rates measured there hold here)
 
 
@@ -39,6 +39,10 @@ def cpu_pressure() -> str:
 #: CPU pressure (PSI some avg60, %, highest recorded around the runs) above which the machine counts as busy
 #: for this test: other work waited for a CPU a tenth of the time or more (an idle machine reads 0-2 %)
 BUSY_PSI = 10.0
+#: runs per sweep and timed steps per run: smaller than the benchmark's 8 x 12 to fit the suite's budget (4 sweeps
+#: of 16 runs instead of 32); fewer steps widen the intervals, so a verdict the test forbids stays as unlikely
+#: (the gate's error rates hold at every size) and "cannot judge" comes more often
+SIZE = {"repeats": 4, "timed_steps": 8}
 
 
 def recorded_pressure(results: Path, sweep: str) -> float:
@@ -67,7 +71,8 @@ def test_stored_gate_never_passes_a_slowdown_nor_flags_a_rerun(tmp_path):
     the slowdown's change above 0 and its 99 % interval holding +10 %, the rerun's interval holding 0 (a gate
     overconfident about its sweep offset fails there). Measured here after the scale fix: slowdowns +13.9 %
     [+0.2, +29.3] and +10.2 % [-2.9, +25.2], reruns +2.9 % [-10.0, +17.7] and +6.9 % [-6.0, +21.7], all "cannot
-    judge" (the gate saw 17-18 %). One sweep per claim, every verdict asserted (module text).
+    judge" (the gate saw 17-18 %; sweeps of 8 runs x 12 steps then, :data:`SIZE` since). One sweep per claim,
+    every verdict asserted (module text).
     How often the stored gate decides is a rate, measured by ``benchmarks/bench_gate.py real`` (docs/gate.md);
     for a verdict in CI, the interleaved gate (tests/gate/test_gate_interleaved_e2e.py).
     """
@@ -87,18 +92,18 @@ def test_stored_gate_never_passes_a_slowdown_nor_flags_a_rerun(tmp_path):
     # the gate allows for that (bench.gate.stored_runs): without it an identical rerun whose sweep ran a few
     # percent slower would be called a regression (an earlier version of this test was flaky for that reason)
     for i in range(2):
-        assert run(gate_matrix("gate_ci"), *(["--force"] if i else [])) == 0
+        assert run(gate_matrix("gate_ci", **SIZE), *(["--force"] if i else [])) == 0
         assert main(["baseline", "save", "gate_ci", "--name", "ci", *(["--force"] if i else []), *common]) == 0
     base = json.loads((results / "baselines" / "ci.json").read_text())
     assert base["sweep_to_sweep"]["sweeps"] == 2 and base["sweep_to_sweep"]["sd_log"] is not None
     samples = [t for r in base["cells"][0]["repeats"] for t in r["samples"]["step_time"]]
-    assert len(samples) == 96  # the latest save: 8 runs x 12 timed steps
+    assert len(samples) == SIZE["repeats"] * SIZE["timed_steps"]  # the latest save: every timed step of every run
     probes = [p for r in base["cells"][0]["repeats"] for p in r["samples"]["speed_probe"]]
-    assert len(probes) == 96 and all(0 < p < 1 for p in probes)
+    assert len(probes) == len(samples) and all(0 < p < 1 for p in probes)
     delay = 0.10 * float(np.median(samples))
 
     # candidate: the same cell with the update phase slowed by ~10 % of a step
-    assert run(gate_matrix("gate_ci_slow", delay)) == 0
+    assert run(gate_matrix("gate_ci_slow", delay, **SIZE)) == 0
     rc, verdict = gate("gate_ci_slow")
     row = verdict["rows"][0]
     psi = recorded_pressure(results, "gate_ci_slow")
@@ -115,7 +120,7 @@ def test_stored_gate_never_passes_a_slowdown_nor_flags_a_rerun(tmp_path):
         assert "update_delay_s" in " ".join(verdict["notes"])
 
     # an identical rerun of the baseline's matrix passes
-    assert run(gate_matrix("gate_ci"), "--force") == 0
+    assert run(gate_matrix("gate_ci", **SIZE), "--force") == 0
     rc, verdict = gate("gate_ci")
     row = verdict["rows"][0]
     psi = recorded_pressure(results, "gate_ci")

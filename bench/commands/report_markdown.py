@@ -6,11 +6,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from bench.analyze.estimators import DEFAULT_ALPHA as GATE_ALPHA
+from bench.analyze.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.analyze.md import ci_pct, table_head
 from bench.analyze.md import pct as _pct
 from bench.analyze.where_md import where_lines
-from bench.gate.verdicts import DEFAULT_ALPHA as GATE_ALPHA
-from bench.gate.verdicts import DEFAULT_THRESHOLD as GATE_THRESHOLD
 from bench.planning.allocation import report_lines
 from bench.planning.sequential import Decision
 from bench.planning.view import NOT_COVERED, SequentialView, summary_lines

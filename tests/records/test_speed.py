@@ -8,7 +8,7 @@ import math
 import re
 
 import pytest
-from test_gate_fixtures import EMBEDDED_CELLS, log_normal_times, make_sweep
+from _sweeps import EMBEDDED_CELLS, log_normal_times, make_sweep
 
 from bench.cli import main
 from bench.records.speed import normalizable, normalize, normalized_pair
