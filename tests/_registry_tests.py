@@ -3,9 +3,10 @@ optimization, an engine, a profiler format (reader) or a statistical test.
 
 A test function enumerates a registry when its source names one of :data:`ENUMERATORS` (``FACTOR_KEYS``,
 ``REGISTRY``, ``engine_names``, ...) or a module-level name or helper function of its module whose source does
-(``BINARY = {k: ... for k in FACTOR_KEYS}``, and so on: a table of cases built by such a helper). ``tests/conftest.py`` marks every such test ``registry``; the recipe
-test (``tests/test_extension_recipes.py``) runs ``pytest -m registry`` on its copy of the repository with the
-recipes applied, so a test that hard-codes seven factors or two engines turns red there.
+(``BINARY = {k: ... for k in FACTOR_KEYS}``), and so on (a table of cases built by such a helper).
+``tests/conftest.py`` marks every such test ``registry``; the recipe test (``tests/test_extension_recipes.py``)
+runs ``pytest -m registry`` on its copy of the repository with the recipes applied, so a test that hard-codes
+seven factors or two engines turns red there.
 """
 
 from __future__ import annotations

@@ -23,9 +23,30 @@ def _f(v: Any, fmt: str = ".3f") -> str:
 
 
 def render(data: dict[str, Any]) -> str:
-    """``report.md`` from the report's data."""
-    s = data["sweep"]
+    """``report.md`` from the report's data (:func:`bench.commands.report.build`): the sections in order, each
+    written by its own function below; ``lvl`` is the confidence level of the intervals (1 - alpha), ``sv`` the
+    stopping look's verdicts of a sequential sweep (``None`` for a fixed-size sweep)."""
     lvl = 1 - data["alpha"]
+    sv = data.get("sequential_verdicts")  # a sequential sweep: its stopping look's verdicts (sequential_view)
+    L = _header(data, lvl)
+    if sv:
+        L += summary_lines(SequentialView.from_dict(sv))[1:] + [""]
+    L += _cells(data, lvl, sv)
+    L += _effects(data, lvl, sv)
+    L += _phases(data)
+    L += _long_tail(data)
+    L += _article(data, lvl, sv)
+    L += _mde(data)
+    L += _expectations(data, sv)
+    L += where_lines(data.get("where"), lvl)
+    L += _method()
+    L += report_lines(data)
+    return "\n".join(L)
+
+
+def _header(data: dict[str, Any], lvl: float) -> list[str]:
+    """The title, the sweep's facts and the cells left out."""
+    s = data["sweep"]
     L = [
         f"# Ablation report: `{s['matrix']}` sweep `{s['sweep_id']}`",
         "",
@@ -46,11 +67,14 @@ def render(data: dict[str, Any]) -> str:
     if data["failed"]:
         L += ["**Cells not finished** (left out of every statistic):", ""]
         L += [f"- `{r['cell']}` ({r['status']}): {r['reason']}" for r in data["failed"]] + [""]
+    return L
+
+
+def _cells(data: dict[str, Any], lvl: float, sv: dict[str, Any] | None) -> list[str]:
+    """The cell table: step time, speedup with its interval and p, shares and throughput per cell."""
+    L: list[str] = []
     varied = data["effects"]["varied"]
     rep = data["replication"]
-    sv = data.get("sequential_verdicts")  # a sequential sweep: its stopping look's verdicts (sequential_view)
-    if sv:
-        L += summary_lines(SequentialView.from_dict(sv))[1:] + [""]
     L += [
         "## Cells",
         "",
@@ -79,6 +103,13 @@ def render(data: dict[str, Any]) -> str:
             f"{_f(r['p_value'], '.2g')} | {_f(r['rollout_share'])} | {_f(r['free_ratio'])} | "
             f"{_f(r['throughput'], '.1f')} |"
         )
+    return L
+
+
+def _effects(data: dict[str, Any], lvl: float, sv: dict[str, Any] | None) -> list[str]:
+    """The effects model's terms (a sequential sweep: its verdicts) and a fractional design's aliases."""
+    L: list[str] = []
+    s = data["sweep"]
     L += ["", "![speedup](speedup.png)", "", "## Effects (OLS on per-run log step time)", ""]
     eff = data["effects"]
     fit = eff.get("fit")
@@ -138,6 +169,12 @@ def render(data: dict[str, Any]) -> str:
             "",
         ]
         L += [f"- {a}" for a in eff.get("aliases") or []]
+    return L
+
+
+def _phases(data: dict[str, Any]) -> list[str]:
+    """The phases of a step, rollout share and Free ratio per finished cell."""
+    L: list[str] = []
     L += [
         "",
         "## Phases, rollout share, Free ratio",
@@ -153,6 +190,12 @@ def render(data: dict[str, Any]) -> str:
         L.append(f"| {r['cell']} | " + " | ".join(_f(ph.get(p)) for p in ("gen", "old_log_prob", "ref", "update_actor",
                                                                            "reward", "adv", "other")) +
                  f" | {_f(r['rollout_share'])} | {_f(r['free_ratio'])} |")
+    return L
+
+
+def _long_tail(data: dict[str, Any]) -> list[str]:
+    """The rollout long tail (article 2.6) per finished cell."""
+    L: list[str] = []
     L += [
         "",
         "![phases](phases.png)",
@@ -172,6 +215,12 @@ def render(data: dict[str, Any]) -> str:
                 f"{_f(r['response_length_max'], '.1f')} | "
                 f"{_f(r['long_tail_waste'] * 100 if r['long_tail_waste'] is not None else None, '.1f')}% |"
             )
+    return L
+
+
+def _article(data: dict[str, Any], lvl: float, sv: dict[str, Any] | None) -> list[str]:
+    """The article's gains beside ours, per optimization with an article figure."""
+    L: list[str] = []
     L += [
         "",
         "![long tail](long_tail.png)",
@@ -190,6 +239,12 @@ def render(data: dict[str, Any]) -> str:
         cell = f"{_pct(a['ours_cell'])} [{_pct(c[0])}, {_pct(c[1])}]" if a["ours_cell"] is not None else "-"
         ef = f"{_pct(a['ours_effect'])} [{_pct(e[0])}, {_pct(e[1])}]" if a["ours_effect"] is not None else "-"
         L.append(f"| {a['claim']} ({a['section']}) | {_pct(a['article'])} | {cell} | {ef} | {a['note']} |")
+    return L
+
+
+def _mde(data: dict[str, Any]) -> list[str]:
+    """The minimal detectable effects of this sweep and of the gate."""
+    L: list[str] = []
     L += ["", "![article](article.png)", "", "## Minimal detectable effect", ""]
     m = data["mde"]
     n = m["noise"]
@@ -210,6 +265,12 @@ def render(data: dict[str, Any]) -> str:
             f"{m.get('gate_source') or 'interleaved, as many blocks as runs per cell'}): {_pct(m.get('gate'))}",
             "",
         ]
+    return L
+
+
+def _expectations(data: dict[str, Any], sv: dict[str, Any] | None) -> list[str]:
+    """The claims of the matrix ``expect`` block, judged as one family."""
+    L: list[str] = []
     if data.get("expectations"):
         L += [
             "## Claims of the matrix `expect` block",
@@ -231,7 +292,12 @@ def render(data: dict[str, Any]) -> str:
                      f"[{_pct(ci[0])}, {_pct(ci[1])}] | "
                      f"{_f(e.get('p_value'), '.2g')} | {e['result']}{': ' + e['reason'] if e.get('reason') else ''} |")
         L.append("")
-    L += where_lines(data.get("where"), lvl)
+    return L
+
+
+def _method() -> list[str]:
+    """The method text."""
+    L: list[str] = []
     L += [
         "## Method",
         "",
@@ -247,5 +313,4 @@ def render(data: dict[str, Any]) -> str:
         "the terms. With one run per cell no run-to-run variance exists to test against: estimates only.",
         "",
     ]
-    L += report_lines(data)
-    return "\n".join(L)
+    return L

@@ -267,62 +267,12 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     Raises:
         BenchError: different engine or platform, a failed/unfinished baseline cell, or no matching cells.
     """
-    if (base["engine"], base["platform"]) != (cand["engine"], cand["platform"]):
-        raise BenchError(
-            f"baseline {base.get('name') or base['source'].get('sweep')} is {base['engine']}/{base['platform']} "
-            "but the "
-            f"candidate {cand['source'].get('sweep')} is {cand['engine']}/{cand['platform']}: "
-            "step times of different engines or platforms are not comparable (save a baseline on this one)"
-        )
     max_mde = 2 * threshold if max_mde is None else max_mde
-    bad_base = [c for c in base["cells"] if c.get("status", "ok") != "ok"]
-    if bad_base:
-        raise BenchError(
-            "baseline has unusable cells: " + "; ".join(f"{c['label']} is {c.get('status')}" for c in bad_base)
-        )
-    bmap = {c["key"]: c for c in base["cells"]}
-    cmap = {c["key"]: c for c in cand["cells"]}
-    matched = [k for k in bmap if k in cmap]
-    if not matched:
-        raise BenchError(
-            f"no matching cells: the candidate {cand['source'].get('sweep')}'s factor levels match none of the "
-            f"baseline {base.get('name') or base['source'].get('sweep')}'s "
-            f"(baseline: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in base['cells'][:6])}; "
-            f"candidate: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in cand['cells'][:6])})")
-    notes: list[str] = []
+    bmap, cmap, matched = _match_cells(base, cand)
     only_b = [bmap[k]["label"] for k in bmap if k not in cmap]
     only_c = [cmap[k]["label"] for k in cmap if k not in bmap]
-    if only_b:
-        notes.append(f"baseline cells not in the candidate (not compared): {', '.join(only_b)}")
-    if only_c:
-        notes.append(f"candidate cells not in the baseline (not compared): {', '.join(only_c)}")
-    diffs = _diff_dicts(base.get("base") or {}, cand.get("base") or {})
-    if diffs:
-        notes.append("base settings differ: " + "; ".join(diffs))
-    vdiff = _diff_dicts(base.get("versions") or {}, cand.get("versions") or {})
-    if vdiff:
-        notes.append("package versions differ: " + "; ".join(vdiff))
-    bm, cm = base.get("machine") or {}, cand.get("machine") or {}
-    if bm and cm:
-        mdiff = [d for d in _diff_dicts({k: bm.get(k) for k in ("cpu", "cpu_count", "hostname")},
-                                        {k: cm.get(k) for k in ("cpu", "cpu_count", "hostname")})]
-        if mdiff:
-            notes.append("machine differs: " + "; ".join(mdiff))
-    pb = [cpu_pressure(bmap[k]) for k in matched]
-    pc = [cpu_pressure(cmap[k]) for k in matched]
-    pb_max = max((v for v in pb if v is not None), default=None)
-    pc_max = max((v for v in pc if v is not None), default=None)
-    psi_max = max((v for v in (pb_max, pc_max) if v is not None), default=None)  # either side's highest
-    if psi_max is not None:
-        fmt = lambda v: "-" if v is None else f"{v:.0f} %"  # noqa: E731
-        line = (
-            f"CPU pressure during the runs (PSI some avg60, highest): baseline {fmt(pb_max)}, candidate {fmt(pc_max)}"
-        )
-        if psi_max > CONTENDED_PSI:
-            line = ("**contended machine**: " + line + f" (above {CONTENDED_PSI:.0f} %): other jobs competed for the "
-                    "CPUs, which shifts step times by tens of percent; rerun both on an idle machine before trusting "
-                    "a verdict")
-        notes.insert(0, line)
+    notes, psi_max = _context_notes(base, cand, [bmap[k] for k in matched], [cmap[k] for k in matched], only_b,
+                                    only_c)
     run_level = not pairing and test is None
     busy = f"CPU pressure around the runs {psi_max:.0f} %" if psi_max is not None and psi_max > CONTENDED_PSI else None
     kind = base.get("_kind", "baseline")
@@ -369,48 +319,143 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                                         s2s=s2s if metric in SPEED_SCALED else None))
                 _finish_row(row, metric, offset_known, kind, s2s, missing)
                 continue
-            paired = pairing and pairable(bc, cc, metric)
-            if why is None:
-                raw = compare(bg, cg, alpha=a_row, n_boot=0, ci=False, scale=m.scale, paired=paired, test=test)
-                bg, cg, sp = normalized_pair(bc, cc, metric, bg, cg)
-                row.update(normalized=True, speed_change=sp, raw_change=raw.change,
-                           raw_base_median=raw.base_median, raw_cand_median=raw.cand_median)
-            else:
-                row.update(normalized=False, normalize_reason=why)
-            cmp = compare(bg, cg, alpha=a_row, n_boot=n_boot, seed=seed, scale=m.scale, paired=paired, test=test)
-            row.update(cmp.to_dict())
-            if cmp.min_p >= a_row:
-                row["reason"] = (
-                    f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {a_row:.3g} "
-                    f"with the {cmp.test} test (smallest possible p {cmp.min_p:.3g}); add steps or repeats"
-                )
-                continue
-            if cmp.change is None:
-                row["reason"] = "; ".join(cmp.notes) or "relative change undefined"
-                continue
-            row["verdict"] = verdict(cmp.change, cmp.p_value, threshold=threshold, alpha=a_row,
-                                     higher_is_better=m.higher_is_better)
-            notes_ = list(cmp.notes)
-            se = max((x for x in (cmp.se, cmp.se_boot) if x is not None), default=None)
-            if se is not None:
-                row["mde"] = mde_from_se(se, alpha=a_row, threshold=threshold)
-                if row["mde"] > max_mde:
-                    row["judged_verdict"], row["verdict"] = row["verdict"], "noisy"
-                    notes_.insert(
-                        0,
-                        f"too noisy to judge: at this spread (steps and repeats) a change under {row['mde']:.0%} "
-                        f"would often go unseen (limit {max_mde:.0%}); the spread of a busy machine comes with "
-                        "sweep-to-sweep shifts of tens of percent: rerun on an idle machine, or add steps",
-                    )
-            if notes_:
-                row["reason"] = "; ".join(notes_)
-            if metric in SPEED_SCALED and row["verdict"] in ("regression", "improvement", "unchanged"):
-                # per-step tests treat a run's steps as independent and carry no sweep-to-sweep offset: their
-                # verdict is shown (judged_verdict), the gate is not decided on it
-                row["judged_verdict"], row["verdict"] = row["verdict"], CANNOT_JUDGE
-                row["reason"] = "; ".join(x for x in (PER_STEP_REASON + f" (per step: {row['judged_verdict']})",
-                                                      row.get("reason")) if x)
-            _finish_row(row, metric, offset_known, kind, s2s, missing)
+            if _judge_steps(row, bc, cc, metric, bg, cg, why, pairing=pairing, alpha_row=a_row, n_boot=n_boot,
+                            seed=seed, test=test, threshold=threshold, max_mde=max_mde):
+                _finish_row(row, metric, offset_known, kind, s2s, missing)
+    counts, v, code = _overall(rows)
+    return {"rows": rows, "notes": notes, "unmatched": {"baseline": only_b, "candidate": only_c},
+            "counts": counts, "verdict": v, "exit_code": code, "family": {"m": m_family, "alpha_each": a_row},
+            "normalization": probes}
+
+
+def _match_cells(base: dict[str, Any], cand: dict[str, Any]
+                 ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]], list[str]]:
+    """The cells of both snapshots by their key (factor levels) and the keys of both, in the baseline's order.
+
+    Raises:
+        BenchError: different engine or platform, a failed/unfinished baseline cell, or no matching cells.
+    """
+    if (base["engine"], base["platform"]) != (cand["engine"], cand["platform"]):
+        raise BenchError(
+            f"baseline {base.get('name') or base['source'].get('sweep')} is {base['engine']}/{base['platform']} "
+            "but the "
+            f"candidate {cand['source'].get('sweep')} is {cand['engine']}/{cand['platform']}: "
+            "step times of different engines or platforms are not comparable (save a baseline on this one)"
+        )
+    bad_base = [c for c in base["cells"] if c.get("status", "ok") != "ok"]
+    if bad_base:
+        raise BenchError(
+            "baseline has unusable cells: " + "; ".join(f"{c['label']} is {c.get('status')}" for c in bad_base)
+        )
+    bmap = {c["key"]: c for c in base["cells"]}
+    cmap = {c["key"]: c for c in cand["cells"]}
+    matched = [k for k in bmap if k in cmap]
+    if not matched:
+        raise BenchError(
+            f"no matching cells: the candidate {cand['source'].get('sweep')}'s factor levels match none of the "
+            f"baseline {base.get('name') or base['source'].get('sweep')}'s "
+            f"(baseline: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in base['cells'][:6])}; "
+            f"candidate: {'; '.join(c['label'] + ' [' + c['key'] + ']' for c in cand['cells'][:6])})")
+    return bmap, cmap, matched
+
+
+def _context_notes(base: dict[str, Any], cand: dict[str, Any], base_cells: list[dict[str, Any]],
+                   cand_cells: list[dict[str, Any]], only_b: list[str], only_c: list[str]
+                   ) -> tuple[list[str], float | None]:
+    """The notes on what differs around the comparison (cells on one side only, base settings, package versions,
+    machine, CPU pressure during the matched cells' runs) and the highest CPU pressure (PSI some avg60, %) of
+    either side, or ``None`` where no run recorded it."""
+    notes: list[str] = []
+    if only_b:
+        notes.append(f"baseline cells not in the candidate (not compared): {', '.join(only_b)}")
+    if only_c:
+        notes.append(f"candidate cells not in the baseline (not compared): {', '.join(only_c)}")
+    diffs = _diff_dicts(base.get("base") or {}, cand.get("base") or {})
+    if diffs:
+        notes.append("base settings differ: " + "; ".join(diffs))
+    vdiff = _diff_dicts(base.get("versions") or {}, cand.get("versions") or {})
+    if vdiff:
+        notes.append("package versions differ: " + "; ".join(vdiff))
+    bm, cm = base.get("machine") or {}, cand.get("machine") or {}
+    if bm and cm:
+        mdiff = [d for d in _diff_dicts({k: bm.get(k) for k in ("cpu", "cpu_count", "hostname")},
+                                        {k: cm.get(k) for k in ("cpu", "cpu_count", "hostname")})]
+        if mdiff:
+            notes.append("machine differs: " + "; ".join(mdiff))
+    pb = [cpu_pressure(c) for c in base_cells]
+    pc = [cpu_pressure(c) for c in cand_cells]
+    pb_max = max((v for v in pb if v is not None), default=None)
+    pc_max = max((v for v in pc if v is not None), default=None)
+    psi_max = max((v for v in (pb_max, pc_max) if v is not None), default=None)  # either side's highest
+    if psi_max is not None:
+        fmt = lambda v: "-" if v is None else f"{v:.0f} %"  # noqa: E731
+        line = (
+            f"CPU pressure during the runs (PSI some avg60, highest): baseline {fmt(pb_max)}, candidate {fmt(pc_max)}"
+        )
+        if psi_max > CONTENDED_PSI:
+            line = ("**contended machine**: " + line + f" (above {CONTENDED_PSI:.0f} %): other jobs competed for the "
+                    "CPUs, which shifts step times by tens of percent; rerun both on an idle machine before trusting "
+                    "a verdict")
+        notes.insert(0, line)
+    return notes, psi_max
+
+
+def _judge_steps(row: dict[str, Any], bc: dict[str, Any], cc: dict[str, Any], metric: str, bg: list, cg: list,
+                 why: str | None, *, pairing: bool, alpha_row: float, n_boot: int, seed: int, test: str | None,
+                 threshold: float, max_mde: float) -> bool:
+    """Judge ``row`` on per-step samples (``bg``/``cg``: the baseline's and candidate's groups, one per run;
+    speed-normalized first where ``why`` is ``None``) with the paired test or the named ``test``, each at
+    ``alpha_row``. Fills ``row`` in place; ``False`` where the row stays "cannot judge" with its reason (too few
+    samples, no relative change), ``True`` where the caller finishes it (:func:`_finish_row`)."""
+    m = METRICS[metric]
+    nb, nc = sum(map(len, bg)), sum(map(len, cg))
+    paired = pairing and pairable(bc, cc, metric)
+    if why is None:
+        raw = compare(bg, cg, alpha=alpha_row, n_boot=0, ci=False, scale=m.scale, paired=paired, test=test)
+        bg, cg, sp = normalized_pair(bc, cc, metric, bg, cg)
+        row.update(normalized=True, speed_change=sp, raw_change=raw.change,
+                   raw_base_median=raw.base_median, raw_cand_median=raw.cand_median)
+    else:
+        row.update(normalized=False, normalize_reason=why)
+    cmp = compare(bg, cg, alpha=alpha_row, n_boot=n_boot, seed=seed, scale=m.scale, paired=paired, test=test)
+    row.update(cmp.to_dict())
+    if cmp.min_p >= alpha_row:
+        row["reason"] = (
+            f"too few samples: {nb} baseline + {nc} candidate steps cannot reach p < {alpha_row:.3g} "
+            f"with the {cmp.test} test (smallest possible p {cmp.min_p:.3g}); add steps or repeats"
+        )
+        return False
+    if cmp.change is None:
+        row["reason"] = "; ".join(cmp.notes) or "relative change undefined"
+        return False
+    row["verdict"] = verdict(cmp.change, cmp.p_value, threshold=threshold, alpha=alpha_row,
+                             higher_is_better=m.higher_is_better)
+    notes_ = list(cmp.notes)
+    se = max((x for x in (cmp.se, cmp.se_boot) if x is not None), default=None)
+    if se is not None:
+        row["mde"] = mde_from_se(se, alpha=alpha_row, threshold=threshold)
+        if row["mde"] > max_mde:
+            row["judged_verdict"], row["verdict"] = row["verdict"], "noisy"
+            notes_.insert(
+                0,
+                f"too noisy to judge: at this spread (steps and repeats) a change under {row['mde']:.0%} "
+                f"would often go unseen (limit {max_mde:.0%}); the spread of a busy machine comes with "
+                "sweep-to-sweep shifts of tens of percent: rerun on an idle machine, or add steps",
+            )
+    if notes_:
+        row["reason"] = "; ".join(notes_)
+    if metric in SPEED_SCALED and row["verdict"] in ("regression", "improvement", "unchanged"):
+        # per-step tests treat a run's steps as independent and carry no sweep-to-sweep offset: their
+        # verdict is shown (judged_verdict), the gate is not decided on it
+        row["judged_verdict"], row["verdict"] = row["verdict"], CANNOT_JUDGE
+        row["reason"] = "; ".join(x for x in (PER_STEP_REASON + f" (per step: {row['judged_verdict']})",
+                                              row.get("reason")) if x)
+    return True
+
+
+def _overall(rows: list[dict[str, Any]]) -> tuple[dict[str, int], str, int]:
+    """The verdict count per kind, the gate's verdict and its exit code: a regression or a failed cell fails it,
+    else a row that cannot be judged or is too noisy makes it "cannot judge", else it passes."""
     counts = {v: sum(r["verdict"] == v for r in rows)
               for v in ("regression", "failed", "improvement", "unchanged", "noisy", CANNOT_JUDGE)}
     if counts["regression"] or counts["failed"]:
@@ -419,9 +464,7 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
         v, code = CANNOT_JUDGE, EXIT_CANNOT_JUDGE
     else:
         v, code = "pass", EXIT_PASS
-    return {"rows": rows, "notes": notes, "unmatched": {"baseline": only_b, "candidate": only_c},
-            "counts": counts, "verdict": v, "exit_code": code, "family": {"m": m_family, "alpha_each": a_row},
-            "normalization": probes}
+    return counts, v, code
 
 
 def _finish_row(row: dict[str, Any], metric: str, offset_known: bool, kind: str, s2s: dict[str, Any] | None,

@@ -212,7 +212,7 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
     )
 
     from . import fused  # deferred: bench.engines.embedded.fused loads torch
-    from .step import make_trainer, run_step  # deferred: bench.engines.embedded.step loads torch
+    from .step import make_trainer  # deferred: bench.engines.embedded.step loads torch
 
     torch.manual_seed(cfg.seed)
     ref = copy.deepcopy(model).eval().requires_grad_(False) if cfg.use_kl_loss else None
@@ -228,12 +228,39 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
     from verl.utils.tracking import Tracking
 
     tracking = Tracking(project_name=PROJECT, experiment_name=out.name, default_backend="file")
-    timings: list[dict[str, float]] = []
-    passes: dict[str, dict[str, list[int]]] = {}
     probe = SpeedProbe() if cfg.speed_probe else None
     t_steps = time.perf_counter()
     log.info("start-up done in %.2f s", t_steps - t_start)
-    with StepProfiler(profile_steps, out / "trace", cfg.device) as prof:
+    timings, passes, prof = _run_steps(trainer, schedule, items, encoded, profile_steps, probe, tracking,
+                                       out / "trace", cfg.device)
+    tracking.finish()
+    t_end = time.perf_counter()
+
+    evidence = _evidence(cfg, device_name=device_name, threads_source=threads_source, model_path=model_path,
+                         model=model, build_s=build_s, items=items, rms=rms, passes=passes, longest=longest,
+                         ref_pass=ref is not None, probe=probe, prof=prof, profile_steps=profile_steps,
+                         wall_s={"startup": round(t_steps - t_start, 3), "steps": round(t_end - t_steps, 3)})
+    (out / "evidence.json").write_text(json.dumps(evidence, indent=1))
+    steps, mean = phase_breakdown(timings, cfg.warmup_steps)
+    text = format_breakdown(steps, mean, time.perf_counter() - t_start, profile_steps)
+    log.info("%s", text)
+    print(text, flush=True)
+    sys.stdout.flush()
+    return evidence
+
+
+def _run_steps(trainer: Any, schedule: list[list[int]], items: list[Any], encoded: dict[int, Any],
+               profile_steps: list[int], probe: SpeedProbe | None, tracking: Any, trace_dir: Path, device: str
+               ) -> tuple[list[dict[str, float]], dict[str, dict[str, list[int]]], StepProfiler]:
+    """The GRPO steps of the run, one per row list of ``schedule`` (indexes into ``items``/``encoded``), under the
+    step profiler (traces into ``trace_dir`` for ``profile_steps``), each step's metrics logged through verl's
+    ``tracking`` (file backend). Returns (each step's phase timings in s, the per-pass counts the steps reported
+    as ``perf/<pass>/<what>``, the finished profiler)."""
+    from .step import run_step  # deferred: bench.engines.embedded.step loads torch
+
+    timings: list[dict[str, float]] = []
+    passes: dict[str, dict[str, list[int]]] = {}
+    with StepProfiler(profile_steps, trace_dir, device) as prof:
         after: float | None = None  # probe taken right after the previous step
         for step, rows in enumerate(schedule, start=1):
             # the probe brackets each unprofiled step (its mean before/after is the machine's speed
@@ -253,13 +280,23 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
                     passes.setdefault(p, {}).setdefault(what, []).append(int(v))
             log.info("step %d: %s", step, " ".join(f"{k}={v:.3f}" for k, v in timing.items()))
             prof.step()
-    tracking.finish()
-    t_end = time.perf_counter()
+    return timings, passes, prof
 
+
+def _evidence(cfg: RunConfig, *, device_name: str, threads_source: str, model_path: Path, model: Any, build_s: float,
+              items: list[Any], rms: dict[str, Any], passes: dict[str, dict[str, list[int]]], longest: int,
+              ref_pass: bool, probe: SpeedProbe | None, prof: StepProfiler, profile_steps: list[int],
+              wall_s: dict[str, float]) -> dict[str, Any]:
+    """The run's ``evidence.json``: versions, model, data, what each optimization's mechanism did in this process
+    (fused RMSNorm installed, micro-batches and tokens per pass, the task-queue variable), the speed probe, the
+    profiler's files and the wall time split (s) into start-up and steps."""
+    import torch
     import transformers
     import verl
 
-    evidence = {
+    from . import fused  # deferred: bench.engines.embedded.fused loads torch
+
+    return {
         "engine": "embedded",
         "device": cfg.device,
         "device_name": device_name,
@@ -292,7 +329,7 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
             "real_tokens": {p: v.get("real_tokens", []) for p, v in passes.items()},
             "longest_possible_sequence": longest,
         },
-        "kl_loss": {"enabled": cfg.use_kl_loss, "ref_pass": ref is not None, "type": cfg.kl_loss_type},
+        "kl_loss": {"enabled": cfg.use_kl_loss, "ref_pass": ref_pass, "type": cfg.kl_loss_type},
         "update_delay_s": {"enabled": cfg.update_delay_s > 0, "seconds": cfg.update_delay_s, "phase": "update_actor"},
         "speed_probe": {
             "enabled": probe is not None,
@@ -311,12 +348,5 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
             "activities": prof.activities(),
             "step_label": "ProfilerStep#N = GRPO step N",
         },
-        "wall_s": {"startup": round(t_steps - t_start, 3), "steps": round(t_end - t_steps, 3)},
+        "wall_s": wall_s,
     }
-    (out / "evidence.json").write_text(json.dumps(evidence, indent=1))
-    steps, mean = phase_breakdown(timings, cfg.warmup_steps)
-    text = format_breakdown(steps, mean, time.perf_counter() - t_start, profile_steps)
-    log.info("%s", text)
-    print(text, flush=True)
-    sys.stdout.flush()
-    return evidence
