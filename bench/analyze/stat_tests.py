@@ -39,7 +39,7 @@ from bench.analyze.estimators import (
     walsh_hl,
     wilcoxon_p,
 )
-from bench.core.plugins import LiveView, fill
+from bench.core.plugins import Registry
 
 
 @dataclass
@@ -182,31 +182,15 @@ class WilcoxonPairedTest(StatTest):
 
 
 GROUP = "grpo_bench.stat_tests"
-_TESTS: dict[str, StatTest] = {}
-_loaded = False
+#: the two-sample tests by name, on :class:`bench.core.plugins.Registry` (entry-point classes are instantiated)
+REGISTRY: Registry[StatTest] = Registry(GROUP, "test", lambda t: t.name)
 
 
 def tests() -> dict[str, StatTest]:
     """The registered two-sample tests by name: entry points first (``grpo_bench.stat_tests``,
     :mod:`bench.core.plugins`: the built-ins, then plugins), then :func:`register_test` calls. Read it, do not change
     it."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        early = list(_TESTS.values())
-        _TESTS.clear()
-        fill(GROUP, early, _put)
-    return _TESTS
-
-
-def _put(test: StatTest) -> StatTest:
-    if not test.name:
-        raise ValueError(f"{type(test).__name__} has no name")
-    held = _TESTS.get(test.name)
-    if held is not None and type(held) is not type(test):
-        raise ValueError(f"test name {test.name!r} is already registered by {type(held).__name__}")
-    _TESTS[test.name] = test
-    return test
+    return REGISTRY.items()
 
 
 def register_test(test: StatTest) -> StatTest:
@@ -215,13 +199,12 @@ def register_test(test: StatTest) -> StatTest:
     Raises:
         ValueError: empty name, or the name is taken by another test.
     """
-    tests()
-    return _put(test)
+    return REGISTRY.register(test)
 
 
 def unregister_test(name: str) -> None:
     """Remove the test called ``name`` (tests that register a toy test undo it with this)."""
-    tests().pop(name, None)
+    REGISTRY.unregister(name)
 
 
 def get_test(name: str) -> StatTest:
@@ -234,7 +217,7 @@ def get_test(name: str) -> StatTest:
 
 
 #: the registry of two-sample tests by name, live (kept for ``from ... import TESTS``; :func:`tests` is the lookup)
-TESTS: Mapping[str, StatTest] = LiveView(tests, "TESTS")
+TESTS: Mapping[str, StatTest] = REGISTRY.view("TESTS")
 UNPAIRED = MannWhitneyTest.name
 PAIRED = WilcoxonPairedTest.name
 

@@ -3,7 +3,8 @@
 Engines are found by lookup: the entry points of the group ``grpo_bench.engines`` (:mod:`bench.core.plugins`:
 the built-ins in ``pyproject.toml``, then those of installed plugin packages) are loaded on the first
 lookup, so importing this module stays free of torch, verl and the engines' own imports; :func:`register`
-adds a class at run time (a decorator). Every question about an engine is asked of its class (the
+adds a class at run time (a decorator). The registry is a :class:`bench.core.plugins.Registry`.
+Every question about an engine is asked of its class (the
 capabilities of :class:`bench.engines.base.Engine`), never of its name. The public names are re-exported by
 :mod:`bench.engines` (``bench.engines.register``, ``bench.engines.engine_names`` ...).
 """
@@ -12,12 +13,11 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
-from bench.core.plugins import load
+from bench.core.plugins import Registry
 
 GROUP = "grpo_bench.engines"
-_ENGINES: dict[str, type] = {}
-_order: list[str] = []  # names found through entry points, in entry-point order
-_loaded = False
+#: the engines by name (classes, not instances), on :class:`bench.core.plugins.Registry`
+ENGINES: Registry[type] = Registry(GROUP, "engine", lambda cls: getattr(cls, "name", None), instantiate=False)
 E = TypeVar("E", bound=type)
 
 
@@ -27,41 +27,18 @@ def register(cls: E) -> E:
     Raises:
         ValueError: ``cls`` has no string ``name``, or another class already holds that name.
     """
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"engine class {cls.__name__} has no name")
-    held = _ENGINES.get(name)
-    if held is not None and held.__qualname__ != cls.__qualname__:
-        raise ValueError(f"engine name {name!r} is already registered by {held.__module__}.{held.__qualname__}")
-    _ENGINES[name] = cls
-    return cls
+    return ENGINES.register(cls)
 
 
 def unregister(name: str) -> None:
     """Remove the engine called ``name`` (tests that register a toy engine undo it with this)."""
-    _ENGINES.pop(name, None)
-
-
-def _load_builtin() -> None:
-    global _loaded
-    if _loaded:
-        return
-    _loaded = True  # before loading: an engine module may look the registry up while it is imported
-    for _name, cls in load(GROUP):
-        register(cls)
-        if cls.name not in _order:
-            _order.append(cls.name)
+    ENGINES.unregister(name)
 
 
 def engine_names() -> list[str]:
     """Names of the registered engines: those of entry points first (built-ins, then plugins), then those
     registered at run time (:func:`register`)."""
-    _load_builtin()
-
-    def rank(name: str) -> int:
-        return _order.index(name) if name in _order else len(_order)
-
-    return sorted(_ENGINES, key=rank)  # stable: registered order within each rank
+    return ENGINES.names()
 
 
 def engine_class(name: str) -> type:
@@ -70,8 +47,7 @@ def engine_class(name: str) -> type:
     Raises:
         KeyError: unknown engine name (the matrix schema already refuses it, naming the allowed ones).
     """
-    _load_builtin()
-    return _ENGINES[name]
+    return ENGINES.get(name)
 
 
 def get_engine(name: str) -> Any:
@@ -86,12 +62,12 @@ def get_engine(name: str) -> Any:
 
 def engines_with(capability: str) -> list[str]:
     """Names of the registered engines whose class attribute ``capability`` is true (e.g. ``supports_smoke``)."""
-    return [n for n in engine_names() if getattr(_ENGINES[n], capability, False)]
+    return [n for n, cls in ENGINES.items().items() if getattr(cls, capability, False)]
 
 
 def engine_classes() -> list[type]:
     """The registered engine classes, in :func:`engine_names` order."""
-    return [_ENGINES[n] for n in engine_names()]
+    return list(ENGINES.items().values())
 
 
 def default_engine() -> str:

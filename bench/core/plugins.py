@@ -7,6 +7,9 @@ Groups (``[project.entry-points."<group>"]`` of a ``pyproject.toml``), each entr
 * ``grpo_bench.optimizations``: an :class:`bench.spec.optimizations.Optimization`;
 * ``grpo_bench.stat_tests``: a two-sample test (:class:`bench.analyze.stat_tests.StatTest` subclass or instance).
 
+Each registry is one :class:`Registry`: entry points loaded on the first lookup, run-time registrations after
+them, one duplicate policy (:func:`same_extension`) and one live view.
+
 The harness's own entries come from the ``pyproject.toml`` beside the ``bench`` package when the harness runs
 from a source tree (so a checkout, or a copy of it, sees exactly its own registration lines whatever copy is
 pip-installed; Python >= 3.11, whose ``tomllib`` reads it), else from its installed distribution's
@@ -22,9 +25,11 @@ import re
 import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Generic, TypeVar
 
 from bench.core.errors import BenchError
+
+T = TypeVar("T")
 
 #: this project's distribution name (its own entries are read from the source tree when there is one)
 DIST = "grpo-ablation-bench"
@@ -87,13 +92,118 @@ def instance(obj: Any) -> Any:
     return obj() if isinstance(obj, type) else obj
 
 
-def fill(group: str, early: list[Any], put: Callable[[Any], Any]) -> None:
-    """Fill a registry of instances: ``put`` each object of ``group``'s entry points (built-ins, then plugins,
-    classes instantiated), then each of ``early`` (those registered at run time before the first lookup)."""
-    for _name, obj in load(group):
-        put(instance(obj))
-    for item in early:
-        put(item)
+def _origin(obj: Any) -> tuple[str, str]:
+    cls = obj if isinstance(obj, type) else type(obj)
+    return cls.__module__, cls.__qualname__
+
+
+def same_extension(held: Any, new: Any) -> bool:
+    """The one duplicate policy of every registry: whether ``new`` may take the name ``held`` has.
+
+    True for the same object; for classes, the same module and qualified name (a module imported twice, a
+    reload); for value objects (a type defining ``__eq__``: pydantic models, dataclasses), equal values; for
+    other instances, the same class. Anything else under a taken name is a clash (:meth:`Registry.register`
+    raises)."""
+    if held is new:
+        return True
+    if isinstance(held, type) or isinstance(new, type):
+        return isinstance(held, type) and isinstance(new, type) and _origin(held) == _origin(new)
+    if type(new).__eq__ is not object.__eq__:
+        return bool(held == new)
+    return _origin(held) == _origin(new)
+
+
+class Registry(Generic[T]):
+    """One registry of extensions (engines, readers, optimizations, statistical tests): name -> object.
+
+    Order: the entry points of ``group`` (:func:`entry_points`: built-ins first, then plugins), loaded on the
+    first lookup so importing a registry costs nothing, then :meth:`register` calls in call order (those made
+    before the first lookup included). Registering a name again with the same extension
+    (:func:`same_extension`) replaces it in place; another extension under a taken name raises.
+
+    Args:
+        group: the entry-point group, e.g. ``grpo_bench.engines``.
+        kind: what an entry is called in messages (``engine``, ``reader``, ``optimization``, ``test``).
+        name_of: the registry key of an object (its ``name`` or ``key`` attribute).
+        instantiate: an entry point naming a class registers an instance of it (readers, tests); False keeps
+            classes (engines).
+        check: called with each object before it is registered; raises ``ValueError`` for a wrong kind.
+    """
+
+    def __init__(self, group: str, kind: str, name_of: Callable[[T], Any], *, instantiate: bool = True,
+                 check: Callable[[Any], None] | None = None) -> None:
+        self.group, self.kind, self._name_of, self._instantiate, self._check = group, kind, name_of, instantiate, check
+        self._items: dict[str, T] = {}
+        self._loaded = False
+
+    def _name(self, obj: Any) -> str:
+        name = self._name_of(obj)
+        if not isinstance(name, str) or not name:
+            label = obj.__name__ if isinstance(obj, type) else type(obj).__name__
+            raise ValueError(f"{self.kind} {label} has no name")
+        return name
+
+    def _put(self, obj: T) -> T:
+        if self._check is not None:
+            self._check(obj)
+        name = self._name(obj)
+        held = self._items.get(name)
+        if held is not None and not same_extension(held, obj):
+            mod, qual = _origin(held)
+            if _origin(obj) == (mod, qual):  # a value object of the same class with other values
+                raise ValueError(f"{self.kind} name {name!r} is already registered with other values")
+            raise ValueError(f"{self.kind} name {name!r} is already registered by {mod}.{qual}")
+        self._items[name] = obj  # a dict keeps the place of a replaced key
+        return obj
+
+    def items(self) -> dict[str, T]:
+        """The registry itself, name -> object, in registry order (loads the entry points on the first call).
+        Read it, do not change it.
+
+        Raises:
+            BenchError: an entry point that cannot be loaded, is of the wrong kind or clashes with another.
+        """
+        if not self._loaded:
+            self._loaded = True  # before loading: an entry point's module may look the registry up
+            early = list(self._items.values())
+            self._items.clear()
+            for name, obj in load(self.group):
+                try:
+                    self._put(instance(obj) if self._instantiate else obj)
+                except ValueError as exc:
+                    raise BenchError(f"entry point {self.group}: {name}: {exc}") from None
+            for obj in early:
+                self._put(obj)
+        return self._items
+
+    def names(self) -> list[str]:
+        """The registered names, in registry order."""
+        return list(self.items())
+
+    def get(self, name: str) -> T:
+        """The object registered as ``name``.
+
+        Raises:
+            KeyError: unknown name.
+        """
+        return self.items()[name]
+
+    def register(self, obj: T) -> T:
+        """Add ``obj`` under its name (returns it); seen by every later lookup, whenever it is called.
+
+        Raises:
+            ValueError: no name, the wrong kind, or the name is held by another extension.
+        """
+        self.items()
+        return self._put(obj)
+
+    def unregister(self, name: str) -> None:
+        """Remove ``name`` (tests undo a toy extension with it); an unknown name is ignored."""
+        self.items().pop(name, None)
+
+    def view(self, label: str) -> "LiveView":
+        """A live read-only mapping over this registry (:class:`LiveView`) shown as ``label``."""
+        return LiveView(self.items, label)
 
 
 class LiveView(Mapping[str, Any]):

@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bench.core.plugins import fill
+from bench.core.plugins import Registry
 
 GROUP = "grpo_bench.readers"
 
@@ -129,47 +129,28 @@ class Reader:
         raise NotImplementedError
 
 
-_READERS: list[Reader] = []
-_loaded = False
+#: the readers by name, on :class:`bench.core.plugins.Registry` (entry-point classes are instantiated)
+REGISTRY: Registry[Reader] = Registry(GROUP, "reader", lambda r: r.name)
 
 
 def readers() -> list[Reader]:
     """The readers, in the order :func:`bench.measure.collect` asks them (their warnings appear in this
     order): entry points first (built-ins, then plugins), then :func:`register_reader` calls."""
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        early = list(_READERS)
-        _READERS.clear()
-        fill(GROUP, early, _put)
-    return list(_READERS)
-
-
-def _put(reader: Reader) -> Reader:
-    if not reader.name:
-        raise ValueError(f"{type(reader).__name__} has no name")
-    for i, held in enumerate(_READERS):
-        if held.name == reader.name:
-            _READERS[i] = reader
-            return reader
-    _READERS.append(reader)
-    return reader
+    return list(REGISTRY.items().values())
 
 
 def register_reader(reader: Reader) -> Reader:
-    """Append ``reader`` to the readers (replacing one of the same name in place); returns it.
+    """Add ``reader`` after the others (a reader of the same class replaces its namesake in place); returns it.
 
     Raises:
-        ValueError: the reader has no name.
+        ValueError: the reader has no name, or another reader holds the name.
     """
-    readers()
-    return _put(reader)
+    return REGISTRY.register(reader)
 
 
 def unregister_reader(name: str) -> None:
     """Remove the reader called ``name`` (tests that register a toy format undo it with this)."""
-    readers()
-    _READERS[:] = [r for r in _READERS if r.name != name]
+    REGISTRY.unregister(name)
 
 
 class _ReadersView(Sequence[Reader]):

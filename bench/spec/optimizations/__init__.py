@@ -14,6 +14,7 @@ from bench.spec.optimizations.base import Conflict, Mechanism, Optimization, Req
 from bench.spec.optimizations.registry import (
     CONFLICTS,
     FACTOR_KEYS,
+    OPTIMIZATIONS,
     REGISTRY,
     applicability,
     article_factors,
@@ -31,7 +32,8 @@ from bench.spec.optimizations.registry import (
 )
 from bench.spec.optimizations.versions import stack_versions
 
-__all__ = ["CONFLICTS", "FACTOR_KEYS", "REGISTRY", "Conflict", "Mechanism", "Optimization", "Requirement",
+__all__ = ["CONFLICTS", "FACTOR_KEYS", "OPTIMIZATIONS", "REGISTRY", "Conflict", "Mechanism", "Optimization",
+           "Requirement",
            "applicability", "article_factors", "compact_label", "conflict_lifts", "conflicts_of", "evidence_check",
            "factor_keys", "not_read", "register_optimization", "registry", "resolve", "stack_versions",
            "switch_ranges", "unregister_optimization"]

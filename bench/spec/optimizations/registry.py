@@ -16,14 +16,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from bench.core.errors import BenchError
-from bench.core.plugins import LiveView, load
+from bench.core.plugins import Registry
 from bench.spec.optimizations.base import Conflict, Mechanism, Optimization
 from bench.spec.optimizations.versions import VERL, Bound, Lift, at_least, range_verdict, stack_versions
 
 GROUP = "grpo_bench.optimizations"
-_REGISTRY: dict[str, Optimization] = {}
-_loaded = False
 
 CONFLICTS: tuple[Conflict, ...] = (
     Conflict(
@@ -41,21 +38,15 @@ CONFLICTS: tuple[Conflict, ...] = (
 )
 
 
-def _load() -> dict[str, Optimization]:
-    global _loaded
-    if not _loaded:
-        _loaded = True  # before loading: an entry point's module may itself look the registry up
-        found = {}
-        for name, opt in load(GROUP):
-            if not isinstance(opt, Optimization):
-                raise BenchError(f"entry point {GROUP}: {name}: not an Optimization ({type(opt).__name__})")
-            found[opt.key] = opt
-        # registrations made before the first lookup come after the entry points
-        early = dict(_REGISTRY)
-        _REGISTRY.clear()
-        _REGISTRY.update(found)
-        _REGISTRY.update({k: v for k, v in early.items() if k not in found})
-    return _REGISTRY
+def _check(opt: object) -> None:
+    if not isinstance(opt, Optimization):
+        raise ValueError(f"not an Optimization ({type(opt).__name__})")
+
+
+#: the optimizations by key, on :class:`bench.core.plugins.Registry`
+OPTIMIZATIONS: Registry[Optimization] = Registry(GROUP, "optimization", lambda o: o.key, instantiate=False,
+                                                 check=_check)
+_load = OPTIMIZATIONS.items
 
 
 def registry() -> dict[str, Optimization]:
@@ -71,20 +62,18 @@ def factor_keys() -> tuple[str, ...]:
 
 def register_optimization(opt: Optimization) -> Optimization:
     """Add ``opt`` to the registry (returns it); seen by every later lookup whenever it is called. A plugin
-    package registers with an entry point instead (``CONTRIBUTING.md``).
+    package registers with an entry point instead (``CONTRIBUTING.md``). Registering an equal optimization
+    again changes nothing.
 
     Raises:
-        ValueError: the key is taken.
+        ValueError: not an :class:`Optimization`, or another optimization holds the key.
     """
-    if opt.key in _load():
-        raise ValueError(f"optimization {opt.key!r} is already registered")
-    _REGISTRY[opt.key] = opt
-    return opt
+    return OPTIMIZATIONS.register(opt)
 
 
 def unregister_optimization(key: str) -> None:
     """Remove the optimization ``key`` (tests undo a toy with it)."""
-    _load().pop(key, None)
+    OPTIMIZATIONS.unregister(key)
 
 
 class _KeysView(Sequence[str]):
@@ -106,7 +95,7 @@ class _KeysView(Sequence[str]):
         return repr(factor_keys())
 
 
-REGISTRY: Mapping[str, Optimization] = LiveView(_load, "REGISTRY")
+REGISTRY: Mapping[str, Optimization] = OPTIMIZATIONS.view("REGISTRY")
 FACTOR_KEYS: Sequence[str] = _KeysView()
 
 
