@@ -58,11 +58,11 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.analyze.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD  # noqa: E402
-from bench.analyze.snapshot import snapshot  # noqa: E402
 from bench.core.files import read_json  # noqa: E402
 from bench.gate.verdicts import compare_snapshots  # noqa: E402
+from bench.records.snapshot import snapshot  # noqa: E402
 from bench.records.speed import PROBE_METRIC  # noqa: E402
+from bench.stats.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD  # noqa: E402
 
 KINDS = ("identical", "delay5", "delay10")
 #: bootstrap resamples per gate here (the CLI uses 2000; 400 keeps thousands of simulated gates fast)
@@ -434,7 +434,7 @@ def interleaved(args: argparse.Namespace) -> None:
     (:func:`slowdown_patch`), alternating, each a fresh gate sweep (``--force``) of ``--matrix`` against ``HEAD``
     of a clone; prints each gate's verdict, blocks, change, interval, noise, figure, wall time and CPU pressure
     over the gate, then the rates with Wilson intervals and the measured noise with the blocks
-    :func:`bench.analyze.power.blocks_needed` asks for. ``--until HH:MM`` (UTC) starts no gate after that time
+    :func:`bench.stats.power.blocks_needed` asks for. ``--until HH:MM`` (UTC) starts no gate after that time
     whose median wall time so far would end past it."""
     import datetime as dt
     import os
@@ -518,7 +518,7 @@ def _pct(v: float | None) -> str:
 
 
 def _summary_interleaved(done: list[dict], args: argparse.Namespace) -> None:
-    from bench.analyze.power import blocks_needed
+    from bench.stats.power import blocks_needed
 
     print("| try | start (UTC) | kind | verdict (exit) | blocks | change [RCI] | raw change | SD of block log ratio | "
           "gate can see | blocks needed | probe | CPU term | wall | CPU pressure (some, over the gate) |")
@@ -751,11 +751,11 @@ def sweep_to_sweep_cmd(args: argparse.Namespace) -> None:
     save --force`` keeps), the part of it that the runs' own spread explains, the sweep's own offset SD, and the
     smallest change a stored-baseline gate (:func:`bench.gate.stored_runs.compare_runs`) could then see with
     ``--runs`` runs per side."""
-    from bench.analyze.power import mde_from_se
-    from bench.analyze.snapshot import record_samples
     from bench.gate.baseline import history_entry, sweep_to_sweep
     from bench.gate.stored_runs import run_logs
     from bench.records.run_record import load_records
+    from bench.records.snapshot import record_samples
+    from bench.stats.power import mde_from_se
 
     tries = [json.loads(x) for x in (Path(args.from_dir) / "interleaved_tries.jsonl").read_text().splitlines()]
     history = []

@@ -156,7 +156,7 @@ def replay(settings, grid: dict, seeds: int, budget: int, target: float) -> dict
 
 def norm_value(rec: dict, key: str, ref: float | None) -> float | None:
     """A run's median step time, speed-normalized to probe time ``ref`` (as the tuner does), or raw without a probe."""
-    from bench.analyze.snapshot import record_samples
+    from bench.records.snapshot import record_samples
     from bench.records.speed import normalized_median
 
     if rec.get("status") != "ok":

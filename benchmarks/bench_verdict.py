@@ -479,11 +479,11 @@ def real_summary(sweep_dir: Path, threshold: float, alpha: float) -> str:
 
 def bracket_summary(sweep_dirs: list[Path]) -> str:
     """Whether the bracket probe tracks the run values of these sweeps (module text), as text lines."""
-    from bench.analyze.snapshot import record_samples
     from bench.core.metadata import steal_share
     from bench.gate.stored_runs import runs_probe_check
     from bench.records.figures import run_value
     from bench.records.run_record import load_records
+    from bench.records.snapshot import record_samples
 
     groups: dict[str, dict[str, list[tuple[float, ...]]]] = {}
     steps: list[tuple[list[float], list[float]]] = []  # per run: its timed steps' log times and log in-run probes
@@ -525,7 +525,7 @@ def bracket_summary(sweep_dirs: list[Path]) -> str:
 def driver_probes(rec: dict[str, Any]) -> list[float]:
     """The in-run probe of a verl run at each timed step (patches/bench_patches/verl_speed_probe.py:
     ``bench/speed_probe_s``, or ``bench/driver_probe_s`` in sweeps from before it was applied), aligned with
-    :func:`bench.analyze.snapshot.record_samples`'s step times; empty unless every timed step has one."""
+    :func:`bench.records.snapshot.record_samples`'s step times; empty unless every timed step has one."""
     from bench.records.speed import PROBE_METRIC
 
     by_step = {int(k): v for k, v in (rec.get("steps") or {}).items() if isinstance(v, dict)}

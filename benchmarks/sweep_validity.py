@@ -3,7 +3,7 @@
 Not a test. Two steps:
 
 * **record** (:func:`extract_runs`): the runs of finished real sweeps, read with the harness's own readers
-  (:func:`bench.records.results.load_records`, :func:`bench.analyze.snapshot.record_samples`,
+  (:func:`bench.records.results.load_records`, :func:`bench.records.snapshot.record_samples`,
   :func:`bench.planning.sequential.log_step_samples`), written as a small JSON fixture
   (``benchmarks/data/recorded_runs_<target>.json``): per run its cell and levels, block, order in the sweep,
   start and end (seconds from the sweep's first start), every step's time, the timed steps with their speed
@@ -19,7 +19,7 @@ Not a test. Two steps:
   (:func:`bench.planning.allocation.plan_allocation` on the model :func:`bench.planning.model.estimate_model`
   measures from the same recorded runs, then :class:`bench.planning.sequential.EffectsStopRule` look by look) and
   fixed designs of R blocks (the same rule at one look, and the report's fit
-  :func:`bench.analyze.effects.fit_effects` with its Holm-adjusted p values and 95 % intervals). A sweep's wall
+  :func:`bench.stats.effects.fit_effects` with its Holm-adjusted p values and 95 % intervals). A sweep's wall
   time = the recorded durations of its resampled runs + the recorded gap before the next run (harness) + the stop
   rule's own time at each look, measured here.
 """
@@ -59,10 +59,10 @@ def extract_runs(sweep_dirs: Sequence[Path], target: str) -> dict[str, Any]:
     """The fixture of the runs of ``sweep_dirs`` (finished sweeps of one matrix and target): a header (target,
     matrices, sweep ids, UTC date, commit, machine, mean load average) and one dict per run (module text); no
     path of this machine. Times in seconds, ``value_log`` = log of the run value (``None`` for a failed run)."""
-    from bench.analyze.snapshot import record_samples
     from bench.core.files import read_json
     from bench.planning.sequential import log_step_samples, probed
     from bench.records.results import SWEEP, load_records
+    from bench.records.snapshot import record_samples
 
     runs: list[dict[str, Any]] = []
     sweeps, loads = [], []
@@ -285,10 +285,10 @@ def sequential_sweep(recs: list[dict[str, Any]], per_block: int, max_looks: int,
 
 def fixed_sweep(recs: list[dict[str, Any]], threshold: float, alpha: float) -> dict[str, Any]:
     """A fixed design decided once at its end: the stop rule at one look (plain t interval at ``alpha / m``) and
-    the report's fit (:func:`bench.analyze.effects.fit_effects` as ``report`` calls it: block factor,
+    the report's fit (:func:`bench.stats.effects.fit_effects` as ``report`` calls it: block factor,
     interactions, Holm-adjusted p values, ``1 - alpha`` intervals). Returns wall seconds, the decisions and the
     report's terms (name, effect, ci_low, ci_high, significant)."""
-    from bench.analyze.effects import fit_effects
+    from bench.stats.effects import fit_effects
 
     look = EffectsStopRule(1, threshold=threshold, alpha=alpha).after_block(recs, 1)
     obs, y, blocks, nodes = sequential.run_observations(recs)

@@ -22,10 +22,10 @@ from typing import Any
 import numpy as np
 import yaml
 
-from bench.analyze.snapshot import levels_key
 from bench.core.process import ExecResult
 from bench.engines.embedded.speed_probe import spec as probe_kernel
 from bench.execution.executors import ResolvedLaunch
+from bench.records.snapshot import levels_key
 from bench.records.speed import PROBE_METRIC
 from bench.spec.plan import RunOrder
 
@@ -83,7 +83,7 @@ class DriftExecutor:
 
 def drift_snapshot(cells: list[dict[str, Any]], order: RunOrder, *, steps: int = 8, seed: int = 0,
                    **model: Any) -> dict[str, Any]:
-    """The snapshot (:func:`bench.analyze.snapshot.snapshot` shape) of a sweep of ``cells`` (cell id -> levels in
+    """The snapshot (:func:`bench.records.snapshot.snapshot` shape) of a sweep of ``cells`` (cell id -> levels in
     ``cells[i]['levels']``, ``cells[i]['cell_id']``) run in ``order`` on the drifting machine."""
     rng = np.random.default_rng(seed)
     by_id = {c["cell_id"]: c for c in cells}

@@ -7,6 +7,7 @@ are for annotations only and are skipped, but count for the cycle checks that sa
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -19,9 +20,9 @@ KNOWN_CYCLES: set[frozenset[str]] = set()
 #: modules that must not import from bench.engines or a command module (bench.cli, bench.commands.*); the packages
 #: of bench/ are also in an order without a cycle (:func:`test_no_package_cycle`, issue 31), which this list refines
 #: within bench.gate (whose modules below the interleaved gate import no engine)
-LOWER_LAYERS = ("bench.measure", "bench.analyze", "bench.planning", "bench.gate.verdicts", "bench.gate.runs",
-                "bench.gate.stored_runs", "bench.gate.markdown", "bench.gate.stored", "bench.gate.baseline",
-                "bench.records", "bench.spec.expect", "bench.core.metadata", "bench.tracking")
+LOWER_LAYERS = ("bench.measure", "bench.stats", "bench.report", "bench.planning", "bench.gate.verdicts",
+                "bench.gate.runs", "bench.gate.stored_runs", "bench.gate.markdown", "bench.gate.stored",
+                "bench.gate.baseline", "bench.records", "bench.spec.expect", "bench.core.metadata", "bench.tracking")
 #: execution (sweep loop, executors, runner, fork server, Ray): never imports a command
 EXECUTION = "bench.execution"
 #: what to run (matrix, plan, launch, ...): no command and nothing of ``bench.engines``; engines only through their
@@ -130,7 +131,7 @@ def test_graph_sees_imports():
     assert g.has_edge("bench.commands.run", "bench.engines.verl_cpu.smoke")
     assert g.has_edge("bench.spec.plan", "bench.core.engine_registry")  # the engine that builds each launch
     assert g.has_edge("bench.spec.matrix", "bench.core.engine_registry")  # the registry of engine names
-    assert g.has_edge("bench.tracking.records", "bench.analyze.tables")  # lazy: bench.analyze.tables loads scipy
+    assert g.has_edge("bench.tracking.records", "bench.report.tables")  # lazy: bench.report.tables loads scipy
     assert not g.has_edge("bench.core.engine_registry", "bench.engines.base")  # the registry knows no interface
 
 
@@ -196,10 +197,10 @@ def test_package_graph_sees_a_cycle():
 def test_new_layers_are_checked():
     """The packages of the layout exist and are covered by the layer rules above."""
     mods = _modules()
-    for pkg in ("bench.analyze", "bench.spec", "bench.measure", "bench.engines.verl", "bench.execution",
+    for pkg in ("bench.stats", "bench.report", "bench.spec", "bench.measure", "bench.engines.verl", "bench.execution",
                 "bench.commands", "bench.core", "bench.records", "bench.planning"):
         assert pkg in mods and any(m.startswith(pkg + ".") for m in mods), pkg
-    assert {"bench.analyze", "bench.measure", "bench.records", "bench.planning"} <= set(LOWER_LAYERS)
+    assert {"bench.stats", "bench.report", "bench.measure", "bench.records", "bench.planning"} <= set(LOWER_LAYERS)
 
 
 def test_every_bench_import_resolves():
@@ -411,3 +412,15 @@ def test_private_name_check_is_not_blind():
     bad = _private_cross_package_imports(src)
     assert bad == ["bench.gate.x:1: imports _tag from bench.tracking.naming",
                    "bench.gate.x:3: reads f._tmp of bench.core.files"]
+
+
+def test_contributing_lists_the_packages_in_their_order():
+    """CONTRIBUTING's "Where things live" names every package of ``bench/`` once, each importing only packages
+    listed above it (so the table a newcomer reads is the layout the code has)."""
+    text = (ROOT / "CONTRIBUTING.md").read_text()
+    listed = ["bench." + m for m in re.findall(r"^\| `(\w+)` \|", text.split("**Where things live.**")[1], re.M)]
+    packages = {".".join(m.split(".")[:2]) for m in _modules() if m.count(".") >= 2}
+    assert sorted(listed) == sorted(packages), (listed, packages)
+    pg, behind = package_graph(import_graph(typing_only=True))
+    upward = [(a, b, behind[(a, b)][:1]) for a, b in pg.edges() if listed.index(b) > listed.index(a)]
+    assert upward == [], upward

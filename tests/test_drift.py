@@ -4,7 +4,7 @@ effect in at least 95 % of 200 seeded sweeps; with ``--order sequential`` it doe
 blocked order can fail); a real 10 % effect under the same drift is recovered within its interval.
 
 The sweeps use the real plan of ``matrix/full.yaml`` (4 runs on the embedded engine, 3 repeats), the real
-run order (:func:`bench.spec.plan.run_order`) and the real report statistics (:func:`bench.analyze.tables.analyze`);
+run order (:func:`bench.spec.plan.run_order`) and the real report statistics (:func:`bench.report.tables.analyze`);
 only the runs come from the timing model of :mod:`drift_fake` (deterministic: every sweep is seeded).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from drift_fake import drift_snapshot
 
-from bench.analyze.tables import analyze
+from bench.report.tables import analyze
 from bench.spec.loading import load_matrix
 from bench.spec.plan import make_plan, run_order
 

@@ -46,8 +46,8 @@ RECIPES = [
      'toytrace = "bench.measure.toytrace:ToyTraceReader"'),
     ("optimization.py", "bench/spec/optimizations/toy_opt.py", "grpo_bench.optimizations",
      'toy_opt = "bench.spec.optimizations.toy_opt:OPTIMIZATION"'),
-    ("welch.py", "bench/analyze/toy_welch.py", "grpo_bench.stat_tests",
-     'toy_welch = "bench.analyze.toy_welch:ToyWelchTest"'),
+    ("welch.py", "bench/stats/toy_welch.py", "grpo_bench.stat_tests",
+     'toy_welch = "bench.stats.toy_welch:ToyWelchTest"'),
 ]
 NEW_CONFIG_FIELD = "    toy_field: int = 0  # a new run-config field (recipe test)\n"
 
@@ -212,13 +212,13 @@ def test_registering_after_import_is_seen_everywhere():
         from grpo_bench_toy.welch import ToyWelchTest
     finally:
         sys.path.remove(str(PLUGIN))
-    from bench.analyze import stat_tests as stats
     from bench.engines import engine_names, register, unregister
     from bench.measure import READERS, readers
     from bench.spec import optimizations
     from bench.spec.loading import load_matrix
     from bench.spec.optimizations import FACTOR_KEYS, factor_keys
     from bench.spec.plan import make_plan
+    from bench.stats import stat_tests as stats
 
     before = (engine_names(), [r.name for r in readers()], factor_keys(), list(stats.tests()))
     optimizations.register_optimization(OPTIMIZATION)

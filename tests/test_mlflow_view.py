@@ -62,8 +62,8 @@ def _records(sweep: Path) -> dict[tuple[str, int], dict]:
 
 
 def test_children_show_their_run_as_it_ran_and_the_numbers_of_the_summary(tmp_path, monkeypatch):
-    from bench.analyze.snapshot import record_samples
     from bench.records.figures import run_value
+    from bench.records.snapshot import record_samples
     from bench.tracking.records import run_start
     from bench.tracking.upload_queue import MLFLOW_MARK, sync_sweep
 

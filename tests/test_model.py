@@ -11,11 +11,11 @@ import pytest
 from _sweeps import EMBEDDED_CELLS, make_sweep
 from scipy import stats as sps
 
-from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
-from bench.analyze.snapshot import snapshot
 from bench.core.errors import BenchError
 from bench.gate.baseline import load_baseline
 from bench.records.figures import Snapshot, cell_stats, cell_value, run_value, speedup
+from bench.records.snapshot import snapshot
+from bench.stats.effects import cell_means_residual, fit_effects, run_contrast
 
 
 def test_run_value_cell_value_and_speedup():

@@ -193,11 +193,11 @@ def test_node_factor_keeps_a_faster_node_from_posing_as_an_effect(tmp_path):
     """Synthetic records: no factor has an effect, node F is 15 % faster than node S, and the runs with
     rmsnorm_fused on happened to land on F in seven of eight blocks. Without the node factor rmsnorm_fused looks
     like a significant speed-up; with it (the report's model) it is not, and the node is in the model."""
-    from bench.analyze.effects import fit_effects
-    from bench.analyze.snapshot import snapshot
-    from bench.analyze.tables import _log_runs, effects
     from bench.cli import main
     from bench.records.figures import Snapshot
+    from bench.records.snapshot import snapshot
+    from bench.report.tables import _log_runs, effects
+    from bench.stats.effects import fit_effects
 
     base = log_normal_times(sd=0.01, run_sd=0.01)
 

@@ -7,12 +7,12 @@ import importlib.metadata as md
 
 import pytest
 
-from bench.analyze import stat_tests
 from bench.core import engine_registry, plugins
 from bench.core.errors import BenchError
 from bench.core.plugins import Registry, same_extension
 from bench.measure import formats
 from bench.spec import optimizations
+from bench.stats import stat_tests
 
 
 class ToyEngine:
@@ -83,7 +83,12 @@ def test_public_lookups_read_the_registry():
     assert [r.name for r in formats.readers()] == formats.REGISTRY.names()
     assert list(optimizations.FACTOR_KEYS) == optimizations.OPTIMIZATIONS.names()
     assert list(stat_tests.TESTS) == stat_tests.REGISTRY.names()
-    assert len(optimizations.FACTOR_KEYS) == 7 and engine_registry.engine_names()[:2] == ["embedded", "verl"]
+    # and each starts with its entry points in their order (built-ins, then plugins: never a hard-coded count)
+    for reg, _, _ in KINDS.values():
+        loaded = [ep.load() for ep in plugins.entry_points(reg.group)]
+        held = list(reg.items().values())[:len(loaded)]
+        assert len(loaded) >= 2 and len(held) == len(loaded), reg.group
+        assert all(h is x or type(h) is x for h, x in zip(held, loaded)), reg.group
 
 
 def test_same_extension():

@@ -1,4 +1,4 @@
-"""bench.analyze (estimators, stat_tests, effects, power): the two-sample comparison, the verdict rule,
+"""bench.stats (estimators, stat_tests, effects, power): the two-sample comparison, the verdict rule,
 OLS effects, noise and MDE."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from bench.analyze.effects import fit_effects
-from bench.analyze.estimators import hl_shift, min_attainable_p, min_samples_for
-from bench.analyze.power import mde_from_se, noise_components
-from bench.analyze.stat_tests import compare, verdict
+from bench.stats.effects import fit_effects
+from bench.stats.estimators import hl_shift, min_attainable_p, min_samples_for
+from bench.stats.power import mde_from_se, noise_components
+from bench.stats.stat_tests import compare, verdict
 
 
 def test_hodges_lehmann_and_exact_p_limits():

@@ -117,8 +117,8 @@ def test_graph_mode_task_queue_2_follows_the_installed_verl(monkeypatch):
 def test_report_marks_mc2_not_read_instead_of_an_effect():
     from drift_fake import drift_snapshot
 
-    from bench.analyze.tables import analyze
     from bench.commands.report_markdown import render
+    from bench.report.tables import analyze
     from bench.spec.plan import run_order
 
     cells = [{"cell_id": f"c{m}{d}", "label": f"mc2={m} dbsz={d}", "all_off": not (m or d),

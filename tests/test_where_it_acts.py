@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from _sweeps import make_sweep
 
-from bench.analyze.where import cell_ops, factor_rows, fit_series, trace_diff, where_metrics
-from bench.analyze.where_md import fmt_ms, fmt_pct
 from bench.cli import main
 from bench.measure.op_categories import trace_categories
 from bench.measure.run_ops import OP_TIMES, ensure_op_times, run_op_times
+from bench.report.where import cell_ops, factor_rows, fit_series, trace_diff, where_metrics
+from bench.report.where_md import fmt_ms, fmt_pct
 
 FIX = Path(__file__).parent / "fixtures" / "measure"
 GPU = FIX / "gpu_nccl_overlap.pt.trace.json"
@@ -234,7 +234,7 @@ def test_markdown_report_json_and_mlflow_agree(tmp_path):
 def test_each_phase_keeps_its_own_rows_in_the_report():
     """Eight training categories that move by more than any rollout one: the report still shows the rollout's
     first rows (up to CATEGORIES_PER_FACTOR per group: the whole step, each phase), in the term's order."""
-    from bench.analyze.where import CATEGORIES_PER_FACTOR, shown_rows
+    from bench.report.where import CATEGORIES_PER_FACTOR, shown_rows
 
     def row(series, ms):
         return {"series": series, "change_ms": ms}
@@ -254,7 +254,7 @@ def test_a_category_fit_in_hundreds_of_ms_does_not_overflow():
     """The report's model fitted to milliseconds (a real verl:cpu run's categories reach a second per step): the
     log-scale relative change the fit also computes would overflow ``exp``; the fit still gives the ms effect and its
     interval (CI saw 'OverflowError: math range error' in `report`)."""
-    from bench.analyze.effects import fit_effects
+    from bench.stats.effects import fit_effects
 
     obs = [{"mrope_cache": lv} for _ in range(3) for lv in (0, 1)]
     y = [2100.0, 3000.0, 2080.0, 3020.0, 2110.0, 2990.0]

@@ -9,11 +9,11 @@ import json
 import sys
 import time
 
-from bench.analyze.snapshot import CONTENDED_PSI, cpu_pressure
 from bench.commands.base import Command
 from bench.core.errors import BenchError
 from bench.gate.baseline import baselines_dir, load_baseline, save
 from bench.records.results import check_baseline_slot
+from bench.records.snapshot import CONTENDED_PSI, cpu_pressure
 
 #: options only ``baseline save`` reads (argparse dest -> (option, value when not given))
 SAVE_ONLY = {"name": ("--name", None), "note": ("--note", ""), "force": ("--force", False), "alpha": ("--alpha", None)}

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.analyze.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD, N_BOOT
 from bench.commands.base import Command
 from bench.commands.run_planning import parse_duration
 from bench.core.errors import BenchError
@@ -19,6 +18,7 @@ from bench.gate.stored import run_gate
 from bench.gate.verdicts import CANNOT_JUDGE, EXIT_CANNOT_JUDGE, EXIT_CODES
 from bench.records.results import check_baseline_slot, check_output_folder, find_sweep
 from bench.spec.metrics import METRICS
+from bench.stats.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD, N_BOOT
 
 #: the files a gate writes into its output folder (``gate``, ``compare``)
 GATE_FILES = ("gate.md", "gate.json")
@@ -93,7 +93,7 @@ def add_comparison_arguments(p: argparse.ArgumentParser) -> None:
         "--test",
         default=None,
         metavar="NAME",
-        help="the two-sample test by name (bench.analyze.stat_tests.TESTS; a paired one only where the steps pair "
+        help="the two-sample test by name (bench.stats.stat_tests.TESTS; a paired one only where the steps pair "
         "up). Default: Mann-Whitney U, or Wilcoxon signed-rank where --pairing auto pairs the steps",
     )
     p.add_argument("--normalize", choices=("auto", "off"), default="auto",

@@ -15,7 +15,7 @@ under ``report/``, effect metrics, tag ``bench.report``):
   were independent samples; the time block (repeat ``k`` of a blocked sweep) is a fixed factor;
 * per cell: speedup vs the all-off cell (:func:`bench.records.figures.speedup` of the cells' geometric-mean run
   values, the same number as ``summary.md``) with a t interval and p value from the log run values and
-  the pooled residual SD of the cell-means model (:func:`bench.analyze.effects.run_contrast`) -> ``speedup.png``;
+  the pooled residual SD of the cell-means model (:func:`bench.stats.effects.run_contrast`) -> ``speedup.png``;
 * main effects and two-factor interactions: OLS (statsmodels) of the log run values, factors coded +-1
   (effect = 2 x coefficient; factors with more than two levels dummy-coded vs their first level), the
   block as a factor, residual degrees of freedom stated, Holm-adjusted p values deciding "significant";
@@ -30,7 +30,7 @@ under ``report/``, effect metrics, tag ``bench.report``):
   beside ours -> ``article.png``;
 * the minimal detectable effect given the measured noise (within-run and run-to-run), for a
   two-cell comparison, a main effect, and the gate against a baseline;
-* the matrix's ``expect`` claims, when it has some, judged on the runs (:func:`bench.analyze.tables.claims_on_runs`).
+* the matrix's ``expect`` claims, when it has some, judged on the runs (:func:`bench.report.tables.claims_on_runs`).
 """
 
 from __future__ import annotations
@@ -45,11 +45,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.analyze.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD, N_BOOT
-from bench.analyze.plots import plot_article, plot_effects, plot_long_tail, plot_phases, plot_speedup
-from bench.analyze.snapshot import snapshot
-from bench.analyze.tables import analyze, article_rows, claims_on_runs
-from bench.analyze.where import where_metrics, where_section
 from bench.commands.base import Command
 from bench.commands.report_markdown import render
 from bench.core.errors import BenchError
@@ -59,7 +54,12 @@ from bench.gate.verdicts import check_expectations, validate_expect
 from bench.planning.allocation import report_section
 from bench.planning.view import apply_to_report, view
 from bench.records.results import check_output_folder, find_sweep, load_records
+from bench.records.snapshot import snapshot
 from bench.records.speed import normalize_snapshot
+from bench.report.plots import plot_article, plot_effects, plot_long_tail, plot_phases, plot_speedup
+from bench.report.tables import analyze, article_rows, claims_on_runs
+from bench.report.where import where_metrics, where_section
+from bench.stats.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD, N_BOOT
 from bench.tracking import NOTE, REPORT_POINTER, Tracker, mlflow_key, note
 
 

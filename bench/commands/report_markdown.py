@@ -1,4 +1,4 @@
-"""``report.md``: the report's data (:func:`bench.analyze.tables.analyze` and :func:`bench.commands.report.build`)
+"""``report.md``: the report's data (:func:`bench.report.tables.analyze` and :func:`bench.commands.report.build`)
 rendered as markdown (:func:`render`)."""
 
 from __future__ import annotations
@@ -6,14 +6,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from bench.analyze.estimators import DEFAULT_ALPHA as GATE_ALPHA
-from bench.analyze.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
-from bench.analyze.md import ci_pct, table_head
-from bench.analyze.md import pct as _pct
-from bench.analyze.where_md import where_lines
 from bench.planning.allocation import report_lines
 from bench.planning.sequential import Decision
 from bench.planning.view import NOT_COVERED, SequentialView, summary_lines
+from bench.report.md import ci_pct, table_head
+from bench.report.md import pct as _pct
+from bench.report.where_md import where_lines
+from bench.stats.estimators import DEFAULT_ALPHA as GATE_ALPHA
+from bench.stats.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
 
 
 def _f(v: Any, fmt: str = ".3f") -> str:

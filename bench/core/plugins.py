@@ -5,7 +5,7 @@ Groups (``[project.entry-points."<group>"]`` of a ``pyproject.toml``), each entr
 * ``grpo_bench.engines``: an engine class (:class:`bench.engines.base.Engine`);
 * ``grpo_bench.readers``: a trace or metrics reader (:class:`bench.measure.formats.Reader` subclass or instance);
 * ``grpo_bench.optimizations``: an :class:`bench.spec.optimizations.Optimization`;
-* ``grpo_bench.stat_tests``: a two-sample test (:class:`bench.analyze.stat_tests.StatTest` subclass or instance).
+* ``grpo_bench.stat_tests``: a two-sample test (:class:`bench.stats.stat_tests.StatTest` subclass or instance).
 
 Each registry is one :class:`Registry`: entry points loaded on the first lookup, run-time registrations after
 them, one duplicate policy (:func:`same_extension`) and one live view.

@@ -15,7 +15,7 @@ to one node of the cluster:
   it. Cells rotate over the nodes from block to block (a Latin square when there are as many cells as
   nodes); the node of every run is recorded (:attr:`bench.core.process.ExecResult.node`, Ray's
   ``driver_node_id``) and enters the report's model as a blocking factor beside the time block
-  (:func:`bench.analyze.effects.fit_effects`), so a faster node cannot pose as an effect.
+  (:func:`bench.stats.effects.fit_effects`), so a faster node cannot pose as an effect.
 - **the harness stays sequential**: the node threads share one lock, let go only while a thread waits
   for its Ray job; skip checks, records, MLflow and the console run one thread at a time, as in a
   sequential sweep.

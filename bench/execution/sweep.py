@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.analyze.snapshot import snapshot
 from bench.core.errors import BenchError, DiskFullError, doing
 from bench.core.files import atomic_write_json, read_json
 from bench.execution.blocks import (
@@ -43,6 +42,7 @@ from bench.execution.runner import execute_spec
 from bench.records.record import is_finished
 from bench.records.results import SWEEP, ResultsDir, folder_size, free_bytes, is_no_space, run_dir
 from bench.records.run_record import corrupt_records
+from bench.records.snapshot import snapshot
 from bench.records.speed import normalize_snapshot
 from bench.records.summary import cell_rows, plan_summary, sweep_header, write_summary
 from bench.spec.matrix import Matrix, base_params

@@ -30,7 +30,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.analyze.snapshot import (
+from bench.core.errors import BenchError, did_you_mean
+from bench.core.files import atomic_write_json, read_json
+from bench.core.metadata import machine
+from bench.core.paths import check_folder
+from bench.records.results import find_sweep
+from bench.records.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
+from bench.records.snapshot import (
     FORMAT,
     FORMAT_VERSION,
     check_complete,
@@ -38,12 +44,6 @@ from bench.analyze.snapshot import (
     check_snapshot,
     snapshot,
 )
-from bench.core.errors import BenchError, did_you_mean
-from bench.core.files import atomic_write_json, read_json
-from bench.core.metadata import machine
-from bench.core.paths import check_folder
-from bench.records.results import find_sweep
-from bench.records.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
 from bench.spec.loading import value_message
 from bench.spec.metrics import METRICS
 from bench.tracking import Tracker
@@ -183,7 +183,7 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
     snap = snapshot(sweep, results)
     check_complete(snap, f"{sweep}")
     if alpha is None:
-        from bench.analyze.estimators import DEFAULT_ALPHA as alpha  # deferred: bench.analyze.estimators loads scipy
+        from bench.stats.estimators import DEFAULT_ALPHA as alpha  # deferred: bench.stats.estimators loads scipy
     check_judgeable(snap, f"{sweep}", alpha)
     snap.update(name=name, created_at=time.time(), note=note, machine=machine())
     for c in snap["cells"]:

@@ -16,7 +16,7 @@ The comparison is run-level and paired by block (:func:`bench.gate.runs.paired_c
 (:class:`GateStopRule`, run by the sweep's block loop :func:`bench.execution.blocks.run_blocks`) compares what has run
 on the repeated confidence intervals of :func:`bench.planning.sequential.decide`, and the sweep stops as soon as
 every cell is pass or regression, else after the ``N`` blocks (the budget). Where it still cannot decide, each
-row says how many blocks would let it (:func:`bench.analyze.power.blocks_needed`).
+row says how many blocks would let it (:func:`bench.stats.power.blocks_needed`).
 """
 
 from __future__ import annotations

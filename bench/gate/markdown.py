@@ -6,11 +6,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from bench.analyze.md import ci_pct, table_head
-from bench.analyze.md import pct as _pct
-from bench.analyze.stat_tests import TESTS
 from bench.gate.verdicts import CANNOT_JUDGE
+from bench.report.md import ci_pct, table_head
+from bench.report.md import pct as _pct
 from bench.spec.metrics import METRICS
+from bench.stats.stat_tests import TESTS
 
 #: ``settings`` keys of a gate against a stored baseline or another sweep: runs as the unit (the default) ...
 STORED_METHOD = {"method": "runs",
@@ -18,7 +18,7 @@ STORED_METHOD = {"method": "runs",
                              "timed step",
                  "ci": "Welch t over runs (+ the stored baseline's measured sweep-offset variance), 1 - alpha/m "
                        "(Bonferroni over the gate's m rows and claims: settings.family)",
-                 "claims": "on runs, by the report's function (bench.analyze.tables.claims_on_runs): t interval on "
+                 "claims": "on runs, by the report's function (bench.report.tables.claims_on_runs): t interval on "
                            "the log run values at 1 - alpha/m; met inside the claim, not met outside, else cannot "
                            "judge",
                  "offset": "a step-time or throughput row is decided only when the baseline measured its "

@@ -36,12 +36,12 @@ at least :data:`FAILED_MIN_BLOCKS` blocks, in at least half of the blocks where 
 baseline never failed.
 
 Verdict per cell (:func:`judge_ratios`, at the cell's ``alpha / m``): **regression** only when the gate could
-see the limit (:func:`bench.analyze.power.gate_mde` <= ``max_mde``), the interval is above 0, the estimate is beyond
+see the limit (:func:`bench.stats.power.gate_mde` <= ``max_mde``), the interval is above 0, the estimate is beyond
 ``threshold`` and the robust check agrees (:func:`robust_check`: Hodges-Lehmann estimate beyond the threshold,
 one-sided Wilcoxon signed-rank p < the cell's alpha); **improvement** likewise the other way; **unchanged** when the
 gate could see ``max_mde`` and the interval's upper end is below it (so a real slowdown of that size passes with
 probability under ``alpha / 2``); else **noisy** ("cannot judge", with the blocks that would let it judge:
-:func:`bench.analyze.power.blocks_needed`). **The indifference zone** is ``(0, max_mde)``: a true change in it may be
+:func:`bench.stats.power.blocks_needed`). **The indifference zone** is ``(0, max_mde)``: a true change in it may be
 called either way (a true ``+threshold`` is a regression about half the time at large samples); the error rates
 promised are a false regression at a true change <= 0 (at most ``alpha`` per gate) and a pass at a true change >=
 ``max_mde`` (at most ``alpha / 2`` per cell); the operating characteristic in between is measured in docs/gate.md.
@@ -60,10 +60,10 @@ from typing import Any, Callable
 import numpy as np
 from scipy import stats as sps
 
-from bench.analyze.power import blocks_needed, gate_mde
 from bench.gate.side_by_side import run_cpu
 from bench.records.figures import run_value
 from bench.records.speed import PROBE_METRIC
+from bench.stats.power import blocks_needed, gate_mde
 
 #: one-sided level of the probe-tracking test (:func:`probe_check`, a description of the sweep)
 PROBE_ALPHA = 0.05
@@ -275,7 +275,7 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
     Returns:
         ``{"rows": [...], "probe", "analysis", "notes", "counts", "verdict", "exit_code"}``; each row has
         ``cell``, ``cell_id``, ``blocks``, ``change`` (fraction), ``ci_low``/``ci_high``, ``p_value``,
-        ``sd_pair`` (log), ``mde`` (:func:`bench.analyze.power.gate_mde`), ``blocks_needed``, ``alpha`` (the
+        ``sd_pair`` (log), ``mde`` (:func:`bench.stats.power.gate_mde`), ``blocks_needed``, ``alpha`` (the
         cell's), ``normalized`` (the probe fitted), ``probe_slope``, ``verdict``, ``reason``; ``probe``:
         ``{"apply", "declared", "note", "check"}`` (``check``: :func:`probe_check`, a description only).
     """
@@ -352,7 +352,7 @@ def judge_ratios(d: Any, *, threshold: float, alpha: float, max_mde: float | Non
     """The gate's verdict on one cell from its block log ratios ``d`` (``log(v_cand / v_base)`` per block, a
     1-D array; module text). Returns the row fields: ``verdict`` (regression | improvement | unchanged | noisy),
     ``change``, ``ci_low``/``ci_high``, ``p_value``, ``sd_pair``, ``se``, ``df``, ``mde``
-    (:func:`bench.analyze.power.gate_mde`), ``blocks_needed``, ``robust`` (:func:`robust_check`, computed only
+    (:func:`bench.stats.power.gate_mde`), ``blocks_needed``, ``robust`` (:func:`robust_check`, computed only
     where the other rules call a change, else ``None``), ``reason``
     and, with ``decide`` and ``look``, the look's ``decision``. ``fitted``: terms besides the mean already removed
     from ``d`` (:func:`fit_intercept`: the probe covariate, the CPU term), each costing a degree of freedom;

@@ -10,10 +10,6 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from bench.analyze.estimators import N_BOOT
-from bench.analyze.snapshot import check_complete, snapshot
-from bench.analyze.stat_tests import TESTS, describe_tests
-from bench.analyze.tables import claims_on_runs
 from bench.core.errors import BenchError, did_you_mean
 from bench.core.files import atomic_write_json, atomic_write_text
 from bench.core.metadata import machine
@@ -35,8 +31,12 @@ from bench.gate.verdicts import (
     validate_expect,
 )
 from bench.records.results import find_sweep
+from bench.records.snapshot import check_complete, snapshot
 from bench.records.speed import normalize_snapshot
+from bench.report.tables import claims_on_runs
 from bench.spec.metrics import METRICS
+from bench.stats.estimators import N_BOOT
+from bench.stats.stat_tests import TESTS, describe_tests
 from bench.tracking import Tracker, mlflow_key
 
 
@@ -131,7 +131,7 @@ def judge_claims(snap: dict[str, Any], expects: list[Any], *, alpha: float, seed
     speed-normalized to the sweep's median probe where every run carries it
     (:func:`bench.records.speed.normalize_snapshot`, the report's rule, fixed by what the runs recorded, not by their
     values), the claims' cells found by
-    :func:`bench.gate.verdicts.check_expectations`, then :func:`bench.analyze.tables.claims_on_runs` (a t interval
+    :func:`bench.gate.verdicts.check_expectations`, then :func:`bench.report.tables.claims_on_runs` (a t interval
     on the log run values at ``1 - alpha``; "not met" only when it excludes the claim, "cannot judge" when it
     includes a bound). ``alpha``: the gate's per-test level (its family's ``alpha / m``). ``snap`` is not changed."""
     import copy

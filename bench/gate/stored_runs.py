@@ -31,11 +31,11 @@ sweep, or a sweep) a speed-scaled row is "cannot judge", whatever its within-swe
 (``judged_verdict`` keeps that). **Failed runs** are missing data (:func:`failed_runs`).
 
 Verdict rules as the interleaved gate's (:func:`bench.gate.runs.judge_ratios`, without its rank check):
-**regression** when the gate can see ``max_mde`` (:func:`bench.analyze.power.mde_from_se` on this ``se`` and
-``df``, the formula of :func:`bench.analyze.power.gate_mde`), the interval is above 0 and the estimate beyond the
+**regression** when the gate can see ``max_mde`` (:func:`bench.stats.power.mde_from_se` on this ``se`` and
+``df``, the formula of :func:`bench.stats.power.gate_mde`), the interval is above 0 and the estimate beyond the
 threshold; **improvement** likewise below; **unchanged** when it can see ``max_mde`` and the interval's upper end
 is below it; else **noisy** (cannot judge). A busy machine (CPU pressure recorded around either side's runs above
-:data:`bench.analyze.snapshot.CONTENDED_PSI`) shifts whole sweeps by tens of percent, which no within-sweep spread
+:data:`bench.records.snapshot.CONTENDED_PSI`) shifts whole sweeps by tens of percent, which no within-sweep spread
 shows: without a measured sweep-to-sweep figure the row is then "noisy" too.
 """
 
@@ -48,11 +48,11 @@ from typing import Any
 import numpy as np
 from scipy import stats as sps
 
-from bench.analyze.power import mde_from_se
 from bench.gate.runs import probe_check
 from bench.records.figures import run_value
 from bench.records.speed import SPEED_SCALED
 from bench.spec.metrics import METRICS
+from bench.stats.power import mde_from_se
 
 
 def run_logs(cell: dict[str, Any], metric: str, sign: float) -> tuple[list[float], list[float | None]]:
@@ -172,7 +172,7 @@ def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
 def runs_needed(sd_base: float, sd_cand: float, offset_var: float, *, alpha: float, threshold: float,
                 max_mde: float, limit: int = 1000) -> int | None:
     """Fewest runs per side with which :func:`compare_runs` would see ``max_mde`` at these run SDs (of log values)
-    and sweep offset variance (the figure of :func:`bench.analyze.power.mde_from_se`, Welch df taken as
+    and sweep offset variance (the figure of :func:`bench.stats.power.mde_from_se`, Welch df taken as
     ``2 n - 2``); ``None`` when not even ``limit`` runs would (the offset alone is too large). The figure falls as
     ``n`` grows (smaller ``se``, more df), so the first ``n`` is found by bisection (:func:`bisect.bisect_left`)."""
     def sees(n: int) -> bool:

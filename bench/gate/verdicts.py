@@ -14,10 +14,10 @@ Verdicts: **regression** when the gate can see ``--max-mde`` (default
 twice the threshold), the interval is above 0 and the change beyond ``--threshold`` (default 5 %);
 **improvement** likewise below; **unchanged** when it can see ``--max-mde`` and the interval's upper end is
 below it; else **noisy** ("cannot judge", exit 3), also whenever a side ran on a busy machine (CPU pressure
-above :data:`bench.analyze.snapshot.CONTENDED_PSI`) and the baseline has no measured sweep-to-sweep figure.
+above :data:`bench.records.snapshot.CONTENDED_PSI`) and the baseline has no measured sweep-to-sweep figure.
 
 ``--pairing auto`` or a named ``--test`` keep the older per-step comparison
-(:func:`bench.analyze.stat_tests.compare`: Hodges-Lehmann shift of the log step samples, Mann-Whitney U or,
+(:func:`bench.stats.stat_tests.compare`: Hodges-Lehmann shift of the log step samples, Mann-Whitney U or,
 paired step by step on equal work, Wilcoxon signed-rank; bootstrap interval over repeats; speed-normalized
 per step where both sides carry the probe; "noisy" when the spread would hide ``--max-mde``). Steps of one
 run are not independent samples, so its p-values are too small on a machine whose runs shift as a whole:
@@ -40,7 +40,7 @@ is tagged ``bench.gate.stored.<baseline>=<verdict>``.
 
 The matrix ``expect`` block (claims such as "dynamic_bsz lowers step time by at least 10 % vs the
 all-off cell") is checked within the candidate sweep on its runs, by the report's own function
-(:func:`check_expectations` finds the cells, :func:`bench.analyze.tables.claims_on_runs` judges them;
+(:func:`check_expectations` finds the cells, :func:`bench.report.tables.claims_on_runs` judges them;
 :func:`bench.gate.stored.judge_claims`): a claim whose interval excludes it is not met and exits 1. Without
 ``--baseline`` only the claims are checked.
 """
@@ -52,17 +52,17 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from bench.analyze.estimators import N_BOOT
-from bench.analyze.power import mde_from_se
-from bench.analyze.snapshot import CONTENDED_PSI, cpu_pressure, levels_key, pairable
-from bench.analyze.stat_tests import compare, verdict
 from bench.core.errors import BenchError
 from bench.gate.stored_runs import compare_runs, declared_probes, failed_runs, family_alpha, no_offset_reason
+from bench.records.snapshot import CONTENDED_PSI, cpu_pressure, levels_key, pairable
 from bench.records.speed import SPEED_SCALED, normalizable, normalized_pair
 from bench.spec.expect import Expect, ExpectBlock
 from bench.spec.loading import format_validation_error
 from bench.spec.metrics import METRICS
 from bench.spec.optimizations import REGISTRY, applicability
+from bench.stats.estimators import N_BOOT
+from bench.stats.power import mde_from_se
+from bench.stats.stat_tests import compare, verdict
 
 #: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
 CANNOT_JUDGE = "cannot judge"
@@ -128,7 +128,7 @@ def check_expectations(snap: dict[str, Any], expects: list[Expect], *, alpha: fl
                        seed: int = 0, pairing: bool = False, normalize: bool = True,
                        test: str | None = None) -> list[dict[str, Any]]:
     """Find the cells of each claim within one sweep snapshot and compare their pooled steps; one result dict per
-    claim. The gate and the report then judge each claim on its runs (:func:`bench.analyze.tables.claims_on_runs`,
+    claim. The gate and the report then judge each claim on its runs (:func:`bench.report.tables.claims_on_runs`,
     which replaces ``result``/``reason`` wherever a ``comparison`` was made); the step-level ``result`` here is
     never a verdict on its own.
 

@@ -6,7 +6,7 @@ run to run, step index shared by the runs, run x step interaction, block; costs 
 
 Plan (:func:`plan_allocation`): for ``n`` timed steps and ``R`` repeats (= blocks) of the plan's cells,
 the standard error of each main effect is ``sqrt(V(n)) * m * sqrt([(X'X)^-1]_jj)`` for the design
-matrix ``X`` of the run-level model (:func:`bench.analyze.effects.fit_effects`: intercept, blocks,
+matrix ``X`` of the run-level model (:func:`bench.stats.effects.fit_effects`: intercept, blocks,
 nodes with ``--parallel``, mains, interactions; ``m = 2`` for +-1 coded terms) and ``V(n)`` of
 :meth:`~bench.planning.model.NoiseCost.run_var`; the predicted precision is the half-width of
 the decision interval at the last planned look (:func:`bench.planning.sequential.critical_value`,
@@ -48,11 +48,11 @@ def design_factors(cells: Sequence[dict[str, Any]], factors: Sequence[str], repe
                    interactions: bool = True, slots: int = 1) -> tuple[dict[str, float], int]:
     """Per main-effect term, ``m sqrt([(X'X)^-1]_jj)`` (its standard error per unit run SD), and the residual
     degrees of freedom, for ``repeats`` blocks of ``cells`` (factor levels per cell, in the order of their cell
-    ids) in the run-level model of :func:`bench.analyze.effects.fit_effects`. With ``slots > 1`` (``--parallel``)
+    ids) in the run-level model of :func:`bench.stats.effects.fit_effects`. With ``slots > 1`` (``--parallel``)
     the cell of rank ``i`` runs on node ``(i + k) mod slots`` in block ``k``
     (:meth:`bench.execution.ray_parallel.RayNodesExecutor.assign`) and the node is a second blocking factor, as in the
     report's model. Terms that are not estimable are left out."""
-    from bench.analyze.effects import model_columns, nuisance_columns  # deferred: bench.analyze.effects loads scipy
+    from bench.stats.effects import model_columns, nuisance_columns  # deferred: bench.stats.effects loads scipy
 
     obs = [{f: c.get(f) for f in factors} for _ in range(repeats) for c in cells]
     blocks = [k for k in range(repeats) for _ in cells]

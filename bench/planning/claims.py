@@ -4,8 +4,8 @@
 A step-time claim (:class:`bench.spec.expect.Expect`) compares two cells: the cell with only ``factor`` changed from
 the all-off cell against the all-off cell (``vs: all_off``; ``factor: all``: the all-on cell), or the all-on
 cell against the all-on cell with ``factor`` off (``vs: all_on``). Its difference of mean log run values and
-standard error come from the cell-means model with the block (:func:`bench.analyze.effects.cell_means_residual`,
-:func:`bench.analyze.effects.run_contrast`), its repeated interval from
+standard error come from the cell-means model with the block (:func:`bench.stats.effects.cell_means_residual`,
+:func:`bench.stats.effects.run_contrast`), its repeated interval from
 :func:`bench.planning.sequential.critical_value` (passed in by the stop rule). With the improvement
 ``1 - cell / reference``:
 
@@ -61,7 +61,7 @@ def claim_decisions(obs: Sequence[dict[str, Any]], y: Sequence[float], blocks: S
     ``met`` / ``not_met`` / ``undecided``, ``estimate``, ``se``, ``df``, ``lo``/``hi`` of the log ratio cell /
     reference, ``change*``); ``quantile(df)`` is the look's multiplier of the standard error
     (:func:`bench.planning.sequential.critical_value`); ``alpha`` is this claim's share (for the contrast)."""
-    from bench.analyze.effects import cell_means_residual, run_contrast  # deferred: bench.analyze.effects loads scipy
+    from bench.stats.effects import cell_means_residual, run_contrast  # deferred: bench.stats.effects loads scipy
 
     cells = _cells(obs, y, blocks)
     sd, df = cell_means_residual(list(cells.values()), blocked=len(set(blocks)) > 1) if cells else (None, 0)

@@ -34,7 +34,7 @@ decision of a sweep is wrong stays below ``alpha``.
 
 The sweep side: :class:`StopRule` (``after_block(records, look) -> Look``) is called by
 :mod:`bench.execution.sweep` after each complete block; :class:`EffectsStopRule` decides the main effects of
-the run-level model of :func:`bench.analyze.effects.fit_effects`.
+the run-level model of :func:`bench.stats.effects.fit_effects`.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from bench.analyze.effects import fit_effects
-from bench.analyze.snapshot import record_samples
 from bench.planning.boundaries import critical_value, obf_boundaries, obf_spending
 from bench.planning.claims import claim_decisions
+from bench.records.snapshot import record_samples
+from bench.stats.effects import fit_effects
 
 METHOD = ("repeated confidence intervals, Lan-DeMets O'Brien-Fleming alpha spending over the planned looks by the "
           "information reached, t boundaries calibrated for the degrees of freedom available (Jennison & Turnbull "
@@ -267,7 +267,7 @@ class EffectsStopRule:
     """Decide every main effect of the run-level model after each block; stop when all are decided or
     ``max_looks`` blocks ran.
 
-    The model is :func:`bench.analyze.effects.fit_effects` on the log run values with the block (and the
+    The model is :func:`bench.stats.effects.fit_effects` on the log run values with the block (and the
     Ray node, when the runs ran on several) as fixed factors and the two-factor interactions (as the report
     fits it); each main effect (each level
     of a factor with more than two levels) is decided by :func:`decide` at ``alpha / m`` for ``m``

@@ -115,7 +115,7 @@ def apply_to_report(data: dict[str, Any], v: SequentialView) -> None:
     p values (``p_value``, ``p_adjusted``, ``significant`` = ``None``); the other terms (interactions) keep their
     figures marked ``covered: False``; each step-time claim takes the look's result and interval;
     ``sequential_verdicts`` holds ``v`` (:meth:`SequentialView.to_dict`). Recompute the article rows from the terms
-    afterwards (:func:`bench.analyze.tables.article_rows`)."""
+    afterwards (:func:`bench.report.tables.article_rows`)."""
     got = v.by_name()
     for t in ((data.get("effects") or {}).get("fit") or {}).get("terms") or []:
         if t["name"] in got:

@@ -1,7 +1,7 @@
 """The typed result model shared by sweep, report, gate, baseline, speed normalization and tune.
 
 Data flows one way: a run's ``record.json`` (:mod:`bench.records.record`) -> a :class:`Snapshot` of the sweep
-(:func:`bench.analyze.snapshot.snapshot`; a baseline file is a saved snapshot) -> statistics. The pydantic models
+(:func:`bench.records.snapshot.snapshot`; a baseline file is a saved snapshot) -> statistics. The pydantic models
 below name and type what flows between those stages; every stage reads the snapshot through them.
 
 Each statistic is computed in exactly one function here, so that the console table, ``summary.md``,
@@ -101,7 +101,7 @@ class CellResult(BaseModel):
 
 
 class Snapshot(BaseModel):
-    """What the gate and the report read of a sweep (:func:`bench.analyze.snapshot.snapshot`); a baseline file
+    """What the gate and the report read of a sweep (:func:`bench.records.snapshot.snapshot`); a baseline file
     (format ``grpo-bench-baseline``) is a saved snapshot plus ``name``, ``machine`` and ``created_at``."""
 
     model_config = ConfigDict(extra="allow")

@@ -59,7 +59,7 @@ def _reps(cell: dict[str, Any]) -> list[dict[str, Any]]:
 def normalizable(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: str) -> str | None:
     """None when ``metric`` of the two cells can be speed-normalized, else the reason it cannot.
 
-    Cells are snapshot cells (:func:`bench.analyze.snapshot.snapshot`): each ok repeat carries ``samples``
+    Cells are snapshot cells (:func:`bench.records.snapshot.snapshot`): each ok repeat carries ``samples``
     (with ``speed_probe`` aligned to ``step_time``/``throughput``) and ``probe_spec``.
     """
     if metric not in SPEED_SCALED:

@@ -22,7 +22,7 @@ def _levels_str(levels: dict[str, int | None]) -> dict[str, str]:
 
 
 def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
-    """One summary row per run spec of a sweep snapshot (:func:`bench.analyze.snapshot.snapshot`).
+    """One summary row per run spec of a sweep snapshot (:func:`bench.records.snapshot.snapshot`).
 
     When the snapshot was speed-normalized (:func:`bench.records.speed.normalize_snapshot`) every value is at
     the sweep's median machine speed; ``step_time_raw_s`` keeps the measured seconds. Values come from

@@ -2,7 +2,7 @@
 
 Typed here (not in the gate) so that loading a matrix validates its claims before anything runs;
 :func:`bench.gate.verdicts.check_expectations` finds the cells each claim compares and
-:func:`bench.analyze.tables.claims_on_runs` judges them on the runs (:func:`judge_claim`), for the report and
+:func:`bench.report.tables.claims_on_runs` judges them on the runs (:func:`judge_claim`), for the report and
 the gate alike.
 """
 

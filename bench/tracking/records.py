@@ -8,11 +8,11 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.analyze.snapshot import record_samples
 from bench.core.metadata import git_commit, versions
 from bench.measure.patch_reports import patch_evidence
 from bench.measure.top_ops import TOP_N, step_top_ops
 from bench.records.figures import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, run_value
+from bench.records.snapshot import record_samples
 from bench.records.summary import cell_rows
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, compact_label
 from bench.tracking.naming import mlflow_key
@@ -38,9 +38,9 @@ def _sig(value: Any, digits: int = CELLS_DIGITS) -> Any:
 
 def speedup_intervals(snap: dict[str, Any], alpha: float = CELLS_ALPHA) -> dict[str, list[float | None]]:
     """Cell id -> ``[low, high]`` of its speedup against the all-off cell at level ``1 - alpha``, as the report
-    computes it (:func:`bench.analyze.tables.cell_table`: t on the log run values with the pooled run-to-run
+    computes it (:func:`bench.report.tables.cell_table`: t on the log run values with the pooled run-to-run
     SD; ``[None, None]`` with one repeat or a failed cell)."""
-    from bench.analyze.tables import cell_table  # deferred: bench.analyze.tables loads scipy
+    from bench.report.tables import cell_table  # deferred: bench.report.tables loads scipy
 
     rows, _ = cell_table(snap, alpha)
     return {r["cell_id"]: list(r["speedup_ci"]) for r in rows}

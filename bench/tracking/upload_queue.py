@@ -22,12 +22,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.analyze.snapshot import snapshot
 from bench.core.errors import BenchError, doing
 from bench.core.files import atomic_write_json, atomic_write_text, read_json
 from bench.core.inputs import read_bytes
 from bench.records.results import SWEEP, check_sweep_meta, is_no_space, run_dir
 from bench.records.run_record import RecordError, corrupt_records, read_record
+from bench.records.snapshot import snapshot
 from bench.records.speed import normalize_snapshot
 from bench.spec.loading import value_message
 from bench.spec.matrix import Matrix, base_params

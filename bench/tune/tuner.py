@@ -8,13 +8,13 @@ import math
 from typing import Any, Callable
 
 import bench.tune.confirm as C
-from bench.analyze.snapshot import record_samples
 from bench.core.errors import BenchError
 from bench.core.files import atomic_write_json, read_json
 from bench.execution.executors import Executor, LocalExecutor
 from bench.execution.runner import execute_spec
 from bench.records.figures import run_value
 from bench.records.results import ResultsDir
+from bench.records.snapshot import record_samples
 from bench.records.speed import normalized_median, probe_spec
 from bench.tracking import Tracker
 from bench.tune.report import CONSTRAINT, best_trial, is_interrupted, write_outputs

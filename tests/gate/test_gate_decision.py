@@ -11,10 +11,10 @@ import math
 import numpy as np
 import pytest
 
-from bench.analyze.power import gate_mde
 from bench.gate.interleaved import GateStopRule
 from bench.gate.runs import judge_ratios, robust_check
 from bench.planning.sequential import decide
+from bench.stats.power import gate_mde
 
 ALPHA, THR = 0.01, 0.05
 

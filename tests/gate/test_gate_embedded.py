@@ -47,7 +47,7 @@ SIZE = {"repeats": 4, "timed_steps": 8}
 
 def recorded_pressure(results: Path, sweep: str) -> float:
     """Highest CPU pressure recorded around the runs of the baseline and of the candidate's latest sweep."""
-    from bench.analyze.snapshot import cpu_pressure, snapshot
+    from bench.records.snapshot import cpu_pressure, snapshot
 
     base = json.loads((results / "baselines" / "ci.json").read_text())
     vals = [cpu_pressure(base), cpu_pressure(snapshot(results / sweep / "latest"))]

@@ -1,5 +1,5 @@
 """The interleaved gate's order and its run-level, block-paired comparison (bench.gate.runs), the speed
-probe check and the one noise figure (bench.analyze.power.gate_mde). The end-to-end runs with two real code
+probe check and the one noise figure (bench.stats.power.gate_mde). The end-to-end runs with two real code
 versions are in tests/gate/test_gate_interleaved_e2e.py."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import math
 import numpy as np
 import pytest
 
-from bench.analyze.power import blocks_needed, gate_mde
 from bench.gate.runs import block_pairs, paired_comparison, probe_check
 from bench.records.results import run_dir
 from bench.records.speed import PROBE_METRIC
 from bench.spec.plan import RunSpec, interleaved_order
+from bench.stats.power import blocks_needed, gate_mde
 
 
 def _rec(cell: str, block: int, version: str, steps: list[float], probes: list[float] | None = None,

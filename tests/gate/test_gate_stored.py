@@ -135,8 +135,8 @@ def test_runs_needed_is_the_first_run_count_that_sees_max_mde(sd, offset_var, ma
     """The bisection finds the first n of the linear scan over 2..1000 (None when no n does: a large offset)."""
     import math
 
-    from bench.analyze.power import mde_from_se
     from bench.gate.stored_runs import runs_needed
+    from bench.stats.power import mde_from_se
 
     def sees(n):
         return mde_from_se(math.sqrt(2 * sd ** 2 / n + 2 * offset_var), alpha=0.05, threshold=0.05,

@@ -205,10 +205,10 @@ def test_saved_twice_the_gate_decides_and_records_what_it_declared(tmp_path):
 def test_the_report_judges_the_expect_block_as_one_family(tmp_path):
     """Two claims in the matrix's expect block: the report judges each at alpha / 2 (Bonferroni, m fixed by the
     matrix), so its intervals are those of ``claims_on_runs`` at alpha / 2, wider than at alpha; report.md says so."""
-    from bench.analyze.tables import claims_on_runs
     from bench.commands.report import build, write
     from bench.gate.verdicts import check_expectations, validate_expect
     from bench.records.speed import normalize_snapshot
+    from bench.report.tables import claims_on_runs
 
     expect = [{"factor": "dynamic_bsz", "at_least": 0.02}, {"factor": "dynamic_bsz", "at_most": 0.50}]
     sweep = make_sweep(tmp_path, "two", [{}, {"dynamic_bsz": 1}], repeats=3, steps=8, seed=4, expect=expect,
@@ -217,7 +217,7 @@ def test_the_report_judges_the_expect_block_as_one_family(tmp_path):
     fam = data["expectations_family"]
     assert (fam["m"], fam["per_claim_alpha"]) == (2, 0.025)
     assert [e["alpha"] for e in data["expectations"]] == [0.025, 0.025]
-    from bench.analyze.snapshot import snapshot
+    from bench.records.snapshot import snapshot
 
     snap = snapshot(sweep)
     normalize_snapshot(snap)

@@ -16,12 +16,12 @@ from _sweeps import EMBEDDED_CELLS, log_normal_times, make_sweep
 from drift_fake import DriftExecutor
 from test_run_order import small_full
 
-from bench.analyze.md import ci_pct
 from bench.cli import main
 from bench.core.files import atomic_write_json
 from bench.execution.blocks import run_blocks
 from bench.planning.sequential import Decision, EffectsStopRule
 from bench.records.results import SWEEP
+from bench.report.md import ci_pct
 from bench.spec.plan import run_order
 
 #: how the report labels a fixed-sample figure beside a sequential sweep's verdicts

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from _sweeps import EMBEDDED_CELLS, make_sweep
 
-from bench.analyze.snapshot import snapshot
 from bench.records.results import find_sweep, load_records
+from bench.records.snapshot import snapshot
 
 
 def test_make_sweep_writes_a_readable_sweep(tmp_path):

@@ -16,9 +16,9 @@ def test_tune_best_value_is_the_run_value_of_its_record(tmp_path):
     from test_tune import load, make, tune
     from test_tune_fake import FakeExecutor
 
-    from bench.analyze.snapshot import record_samples
     from bench.core.files import read_json
     from bench.records.figures import run_value
+    from bench.records.snapshot import record_samples
     from bench.records.speed import normalize
 
     uri = f"sqlite:///{(tmp_path / 'mlflow.db').as_posix()}"

@@ -116,7 +116,7 @@ def test_cli_real_trial_then_resume_with_one_more(tmp_path):
     import re
     import statistics
 
-    from bench.analyze.snapshot import record_samples
+    from bench.records.snapshot import record_samples
     from bench.tune.confirm import block_orders
 
     conf = json.loads((sdir / "best.json").read_text())["confirmation"]

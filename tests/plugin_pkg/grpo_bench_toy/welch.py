@@ -7,7 +7,7 @@ import math
 import numpy as np
 from scipy import stats as sps
 
-from bench.analyze.stat_tests import StatTest
+from bench.stats.stat_tests import StatTest
 
 
 class ToyWelchTest(StatTest):

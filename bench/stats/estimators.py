@@ -2,7 +2,7 @@
 
 Hodges-Lehmann shifts (two-sample and one-sample), Mann-Whitney U and Wilcoxon signed-rank p values,
 the smallest attainable exact p, and one bootstrap draw of samples grouped by repeat. The tests built
-on them are in :mod:`bench.analyze.stat_tests`.
+on them are in :mod:`bench.stats.stat_tests`.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.analyze.estimators import (
+from bench.core.plugins import Registry
+from bench.stats.estimators import (
     N_BOOT,
     boot_draw,
     hl_shift,
@@ -39,7 +40,6 @@ from bench.analyze.estimators import (
     walsh_hl,
     wilcoxon_p,
 )
-from bench.core.plugins import Registry
 
 
 @dataclass

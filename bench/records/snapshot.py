@@ -230,7 +230,7 @@ def check_judgeable(snap: dict[str, Any], what: str, alpha: float) -> None:
     A candidate run at the same settings has as many step-time samples per cell (``n``, all repeats
     pooled) as the baseline; the gate's default unpaired two-sided Mann-Whitney test on ``n`` + ``n``
     samples can reach ``p < alpha`` only when ``2 / C(2n, n) < alpha``
-    (:func:`bench.analyze.estimators.min_attainable_p`; 5 samples per side at alpha 0.01). Otherwise every gate
+    (:func:`bench.stats.estimators.min_attainable_p`; 5 samples per side at alpha 0.01). Otherwise every gate
     against this baseline would say "cannot judge".
 
     Raises:
@@ -238,7 +238,7 @@ def check_judgeable(snap: dict[str, Any], what: str, alpha: float) -> None:
             (``repeats`` or ``steps`` in the matrix).
     """
 
-    from bench.analyze.estimators import (  # deferred: bench.analyze.estimators loads scipy
+    from bench.stats.estimators import (  # deferred: bench.stats.estimators loads scipy
         min_attainable_p,
         min_samples_for,
     )

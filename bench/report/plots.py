@@ -1,6 +1,6 @@
 """The report's PNG plots (matplotlib, Agg backend): speedup, effects, phases, long tail, article gains.
 
-Each ``plot_*`` function draws from the report's data (:func:`bench.analyze.tables.analyze`) into one file.
+Each ``plot_*`` function draws from the report's data (:func:`bench.report.tables.analyze`) into one file.
 """
 
 from __future__ import annotations

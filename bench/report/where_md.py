@@ -1,12 +1,12 @@
 """``report.md``'s section "Where each optimization acts", rendered from the report's ``where`` section
-(:func:`bench.analyze.where.where_section`) through :func:`bench.analyze.where.where_metrics`, so the printed
+(:func:`bench.report.where.where_section`) through :func:`bench.report.where.where_metrics`, so the printed
 figures are the ones ``report.json`` and MLflow hold."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from bench.analyze.where import shown_rows, where_metrics
+from bench.report.where import shown_rows, where_metrics
 
 
 def fmt_ms(v: float | None) -> str:

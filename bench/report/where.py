@@ -4,8 +4,8 @@ trace diff between a factor's cell and the base cell.
 Per run (the unit of replication, as for the step time): its category times per profiled step
 (:func:`bench.measure.run_ops.ensure_op_times`, the run folder's ``op_times.json``), averaged over its
 profiled steps (ms per step; raw, not speed-normalized: the blocks absorb the sweep's drift as they do for the
-step time). Each category's run values go through the report's own fit (:func:`bench.analyze.effects.fit_effects`
-with the observations, blocks, nodes, interactions and level of :func:`bench.analyze.tables.effects`), on the
+step time). Each category's run values go through the report's own fit (:func:`bench.stats.effects.fit_effects`
+with the observations, blocks, nodes, interactions and level of :func:`bench.report.tables.effects`), on the
 millisecond scale (a category can be 0 in a cell, so not on the log scale): a main effect's ``effect`` is the
 change in ms per step from the low to the high level (``2 x coefficient``; a dummy-coded level: that level minus
 the first), with its t interval; the % is that change over the mean run value at the factor's first level (the
@@ -27,12 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from bench.analyze.effects import fit_effects
-from bench.analyze.tables import _ok_cells, _varied
 from bench.measure.op_categories import CATEGORIES
 from bench.measure.run_ops import ALL_PHASES, ensure_op_times
 from bench.records.figures import Snapshot, reference_cell
 from bench.records.run_record import load_records
+from bench.report.tables import _ok_cells, _varied
+from bench.stats.effects import fit_effects
 
 #: operators listed per trace diff
 DIFF_TOP_N = 8

@@ -17,7 +17,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy import stats as sps
 
-from bench.analyze.estimators import finite_array
+from bench.stats.estimators import finite_array
 
 
 def mde_from_se(se: float, *, alpha: float, power: float = 0.8, threshold: float = 0.0,

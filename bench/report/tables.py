@@ -1,7 +1,7 @@
 """The report's numbers of one sweep snapshot: per-cell table with speedups, effects, replication,
 article rows, minimal detectable effects and the ``expect`` claims judged on the runs (:func:`analyze`).
 
-Pure: no files, no MLflow; the markdown is :mod:`bench.commands.report_markdown`, the plots :mod:`bench.analyze.plots`,
+Pure: no files, no MLflow; the markdown is :mod:`bench.commands.report_markdown`, the plots :mod:`bench.report.plots`,
 the command ``report`` is :mod:`bench.commands.report`.
 """
 
@@ -12,16 +12,16 @@ from typing import Any
 
 import numpy as np
 
-from bench.analyze.effects import cell_means_residual, fit_effects, run_contrast
-from bench.analyze.estimators import DEFAULT_ALPHA as GATE_ALPHA
-from bench.analyze.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
-from bench.analyze.power import gate_mde, mde_from_se, noise_components
 from bench.core.errors import BenchError
 from bench.records.figures import CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
 from bench.spec.expect import judge_claim
 from bench.spec.metrics import METRICS
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys, not_read
 from bench.spec.optimizations.versions import stack_versions
+from bench.stats.effects import cell_means_residual, fit_effects, run_contrast
+from bench.stats.estimators import DEFAULT_ALPHA as GATE_ALPHA
+from bench.stats.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
+from bench.stats.power import gate_mde, mde_from_se, noise_components
 
 #: the article's end-to-end claim (summary)
 ARTICLE_E2E = 0.30
@@ -55,7 +55,7 @@ def replication(m: Snapshot) -> dict[str, Any]:
 
     ``sd``/``df``: residual SD of the log run value and its degrees of freedom in the cell-means model
     (with the time block when the sweep ran blocked, and the node when the runs ran on more than one node;
-    :func:`bench.analyze.effects.cell_means_residual`); ``nodes``: distinct nodes among the runs;
+    :func:`bench.stats.effects.cell_means_residual`); ``nodes``: distinct nodes among the runs;
     ``runs_per_cell``: the most ok runs of a cell; ``note`` when no run-to-run variance can be estimated.
     """
     logs = _log_runs(m)
@@ -79,7 +79,7 @@ def replication(m: Snapshot) -> dict[str, Any]:
 
 def cell_table(snap: dict[str, Any], alpha: float) -> tuple[list[dict[str, Any]], str | None]:
     """Per cell: values of :mod:`bench.records.figures` (step time, speedup vs the all-off cell, rollout share, Free
-    ratio, throughput), the speedup's interval and p value from the runs (:func:`bench.analyze.effects.run_contrast`
+    ratio, throughput), the speedup's interval and p value from the runs (:func:`bench.stats.effects.run_contrast`
     with the pooled residual SD of :func:`replication`), phases and long tail. Returns (rows, reference label).
 
     Phases: each phase's mean share of the timed steps (``other`` = the rest of the step) times the cell's
@@ -153,7 +153,7 @@ def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> di
     One observation per finished run: the log of its value (:func:`bench.records.figures.run_value`: median timed
     step, speed-normalized when the snapshot is); the time block (= repeat) is a fixed factor when the
     sweep ran blocked, and the node each run ran on when the runs ran on more than one node
-    (:func:`bench.analyze.effects.fit_effects`).
+    (:func:`bench.stats.effects.fit_effects`).
     """
     m = Snapshot.model_validate(snap)
     ok = _ok_cells(m)
@@ -265,7 +265,7 @@ def mde_section(snap: dict[str, Any], alpha: float, eff: dict[str, Any]) -> dict
 
     The noise of a run's value is the residual SD of the cell-means model of the log run values
     (:func:`replication`); without replicated runs it is estimated from the steps
-    (:func:`bench.analyze.power.noise_components`: ``sqrt(sd_run^2 + sd_step^2 / steps)``, run-to-run part unknown).
+    (:func:`bench.stats.power.noise_components`: ``sqrt(sd_run^2 + sd_step^2 / steps)``, run-to-run part unknown).
     """
     m = Snapshot.model_validate(snap)
     ok = _ok_cells(m)
@@ -296,7 +296,7 @@ def mde_section(snap: dict[str, Any], alpha: float, eff: dict[str, Any]) -> dict
 
 def claims_on_runs(snap: dict[str, Any], results: list[dict[str, Any]], alpha: float) -> list[dict[str, Any]]:
     """Judge the matrix ``expect`` claims on the runs: the cells each claim names (found by
-    :func:`bench.gate.verdicts.check_expectations`) are compared by :func:`bench.analyze.effects.run_contrast` of
+    :func:`bench.gate.verdicts.check_expectations`) are compared by :func:`bench.stats.effects.run_contrast` of
     their run values (log scale for step time and throughput, linear for ratios), as the cell table does; the
     step-level comparison is dropped. Decided on the ``1 - alpha`` interval (:func:`bench.spec.expect.judge_claim`:
     met inside the bounds, not met outside, else cannot judge); the gate judges its claims by this function
