@@ -46,18 +46,17 @@ def _check(opt: object) -> None:
 #: the optimizations by key, on :class:`bench.core.plugins.Registry`
 OPTIMIZATIONS: Registry[Optimization] = Registry(GROUP, "optimization", lambda o: o.key, instantiate=False,
                                                  check=_check)
-_load = OPTIMIZATIONS.items
 
 
 def registry() -> dict[str, Optimization]:
     """Every registered optimization by key, in order: entry points (built-ins first), then
     :func:`register_optimization` calls. The dict is the registry itself: read it, do not change it."""
-    return _load()
+    return OPTIMIZATIONS.items()
 
 
 def factor_keys() -> tuple[str, ...]:
     """The factor keys, in registry order (the column order of summaries and the order of a cell's levels)."""
-    return tuple(_load())
+    return tuple(OPTIMIZATIONS.items())
 
 
 def register_optimization(opt: Optimization) -> Optimization:
@@ -83,7 +82,7 @@ class _KeysView(Sequence[str]):
         return factor_keys()[i]
 
     def __len__(self) -> int:
-        return len(_load())
+        return len(OPTIMIZATIONS.items())
 
     def __eq__(self, other: object) -> bool:
         return tuple(self) == (tuple(other) if isinstance(other, (tuple, list, _KeysView)) else other)
