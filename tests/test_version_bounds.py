@@ -24,7 +24,7 @@ from bench.spec.optimizations import (
     resolve,
     switch_ranges,
 )
-from bench.spec.optimizations.versions import STACK_ENV, stack_versions
+from bench.spec.optimizations.versions import PACKAGES, STACK_ENV, stack_versions
 from bench.spec.plan import make_plan, merge_mechanisms
 
 REPO = Path(__file__).resolve().parent.parent
@@ -36,14 +36,89 @@ NOT_READ_TERMS = {"mc2", "dynamic_bsz:mc2"}
 
 def test_every_bound_names_its_source():
     ranges = [(k, t, r) for k, o in REGISTRY.items() for t, rs in o.switches.items() for r in rs]
-    assert {k for k, _, _ in ranges} >= {"mc2", "task_queue", "graph_mode", "dynamic_bsz", "forward_prefetch"}
+    assert {k for k, _, _ in ranges} >= {"mc2", "task_queue", "graph_mode", "dynamic_bsz", "forward_prefetch",
+                                         "rmsnorm_fused", "mrope_cache"}
+    unconfirmed = []
     for key, target, rng in ranges:
         assert rng.switch and rng.bounds(), (key, target)
         for b in rng.bounds():
             if b.version is None:
                 assert b.source.startswith("unconfirmed"), (key, target, b)
+                unconfirmed.append((key, target))
             else:
-                assert " PR " in f" {b.source}" or "tag v" in b.source, (key, target, b)
+                assert " PR " in f" {b.source}" or "tag v" in b.source or "docs:" in b.source, (key, target, b)
+        assert all(r.package in PACKAGES and r.at.version for r in rng.revisions), (key, target)
+    # the two bounds no source can give as one version, each with its written reason (issue 46)
+    assert sorted(set(unconfirmed)) == [("mrope_cache", "verl:cpu"), ("task_queue", "embedded:npu"),
+                                        ("task_queue", "verl:npu")]
+
+
+def _revision(key: str, target: str, pr: str):
+    (rng,) = REGISTRY[key].switches[target]
+    (rev,) = [r for r in rng.revisions if f"PR {pr}," in r.at.source or f"PR {pr} " in r.at.source]
+    return rev
+
+
+@pytest.mark.parametrize(("key", "target", "pr", "package", "version"), [
+    ("rmsnorm_fused", "verl:npu", "4186", "verl", "0.7.0"),
+    ("rmsnorm_fused", "verl:npu", "6244", "verl", "0.8.0"),
+    ("rmsnorm_fused", "verl:npu", "6777", "verl", "0.9.0"),
+    ("mc2", "verl:npu", "9064", "vllm_ascend", "0.20.2rc1"),
+    ("graph_mode", "verl:*", "9201", "vllm_ascend", "0.20.2rc1"),
+    ("graph_mode", "verl:*", "9572", "vllm_ascend", "0.21.0rc1"),
+    ("dynamic_bsz", "verl:*", "7272", "verl", "0.9.0"),
+    ("forward_prefetch", "verl:*", "6317", "verl", "0.8.0"),
+    ("task_queue", "verl:npu", "6562", "verl", "0.9.0"),
+])
+def test_revisions_inside_a_range_do_not_judge(key, target, pr, package, version):
+    """Each change inside a switch's range (issue 46's facts) carries its first release, and a stack at or past it
+    still reads the factor (the change does not decide whether the switch is read)."""
+    rev = _revision(key, target, pr)
+    assert (rev.package, rev.at.version) == (package, version) and f"tag v{version}" in rev.at.source
+    engine, platform = target.split(":")
+    platform = "npu" if platform == "*" else platform
+    stack = {package: version, "torch_npu": "2.8.0"}
+    assert not_read(key, engine, platform, stack) is None, (key, stack)
+
+
+def test_rmsnorm_fused_bounds():
+    (npu,) = switch_ranges("rmsnorm_fused", "verl", "npu")
+    assert (npu.package, npu.since.version, npu.until) == ("transformers", "4.57.0", None)
+    assert not_read("rmsnorm_fused", "verl", "npu", {"transformers": "4.56.2"}).startswith(
+        "rmsnorm_fused: not read by transformers 4.56.2 (patch qwen3vl_npu_fused (transformers' Qwen3-VL classes) "
+        "added in transformers v4.57.0")
+    # a verl after PR 6777 (fused RMSNorm on by default on an NPU) still has the off level: the patch undoes it
+    for stack in ({"transformers": "4.57.0", "verl": "0.9.1"}, {"transformers": "5.10.4", "verl": "0.9.0"}):
+        assert not_read("rmsnorm_fused", "verl", "npu", stack) is None, stack
+    (cuda,) = switch_ranges("rmsnorm_fused", "verl", "cuda")
+    assert (cuda.switch, cuda.since.version) == ("actor_rollout_ref.model.use_liger", "0.4.0")
+    assert "PR 1032" in cuda.since.source
+    assert "use_liger added in verl PR 1032" in not_read("rmsnorm_fused", "verl", "cuda", {"verl": "0.3.0.post1"})
+    assert not_read("rmsnorm_fused", "verl", "cuda", {"verl": "0.4.0"}) is None
+
+
+def test_mrope_cache_bounds():
+    (npu,) = switch_ranges("mrope_cache", "verl", "npu")
+    assert (npu.since.version, npu.until.version) == ("0.11.0rc1", "0.18.0")
+    assert "PR 3509" in npu.since.source and "PR 7762" in npu.until.source
+    assert "added in vllm-ascend PR 3509" in not_read("mrope_cache", "verl", "npu", {"vllm_ascend": "0.11.0rc0"})
+    # after vllm-ascend PR 4672 (v0.12.0rc1, the vision RoPE cache of vLLM PR 28798) the patch is still read
+    for read in ("0.11.0rc1", "0.11.0", "0.12.0rc1", "0.13.0", "0.18.0rc1"):
+        assert not_read("mrope_cache", "verl", "npu", {"vllm_ascend": read}) is None, read
+    for gone in ("0.18.0", "0.19.1rc1", "0.23.0", "0.25.1rc1"):
+        assert "removed in vllm-ascend PR 7762" in not_read("mrope_cache", "verl", "npu", {"vllm_ascend": gone})
+    (cpu,) = switch_ranges("mrope_cache", "verl", "cpu")
+    assert cpu.since.version is None and "fetch limit" in cpu.since.source
+    assert not_read("mrope_cache", "verl", "cpu", {"vllm": "0.12.0"}) is None  # unconfirmed: never judges
+
+
+def test_task_queue_level_2_bound_is_per_branch():
+    (rng,) = switch_ranges("task_queue", "verl", "npu")
+    assert rng.since.version is None and "v6.0.rc3" in rng.since.source and "2.1.0.post8" in rng.since.source
+    for tn in ("2.1.0.post6", "2.2.0.post2", "2.8.0"):
+        assert not_read("task_queue", "verl", "npu", {"torch_npu": tn}) is None, tn
+    (embedded,) = switch_ranges("task_queue", "embedded", "npu")
+    assert embedded.since == rng.since and embedded.revisions == ()  # verl's PR 6562 is no fact of the embedded engine
     lifts = [lift for c in CONFLICTS for lift in c.lifted]
     assert lifts and all("PR " in lift.since.source and lift.since.version for lift in lifts)
 
@@ -88,7 +163,7 @@ def test_dry_run_names_mc2_not_read_with_a_faked_vllm_ascend(monkeypatch):
     text = _dry_run_text(plan)
     assert "mc2: not read by vllm-ascend 0.25.1rc1 (VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE removed in vllm-ascend " \
            "PR 12119" in text
-    assert list(plan_json(plan)["not_read"]) == ["mc2"]
+    assert list(plan_json(plan)["not_read"]) == ["mc2", "mrope_cache"]  # mrope_cache: vllm-ascend PR 7762 (v0.18.0)
     monkeypatch.setenv(STACK_ENV, "vllm_ascend=0.11.0")
     plan = make_plan(load_matrix(NPU_MATRIX), strict=False)
     assert "not read by" not in _dry_run_text(plan) and plan_json(plan)["not_read"] == {}

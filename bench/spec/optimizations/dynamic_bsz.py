@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from bench.spec.optimizations.base import Mechanism as M
 from bench.spec.optimizations.base import Optimization
-from bench.spec.optimizations.versions import VERL, Bound, SwitchRange
+from bench.spec.optimizations.versions import VERL, Bound, Revision, SwitchRange
 
 _DYN_ON_OVERRIDES = (
     "actor_rollout_ref.actor.use_dynamic_bsz=true",
@@ -33,6 +33,12 @@ OPTIMIZATION = Optimization(
     evidence="micro-batches formed per pass and padded vs real tokens (perf/*micro_batches*)",
     evidence_checks={"verl:*": "bench.measure.verl_evidence:dynamic_bsz",
                      "embedded:*": "bench.engines.embedded.evidence:dynamic_bsz"},
-    switches={"verl:*": (SwitchRange(package=VERL, switch="actor_rollout_ref.actor.use_dynamic_bsz", since=Bound(
-        version="0.2", source="verl tag v0.2, the first tag whose trainer config has use_dynamic_bsz")),)},
+    switches={"verl:*": (SwitchRange(
+        package=VERL, switch="actor_rollout_ref.actor.use_dynamic_bsz",
+        since=Bound(version="0.2", source="verl tag v0.2, the first tag whose trainer config has use_dynamic_bsz"),
+        revisions=(Revision(package=VERL, at=Bound(version="0.9.0", source="verl PR 7272 (87c68d212), first in tag "
+                                                   "v0.9.0"),
+                            what="{actor,ref}.pad_to_length pads each packed micro-batch to a multiple of "
+                            "pad_to_length_bucket tokens; default false, and the levels leave it so"),),
+    ),)},
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from bench.spec.optimizations.base import Optimization, on_off
-from bench.spec.optimizations.versions import VERL, Bound, SwitchRange
+from bench.spec.optimizations.versions import VERL, Bound, Revision, SwitchRange
 
 OPTIMIZATION = Optimization(
     key="forward_prefetch", code="fwdpf", section="3.2.2", acts="training",
@@ -16,6 +16,9 @@ OPTIMIZATION = Optimization(
     switches={"verl:*": (SwitchRange(
         package=VERL, switch="actor_rollout_ref.{actor,ref}.fsdp_config.forward_prefetch",
         since=Bound(version="0.4.1", source="verl tag v0.4.1, the first tag whose trainer config has it"),
-        note="with strategy fsdp2 read from verl PR 6317 on (first in tag v0.8.0): see the verl engine's notes",
+        revisions=(Revision(package=VERL, at=Bound(version="0.8.0", source="verl PR 6317 (0f7d9aa33), first in tag "
+                                                   "v0.8.0"),
+                            what="read with strategy fsdp2 too (set_modules_to_forward_prefetch); before it FSDP2 "
+                            "ignores it: see the verl engine's notes"),),
     ),)},
 )

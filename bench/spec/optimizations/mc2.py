@@ -1,9 +1,14 @@
-"""``mc2`` (article 3.3.1): vLLM-Ascend's matmul + all-reduce fusion; an entry point of ``pyproject.toml``."""
+"""``mc2`` (article 3.3.1): vLLM-Ascend's matmul + all-reduce fusion; an entry point of ``pyproject.toml``.
+
+Sources (vllm-ascend snapshot to 2026-08, tags to v0.25.1rc1): PR 1926 (32a9c5f694, first in tag
+v0.10.0rc1), PR 9064 (958daf8320, first in tag v0.20.2rc1: ``additional_config.enable_matmul_allreduce``,
+the variable kept as a deprecated fallback), PR 12119 (2ee50f3847, first in tag v0.25.1rc1: both removed).
+"""
 
 from __future__ import annotations
 
 from bench.spec.optimizations.base import EMBEDDED_NO_VLLM, Optimization, Requirement, on_off
-from bench.spec.optimizations.versions import Bound, SwitchRange
+from bench.spec.optimizations.versions import Bound, Revision, SwitchRange
 
 _SWITCH = "VLLM_ASCEND_ENABLE_MATMUL_ALLREDUCE"
 
@@ -24,6 +29,9 @@ OPTIMIZATION = Optimization(
         package="vllm_ascend", switch=_SWITCH,
         since=Bound(version="0.10.0rc1", source="vllm-ascend PR 1926, first in tag v0.10.0rc1; absent in v0.9.2rc1"),
         until=Bound(version="0.25.1rc1", source="vllm-ascend PR 12119, first in tag v0.25.1rc1; still in v0.24.0rc1"),
-        note="from v0.20.2rc1 (vllm-ascend PR 9064) a deprecated fallback of additional_config.enable_matmul_allreduce",
+        revisions=(Revision(package="vllm_ascend", at=Bound(version="0.20.2rc1", source="vllm-ascend PR 9064, first "
+                                                             "in tag v0.20.2rc1"),
+                            what=f"{_SWITCH} becomes a deprecated fallback of "
+                            "additional_config.enable_matmul_allreduce (still read: the harness keeps setting it)"),),
     ),)},
 )

@@ -52,11 +52,28 @@ class Bound(BaseModel):
     source: str = Field(min_length=1)
 
 
+class Revision(BaseModel):
+    """A change inside a switch's range that does not decide whether the switch is read (a new default, a
+    rename kept as a fallback, a new code path the switch still governs): ``package`` from ``at`` on, ``what``.
+
+    Attributes:
+        package: the package that changed, as :data:`PACKAGES` names it (not necessarily the range's package).
+        at: the first release with the change, with its source (like any :class:`Bound`).
+        what: what changed, and what it means for the factor's levels.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    package: str
+    at: Bound
+    what: str = Field(min_length=1)
+
+
 class SwitchRange(BaseModel):
     """Where a factor's switch exists: package, the switch's name there, and the releases that read it.
 
     ``since`` is the first release that reads it, ``until`` the first release that no longer does (``None``:
-    no removal known). ``note`` says what changed inside the range (a rename, a deprecation).
+    no removal known). ``revisions`` are the changes inside the range, each with its own bound and source
+    (:class:`Revision`); ``note`` is prose. Only ``since`` and ``until`` judge (:func:`range_verdict`).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -64,11 +81,12 @@ class SwitchRange(BaseModel):
     switch: str
     since: Bound | None = None
     until: Bound | None = None
+    revisions: tuple[Revision, ...] = ()
     note: str = ""
 
     def bounds(self) -> list[Bound]:
-        """The bounds the range has (``since``, ``until``; absent ones left out)."""
-        return [b for b in (self.since, self.until) if b is not None]
+        """Every bound the range names: ``since``, ``until`` (absent ones left out), then each revision's."""
+        return [b for b in (self.since, self.until) if b is not None] + [r.at for r in self.revisions]
 
 
 class Lift(BaseModel):
