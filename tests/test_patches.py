@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from bench.measure.evidence import FinishedRun
+
 ROOT = Path(__file__).resolve().parent.parent
 PATCHES = ROOT / "patches"
 
@@ -170,7 +172,7 @@ def test_fused_forwards_match_eager(bench_patches, fake_npu, tmp_path, monkeypat
 
 
 FAKE_061_PATCHER = '''
-"""Like verl 0.6.x with PR 4186: replaces the Qwen3-VL forwards when imported."""
+"""Like verl 0.7.x (PR 4186, first in tag v0.7.0): replaces the Qwen3-VL forwards when imported."""
 from transformers.models.qwen3_vl import modeling_qwen3_vl
 def rms_norm_forward(self, x): raise RuntimeError("npu forward called")
 def silu_forward(self, x): raise RuntimeError("npu forward called")
@@ -185,7 +187,11 @@ def test_off_restores_eager_after_import_time_patch(bench_patches, tmp_path, mon
 
     eager = (m.Qwen3VLTextRMSNorm.forward, m.Qwen3VLTextMLP.forward, m.apply_rotary_pos_emb)
     report = bench_patches.activate("qwen3vl_npu_fused:off", str(tmp_path))  # no torch_npu needed
-    assert report.patches["qwen3vl_npu_fused"]["status"] == "armed"
+    # the modeling module is already imported here: the patch records the eager state it found
+    assert report.patches["qwen3vl_npu_fused"]["status"] == "applied"
+    assert report.patches["qwen3vl_npu_fused"]["actions"] == [
+        "transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLTextRMSNorm.forward: eager "
+        "(at import of transformers.models.qwen3_vl.modeling_qwen3_vl)"]
     (tmp_path / "fake_verl061_npu_patch.py").write_text(FAKE_061_PATCHER)
     monkeypatch.syspath_prepend(str(tmp_path))
     fused.watch_patcher("fake_verl061_npu_patch")
@@ -199,6 +205,60 @@ def test_off_restores_eager_after_import_time_patch(bench_patches, tmp_path, mon
     x = torch.randn(1, 3, 16)
     norm(x), mlp(x)  # the eager forwards run again
     sys.modules.pop("fake_verl061_npu_patch", None)
+
+
+FAKE_090_PATCHER = '''
+"""Like verl 0.9.x (PR 6777, first in tag v0.9.0): a per-model NPU_PATCHES table applied by apply_npu_patches."""
+def rms_norm_forward_npu(self, x): raise RuntimeError("npu forward called")
+def _patch_qwen3_vl():
+    from transformers.models.qwen3_vl import modeling_qwen3_vl
+    modeling_qwen3_vl.Qwen3VLTextRMSNorm.forward = rms_norm_forward_npu
+def _patch_qwen3():
+    from transformers.models.qwen3 import modeling_qwen3
+    modeling_qwen3.Qwen3RMSNorm.forward = rms_norm_forward_npu
+NPU_PATCHES = {"qwen3": _patch_qwen3, "qwen3_vl": _patch_qwen3_vl}
+def apply_npu_patches():
+    for fn in NPU_PATCHES.values():
+        fn()
+'''
+
+
+def test_off_after_verl_npu_patches_table_is_eager_in_the_evidence(bench_patches, tmp_path, monkeypatch):
+    """rmsnorm_fused=0 on a verl after PR 6777: the Qwen3-VL RMSNorm that verl fuses by default runs eager again,
+    only that model's (verl's patch of Qwen3 stays), and the evidence check reads the eager forward."""
+    import bench_patches.qwen3vl_npu_fused as fused
+    from transformers.models.qwen3 import modeling_qwen3
+    from transformers.models.qwen3_vl import modeling_qwen3_vl as m
+
+    from bench.measure.evidence import FinishedRun
+    from bench.spec.optimizations import evidence_check
+
+    eager, qwen3_eager = m.Qwen3VLTextRMSNorm.forward, modeling_qwen3.Qwen3RMSNorm.forward
+    report = bench_patches.activate("qwen3vl_npu_fused:off", str(tmp_path))
+    (tmp_path / "fake_verl090_npu_patch.py").write_text(FAKE_090_PATCHER)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    fused.watch_patcher("fake_verl090_npu_patch")
+    try:
+        importlib.import_module("fake_verl090_npu_patch").apply_npu_patches()  # what verl's FSDP engine calls
+        assert m.Qwen3VLTextRMSNorm.forward is eager
+        assert modeling_qwen3.Qwen3RMSNorm.forward.__module__ == "fake_verl090_npu_patch"  # not use_liger's all
+        actions = report.patches["qwen3vl_npu_fused"]["actions"]
+        assert "restored eager modeling_qwen3_vl.Qwen3VLTextRMSNorm.forward (was fake_verl090_npu_patch." \
+               "rms_norm_forward_npu; after verl NPU_PATCHES['qwen3_vl'])" in actions
+        assert actions[-1] == "transformers.models.qwen3_vl.modeling_qwen3_vl.Qwen3VLTextRMSNorm.forward: eager " \
+                              "(after fake_verl090_npu_patch.apply_npu_patches())"
+        check = evidence_check("rmsnorm_fused", "verl", "npu")
+        run = FinishedRun(tmp_path, "verl", "npu")
+        assert check(0, run) == ("confirmed", "qwen3vl_npu_fused:off: Qwen3-VL RMSNorm forward eager at the end in "
+                                 "1 of 1 training (actor/ref) process(es); verl's own NPU RMSNorm patch undone in 1")
+        # had verl's forward stayed (the patch not enforcing), the same check says so
+        m.Qwen3VLTextRMSNorm.forward = sys.modules["fake_verl090_npu_patch"].rms_norm_forward_npu
+        fused.record_state("test: verl's forward left in place")
+        verdict, detail = check(0, FinishedRun(tmp_path, "verl", "npu"))
+        assert verdict == "contradicted" and "ran other fake_verl090_npu_patch.rms_norm_forward_npu" in detail
+    finally:
+        modeling_qwen3.Qwen3RMSNorm.forward = qwen3_eager
+        sys.modules.pop("fake_verl090_npu_patch", None)
 
 
 def test_off_recovers_eager_when_replaced_before_activation(bench_patches, tmp_path):
@@ -241,6 +301,10 @@ def test_off_restores_eager_after_verl_apply_npu_patches(tmp_path):
     assert "restored eager modeling_qwen3_vl.Qwen3VLTextRMSNorm.forward (was verl.models.transformers.npu_patch." \
            "rms_norm_forward_npu; after verl NPU_PATCHES['qwen3_vl'])" in actions
     assert any("Qwen3VLTextMLP.forward (was verl.models.transformers.npu_patch.silu_forward_npu" in a for a in actions)
+    from bench.measure.verl_evidence import rmsnorm_fused  # the installed verl's NPU_PATCHES: eager in the evidence
+
+    assert rmsnorm_fused(0, FinishedRun(run_dir, "verl", "npu"))[0] == "confirmed"
+    assert rmsnorm_fused(1, FinishedRun(run_dir, "verl", "npu"))[0] == "missing"  # requested off, not on
 
 
 # ----------------------------------------------------------------------------- vllm_ascend_mrope_cache

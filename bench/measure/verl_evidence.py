@@ -122,13 +122,55 @@ def graph_mode(level: int, run: FinishedRun) -> tuple[str, str]:
     return verdict, f"verl config rollout.enforce_eager={eager} (vLLM's own config not recorded)"
 
 
+#: the text between a RMSNorm class and its state in ``qwen3vl_npu_fused``'s state actions
+#: (``transformers.models.<...>.Qwen3VLTextRMSNorm.forward: eager (after verl NPU_PATCHES['qwen3_vl'])``)
+RMS_STATE_SEP = ".forward: "
+
+
+def _last_rms_states(reports: list[dict], name: str) -> list[str]:
+    """Per process whose patch ``name`` recorded RMSNorm states, the last one (what that process ran last):
+    ``eager``, ``fused torch_npu.npu_rms_norm`` or ``other <qualname>``."""
+    out = []
+    for rep in reports:
+        actions = [str(a) for a in ((rep.get("patches") or {}).get(name) or {}).get("actions") or []]
+        states = [a.split(RMS_STATE_SEP, 1)[1].rsplit(" (", 1)[0] for a in actions
+                  if a.startswith("transformers.") and "RMSNorm" + RMS_STATE_SEP in a]
+        if states:
+            out.append(states[-1])
+    return out
+
+
+def _qwen3vl_rmsnorm(level: int, reports: list[dict]) -> tuple[str, str] | None:
+    """``qwen3vl_npu_fused``'s verdict from the RMSNorm state each training process ran last (``None``: the patch
+    recorded no state, e.g. a report from before states were recorded)."""
+    states = _last_rms_states(reports, "qwen3vl_npu_fused")
+    if not states:
+        return None
+    want = "fused" if level else "eager"
+    good = sum(st.startswith(want) for st in states)
+    undone = sum(any(str(a).startswith("restored eager") and "Qwen3VLTextRMSNorm" in str(a) for a in
+                     ((r.get("patches") or {}).get("qwen3vl_npu_fused") or {}).get("actions") or []) for r in reports)
+    other = sorted({st for st in states if not st.startswith(want)})
+    detail = (f"qwen3vl_npu_fused:{'on' if level else 'off'}: Qwen3-VL RMSNorm forward {want} at the end in {good} of "
+              f"{len(states)} training (actor/ref) process(es)")
+    if not level:
+        detail += f"; verl's own NPU RMSNorm patch undone in {undone}"
+    if other:
+        return "contradicted", f"{detail}; the others ran {', '.join(other)[:200]}"
+    return "confirmed", detail
+
+
 def rmsnorm_fused(level: int, run: FinishedRun) -> tuple[str, str]:
-    """The RMSNorm patch of the platform applied in the training processes (and vLLM's, where present)."""
+    """The RMSNorm patch of the platform applied in the training processes (and vLLM's, where present); for
+    ``qwen3vl_npu_fused`` (verl on an NPU), the RMSNorm forward each training process ran last, eager or fused,
+    however verl patched it (:func:`_qwen3vl_rmsnorm`)."""
     reports, cfg = run.reports, run.composed_config
     mode = "on" if level else "off"
     for name in ("cpu_rmsnorm", "qwen3vl_npu_fused"):
         if not any(f"{name}:{mode}" in (r.get("requested") or []) for r in reports):
             continue
+        if name == "qwen3vl_npu_fused" and (judged := _qwen3vl_rmsnorm(level, reports)) is not None:
+            return judged
         training = _applied(reports, name, mode, "transformers.")
         rollout = _applied(reports, name, mode, "vllm.")
         where = f"{name}:{mode} in {training} training process(es), {rollout} vLLM process(es)"

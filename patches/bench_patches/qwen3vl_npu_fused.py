@@ -7,10 +7,18 @@ Modes (``BENCH_PATCHES=qwen3vl_npu_fused:on`` / ``:off``):
   gate/up projections, ``apply_rotary_pos_emb`` -> ``torch_npu.npu_rotary_mul``; in the MoE variant
   (``qwen3_vl_moe``) the RMSNorm and the rotary. Refused (with the reason) when ``torch_npu`` is not
   installed. Tensors that are not on an NPU take the eager path.
-- ``off``: the eager forwards of transformers, *enforced*: verl applies its own NPU patch set (at
-  ``import verl`` in 0.6.x; from the FSDP engine's ``apply_npu_patches`` in newer releases, skipped only
-  when ``use_liger`` is set), so after each of verl's patch points the original forwards are put back,
-  and the report says what was restored.
+- ``off``: the eager forwards of transformers, *enforced*: verl applies its own NPU patch set to the
+  Qwen3-VL classes (at ``import verl`` in 0.7.x, verl PR 4186; from the FSDP engine's
+  ``apply_npu_fsdp_patches`` in 0.8.x, PR 6244, skipped only when ``use_liger`` is set, which skips every
+  model's NPU patch; from the per-model ``NPU_PATCHES['qwen3_vl']`` in 0.9.x, PR 6777), so after each of
+  verl's patch points the original forwards are put back, and the report says what was restored. Only
+  the Qwen3-VL targets below are touched: verl's NPU patches of other models stay.
+
+Evidence: besides each change, every process that imports a Qwen3-VL modeling module records the state of
+its RMSNorm forward at that import and after each of verl's patch points, as an action
+``transformers.models.<...>.Qwen3VLTextRMSNorm.forward: <state> (<when>)`` with state ``eager`` (transformers'
+own forward), ``fused torch_npu.npu_rms_norm`` (this patch's) or ``other <module.qualname>``; the last one is
+what the process ran (:func:`bench.measure.verl_evidence.rmsnorm_fused` reads it).
 
 The originals are captured the moment the modeling module is imported (before anything can replace
 them); if it was imported and replaced before this patch ran, a pristine copy of the module is executed
@@ -198,9 +206,39 @@ def enforce(reason: str) -> list[str]:
     return changes
 
 
+#: the text between a RMSNorm target and its state in a state action (``<module>.<Class>.forward: <state> (...)``)
+STATE_SEP = ".forward: "
+
+
+def rms_norm_state(module: ModuleType, owner: str) -> str:
+    """What ``owner.forward`` of ``module`` is now: ``eager`` (the captured transformers forward), ``fused
+    torch_npu.npu_rms_norm`` (this patch's) or ``other <module.qualname>`` (someone else's, e.g. verl's)."""
+    current = _get(module, owner, "forward")
+    if getattr(current, "__bench_patch__", None) == f"{NAME}:rms_norm":
+        return f"fused {_OPS['rms_norm']}"
+    if current is not None and current is _ORIGINALS.get((module.__name__, owner, "forward")):
+        return "eager"
+    return f"other {getattr(current, '__module__', '?')}.{getattr(current, '__qualname__', repr(current))}"
+
+
+def record_state(when: str) -> None:
+    """Record, for every loaded Qwen3-VL modeling module, what its RMSNorm forward is now (an action
+    ``<module>.<Class>.forward: <state> (<when>)``, see :func:`rms_norm_state`)."""
+    rec: PatchRecord | None = _STATE["record"]
+    if rec is None:
+        return
+    for mod_name, owner, _attr, kind in TARGETS:
+        module = sys.modules.get(mod_name)
+        if kind != "rms_norm" or module is None or owner is None or not hasattr(module, owner):
+            continue
+        rec.action(f"{mod_name}.{owner}{STATE_SEP}{rms_norm_state(module, owner)} ({when})")
+
+
 def _on_modeling_import(module: ModuleType) -> None:
     _capture(module)
-    enforce(f"at import of {module.__name__}")
+    when = f"at import of {module.__name__}"
+    enforce(when)
+    record_state(when)
 
 
 def _wrap_patcher_function(module: ModuleType, attr: str) -> None:
@@ -212,7 +250,9 @@ def _wrap_patcher_function(module: ModuleType, attr: str) -> None:
         try:
             return fn(*args, **kwargs)
         finally:
-            enforce(f"after {module.__name__}.{attr}()")
+            when = f"after {module.__name__}.{attr}()"
+            enforce(when)
+            record_state(when)
 
     wrapper.__bench_wrapped__ = True
     wrapper.__wrapped__ = fn
@@ -222,7 +262,9 @@ def _wrap_patcher_function(module: ModuleType, attr: str) -> None:
 
 def _on_patcher_import(module: ModuleType) -> None:
     """verl's NPU patch module: undo what its import did, and re-enforce after each of its patch calls."""
-    enforce(f"after import of {module.__name__}")
+    when = f"after import of {module.__name__}"
+    if enforce(when):
+        record_state(when)
     _wrap_patcher_function(module, "apply_npu_patches")
     table = getattr(module, "NPU_PATCHES", None)
     if isinstance(table, dict):
@@ -232,7 +274,9 @@ def _on_patcher_import(module: ModuleType) -> None:
                     try:
                         return _fn()
                     finally:
-                        enforce(f"after verl NPU_PATCHES[{_key!r}]")
+                        when = f"after verl NPU_PATCHES[{_key!r}]"
+                        enforce(when)
+                        record_state(when)
 
                 wrapped.__bench_wrapped__ = True
                 table[key] = wrapped
