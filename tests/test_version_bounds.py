@@ -30,8 +30,6 @@ from bench.spec.plan import make_plan, merge_mechanisms
 REPO = Path(__file__).resolve().parent.parent
 NPU_MATRIX = REPO / "matrix" / "qwen3vl8b_a2.yaml"
 GRAPH_TQ2 = {"graph_mode": 1, "task_queue": 2}
-#: the terms of a 2x2 sweep of mc2 and dynamic_bsz that involve mc2 (main effect, interaction)
-NOT_READ_TERMS = {"mc2", "dynamic_bsz:mc2"}
 
 
 def test_every_bound_names_its_source():
@@ -189,31 +187,58 @@ def test_graph_mode_task_queue_2_follows_the_installed_verl(monkeypatch):
     assert "VLLM_ASCEND_TASK_QUEUE_ENABLE" not in VerlEngine().build(base, mech, "npu", levels, strict=False).env
 
 
-def test_report_marks_mc2_not_read_instead_of_an_effect():
+@pytest.mark.parametrize(("factor", "stack", "read"), [
+    ("mc2", {"vllm_ascend": "0.25.1rc1"}, {"vllm_ascend": "0.11.0"}),
+    ("mrope_cache", {"vllm_ascend": "0.23.0"}, {"vllm_ascend": "0.13.0"}),  # vllm-ascend PR 7762 (v0.18.0)
+])
+def test_report_marks_a_factor_not_read_instead_of_an_effect(factor, stack, read):
     from drift_fake import drift_snapshot
 
     from bench.commands.report_markdown import render
     from bench.report.tables import analyze
     from bench.spec.plan import run_order
 
-    cells = [{"cell_id": f"c{m}{d}", "label": f"mc2={m} dbsz={d}", "all_off": not (m or d),
-              "levels": {"mc2": m, "dynamic_bsz": d}} for m in (0, 1) for d in (0, 1)]
+    cells = [{"cell_id": f"c{m}{d}", "label": f"{factor}={m} dbsz={d}", "all_off": not (m or d),
+              "levels": {factor: m, "dynamic_bsz": d}} for m in (0, 1) for d in (0, 1)]
     ids = [c["cell_id"] for c in cells]
-    snap = drift_snapshot(cells, run_order(ids, 2, "blocked", 5), seed=5, effects={"mc2": -0.1})
-    snap.update(engine="verl", platform="npu", versions={"vllm_ascend": "0.25.1rc1", "torch_npu": "2.8.0"})
+    snap = drift_snapshot(cells, run_order(ids, 2, "blocked", 5), seed=5, effects={factor: -0.1})
+    snap.update(engine="verl", platform="npu", versions={**stack, "torch_npu": "2.8.0"})
     data = analyze(snap, alpha=0.05)
     fit = data["effects"]["fit"]
-    assert "mc2" not in {t["name"] for t in fit["terms"]} and "dynamic_bsz" in {t["name"] for t in fit["terms"]}
-    assert {t["name"] for t in fit["not_read_terms"]} == NOT_READ_TERMS
-    row = next(r for r in data["article"] if r.get("factor") == "mc2")
-    assert row["ours_effect"] is None and row["ours_cell"] is None
-    assert "not read by vllm-ascend 0.25.1rc1" in row["note"]
+    assert factor not in {t["name"] for t in fit["terms"]} and "dynamic_bsz" in {t["name"] for t in fit["terms"]}
+    assert {t["name"] for t in fit["not_read_terms"]} == {factor, f"dynamic_bsz:{factor}"}
+    label = f"not read by vllm-ascend {stack['vllm_ascend']}"
+    if factor == "mc2":  # the factor with an article figure: its article row shows no effect either
+        row = next(r for r in data["article"] if r.get("factor") == "mc2")
+        assert row["ours_effect"] is None and row["ours_cell"] is None and label in row["note"]
     md = render({"alpha": 0.05, "speed_normalized_to_s": None, **data,
                  "sweep": {"matrix": "m", "sweep_id": "s", "sweep": "m/s", "engine": "verl", "platform": "npu",
                            "design": "full", "repeats": 2, "versions": snap["versions"]}})
-    assert "| mc2 | not read | not read |" in md
-    snap["versions"] = {"vllm_ascend": "0.11.0", "torch_npu": "2.8.0"}  # a stack that reads it: measured
-    assert "mc2" in {t["name"] for t in analyze(snap, alpha=0.05)["effects"]["fit"]["terms"]}
+    assert f"| {factor} | not read | not read |" in md and label in md
+    snap["versions"] = {**read, "torch_npu": "2.8.0"}  # a stack that reads it: measured
+    assert factor in {t["name"] for t in analyze(snap, alpha=0.05)["effects"]["fit"]["terms"]}
+
+
+def test_dry_run_cli_with_todays_faked_stack():
+    """``python run_bench.py <matrix> --dry-run`` with today's NPU stack faked (issue 46): mrope_cache is named not
+    read (vllm-ascend PR 7762), and rmsnorm_fused, whose off level verl 0.9.1 (PR 6777) makes the patch enforce,
+    is measured, its off cells launching qwen3vl_npu_fused:off."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, STACK_ENV: "verl=0.9.1,vllm_ascend=0.23.0,torch_npu=2.8.0,transformers=5.10.4"}
+    args = [sys.executable, str(REPO / "run_bench.py"), str(NPU_MATRIX), "--dry-run"]
+    doc = json.loads(subprocess.run([*args, "--json"], env=env, capture_output=True, text=True, check=True,
+                                    cwd=REPO, timeout=300).stdout)
+    assert list(doc["not_read"]) == ["mrope_cache"] and "vllm-ascend PR 7762" in doc["not_read"]["mrope_cache"]
+    rms = {r["levels"]["rmsnorm_fused"]: r["launch"]["patches"] for r in doc["runs"]}
+    assert "qwen3vl_npu_fused:off" in rms[0] and "qwen3vl_npu_fused:on" in rms[1]
+    text = subprocess.run(args, env=env, capture_output=True, text=True, check=True, cwd=REPO, timeout=300).stdout
+    flat = "".join(text.split())  # rich wraps the note at the terminal's width (80 columns without one)
+    assert "note:mrope_cache:notreadbyvllm-ascend0.23.0" in flat and "PR7762" in flat
+    assert "rmsnorm_fused:notread" not in flat and "alwayson" not in flat
 
 
 def test_preflight_refuses_an_mc2_sweep_the_stack_does_not_read(monkeypatch):
