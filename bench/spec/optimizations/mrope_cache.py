@@ -10,8 +10,9 @@ Sources of the bounds (issue 46), read in the stored snapshots:
   ``cos_sin_cache[positions]`` itself, in every layer, for the fused ``triton_split_qkv_rmsnorm_mrope``
   kernel and never calls ``forward_oot``, so neither level of the patch changes what runs: the factor is
   not read there (still so in tags v0.23.0 and v0.25.1rc1).
-- vLLM PR 28798 ("Use cos and sin cache in QwenVL", 2025-11-16) and vllm-ascend PR 4672 (fb15fec662, first
-  in tag v0.12.0rc1, which removed vllm-ascend's copy of it) are *not* bounds of this factor, though
+- vLLM PR 28798 ("Use cos and sin cache in QwenVL", 2025-11-16; in vLLM v0.12.0, the vLLM that vllm-ascend
+  PR 4672 was tested against: whether v0.11.1 has it could not be read) and vllm-ascend PR 4672
+  (fb15fec662, first in tag v0.12.0rc1, which removed vllm-ascend's copy of it) are *not* bounds of this factor, though
   issue 46 took them for "MRoPE cos/sin always on": PR 28798's description (issues corpus) exposes the
   1-D cos/sin table and indexes it for the *vision encoder's* 2-D RoPE instead of recomputing
   cos()/sin(), and PR 4672's diff deletes only vllm-ascend's Qwen2/2.5-VL vision-transformer classes.
