@@ -145,3 +145,33 @@ def test_history_bad_inputs(pool, box, capsys):  # noqa: F811 - the fixture
     out = capsys.readouterr().out
     assert "saves from 2 (matrix, machine, stack) groups, split into separate series" in out.splitlines()[0]
     assert out.count("14 saves, no change point") == 8 and "other (" in out  # at 0.01 / 8 a series needs 13
+
+
+def test_baseline_save_keeps_the_series_fields_and_reads_old_entries(pool, tmp_path):
+    """``baseline save --force`` onto a baseline with 24 saves keeps 25 (the sweep-to-sweep SD still over the last
+    20) and writes the new entry's commit, matrix, machine, stack and per-cell figures; an entry saved before them
+    (log step time only) is read as an unknown machine and stack, split from the others and said so."""
+    from _sweeps import EMBEDDED_CELLS, make_sweep
+
+    from bench.gate.baseline import save
+    from bench.gate.history import build_series
+
+    old = hfa.resampled_baseline(pool, np.random.default_rng(3), saves=24, runs=2)
+    old["history"][0] = {k: old["history"][0][k] for k in ("sweep", "created_at", "log_step_time",
+                                                           "log_step_time_normalized")}  # as saved before issue 44
+    _write(tmp_path, old, "mix")
+    make_sweep(tmp_path, "synth", EMBEDDED_CELLS[:2], repeats=2, seed=1)
+    _, snap, _ = save("synth", "mix", tmp_path, None, force=True)
+    hist = snap["history"]
+    assert len(hist) == 25 and snap["sweep_to_sweep"]["sweeps"] == 20
+    new = hist[-1]
+    assert new["matrix"] == "synth" and new["git_commit"] == snap["git_commit"]
+    assert new["machine"]["cpu_count"] == snap["machine"]["cpu_count"]
+    want = {k: v for k, v in snap["versions"].items() if k in ("verl", "torch", "transformers", "vllm")}
+    assert new["stack"] == (want or None)  # the sweep's recorded versions (until stacks name themselves)
+    fig = new["cells"][snap["cells"][0]["key"]]
+    assert fig["runs"] == 2 and math.log(fig["step_time_s"]) == pytest.approx(new["log_step_time"][
+        snap["cells"][0]["key"]])
+    series, note = build_series(snap, ["step_time"])
+    assert "saves from 3 (matrix, machine, stack) groups" in note and "an unknown machine" in note
+    assert sorted(len(s.values) for s in series) == [1] * 4 + [1] * 2 + [23] * 4  # old, the new sweep, resampled
