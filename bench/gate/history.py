@@ -35,8 +35,10 @@ from bench.core.errors import BenchError, did_you_mean
 #: metric -> (scale, unit of a shift): ``log`` (shift in %), ``share`` (shift in percentage points)
 METRICS: dict[str, str] = {"step_time": "log", "step_time_normalized": "log", "throughput": "log",
                            "rollout_share": "share", "free_ratio": "share"}
-#: the package versions that make a stack until a stack names itself (``stack`` a string)
-STACK_PACKAGES = ("verl", "torch", "transformers", "vllm")
+#: the recorded versions (:func:`bench.core.metadata.versions`) that are the harness's own tools, not the stack
+#: that trains: every other recorded version (verl, torch, transformers, vLLM, torch_npu, vllm-ascend, CANN) makes
+#: a save's stack until a stack names itself (``stack`` a string)
+HARNESS_PACKAGES = ("mlflow", "optuna")
 #: the machine fields that identify a machine (of :func:`bench.core.metadata.machine`)
 MACHINE_KEYS = ("hostname", "arch", "cpu", "cpu_count")
 
@@ -50,8 +52,9 @@ def machine_of(machine: dict[str, Any] | None) -> dict[str, Any] | None:
 
 
 def stack_of(versions: dict[str, Any] | None) -> dict[str, str] | None:
-    """The stack of a save: the versions of :data:`STACK_PACKAGES` its sweep recorded, ``None`` when none."""
-    out = {k: str(versions[k]) for k in STACK_PACKAGES if isinstance(versions, dict) and versions.get(k)}
+    """The stack of a save: the versions its sweep recorded less :data:`HARNESS_PACKAGES`, ``None`` when none."""
+    out = {k: str(v) for k, v in sorted((versions or {}).items()) if k not in HARNESS_PACKAGES and v} \
+        if isinstance(versions, dict) else {}
     return out or None
 
 
