@@ -98,7 +98,11 @@ def main(args: argparse.Namespace) -> int:
     """
     o = options(args)
     check_baseline_slot(o.name, o.results)
-    base = load_baseline(o.name, o.results)
+    try:
+        base = load_baseline(o.name, o.results)
+    except BenchError as exc:  # the name is this command's NAME, not the gate's --baseline
+        text = str(exc)
+        raise BenchError(f"history {text[len('--baseline '):]}" if text.startswith("--baseline ") else text) from None
     if o.out is not None:
         check_output_folder(o.out, (HISTORY_FILE,), given=True)
     res = analyse(base, list(o.metrics), o.alpha, cell=o.cell, machine=o.machine, stack=o.stack,

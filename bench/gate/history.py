@@ -127,8 +127,9 @@ class Series:
 
     @property
     def name(self) -> str:
-        """``label metric`` (with machine and stack where known)."""
-        return " · ".join(x for x in (self.label, self.metric, self.machine, self.stack) if x)
+        """``label · metric`` with matrix, machine and stack where known."""
+        matrix = f"matrix {self.matrix}" if self.matrix else None
+        return " · ".join(x for x in (self.label, self.metric, matrix, self.machine, self.stack) if x)
 
 
 def _pick(entries: list[dict[str, Any]], flag: str, wanted: str | None, ident) -> list[dict[str, Any]]:
@@ -160,9 +161,8 @@ def build_series(baseline: dict[str, Any], metrics: list[str], *, cell: str | No
     for m in metrics:
         if m not in METRICS:
             raise BenchError(f"--metric {m!r}: unknown{did_you_mean(m, list(METRICS))} (allowed: {', '.join(METRICS)})")
+    position = {id(e): i for i, e in enumerate(baseline.get("history") or [], start=1)}  # 1 = the oldest kept
     entries = [e for e in baseline.get("history") or [] if isinstance(e, dict)]
-    for i, e in enumerate(entries, start=1):
-        e.setdefault("_position", i)
     entries = _pick(_pick(entries, "--machine", machine, machine_id), "--stack", stack, stack_id)
     labels: dict[str, str] = {c["key"]: c["label"] for c in baseline.get("cells") or []}
     for e in entries:
@@ -198,7 +198,7 @@ def build_series(baseline: dict[str, Any], metrics: list[str], *, cell: str | No
                 for e in entries:
                     if (e.get("matrix"), machine_id(e), stack_id(e)) == g and (v := _value(e, k, m)) is not None:
                         s.values.append(v)
-                        s.saves.append({"position": e["_position"], "sweep": e.get("sweep"),
+                        s.saves.append({"position": position[id(e)], "sweep": e.get("sweep"),
                                         "git_commit": e.get("git_commit"), "created_at": e.get("created_at")})
                 if s.values:
                     out.append(s)

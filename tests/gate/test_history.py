@@ -134,7 +134,7 @@ def test_history_bad_inputs(pool, box, capsys):  # noqa: F811 - the fixture
         e["machine"] = {**e["machine"], "hostname": "other"}
     _write(box / "res", mixed, "mixed")
     common = ["--results", "res", "--out", "plots"]
-    check_refused(box, ["history", "nope", *common], capsys, ("--baseline nope: unknown baseline", "nightly"))
+    check_refused(box, ["history", "nope", *common], capsys, ("history nope: unknown baseline", "nightly"))
     check_refused(box, ["history", "short", *common], capsys, ("9 saves", "needs at least 12"))
     check_refused(box, ["history", "short", "--cell", QUIET, *common], capsys, ("9 saves", "needs at least 10"))
     check_refused(box, ["history", "mixed", "--cell", QUIET, *common], capsys,
@@ -145,6 +145,9 @@ def test_history_bad_inputs(pool, box, capsys):  # noqa: F811 - the fixture
     out = capsys.readouterr().out
     assert "saves from 2 (matrix, machine, stack) groups, split into separate series" in out.splitlines()[0]
     assert out.count("14 saves, no change point") == 8 and "other (" in out  # at 0.01 / 8 a series needs 13
+    assert main(["history", "mixed", "--results", "res", "--cell", QUIET, "--machine", "other"]) == 0  # one picked
+    out = capsys.readouterr().out
+    assert "machine other (" in out and f"{QUIET} · step_time: 14 saves" in out and "groups" not in out
 
 
 def test_baseline_save_keeps_the_series_fields_and_reads_old_entries(pool, tmp_path):
