@@ -112,7 +112,7 @@ def permutation_p(y: np.ndarray, gain: float, permutations: int, rng: np.random.
     tol = 1e-9 * max(abs(gain), float(np.sum((y - y.mean()) ** 2)), 1e-300)
     hits, done = 0, 0
     while done < permutations:
-        k = min(20_000, permutations - done)
+        k = min(max(1, 2_000_000 // len(y)), permutations - done)  # at most about 2 million values (16 MB) at once
         shuffled = rng.permuted(np.broadcast_to(y, (k, len(y))), axis=1)
         hits += int(np.count_nonzero(split_gains(shuffled, min_size).max(axis=1) >= gain - tol))
         done += k
