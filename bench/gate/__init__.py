@@ -10,5 +10,7 @@ Modules (each one concept; import them directly, this package re-exports nothing
 * :mod:`bench.gate.versions` -- the code versions under test (git checkouts, the executor of each version);
 * :mod:`bench.gate.side_by_side` -- both versions at once on disjoint CPUs (Duet-style);
 * :mod:`bench.gate.baseline` -- saved baselines (``baseline save/list/show``);
+* :mod:`bench.gate.history` -- a baseline's saves as series per cell, machine and stack, their change points
+  (``history``);
 * :mod:`bench.gate.markdown` -- the gate's markdown and the CI step summary.
 """

@@ -189,15 +189,18 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
     for c in snap["cells"]:
         c["summary"] = _cell_summary(c)
     old = load_baseline(str(out), results) if out.exists() else None  # checked like every reader checks it
-    snap["history"] = ((old or {}).get("history") or [])[-(HISTORY - 1):] + [history_entry(snap)]
-    snap["sweep_to_sweep"] = sweep_to_sweep(snap["history"])
+    snap["history"] = ((old or {}).get("history") or [])[-(HISTORY_KEEP - 1):] + [history_entry(snap)]
+    snap["sweep_to_sweep"] = sweep_to_sweep(snap["history"][-HISTORY:])
     atomic_write_json(out, snap)
     warn = tag_parent(tracking_uri, snap, {"bench.baseline": name, f"bench.baseline.{name}": out.name})
     return out, snap, warn
 
 
-#: saved sweeps a baseline keeps in its history (``save --force`` of the same name appends)
+#: the last saved sweeps of a baseline's history that measure its sweep-to-sweep SD (:func:`sweep_to_sweep`)
 HISTORY = 20
+#: saved sweeps a baseline keeps in its history (``save --force`` of the same name appends; the ``history``
+#: command's series, :mod:`bench.gate.history`)
+HISTORY_KEEP = 1000
 
 
 def history_entry(snap: dict[str, Any]) -> dict[str, Any]:
@@ -205,9 +208,15 @@ def history_entry(snap: dict[str, Any]) -> dict[str, Any]:
     runs of the log run value (:func:`bench.gate.stored_runs.run_logs`: the median of a run's timed step times),
     as ``log_step_time``; and, where every such run carries the speed probe at every step, the same less the log of
     the run's median probe time as ``log_step_time_normalized`` (the values the gate compares when it applies the
-    probe, so that the offset it allows for is measured on the same scale)."""
+    probe, so that the offset it allows for is measured on the same scale).
+
+    Also (since issue 44; an older entry lacks them and reads as unknown): the sweep's ``git_commit``, ``matrix``,
+    the saving ``machine`` (:func:`bench.gate.history.machine_of`), the ``stack`` (:func:`bench.gate.history.stack_of`)
+    and per cell its figures (:func:`bench.gate.history.cell_figures`: step time, throughput, rollout share, Free
+    ratio), which the ``history`` command reads as series."""
     import numpy as np
 
+    from bench.gate.history import cell_figures, machine_of, stack_of  # deferred: bench.gate.history imports this
     from bench.gate.stored_runs import run_logs  # deferred: bench.gate.stored_runs loads scipy
 
     cells, normed = {}, {}
@@ -218,7 +227,9 @@ def history_entry(snap: dict[str, Any]) -> dict[str, Any]:
             if all(p is not None for p in ps):
                 normed[c["key"]] = float(np.mean([x - p for x, p in zip(xs, ps)]))
     return {"sweep": snap["source"].get("sweep"), "created_at": snap.get("created_at"), "log_step_time": cells,
-            "log_step_time_normalized": normed}
+            "log_step_time_normalized": normed, "git_commit": snap.get("git_commit"),
+            "matrix": (snap.get("source") or {}).get("matrix"), "machine": machine_of(snap.get("machine")),
+            "stack": stack_of(snap.get("versions")), "cells": {c["key"]: cell_figures(c) for c in snap["cells"]}}
 
 
 def _pooled_sd(history: list[dict[str, Any]], field: str) -> tuple[float | None, int]:

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from bench.core.errors import BenchError, did_you_mean
 from bench.core.files import atomic_write_json, atomic_write_text
 from bench.core.metadata import machine
-from bench.gate.baseline import load_baseline, sweep_to_sweep
+from bench.gate.baseline import HISTORY, load_baseline, sweep_to_sweep
 from bench.gate.markdown import (
     PER_STEP_METHOD,
     RUN_STATUS,
@@ -211,7 +211,7 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
         cand["machine"] = machine()
         s2s = None
         if base.get("_kind", "baseline") == "baseline":  # what a stored baseline carries from sweep to sweep
-            s2s = base.get("sweep_to_sweep") or sweep_to_sweep(base.get("history") or [])
+            s2s = base.get("sweep_to_sweep") or sweep_to_sweep((base.get("history") or [])[-HISTORY:])
             result["baseline"]["sweep_to_sweep"] = s2s
         result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,
                                         n_boot=n_boot, seed=seed, pairing=pairing, max_mde=max_mde,

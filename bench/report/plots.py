@@ -1,4 +1,5 @@
-"""The report's PNG plots (matplotlib, Agg backend): speedup, effects, phases, long tail, article gains.
+"""The report's PNG plots (matplotlib, Agg backend): speedup, effects, phases, long tail, article gains, and a
+baseline history's series with its change points (:func:`plot_history`, the ``history`` command).
 
 Each ``plot_*`` function draws from the report's data (:func:`bench.report.tables.analyze`) into one file.
 """
@@ -139,6 +140,35 @@ def plot_article(arts: list[dict[str, Any]], path: Path) -> None:
     ax.set_ylabel("performance gain (%)")
     ax.set_title("Article's reported gains vs this sweep")
     ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_history(values: list[float], positions: list[int], points: list[dict[str, Any]], path: Path, *, title: str,
+                 ylabel: str, labels: list[str] | None = None) -> None:
+    """One history series (``values`` as shown, at ``positions`` in the history) with its change points: a dashed
+    line before each point's save and each segment's mean as a horizontal line (``points``: dicts with ``index``,
+    the first value of the new level, and ``change``/``change_low``/``change_high`` as printed). ``labels``: a
+    tick label per value (a short commit), shown when there are at most 30."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.28 * len(values) + 2), 3.8))
+    x = np.arange(len(values))
+    ax.plot(x, values, "o-", color="#4c72b0", ms=4, lw=1)
+    cuts = [0, *sorted(p["index"] for p in points), len(values)]
+    for a, b in zip(cuts, cuts[1:]):
+        ax.hlines(float(np.mean(values[a:b])), a - 0.3, b - 0.7, color="#55a868", lw=2)
+    for p in points:
+        ax.axvline(p["index"] - 0.5, color="#c44e52", ls="--", lw=1.2)
+        ax.annotate(f" {p['change']:+.1f} [{p['change_low']:+.1f}, {p['change_high']:+.1f}]", (p["index"] - 0.5, 0.97),
+                    xycoords=("data", "axes fraction"), ha="left", va="top", fontsize=8, color="#c44e52")
+    if labels is not None and len(values) <= 30:
+        ax.set_xticks(x, labels, rotation=60, ha="right", fontsize=7)
+    else:
+        ax.set_xticks(x[:: max(1, len(x) // 15)], [str(positions[i]) for i in x[:: max(1, len(x) // 15)]])
+        ax.set_xlabel("save (position in the baseline's history)")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
