@@ -69,3 +69,47 @@ def test_a_matrix_without_stacks_keeps_its_fingerprint(tmp_path):
     m = load_matrix(tmp_path / "m.yaml")
     assert "stacks" not in __import__("json").dumps(m.model_dump(mode="json")) or m.stacks == {}
     assert m.fingerprint() == load_matrix(Path(tmp_path / "m.yaml")).fingerprint()
+
+
+def _git(repo: Path, *args: str) -> str:
+    import subprocess
+
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+@pytest.fixture(scope="module")
+def broken_repo(tmp_path_factory):
+    """A git repository (outside the working folder) whose HEAD holds a ``verl`` package that fails to import."""
+    repo = tmp_path_factory.mktemp("fork")
+    (repo / "verl").mkdir()
+    (repo / "verl" / "__init__.py").write_text("raise ImportError('planted: this verl cannot be imported')\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "broken verl")
+    return repo
+
+
+def _with_b(folder: Path, stack_b: str) -> None:
+    (folder / "m.yaml").write_text(TWO.replace('b: {env: {BENCH_TEST_STACK_VAR: "1"}}', f"b: {stack_b}"))
+
+
+@pytest.mark.parametrize("mode", [["--dry-run"], ["--results", "res"]])
+def test_bad_stacks_on_this_machine_are_refused_before_anything_runs(box, capsys, broken_repo, mode):  # noqa: F811
+    import tempfile
+
+    leftovers = lambda: sorted(Path(tempfile.gettempdir()).glob("bench-stack-*"))  # noqa: E731
+    before = leftovers()
+    cases = [
+        ("{python: /nonexistent/venv/bin/python}", ("m.yaml", "stacks.b.python", "does not exist")),
+        (f"{{paths: [{{path: '{box}', rev: HEAD}}]}}", ("m.yaml", "stacks.b.paths[0].rev", "not inside a git")),
+        (f"{{paths: [{{path: '{broken_repo}', rev: no-such-rev}}]}}",
+         ("m.yaml", "stacks.b.paths[0].rev", "'no-such-rev' is not a revision")),
+        # the revision is checked out, the probe fails: the worktree goes with the refusal
+        (f"{{paths: [{{path: '{broken_repo}', rev: HEAD}}]}}",
+         ("m.yaml", "stacks.b", "cannot import verl", "planted")),
+    ]
+    for stack_b, expected in cases:
+        _with_b(box, stack_b)
+        check_refused(box, ["run", "m.yaml", *mode], capsys, expected)
+    assert leftovers() == before
+    assert len(_git(broken_repo, "worktree", "list").splitlines()) == 1
