@@ -222,7 +222,7 @@ class ForkServerExecutor:
             self._ensure()
             (launch.run_dir / "launcher.json").write_text(json.dumps(
                 {"launcher": "forkserver", "preloaded": list(self.preload), "server_pid": self.proc.pid,
-                 "code_root": root,
+                 "code_root": root, "python": self.python, "paths": self.paths,
                  "note": "environment replaced at fork; variables read at import time of preloaded "
                          "modules keep the fork server's values"
                          + ("; bench imported afresh from code_root" if root else "")}) + "\n")
