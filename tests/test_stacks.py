@@ -113,3 +113,107 @@ def test_bad_stacks_on_this_machine_are_refused_before_anything_runs(box, capsys
         check_refused(box, ["run", "m.yaml", *mode], capsys, expected)
     assert leftovers() == before
     assert len(_git(broken_repo, "worktree", "list").splitlines()) == 1
+
+
+#: seconds the planted slowdown adds to each call of verl's GRPO advantage function (once per step)
+PLANTED_S = 1.0
+
+
+@pytest.mark.slow
+def test_a_stack_with_a_slowed_verl_tree_is_slower_and_each_run_records_its_own_imports(tmp_path):
+    """Two stacks on the embedded engine: ``a`` the harness's own, ``b`` with a copy of the installed verl first on
+    the path whose GRPO advantage function sleeps :data:`PLANTED_S` per call. One sweep, 2 cells x 2 blocks."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from importlib.util import find_spec
+
+    verl_dir = Path(find_spec("verl").origin).parent
+    tree = tmp_path / "tree"
+    shutil.copytree(verl_dir, tree / "verl", ignore=shutil.ignore_patterns("__pycache__"))
+    algos = tree / "verl" / "trainer" / "ppo" / "core_algos.py"
+    algos.write_text(algos.read_text() + f"""
+
+import time as _bench_time
+_bench_grpo = compute_grpo_outcome_advantage
+
+
+def compute_grpo_outcome_advantage(*args, **kwargs):  # planted by tests/test_stacks.py
+    _bench_time.sleep({PLANTED_S})
+    return _bench_grpo(*args, **kwargs)
+""")
+    text = GOOD.replace("factors:\n  dynamic_bsz: [off, on]\n", f"""\
+stacks:
+  a: {{}}
+  b: {{paths: ['{tree}']}}
+factors:
+  stack: [a, b]
+repeats: 2
+""")
+    (tmp_path / "m.yaml").write_text(text)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def bench(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(root / "run_bench.py"), *args], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=1200)
+
+    dry = bench("run", "m.yaml", "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert dry.stdout.count(f"path {tree}") == 1 and "stacks (" in dry.stdout
+    res = bench("run", "m.yaml", "--results", "res", "--tracking-uri", uri)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    sweep = (tmp_path / "res" / "t" / "latest").resolve()
+    recs = [json.loads(p.read_text()) for p in sorted(sweep.glob("*/r*/record.json"))]
+    assert len(recs) == 4 and all(r["status"] == "ok" for r in recs)
+    for rec in recs:
+        name = rec["stack"]["name"]
+        verl = rec["run_versions"]["packages"]["verl"]
+        assert verl["imported"] and verl["version"] and rec["run_versions"]["python"] == rec["stack"]["python"]
+        assert rec["run_versions"]["packages"]["torch"]["imported"]
+        assert verl["file"].startswith(str(tree)) == (name == "b"), (name, verl["file"])
+        assert rec["stack"]["paths"] == ([str(tree)] if name == "b" else [])
+    summary = (sweep / "summary.md").read_text()
+    assert "| stack | versions (each run's own) |" in summary and "verl " in summary
+    report = bench("report", str(sweep))
+    assert report.returncode == 0, report.stderr
+    fit = json.loads((sweep / "report" / "report.json").read_text())["effects"]["fit"]
+    terms = {t["name"]: t for t in fit["terms"]}
+    stack = terms["stack"]  # b (level 1) against a: log step time, +1 s on a step of about a second or two
+    assert stack["ci_low"] is not None and stack["ci_high"] is not None
+    assert stack["effect"] > 0 and stack["ci_low"] > 0, stack
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("t")
+    kids = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("bench.kind") == "cell"]
+    assert sorted(r.data.params["factor.stack"] for r in kids) == ["a", "a", "b", "b"]
+    assert all(r.data.tags.get("run_version.verl") for r in kids)
+    from_tree = sorted(r.data.tags["run_version.verl.file"].startswith(str(tree)) for r in kids)
+    assert from_tree == [False, False, True, True]
+
+
+def test_a_run_started_with_python_m_records_its_imports_at_exit(tmp_path):
+    """The verl engine's runs (fresh ``python -m`` processes with ``patches/`` first on the path) write their own
+    versions through ``sitecustomize`` when they exit; a script-started process (a Ray worker) writes none."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "patches"), str(root)]),
+           "BENCH_RUN_DIR": str(tmp_path)}
+    script = tmp_path / "worker.py"
+    script.write_text("import json\n")
+    subprocess.run([sys.executable, str(script)], env=env, check=True, cwd=tmp_path)
+    assert not (tmp_path / "versions.json").exists()
+    subprocess.run([sys.executable, "-m", "bench.spec.stack"], env=env, check=True, cwd=tmp_path)
+    got = json.loads((tmp_path / "versions.json").read_text())
+    assert got["python"] == sys.executable
+    torch = got["packages"]["torch"]  # installed here, not imported by that process
+    assert torch["imported"] is False and torch["dist"] and torch["file"] is None

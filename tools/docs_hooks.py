@@ -212,7 +212,7 @@ def sections() -> list[tuple[str, str, type[BaseModel]]]:
         ("tune", "`tune:`", TuneBlock),
         ("tune.space.&lt;limit&gt;", "each limit under `tune.space`", Dimension),
         ("tune.sampler", "`tune.sampler:`", SamplerSpec),
-        ("stacks.&lt;name&gt;", "each stack under `stacks:`", Stack),
+        ("stacks.&lt;name&gt;", "each stack under `stacks:` ([stacks](stacks.md))", Stack),
         ("stacks.&lt;name&gt;.paths[]", "each item of a stack's `paths` (a bare string is `{path: ...}`)", StackPath),
     ]
 
