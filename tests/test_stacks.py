@@ -64,6 +64,12 @@ def test_bad_stack_declarations_are_refused_at_load(box, capsys, text, expected)
     check_refused(box, ["run", "m.yaml", "--dry-run"], capsys, expected)
 
 
+@pytest.mark.parametrize("argv", [["run", "m.yaml", "--smoke", "--dry-run"], ["tune", "m.yaml"]])
+def test_commands_that_do_not_run_stacks_yet_refuse_the_stack_factor(box, capsys, argv):  # noqa: F811 - fixture
+    (box / "m.yaml").write_text(TWO)
+    check_refused(box, argv, capsys, ("m.yaml", "factors.stack", "not"))
+
+
 def test_a_matrix_without_stacks_keeps_its_fingerprint(tmp_path):
     (tmp_path / "m.yaml").write_text(GOOD)
     m = load_matrix(tmp_path / "m.yaml")

@@ -199,6 +199,7 @@ PLAIN_WIDTH = 160
 def _summary_columns(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and text cells of the final table (shared by the rich and the plain layout)."""
     factors = [k for k in FACTOR_KEYS if len({r[k] for r in rows}) > 1 or any(r[k] not in ("n/a", "0") for r in rows)]
+    factors += ["stack"] if any(r.get("stack") for r in rows) else []  # the stack factor's level by name
     head = ["cell", *factors, "step s", "raw s", "IQR", "speedup", "rollout", "Free", "status"]
     body = [[r["label"], *[r[k] for k in factors],
              *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
@@ -350,6 +351,9 @@ def _run(args: argparse.Namespace, matrix, plan: Plan, prep, console: Console, s
 
 def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     """``--smoke``: each cell of a verl matrix for a few real steps on the CPU; 0 when every cell ran."""
+    if matrix.stack_levels:  # a smoke run would use the harness's own stack for every level
+        raise BenchError(f"{args.matrix}: factors.stack: --smoke does not run stacks yet (allowed: a matrix without "
+                         "the stack factor; run the sweep itself)")
     if not engine_class(matrix.engine).supports_smoke:
         allowed = engines_with("supports_smoke")
         raise BenchError(f"{args.matrix}: engine: --smoke checks {' or '.join(allowed)} launches; this matrix uses "
