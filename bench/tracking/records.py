@@ -145,9 +145,9 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
         tags["bench.stack.python"] = (rec.get("stack") or {}).get("python")
     # what the run's own process imported (bench.core.metadata.run_versions), beside the harness's version.* tags
     tags.update({f"run_version.{k}": v for k, v in flat_run_versions(rec.get("run_versions")).items()})
-    verl = ((rec.get("run_versions") or {}).get("packages") or {}).get("verl") or {}
-    if verl.get("file"):
-        tags["run_version.verl.file"] = verl["file"]
+    for pkg, got in (((rec.get("run_versions") or {}).get("packages")) or {}).items():
+        if isinstance(got, dict) and got.get("file"):  # where it was imported from (a stack's source tree shows)
+            tags[f"run_version.{pkg}.file"] = got["file"]
     arts: list = [rdir / n for n in ("run_config.yaml", "metrics.jsonl", "run.log", "evidence.json", "record.json",
                                      "engine.log")]
     # verl runs: the config verl composed (Hydra's record of the job) and the per-process patch reports
