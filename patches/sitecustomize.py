@@ -43,5 +43,28 @@ def _chain() -> None:
         print(f"[bench patches] chained sitecustomize failed: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
+def _bench_versions_at_exit() -> None:
+    """In a run's main process (started with ``python -m MODULE``; Ray's script-started workers are not), write
+    the versions this process imported into ``$BENCH_RUN_DIR/versions.json`` when it exits normally
+    (:func:`bench.core.metadata.write_run_versions`; the embedded engine writes its own before ``os._exit``)."""
+    if not os.environ.get("BENCH_RUN_DIR"):
+        return
+    import atexit
+
+    def write() -> None:
+        main = sys.modules.get("__main__")
+        if getattr(main, "__spec__", None) is None:
+            return
+        try:
+            from bench.core.metadata import write_run_versions
+
+            write_run_versions()
+        except Exception:  # noqa: BLE001 - never break the interpreter's exit
+            pass
+
+    atexit.register(write)
+
+
 _bench_apply()
+_bench_versions_at_exit()
 _chain()

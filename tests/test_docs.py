@@ -60,13 +60,15 @@ def test_docs_build_strict_and_the_reference_has_every_schema_key(site):
     from bench.spec.expect import Expect
     from bench.spec.matrix import Base, Exclude, ExplicitDesign, FractionalDesign, FullDesign, Matrix, OneAtATimeDesign
     from bench.spec.optimizations import FACTOR_KEYS
+    from bench.spec.stack import Stack, StackPath
     from bench.tune.space import Dimension, SamplerSpec, TuneBlock
 
     tables = _page_tables(site / "matrix" / "index.html")
     expected = {"Top level": Matrix, "base": Base, "design: full": FullDesign,
                 "design: one_at_a_time": OneAtATimeDesign, "design: fractional": FractionalDesign,
                 "design: explicit": ExplicitDesign, "exclude[]": Exclude, "expect[]": Expect, "tune": TuneBlock,
-                "tune.space.<limit>": Dimension, "tune.sampler": SamplerSpec}
+                "tune.space.<limit>": Dimension, "tune.sampler": SamplerSpec, "stacks.<name>": Stack,
+                "stacks.<name>.paths[]": StackPath}
     for title, model in expected.items():
         assert tables.get(title) == _schema_keys(model), (title, tables.get(title), _schema_keys(model))
     # every model the matrix schema nests is one of them (a new block needs its table)

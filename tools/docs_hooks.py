@@ -152,7 +152,9 @@ def _special(model: type[BaseModel], key: str) -> tuple[str | None, str | None]:
     factors = ", ".join(f"`{k}`" for k in FACTOR_KEYS)
     table = {
         ("Matrix", "engine"): (None, "one of " + ", ".join(f"`{n}`" for n in engine_names())),
-        ("Matrix", "factors"): ("dict[factor, list[level]]", f"keys: {factors}; levels: see Factors"),
+        ("Matrix", "factors"): ("dict[factor, list[level]]", f"keys: {factors}, `stack`; levels: see Factors "
+                                "(`stack`: names under `stacks`)"),
+        ("Matrix", "stacks"): ("dict[name, stack]", "see stacks.&lt;name&gt;"),
         ("Matrix", "tune"): ("tune block \\| null", "see tune"),
         ("Matrix", "expect"): ("list[expect item]", "see expect[]"),
         ("ExplicitDesign", "cells"): ("list[dict[factor, level]]", "length >= 1; keys and levels as in Factors"),
@@ -195,6 +197,7 @@ def sections() -> list[tuple[str, str, type[BaseModel]]]:
     """(heading, where in the file, model) of every block of a matrix file, top level first."""
     from bench.spec.expect import Expect
     from bench.spec.matrix import Base, Exclude, ExplicitDesign, FractionalDesign, FullDesign, Matrix, OneAtATimeDesign
+    from bench.spec.stack import Stack, StackPath
     from bench.tune.space import Dimension, SamplerSpec, TuneBlock
 
     return [
@@ -209,6 +212,8 @@ def sections() -> list[tuple[str, str, type[BaseModel]]]:
         ("tune", "`tune:`", TuneBlock),
         ("tune.space.&lt;limit&gt;", "each limit under `tune.space`", Dimension),
         ("tune.sampler", "`tune.sampler:`", SamplerSpec),
+        ("stacks.&lt;name&gt;", "each stack under `stacks:` ([stacks](stacks.md))", Stack),
+        ("stacks.&lt;name&gt;.paths[]", "each item of a stack's `paths` (a bare string is `{path: ...}`)", StackPath),
     ]
 
 

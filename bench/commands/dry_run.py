@@ -29,8 +29,9 @@ from typing import Any
 from rich.console import Console
 
 from bench.core.engine_registry import engine_class
+from bench.core.metadata import flat_run_versions
 from bench.spec.launch import Launch
-from bench.spec.optimizations import not_read, stack_versions
+from bench.spec.optimizations import REGISTRY, not_read, stack_versions
 from bench.spec.plan import Plan, RunOrder
 
 #: a Hydra override token of an argv (``key=value``, ``+key=value``, ``++key=value``, ``~key``)
@@ -235,7 +236,7 @@ def not_read_factors(plan: Plan) -> dict[str, str]:
     """Per factor the plan sets, why the installed stack of its platform does not read the factor's switch
     (:func:`bench.spec.optimizations.not_read`: ``"mc2: not read by vllm-ascend X (...)"``)."""
     versions = stack_versions(plan.platform)
-    keys = dict.fromkeys(k for r in plan.runs for k, v in r.levels.items() if v is not None)
+    keys = dict.fromkeys(k for r in plan.runs for k, v in r.levels.items() if v is not None and k in REGISTRY)
     return {k: why for k in keys if (why := not_read(k, plan.engine, plan.platform, versions))}
 
 
@@ -397,3 +398,23 @@ def print_plan(plan: Plan, console: Console) -> None:
             console.print(f"  note: {note}", markup=False)
     for d in plan.dropped:
         console.print(f"dropped ({d.kind}) {_levels(d.cell)}: {d.reason}", markup=False)
+
+
+def print_stacks(stacks: dict[str, Any], console: Console) -> None:
+    """Each stack of the ``stack`` factor once: its interpreter, the folders first on the path (a revision's
+    checkout, shown with the tree and revision it stands for), its variables and the versions its probe imported."""
+    if not stacks:
+        return
+    console.print("stacks (each run of a stack uses its interpreter, paths and env):", markup=False)
+    for name, st in stacks.items():
+        console.print(f"  {name}: python {st.python}", markup=False, soft_wrap=True)
+        for folder, tree in zip(st.paths, st.trees):
+            rev = f" at {tree['rev']} ({(tree.get('commit') or '')[:12]}), checked out in {folder}" if tree.get(
+                "rev") else ""
+            console.print(f"    path {tree['path']}{rev}", markup=False, soft_wrap=True)
+        for key, value in st.env.items():
+            console.print(f"    env {key}={value}", markup=False, soft_wrap=True)
+        found = flat_run_versions(st.versions)
+        if found:
+            console.print("    imports " + ", ".join(f"{k} {v}" for k, v in found.items()), markup=False,
+                          soft_wrap=True)

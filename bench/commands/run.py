@@ -13,7 +13,15 @@ from rich.console import Console
 from rich.table import Table
 
 from bench.commands.base import Command, add_execution_arguments
-from bench.commands.dry_run import plan_json, print_dry_run, print_order, print_plan, print_smoke_dry_run, smoke_json
+from bench.commands.dry_run import (
+    plan_json,
+    print_dry_run,
+    print_order,
+    print_plan,
+    print_smoke_dry_run,
+    print_stacks,
+    smoke_json,
+)
 from bench.commands.run_planning import add_planning_arguments, closing_verdict_line, prepare, print_planning
 from bench.core.engine_registry import engine_class, engines_with, get_engine
 from bench.core.errors import BenchError, clip_words
@@ -24,6 +32,7 @@ from bench.execution.progress import FORKSERVER_STARTING, LiveProgress, make_con
 from bench.execution.ray_executor import RayJobExecutor
 from bench.execution.ray_parallel import RayNodesExecutor
 from bench.execution.smoke import run_smoke
+from bench.execution.stacks import StackExecutor, open_stacks
 from bench.execution.sweep import Sweep
 from bench.records.figures import SUMMARY_STEP_TIME
 from bench.records.results import check_writable, run_dir
@@ -190,6 +199,7 @@ PLAIN_WIDTH = 160
 def _summary_columns(rows: list[dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
     """Header and text cells of the final table (shared by the rich and the plain layout)."""
     factors = [k for k in FACTOR_KEYS if len({r[k] for r in rows}) > 1 or any(r[k] not in ("n/a", "0") for r in rows)]
+    factors += ["stack"] if any(r.get("stack") for r in rows) else []  # the stack factor's level by name
     head = ["cell", *factors, "step s", "raw s", "IQR", "speedup", "rollout", "Free", "status"]
     body = [[r["label"], *[r[k] for k in factors],
              *(f"{v:.3f}" if isinstance(v, float) else "-" for v in
@@ -241,15 +251,20 @@ def check_parallel(value: str) -> None:
                          f"1..{MAX_PARALLEL}")
 
 
-def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""):
+def make_executor(args: argparse.Namespace, engine: str = "", platform: str = "", stacks: dict | None = None):
     """Ray job executor with ``--ray-address``; the fork server where the engine allows it on this platform
-    (``forkserver_platforms``: embedded CPU runs) unless ``--spawn``; else a fresh local process per run. A
-    ``--parallel`` without ``--ray-address`` never gets here (:func:`bench.cli.check_flag_combinations`)."""
+    (``forkserver_platforms``: embedded CPU runs) unless ``--spawn`` (with ``stacks``, the open stacks of a
+    ``stack`` factor: one fork server per stack, in its interpreter with its paths and variables,
+    :class:`bench.execution.stacks.StackExecutor`); else a fresh local process per run (a stack's interpreter,
+    paths and variables are in its launch). A ``--parallel`` without ``--ray-address`` never gets here
+    (:func:`bench.cli.check_flag_combinations`)."""
     if getattr(args, "ray_address", None):
         if getattr(args, "parallel", None) is not None:
             return RayNodesExecutor(args.ray_address, args.parallel)
         return RayJobExecutor(args.ray_address)
     if engine and platform in engine_class(engine).forkserver_platforms and not getattr(args, "spawn", False):
+        if stacks:
+            return StackExecutor(lambda st: ForkServerExecutor(python=st.python, paths=st.paths, env=st.env), stacks)
         return ForkServerExecutor()
     return LocalExecutor()
 
@@ -274,19 +289,30 @@ def main(args: argparse.Namespace) -> int:
     order_kind = getattr(args, "order", "blocked")
     prep = prepare(args, matrix, plan)  # --precision/--budget re-plan steps and repeats; --sequential: a stop rule
     matrix, plan = prep.matrix, prep.plan
-    if args.dry_run:
-        seed = (order_seed if order_seed is not None else new_order_seed()) if order_kind == "blocked" else None
-        order = run_order([r.cell_id for r in plan.runs], plan.repeats, order_kind, seed)
-        if getattr(args, "json", False):
-            print(json.dumps(plan_json(plan, order), indent=1))
+    with open_stacks(matrix, plan.platform) as stacks:  # checked (and revisions checked out) before anything runs
+        if args.dry_run:
+            seed = (order_seed if order_seed is not None else new_order_seed()) if order_kind == "blocked" else None
+            order = run_order([r.cell_id for r in plan.runs], plan.repeats, order_kind, seed)
+            if getattr(args, "json", False):
+                out = plan_json(plan, order)
+                if stacks:
+                    out["stacks"] = {n: st.describe() for n, st in stacks.items()}
+                print(json.dumps(out, indent=1))
+                return 0
+            (print_plan if getattr(args, "verbose", False) else print_dry_run)(plan, console)
+            print_stacks(stacks, console)
+            print_order(plan, order, console)
+            print_planning(prep, console)
             return 0
-        (print_plan if getattr(args, "verbose", False) else print_dry_run)(plan, console)
-        print_order(plan, order, console)
-        print_planning(prep, console)
-        return 0
+        return _run(args, matrix, plan, prep, console, stacks, order_kind, order_seed)
+
+
+def _run(args: argparse.Namespace, matrix, plan: Plan, prep, console: Console, stacks: dict, order_kind: str,
+         order_seed: int | None) -> int:
+    """The real sweep of :func:`main` (the stacks open for its duration)."""
     get_engine(matrix.engine).preflight(matrix, [r.launch for r in plan.runs], plan.platform)
     check_writable(args.results, matrix.name)
-    executor = make_executor(args, matrix.engine, plan.platform)
+    executor = make_executor(args, matrix.engine, plan.platform, stacks)
     if hasattr(executor, "describe"):  # --parallel: how many runs at once, on which nodes
         console.print(f"parallel: {executor.describe()}", markup=False, soft_wrap=True)
     view = ConsoleView(console, executor, matrix.base.steps, matrix.engine)
@@ -294,9 +320,11 @@ def main(args: argparse.Namespace) -> int:
     try:
         out = Sweep(matrix, plan, args.results, args.tracking_uri, executor=executor,
                     force=args.force, on_event=view, order=order_kind, order_seed=order_seed,
-                    stop_rule=prep.stop_rule, planning=prep.planning).run()
+                    stop_rule=prep.stop_rule, planning=prep.planning, stacks=stacks).run()
     finally:
         view.stop()
+        if isinstance(executor, StackExecutor):
+            executor.close()
     print_summary(out.rows, console)
     console.print(f"sweep folder: {out.sweep_dir}")
     console.print(f"summary: {out.sweep_dir / 'summary.md'}")
@@ -323,6 +351,9 @@ def main(args: argparse.Namespace) -> int:
 
 def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     """``--smoke``: each cell of a verl matrix for a few real steps on the CPU; 0 when every cell ran."""
+    if matrix.stack_levels:  # a smoke run would use the harness's own stack for every level
+        raise BenchError(f"{args.matrix}: factors.stack: --smoke does not run stacks yet (allowed: a matrix without "
+                         "the stack factor; run the sweep itself)")
     if not engine_class(matrix.engine).supports_smoke:
         allowed = engines_with("supports_smoke")
         raise BenchError(f"{args.matrix}: engine: --smoke checks {' or '.join(allowed)} launches; this matrix uses "

@@ -9,6 +9,7 @@ from typing import Any
 
 from bench.commands.base import Command, add_execution_arguments
 from bench.commands.run import make_executor
+from bench.core.errors import BenchError
 from bench.engines.base import get_engine
 from bench.execution.progress import FORKSERVER_STARTING, LiveProgress, make_console, run_status
 from bench.records.results import check_writable
@@ -175,6 +176,9 @@ def print_result(out: TuneOutcome, settings: TuneSettings, view: ConsoleView) ->
 def main(args: argparse.Namespace) -> int:
     """Tune; 0 when the study has a feasible best trial, 1 when not, 2 on bad input."""
     matrix = load_matrix(args.matrix)
+    if matrix.stack_levels:  # a trial would run the harness's own stack whatever the level
+        raise BenchError(f"{args.matrix}: factors.stack: tune does not search over stacks yet (allowed: a matrix "
+                         "without the stack factor)")
     settings = resolve_settings(matrix, results=args.results, tracking_uri=args.tracking_uri, study=args.study,
                                 storage=args.storage, n_trials=args.n_trials, timeout_s=args.timeout)
     spec = trial_spec(matrix, settings.cell, limits_of({k: d.low for k, d in settings.space.items()}, matrix.base),

@@ -85,6 +85,72 @@ def versions() -> dict[str, str]:
     return out
 
 
+#: packages whose versions a run records from inside its own process (issue 43), as ``sys.modules`` names them
+RUN_PACKAGES = ("verl", "vllm", "vllm_ascend", "torch", "torch_npu", "transformers")
+#: the file in a run folder where the run's own process writes them (:func:`write_run_versions`)
+RUN_VERSIONS_FILE = "versions.json"
+
+
+def run_versions(packages: tuple[str, ...] = RUN_PACKAGES) -> dict[str, Any]:
+    """The versions of ``packages`` as THIS process sees them, read at its end (call it inside the run).
+
+    Returns ``{"python": sys.executable, "packages": {name: entry}}``; an ``entry`` is
+    ``{"version", "dist", "imported", "file"}``: ``dist`` = the installed distribution's version
+    (``importlib.metadata``, ``None`` when none is installed), ``imported`` = whether the process imported the
+    module, ``file`` = its ``__file__`` (where it was imported from: a source tree put first on the path shows
+    here), ``version`` = the module's ``__version__`` when imported (a source tree's own version, which the
+    installed distribution's metadata does not know), else ``dist``. Packages neither installed nor imported are
+    left out. ``cann``: ``torch_npu.version.cann`` when torch_npu was imported, else the toolkit's version file
+    (:func:`cann_version`), where present. Never raises.
+    """
+    out: dict[str, Any] = {"python": sys.executable, "packages": {}}
+    for name in packages:
+        try:
+            mod = sys.modules.get(name)
+            dist = installed_version(name, name.replace("_", "-"))
+            if mod is None and dist is None:
+                continue
+            entry: dict[str, Any] = {"version": dist, "dist": dist, "imported": mod is not None, "file": None}
+            if mod is not None:
+                entry["version"] = str(getattr(mod, "__version__", None) or dist or "") or None
+                entry["file"] = getattr(mod, "__file__", None)
+            out["packages"][name] = entry
+        except Exception:  # noqa: BLE001 - a broken package's metadata never fails the run
+            continue
+    try:
+        npu = sys.modules.get("torch_npu")
+        cann = getattr(getattr(npu, "version", None), "cann", None) if npu is not None else None
+        cann = str(cann) if cann else cann_version()
+        if cann:
+            out["packages"]["cann"] = {"version": cann, "dist": None, "imported": npu is not None, "file": None}
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def write_run_versions(run_dir: str | Path | None = None) -> None:
+    """Write :func:`run_versions` to ``run_dir / versions.json`` (default ``$BENCH_RUN_DIR``); nothing without a
+    folder; never raises (a run never fails for its metadata)."""
+    import json
+
+    folder = run_dir or os.environ.get("BENCH_RUN_DIR")
+    if not folder:
+        return
+    try:
+        path = Path(folder) / RUN_VERSIONS_FILE
+        tmp = path.with_name(f".{RUN_VERSIONS_FILE}.{os.getpid()}")
+        tmp.write_text(json.dumps(run_versions(), sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def flat_run_versions(recorded: dict[str, Any] | None) -> dict[str, str]:
+    """``{package: version}`` of a record's ``run_versions`` (:func:`run_versions`), for tables and MLflow."""
+    packages = (recorded or {}).get("packages") or {}
+    return {k: str(v["version"]) for k, v in packages.items() if isinstance(v, dict) and v.get("version")}
+
+
 @lru_cache(maxsize=1)
 def git_commit() -> str:
     """The project's git commit (``+dirty`` when the tree has changes), or ``unknown``."""

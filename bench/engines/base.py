@@ -140,6 +140,19 @@ class EngineBase:
         return "starting up before step 1"
 
     @staticmethod
+    def stack_packages(platform: str) -> tuple[str, ...]:
+        """The packages a stack (:mod:`bench.spec.stack`) must import for this engine's runs on ``platform``,
+        in import order: :func:`bench.execution.stacks.open_stacks` imports them with the stack's interpreter,
+        paths and variables before a sweep starts; default none (the probe then checks the interpreter runs)."""
+        return ()
+
+    @staticmethod
+    def stack_placeholders(python: str) -> dict[str, str]:
+        """The launch placeholders (besides ``{python}``) that name the interpreter of a run, filled with a
+        stack's interpreter ``python`` for the runs of that stack; default none."""
+        return {}
+
+    @staticmethod
     def classify_failure(run_dir: Path, log_tail: str, *, timed_out: bool, steps_done: int, returncode: int,
                          argv: list[str]) -> tuple[str, str] | None:
         """``(failure_kind, reason)`` of a failed run read from its log, or ``None`` (the generic reason)."""

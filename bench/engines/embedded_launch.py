@@ -124,6 +124,11 @@ class EmbeddedEngine(EngineBase):
         return {"bench_cache": str(default_cache_dir())}
 
     @staticmethod
+    def stack_packages(platform: str) -> tuple[str, ...]:
+        """What an embedded run imports: verl's algorithm functions (torch with them), then transformers."""
+        return ("verl.trainer.ppo.core_algos", "transformers")
+
+    @staticmethod
     def startup_text(launch: Any) -> str:
         """Building the tiny model when its cache folder has none yet, else loading the model and data."""
         try:

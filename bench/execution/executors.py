@@ -64,7 +64,8 @@ class Executor(Protocol):
 
 
 def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run_dir: Path, timeout_s: float,
-                   python: str = sys.executable, repo_root: Path | None = None) -> ResolvedLaunch:
+                   python: str = sys.executable, repo_root: Path | None = None, paths: list[str] | None = None,
+                   placeholders: dict[str, str] | None = None) -> ResolvedLaunch:
     """Fill ``{run_dir}`` and the :func:`machine_placeholders`, and add the variables every run gets.
 
     ``BENCH_RUN_DIR`` = the run folder; ``BENCH_PATCHES`` = comma-separated patch specs, with
@@ -72,10 +73,12 @@ def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run
     the run (Ray workers and vLLM included) and writes what it patched into the run folder.
     ``repo_root``: the checkout whose code the run executes (first on ``PYTHONPATH``, ``{repo}``, its
     ``patches/``); default this harness's own (:data:`REPO_ROOT`). An interleaved gate gives the baseline's.
+    A stack's run (:mod:`bench.execution.stacks`): ``python`` its interpreter, ``paths`` its source trees (on
+    ``PYTHONPATH`` after ``patches/``, before ``repo_root``), ``placeholders`` the engine's interpreter placeholders.
     """
     run_dir = Path(run_dir).resolve()
     root = Path(repo_root).resolve() if repo_root is not None else REPO_ROOT
-    fill = {"run_dir": str(run_dir), **machine_placeholders(python), "repo": str(root)}
+    fill = {"run_dir": str(run_dir), **machine_placeholders(python), **(placeholders or {}), "repo": str(root)}
 
     def _fill(text: str) -> str:  # only the known placeholders: verl overrides may hold other braces
         for key, value in fill.items():
@@ -84,7 +87,7 @@ def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run
 
     out_env = {k: _fill(v) for k, v in env.items()}
     out_env["BENCH_RUN_DIR"] = str(run_dir)
-    paths = [str(root)]
+    paths = [*(paths or []), str(root)]
     if patches:
         out_env["BENCH_PATCHES"] = ",".join(patches)
         paths.insert(0, str(root / "patches"))

@@ -150,13 +150,19 @@ class ForkServerExecutor:
         preload: modules the server imports once.
         repo_root: the checkout whose code the server imports and its runs execute (first on ``PYTHONPATH``,
             and the server's working folder, so ``python -m`` finds that ``bench``); default this harness's.
+        python, paths, env: a stack's server (:class:`bench.execution.stacks.StackExecutor`): the interpreter it
+            runs in (default this one), source trees before ``repo_root`` on its ``PYTHONPATH``, and its variables;
+            so the preloaded modules are that stack's own.
     """
 
     name = "forkserver"
 
-    def __init__(self, preload: tuple[str, ...] | None = None, eager: bool = True, repo_root: Path | None = None):
+    def __init__(self, preload: tuple[str, ...] | None = None, eager: bool = True, repo_root: Path | None = None,
+                 python: str | None = None, paths: list[str] | None = None, env: dict[str, str] | None = None):
         self.preload = preload_modules() if preload is None else preload
         self.repo_root = Path(repo_root).resolve() if repo_root is not None else REPO_ROOT
+        self.python = python or sys.executable
+        self.paths, self.env = list(paths or []), dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.ready = False
         self.fallback = LocalExecutor()
@@ -165,10 +171,11 @@ class ForkServerExecutor:
 
     def _spawn(self) -> None:
         env = {k: v for k, v in os.environ.items() if k not in ("BENCH_PATCHES", "BENCH_RUN_DIR")}
-        env["PYTHONPATH"] = os.pathsep.join([str(self.repo_root)] +
+        env.update(self.env)
+        env["PYTHONPATH"] = os.pathsep.join([*self.paths, str(self.repo_root)] +
                                             ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
         env["BENCH_HARNESS_PID"] = str(os.getpid())
-        self.proc = subprocess.Popen([sys.executable, "-m", "bench.execution.forkserver", *self.preload],
+        self.proc = subprocess.Popen([self.python, "-m", "bench.execution.forkserver", *self.preload],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, text=True,
                                      cwd=str(self.repo_root),
                                      start_new_session=True, preexec_fn=_child_setup(os.getpid()))
@@ -203,7 +210,7 @@ class ForkServerExecutor:
         if (
             len(argv) < 3
             or argv[1] != "-m"
-            or Path(argv[0]).name not in (Path(sys.executable).name, "python", "python3")
+            or Path(argv[0]).name not in (Path(self.python).name, Path(sys.executable).name, "python", "python3")
         ):
             return self.fallback.execute(launch)
         env = {k: v for k, v in os.environ.items() if k not in ("BENCH_PATCHES", "BENCH_RUN_DIR")}
@@ -215,7 +222,7 @@ class ForkServerExecutor:
             self._ensure()
             (launch.run_dir / "launcher.json").write_text(json.dumps(
                 {"launcher": "forkserver", "preloaded": list(self.preload), "server_pid": self.proc.pid,
-                 "code_root": root,
+                 "code_root": root, "python": self.python, "paths": self.paths,
                  "note": "environment replaced at fork; variables read at import time of preloaded "
                          "modules keep the fork server's values"
                          + ("; bench imported afresh from code_root" if root else "")}) + "\n")

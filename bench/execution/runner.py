@@ -23,7 +23,7 @@ from bench.tracking.records import step_phases
 
 
 def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, warmup_steps: int,
-                 code: dict[str, Any] | None = None) -> dict[str, Any]:
+                 code: dict[str, Any] | None = None, stack: Any = None) -> dict[str, Any]:
     """Run one repeat of ``spec`` in the fresh folder ``rdir``, measure it and write its record.
 
     An earlier unfinished attempt in ``rdir`` is removed first. Returns the record (status ``ok`` or
@@ -32,6 +32,9 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     the run executes that checkout's code (``PYTHONPATH``; the launch carries ``BENCH_CODE_VERSION`` so a
     :class:`bench.gate.versions.VersionedExecutor` sends it to that version's own process or fork server), and
     the record keeps ``code_version`` and ``code_commit``.
+    ``stack``: the run's open stack (:class:`bench.execution.stacks.OpenStack`): the run uses its interpreter,
+    source trees and variables (under the launch's own); the record keeps ``stack`` (its name, interpreter and
+    trees). Every record keeps ``run_versions``, the versions the run's own process imported, where it wrote them.
     """
     t_enter = time.time()
     rdir = Path(rdir)
@@ -40,7 +43,13 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     rdir.mkdir(parents=True)
     launch = spec.launch
     root = (code or {}).get("root")
-    launch_res = resolve_launch(launch.argv, launch.env, launch.patches, rdir, spec.timeout_s, repo_root=root)
+    if stack is not None:
+        launch_res = resolve_launch(launch.argv, launch.env, launch.patches, rdir, spec.timeout_s, repo_root=root,
+                                    python=stack.python, paths=stack.paths,
+                                    placeholders=capability(spec.engine, "stack_placeholders")(stack.python))
+        launch_res.env = {**stack.env, **launch_res.env}
+    else:
+        launch_res = resolve_launch(launch.argv, launch.env, launch.patches, rdir, spec.timeout_s, repo_root=root)
     if spec.code_version:
         launch_res.env["BENCH_CODE_VERSION"] = spec.code_version
     if launch.config:
@@ -62,6 +71,8 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
         rec["machine_probe"] = bracket_record(probe, before, after)
     if spec.code_version:
         rec["code_version"], rec["code_commit"] = spec.code_version, (code or {}).get("commit")
+    if stack is not None:
+        rec["stack"] = {"name": stack.name, "python": stack.python, "paths": stack.paths, "trees": stack.trees}
     rec["timing"] = run_timing(rec, harness_s=(started - t_enter) + (time.time() - t_ran))
     write_record(rdir, rec)
     return rec

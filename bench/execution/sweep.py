@@ -100,6 +100,9 @@ class Sweep:
         analysis: the analysis declared before the first run (an interleaved gate's metric, covariate, cells,
             family, threshold and alpha: :func:`bench.gate.runs.declare_analysis`), kept in ``sweep.json``
             (key ``analysis``); a resume with another declared analysis is refused (``BenchError``).
+        stacks: the open stacks of the matrix's ``stack`` factor (:func:`bench.execution.stacks.open_stacks`): each
+            run uses its stack's; ``sweep.json`` keeps them (key ``stacks``), and their commits and interpreters
+            enter the fingerprint (a branch that moved is a new sweep, not a resume).
     """
 
     def __init__(self, matrix: Matrix, plan: Plan, results_root: Path, tracking_uri: str,
@@ -107,8 +110,9 @@ class Sweep:
                  on_event: Callable[[str, dict[str, Any]], None] | None = None,
                  order: str = "blocked", order_seed: int | None = None, stop_rule: Any = None,
                  planning: dict[str, Any] | None = None, code_versions: dict[str, dict[str, Any]] | None = None,
-                 analysis: dict[str, Any] | None = None):
+                 analysis: dict[str, Any] | None = None, stacks: dict[str, Any] | None = None):
         self.matrix, self.plan, self.stop_rule, self.planning = matrix, plan, stop_rule, planning
+        self.stacks = stacks or {}
         self.analysis = analysis
         self.code_versions = code_versions or {}
         self.order_kind, self.order_seed = order, order_seed
@@ -202,6 +206,9 @@ class Sweep:
     # -- pieces ---------------------------------------------------------------------------------
     def _open_sweep(self, tracker: Tracker) -> tuple[Path, dict[str, Any]]:
         fp = gate_fingerprint(self.matrix.fingerprint(), self.code_versions)  # the matrix's own without versions
+        if self.stacks:
+            fp = gate_fingerprint(fp, {n: {"commit": [s.python, *(t["commit"] for t in s.trees)]}
+                                       for n, s in self.stacks.items()})
         sweep_dir = None if self.force else self.rd.find_resumable(fp, self.plan.platform,
                                                                    [r.cell_id for r in self.plan.runs])
         for problem in self.rd.unusable:  # an older sweep whose sweep.json cannot be read
@@ -254,6 +261,8 @@ class Sweep:
                      else run_order(ids, self.plan.repeats, self.order_kind, seed))
             if self.code_versions:
                 meta["code_versions"] = version_meta(self.code_versions)
+            if self.stacks:
+                meta["stacks"] = {n: s.describe() for n, s in self.stacks.items()}
             meta["order"] = order.model_dump(mode="json")
             meta["parent_run_id"] = None
             self._ensure_parent(tracker, meta)
@@ -297,7 +306,8 @@ class Sweep:
 
     def _run_one(self, sweep_dir: Path, spec: RunSpec, repeat: int) -> dict[str, Any]:
         return execute_spec(spec, run_dir(sweep_dir, spec.cell_id, repeat, spec.code_version), repeat,
-                            self.executor, self.matrix.base.warmup_steps, self.code_versions.get(spec.code_version))
+                            self.executor, self.matrix.base.warmup_steps, self.code_versions.get(spec.code_version),
+                            stack=self.stacks.get(spec.stack) if spec.stack else None)
 
     def _log_mlflow(self, tracker: Tracker, parent_id: str, spec: RunSpec, rdir: Path) -> None:
         if (rdir / MLFLOW_MARK).exists():

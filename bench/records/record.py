@@ -18,6 +18,7 @@ from typing import Any
 
 from bench.core.errors import clip_words
 from bench.core.files import atomic_write_json, read_json
+from bench.core.metadata import RUN_VERSIONS_FILE
 from bench.core.process import ExecResult
 from bench.measure import MeasureError, collect, summarize
 from bench.measure.evidence import factor_evidence, flagged
@@ -103,6 +104,9 @@ def build_record(run_dir: Path, res: ExecResult, *, spec: dict[str, Any], repeat
         rec["warnings"].extend(got["warnings"])
         if got["metrics"]:
             rec["summary"] = summarize(got, warmup_steps)
+    ran = read_json(run_dir / RUN_VERSIONS_FILE)
+    if isinstance(ran, dict) and ran.get("packages"):  # written by the run's own process (issue 43)
+        rec["run_versions"] = ran
     if "speed_probe" not in rec["evidence"]:  # a probe timed by a patch (verl:cpu's driver), named in its report
         sp = probe_from_patches(rec["patch_reports"])
         if sp is not None:

@@ -35,6 +35,7 @@ from bench.core.files import read_json
 from bench.core.paths import check_folder, check_matrix_folder
 from bench.records.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
 from bench.spec.optimizations import REGISTRY
+from bench.spec.stack import STACK_FACTOR
 
 SWEEP = "sweep.json"
 
@@ -304,6 +305,12 @@ def check_levels(levels: dict[str, Any], where: str) -> None:
     """
     for key, value in levels.items():
         opt = REGISTRY.get(key)
+        if key == STACK_FACTOR:  # a position in the matrix's stack factor (bench.spec.stack)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1000:
+                shown = json.dumps(value)[:40] if isinstance(value, (str, int, float)) else type(value).__name__
+                raise BenchError(f"{where}.{key}: {shown} is not a stack position (allowed: 0, 1, ... in the order "
+                                 "of the matrix's factors.stack)")
+            continue
         if opt is None:
             raise BenchError(f"{where}: unknown factor {str(key)[:60]!r}{did_you_mean(key, REGISTRY)} "
                              f"(allowed: {', '.join(REGISTRY)})")

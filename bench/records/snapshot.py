@@ -15,12 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import BenchError
+from bench.core.metadata import flat_run_versions
 from bench.measure import step_samples
 from bench.records.figures import SUMMARY_STEP_TIME, Snapshot
 from bench.records.results import SWEEP, check_sweep_meta, load_records
 from bench.records.speed import PROBE_METRIC, probe_spec
 from bench.spec.metrics import METRICS
 from bench.spec.optimizations import factor_keys
+from bench.spec.stack import STACK_FACTOR
 
 #: format of a snapshot and of a baseline file (a saved snapshot)
 FORMAT = "grpo-bench-baseline"
@@ -36,7 +38,8 @@ _SUMMARY_KEYS = (SUMMARY_STEP_TIME, "step_time_iqr_s", "step_time_mean_s", "roll
 
 def levels_key(levels: dict[str, Any]) -> str:
     """Canonical text of a cell's factor levels (``n/a`` = not applicable); the gate's matching key."""
-    return ",".join(f"{k}={'n/a' if levels.get(k) is None else levels[k]}" for k in factor_keys() if k in levels)
+    keys = [*factor_keys(), STACK_FACTOR]  # the stack factor's position, where a matrix lists it
+    return ",".join(f"{k}={'n/a' if levels.get(k) is None else levels[k]}" for k in keys if k in levels)
 
 
 def _num(v: Any) -> float | None:
@@ -145,6 +148,7 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
                          "samples": record_samples(r) if r.get("status") == "ok" else {m: [] for m in METRICS},
                          "steps": steps, "workload": work, "host_load": r.get("host_load"), "timing": r.get("timing"),
                          "probe_spec": probe_spec(r), "node": (r.get("node") or {}).get("id"),
+                         "versions": flat_run_versions(r.get("run_versions")),
                          "summary": {k: summ.get(k) for k in _SUMMARY_KEYS if k in summ}})
             if r.get("status") != "ok":
                 failures.append({"repeat": r.get("repeat"), "kind": r.get("failure_kind"),
@@ -155,7 +159,8 @@ def snapshot(sweep: Path, results_root: Path | None = None, version: str | None 
         cells.append({"key": levels_key(spec["levels"]), "cell_id": spec["cell_id"], "label": spec["label"],
                       "levels": spec["levels"], "merged_cells": len(spec.get("cells") or []),
                       "all_off": bool(spec.get("all_off")), "status": status, "failures": failures,
-                      "missing_repeats": missing, "repeats": reps})
+                      "missing_repeats": missing, "repeats": reps,
+                      **({"stack": spec["stack"]} if spec.get("stack") else {})})
     matrix = meta.get("matrix") or {}
     rel = sweep.name
     if results_root is not None:

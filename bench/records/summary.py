@@ -30,7 +30,9 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
     over the ok repeats of each run's median timed step (s); ``speedup`` = all-off cell's value / this
     cell's (> 1 = faster); rollout share, Free ratio and throughput likewise per run, then over runs.
 
-    Columns: cell_id, label, one per factor, merged (design cells represented), repeats_ok, repeats,
+    Columns: cell_id, label, one per factor, stack (the stack's name where the matrix lists the ``stack`` factor),
+    versions (what the cell's ok runs imported, each in its own process: ``verl 0.9.1, torch 2.13.0``; a package
+    whose runs disagree lists each version), merged (design cells represented), repeats_ok, repeats,
     step_time_s, step_time_raw_s, step_time_iqr_s (of the pooled timed steps), speedup, rollout_share,
     free_ratio, throughput, peak_memory_gb, status, reason, all_off, startup_s, steps_s, harness_s (means over
     the ok runs of :func:`bench.execution.runner.run_timing`: start-up, all GRPO steps, the harness's own time;
@@ -68,6 +70,8 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             "all_off": c.all_off,
             **_timing(c),
             "nodes": "; ".join(f"r{r.repeat} {r.node[:8]}" for r in c.repeats if r.node),
+            "stack": getattr(c, "stack", None) or "",
+            "versions": run_versions_text([getattr(r, "versions", None) or {} for r in ok]),
         }
         rows.append(row)
     return rows
@@ -97,7 +101,9 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
     """Write ``summary.csv`` and ``summary.md`` (atomically) into the sweep folder; returns both paths.
     ``sections``: markdown lines after the cells table (a sequential sweep's verdicts,
     :func:`bench.planning.view.summary_lines`)."""
-    cols = ["cell_id", "label", *FACTOR_KEYS, "merged", "repeats_ok", "repeats", "step_time_s", "step_time_raw_s",
+    stacks = any(r.get("stack") for r in rows)  # a sweep of the stack factor: its level and each run's versions
+    cols = ["cell_id", "label", *FACTOR_KEYS, *(["stack", "versions"] if stacks else []), "merged", "repeats_ok",
+            "repeats", "step_time_s", "step_time_raw_s",
             "step_time_iqr_s", "speedup", "rollout_share", "free_ratio", "throughput", "peak_memory_gb",
             "status", "reason", "startup_s", "steps_s", "harness_s", "nodes"]
     buf = io.StringIO()
@@ -114,15 +120,17 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
         "",
         "| cell | "
         + " | ".join(REGISTRY[k].key for k in FACTOR_KEYS)
+        + (" | stack | versions (each run's own)" if stacks else "")
         + " | step time s | raw step time s | IQR s | speedup vs all-off"
         + " | rollout share | Free ratio | tokens/s | status | start-up s | steps s | harness s |"
         + (" Ray node per repeat |" if nodes else ""),
-        "|---" * (len(FACTOR_KEYS) + 12 + nodes) + "|",
+        "|---" * (len(FACTOR_KEYS) + 12 + nodes + 2 * stacks) + "|",
     ]
     for r in rows:
         md.append(
             f"| {r['label']} (`{r['cell_id']}`) | "
             + " | ".join(r[k] for k in FACTOR_KEYS)
+            + (f" | {r.get('stack') or '-'} | {r.get('versions') or '-'}" if stacks else "")
             + f" | {_fmt(r['step_time_s'])} | {_fmt(r['step_time_raw_s'])}"
             + f" | {_fmt(r['step_time_iqr_s'])} | {_fmt(r['speedup'])}"
             f" | {_fmt(r['rollout_share'])} | {_fmt(r['free_ratio'])} | {_fmt(r['throughput'], 1)}"
@@ -134,10 +142,23 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
     return csv_path, md_path
 
 
+def run_versions_text(runs: list[dict[str, str]]) -> str:
+    """The versions of a cell's runs (each a :func:`bench.core.metadata.flat_run_versions`) as one text:
+    ``verl 0.9.1, torch 2.13.0``; a package whose runs disagree lists each version (``verl 0.9.0/0.9.1``)."""
+    seen: dict[str, list[str]] = {}
+    for got in runs:
+        for k, v in got.items():
+            if v not in seen.setdefault(k, []):
+                seen[k].append(v)
+    return ", ".join(f"{k} {'/'.join(v)}" for k, v in seen.items())
+
+
 def plan_summary(plan: Plan) -> list[dict[str, Any]]:
-    """JSON-ready list of the plan's runs (cell id, label, levels, merged cells, not-applicable reasons)."""
+    """JSON-ready list of the plan's runs (cell id, label, levels, merged cells, not-applicable reasons, and the
+    stack's name where the matrix lists the ``stack`` factor)."""
     return [{"cell_id": r.cell_id, "label": r.label, "levels": r.levels, "cells": r.cells,
-             "not_applicable": r.not_applicable, "all_off": r.is_all_off()} for r in plan.runs]
+             "not_applicable": r.not_applicable, "all_off": r.is_all_off(), **({"stack": r.stack} if r.stack else {})}
+            for r in plan.runs]
 
 
 def sweep_header(meta: dict[str, Any], rows: list[dict[str, Any]], probe_ref: float | None,

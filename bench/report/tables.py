@@ -18,6 +18,7 @@ from bench.spec.expect import judge_claim
 from bench.spec.metrics import METRICS
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys, not_read
 from bench.spec.optimizations.versions import stack_versions
+from bench.spec.stack import STACK_FACTOR
 from bench.stats.effects import cell_means_residual, fit_effects, run_contrast
 from bench.stats.estimators import DEFAULT_ALPHA as GATE_ALPHA
 from bench.stats.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
@@ -32,8 +33,10 @@ def _ok_cells(m: Snapshot) -> list[CellResult]:
 
 
 def _varied(cells: list[CellResult]) -> list[str]:
-    """Applicable factors that take more than one level among the cells, registry order."""
-    return [k for k in factor_keys() if len({c.levels.get(k) for c in cells if c.levels.get(k) is not None}) > 1]
+    """Applicable factors that take more than one level among the cells, registry order, then the ``stack`` factor
+    (:mod:`bench.spec.stack`: its levels are the stacks' positions, the first the reference)."""
+    return [k for k in [*factor_keys(), STACK_FACTOR]
+            if len({c.levels.get(k) for c in cells if c.levels.get(k) is not None}) > 1]
 
 
 def _log_runs(m: Snapshot, metric: str = "step_time") -> dict[str, list[tuple[int, float]]]:

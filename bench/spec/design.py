@@ -23,6 +23,7 @@ import numpy as np
 from bench.core.errors import BenchError
 from bench.spec.matrix import ExplicitDesign, FractionalDesign, Matrix, OneAtATimeDesign
 from bench.spec.optimizations import REGISTRY, factor_keys
+from bench.spec.stack import STACK_FACTOR
 
 Cell = dict[str, int]
 
@@ -73,8 +74,12 @@ def check_generators(generators: str, varied: list[str], source: str) -> None:
 
 
 def _levels(matrix: Matrix) -> dict[str, list[int]]:
-    """Levels of every registry factor: the matrix's, or the first level held fixed."""
-    return {k: list(matrix.factors.get(k, [REGISTRY[k].off])) for k in factor_keys()}
+    """Levels of every registry factor (the matrix's, or the first level held fixed), then the ``stack`` factor's
+    positions where the matrix lists it (:mod:`bench.spec.stack`)."""
+    out = {k: list(matrix.factors.get(k, [REGISTRY[k].off])) for k in factor_keys()}
+    if STACK_FACTOR in matrix.factors:
+        out[STACK_FACTOR] = list(matrix.factors[STACK_FACTOR])
+    return out
 
 
 def full(matrix: Matrix) -> DesignResult:
@@ -201,7 +206,7 @@ def explicit(matrix: Matrix, design: ExplicitDesign) -> DesignResult:
     levels = _levels(matrix)
     base = {k: v[0] for k, v in levels.items()}
     cells = [{**base, **c} for c in design.cells]
-    varied = [k for k in factor_keys() if len({c[k] for c in cells}) > 1]
+    varied = [k for k in levels if len({c[k] for c in cells}) > 1]
     return DesignResult(cells=cells, varied=varied)
 
 

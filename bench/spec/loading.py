@@ -265,6 +265,8 @@ def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
     if unset is not None:
         raise BenchError(f"{path}: {unset[0]}: environment variable {unset[1]} is not set (export {unset[1]}=...)")
     given = apply_overrides(raw, overrides, path) if overrides else {}
+    if isinstance(raw.get("stacks"), dict):
+        raw["stacks"] = _expand_stacks(raw["stacks"], path)
     if isinstance(raw.get("design"), str):
         raw["design"] = {"type": raw["design"]}
     try:
@@ -281,6 +283,22 @@ def _load_matrix(path: Path, overrides: list[str] | None = None) -> Matrix:
         raise BenchError(format_validation_error(path, exc, text)) from None
     matrix.source = str(path)
     return matrix
+
+
+def _expand_stacks(stacks: dict[Any, Any], file: Path) -> dict[Any, Any]:
+    """``${VAR}`` expanded in every string of the ``stacks`` block (interpreter, paths, revisions, env values):
+    the block names this machine's folders, as the user's shell would."""
+
+    def walk(value: Any, key: str) -> Any:
+        if isinstance(value, str):
+            return expand_env(value, file=str(file), key=key, strict=True)
+        if isinstance(value, dict):
+            return {k: walk(v, f"{key}.{k}") for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, f"{key}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    return walk(stacks, "stacks")
 
 
 #: keys whose ``${VAR}`` the engines expand only at launch (a dry run shows them unexpanded, a real run refuses)

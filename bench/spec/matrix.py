@@ -26,6 +26,7 @@ from bench.core.errors import did_you_mean
 from bench.spec.base_checks import check_batch_sizes, check_env, check_override_form
 from bench.spec.expect import ExpectBlock
 from bench.spec.optimizations import REGISTRY, factor_keys
+from bench.spec.stack import MAX_STACK_NAME, STACK_FACTOR, Stack, check_stack_names
 
 #: upper bounds of matrix numbers (a typo such as ``repeats: 1000000000000`` is refused, not planned)
 MAX_STEPS = 100_000
@@ -268,6 +269,10 @@ class Matrix(BaseModel):
     repeats: int = Field(1, ge=1, le=MAX_REPEATS, strict=True)
     exclude: list[Exclude] = Field(default_factory=list)
     tune: dict[str, Any] | None = None
+    #: named stacks (:class:`bench.spec.stack.Stack`), the levels of the ``stack`` factor
+    stacks: dict[str, Stack] = Field(default_factory=dict)
+    #: the ``stack`` factor's levels as named in the file; ``factors["stack"]`` holds their positions
+    stack_levels: list[str] = Field(default_factory=list, exclude=True)
     #: claims checked by the gate (:class:`bench.spec.expect.Expect`); validated at load, stored as written
     expect: list[dict[str, Any]] = Field(default_factory=list)
     description: str = ""
@@ -277,6 +282,44 @@ class Matrix(BaseModel):
     #: cell ids of a ``run --cells`` subset (empty: every cell); part of the fingerprint, so a subset sweep
     #: neither resumes nor is resumed by the sweep of the whole matrix
     selected_cells: list[str] = Field(default_factory=list, exclude=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stack_levels(cls, raw: Any) -> Any:
+        """The ``stack`` factor's names -> positions (``factors.stack: [0, 1, ...]``, names in ``stack_levels``);
+        every name must be declared under ``stacks``."""
+        if not isinstance(raw, dict):
+            return raw
+        if "stack_levels" in raw:
+            raise ValueError("stack_levels: unknown key (list the stacks under factors.stack)")
+        factors, stacks = raw.get("factors"), raw.get("stacks")
+        if stacks is not None and not isinstance(stacks, dict):
+            raise ValueError(f"stacks: expected a mapping of name -> stack, got {type(stacks).__name__}")
+        for name in stacks or {}:
+            if not isinstance(name, str) or not name or len(name) > MAX_STACK_NAME or not all(
+                    c.isalnum() or c in "_.-" for c in name):
+                raise ValueError(f"stacks: name {name!r}: allowed: letters, digits, '_', '.' and '-', at most "
+                                 f"{MAX_STACK_NAME} characters")
+        if isinstance(factors, list) and STACK_FACTOR in factors:
+            factors = {k: None for k in factors}
+        if not isinstance(factors, dict) or STACK_FACTOR not in factors:
+            return raw
+        names = factors[STACK_FACTOR]
+        if names is None:
+            names = list(stacks or {})
+        elif isinstance(names, dict) and set(names) <= {"levels"}:
+            names = names.get("levels")
+        if not isinstance(names, list):
+            names = [names]
+        check_stack_names(names, stacks or {})
+        return {**raw, "factors": {**factors, STACK_FACTOR: list(range(len(names)))}, "stack_levels": names}
+
+    def stack_of(self, level: int | None) -> tuple[str, Stack] | None:
+        """``(name, stack)`` at position ``level`` of the ``stack`` factor; ``None`` without the factor."""
+        if level is None or not self.stack_levels:
+            return None
+        name = self.stack_levels[level]
+        return name, self.stacks[name]
 
     @field_validator("engine", mode="before")
     @classmethod
@@ -316,6 +359,12 @@ class Matrix(BaseModel):
             raise ValueError("expected a mapping of factor -> levels")
         out: dict[str, list[int]] = {}
         for key, levels in raw.items():
+            if key == STACK_FACTOR and isinstance(levels, list) and all(type(v) is int for v in levels):
+                out[key] = levels  # positions in stack_levels (set by _stack_levels from the names)
+                continue
+            if key == STACK_FACTOR:
+                raise ValueError(f"{STACK_FACTOR}: declare stacks under the top-level key stacks and list their "
+                                 "names here")
             if not isinstance(key, str) or key not in REGISTRY:
                 raise ValueError(f"unknown factor {key!r}{did_you_mean(key, factor_keys())} "
                                  f"(allowed: {', '.join(factor_keys())})")
@@ -403,6 +452,10 @@ class Matrix(BaseModel):
     def fingerprint(self) -> str:
         """Stable 10-hex-digit hash of the matrix content (used to find the sweep to resume)."""
         data = self.model_dump(mode="json")
+        if self.stack_levels:  # the factor's positions name these stacks
+            data["stack_levels"] = list(self.stack_levels)
+        if not self.stacks:  # a matrix without stacks keeps the fingerprint it had before stacks existed
+            data.pop("stacks", None)
         if self.selected_cells:
             data["selected_cells"] = sorted(self.selected_cells)
         blob = json.dumps(data, sort_keys=True)

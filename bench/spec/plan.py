@@ -28,6 +28,7 @@ from bench.spec.design import Cell, DesignResult, expand
 from bench.spec.launch import Launch
 from bench.spec.matrix import Matrix
 from bench.spec.optimizations import REGISTRY, Mechanism, applicability, conflicts_of, factor_keys, resolve
+from bench.spec.stack import STACK_ENV, STACK_FACTOR
 
 
 class RunSpec(BaseModel):
@@ -43,6 +44,8 @@ class RunSpec(BaseModel):
         timeout_s: wall-clock limit of one run, seconds.
         code_version: which code runs it in an interleaved gate sweep (``baseline`` / ``candidate``), a run
             attribute like the repeat: not part of ``cell_id``; ``None`` in a plain sweep (the harness's code).
+        stack: the name of the run's stack (:mod:`bench.spec.stack`) where the matrix lists the ``stack`` factor
+            (the launch then carries ``BENCH_STACK``, so it names the cell); ``None`` otherwise.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -55,16 +58,20 @@ class RunSpec(BaseModel):
     launch: Launch
     timeout_s: float
     code_version: str | None = None
+    stack: str | None = None
 
     @property
     def label(self) -> str:
-        """Short human label: the applicable factors that are on, or ``all-off``."""
-        on = [f"{k}={v}" if REGISTRY[k].levels != (0, 1) else k for k, v in self.levels.items() if v]
+        """Short human label: the applicable factors that are on (the stack's name at a stack other than the
+        first), or ``all-off``."""
+        on = [(self.stack or f"{k}={v}") if k == STACK_FACTOR else
+              f"{k}={v}" if REGISTRY[k].levels != (0, 1) else k for k, v in self.levels.items() if v]
         return "+".join(on) if on else "all-off"
 
     def is_all_off(self) -> bool:
-        """True when every applicable factor is at its off level (the reference for speedups)."""
-        return all(v is None or v == REGISTRY[k].off for k, v in self.levels.items())
+        """True when every applicable factor is at its off level, the stack at the factor's first (the reference
+        for speedups)."""
+        return all(v is None or v == (REGISTRY[k].off if k in REGISTRY else 0) for k, v in self.levels.items())
 
 
 class Dropped(BaseModel):
@@ -172,6 +179,7 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
     engine = get_engine(matrix.engine)
     ctx = matrix.base.context()
     na = {k: applicability(k, matrix.engine, platform, ctx) for k in factor_keys()}
+    extra = [STACK_FACTOR] if STACK_FACTOR in matrix.factors else []  # a stack applies everywhere
 
     dropped: list[Dropped] = []
     groups: dict[tuple, list[Cell]] = {}
@@ -184,22 +192,27 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
         if rule is not None:
             dropped.append(Dropped(cell=cell, kind="excluded", reason=rule.reason))
             continue
-        effective = tuple((k, None if na[k] else cell[k]) for k in factor_keys())
+        effective = tuple((k, None if na.get(k) else cell[k]) for k in [*factor_keys(), *extra])
         groups.setdefault(effective, []).append(cell)
 
     runs: list[RunSpec] = []
     for effective, cells in groups.items():
         levels = dict(effective)
-        mech = merge_mechanisms([resolve(k, v, matrix.engine, platform) for k, v in levels.items() if v is not None])
+        mech = merge_mechanisms([resolve(k, v, matrix.engine, platform) for k, v in levels.items()
+                                 if v is not None and k in REGISTRY])
         id_levels = _id_levels(levels, set(matrix.factors))
         try:
             launch = engine.build(matrix.base, mech, platform, levels, strict=strict)
             id_launch = launch if id_levels == levels else engine.build(
                 matrix.base, merge_mechanisms([resolve(k, v, matrix.engine, platform)
-                                               for k, v in id_levels.items() if v is not None]),
+                                               for k, v in id_levels.items() if v is not None and k in REGISTRY]),
                 platform, id_levels, strict=strict)
         except BenchError as exc:
             raise BenchError(f"{matrix.source}: {exc}") from None
+        stack = matrix.stack_of(levels.get(STACK_FACTOR))
+        if stack is not None:  # the stack's name names the cell; its interpreter, paths and env apply at launch
+            launch = launch.model_copy(update={"env": {**launch.env, STACK_ENV: stack[0]}})
+            id_launch = id_launch.model_copy(update={"env": {**id_launch.env, STACK_ENV: stack[0]}})
         runs.append(
             RunSpec(
                 cell_id=cell_id_of(matrix.engine, platform, id_launch),
@@ -210,6 +223,7 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
                 not_applicable={k: r for k, r in na.items() if r and k in matrix.factors},
                 launch=launch,
                 timeout_s=matrix.base.timeout_s,
+                stack=stack[0] if stack is not None else None,
             )
         )
     if not runs:

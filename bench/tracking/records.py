@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.core.metadata import git_commit, versions
+from bench.core.metadata import flat_run_versions, git_commit, versions
 from bench.measure.patch_reports import patch_evidence
 from bench.measure.top_ops import TOP_N, step_top_ops
 from bench.records.figures import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, run_value
@@ -139,6 +139,15 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
         tags.update({"failure_kind": rec.get("failure_kind"), "failure_reason": rec.get("reason")})
     params = {**{f"factor.{k}": ("n/a" if v is None else v) for k, v in spec.levels.items()},
               **{k: getattr(matrix.base, k) for k in KEY_SETTINGS}, "cell_id": spec.cell_id}
+    if spec.stack:  # the stack factor's level by name, and its interpreter (issue 43)
+        params["factor.stack"] = spec.stack
+        tags["bench.stack"] = spec.stack
+        tags["bench.stack.python"] = (rec.get("stack") or {}).get("python")
+    # what the run's own process imported (bench.core.metadata.run_versions), beside the harness's version.* tags
+    tags.update({f"run_version.{k}": v for k, v in flat_run_versions(rec.get("run_versions")).items()})
+    for pkg, got in (((rec.get("run_versions") or {}).get("packages")) or {}).items():
+        if isinstance(got, dict) and got.get("file"):  # where it was imported from (a stack's source tree shows)
+            tags[f"run_version.{pkg}.file"] = got["file"]
     arts: list = [rdir / n for n in ("run_config.yaml", "metrics.jsonl", "run.log", "evidence.json", "record.json",
                                      "engine.log")]
     # verl runs: the config verl composed (Hydra's record of the job) and the per-process patch reports

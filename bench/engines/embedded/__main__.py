@@ -72,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         (out / "failure.json").write_text(json.dumps({"kind": kind, "reason": reason}) + "\n")
         print(f"embedded engine: {kind}: {reason}", file=sys.stderr, flush=True)
         return code
+    finally:  # what this process imported, read in it (a stack's own interpreter and source trees show here)
+        from bench.core.metadata import write_run_versions  # deferred: after T_START (start-up clock)
+
+        write_run_versions(out)
 
 
 def _exit_now(code: int) -> None:

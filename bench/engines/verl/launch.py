@@ -107,6 +107,16 @@ class VerlEngine(EngineBase):
         return "starting up (Ray, workers, rollout engine) before step 1"
 
     @staticmethod
+    def stack_packages(platform: str) -> tuple[str, ...]:
+        """What a verl run's driver imports: torch, verl's trainer and the rollout's vLLM."""
+        return ("torch", "verl.trainer.main_ppo", "vllm")
+
+    @staticmethod
+    def stack_placeholders(python: str) -> dict[str, str]:
+        """``{verl_python}``: a stack's runs use the stack's interpreter instead of ``$BENCH_VERL_PYTHON``."""
+        return {"verl_python": python}
+
+    @staticmethod
     def placeholders() -> dict[str, str]:
         """``{verl_python}`` (the verl CPU stack's interpreter) and ``{bench_cache}`` (models and data built
         locally)."""
