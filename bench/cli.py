@@ -10,7 +10,8 @@ Error boundary (every subcommand): a :class:`~bench.core.errors.BenchError` is p
 exception as one line naming the step in progress (:class:`bench.core.errors.doing`) and the path of a log
 holding the full traceback (``<results>/logs/error-*.log``). No Python traceback reaches the terminal.
 Each subcommand is a :class:`bench.commands.base.Command` subclass in its own module of :mod:`bench.commands`
-(``setup_arguments(parser)``, ``run(args) -> int``), found by :func:`bench.commands.commands`.
+(``setup_arguments(parser)``, ``run(args) -> int``), listed in :data:`bench.commands.COMMANDS`; a start imports
+only the module of the subcommand it runs (``--help`` none), so no command pays for another's libraries.
 """
 
 from __future__ import annotations
@@ -23,19 +24,19 @@ import sys
 import tempfile
 import time
 import traceback
+from collections.abc import Iterable
 from pathlib import Path
 
 from bench import __version__
-from bench.commands import commands
-from bench.core.errors import BenchError, Terminated, current_step
+from bench.commands import COMMANDS, command_class
+from bench.core.errors import BenchError, Terminated, current_step, is_no_space
 from bench.core.paths import check_folder, check_names
-from bench.records.results import is_no_space
 from bench.tracking.store import check_tracking_uri, in_memory
 
 
-def subcommands() -> dict[str, type]:
-    """``{name: Command subclass}``: every subcommand of :mod:`bench.commands` (found by scanning it)."""
-    return commands()
+def subcommands() -> dict[str, str]:
+    """``{name: one-line help}`` of every subcommand (:data:`bench.commands.COMMANDS`; imports no command module)."""
+    return COMMANDS
 
 
 
@@ -215,8 +216,12 @@ def add_common(p: argparse.ArgumentParser) -> None:
                    help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///<results>/mlflow.db)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with one sub-parser per available subcommand."""
+def build_parser(only: Iterable[str] | None = None) -> argparse.ArgumentParser:
+    """The top-level parser with one sub-parser per subcommand.
+
+    ``only``: the subcommands whose arguments are set up (their modules imported); default every one. The others
+    are listed in ``--help`` with their one line and parse nothing: :func:`main` sets up only the one it runs.
+    """
     parser = OneLineParser(
         prog="run_bench.py",
         description="Ablation benchmark harness for GRPO post-training performance (verl; embedded engine "
@@ -226,11 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="print the package version and the git short sha of the code, then exit")
     names = subcommands()
     sub = parser.add_subparsers(dest="command", metavar="{" + ",".join(names) + "}")
-    for name, command in names.items():
-        p = sub.add_parser(name, help=command.help, description=command.help)
+    for name, help_line in names.items():
+        p = sub.add_parser(name, help=help_line, description=help_line)
         add_common(p)
-        command.setup_arguments(p)
-        p.set_defaults(_command=command)
+        if only is None or name in only:
+            cls = command_class(name)
+            cls.setup_arguments(p)
+            p.set_defaults(_command=cls)
     return parser
 
 
@@ -275,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:  # not the main thread (tests calling main() from a thread)
         previous = None
     try:
-        parser = build_parser()
+        parser = build_parser(only=argv[:1])  # argv[0]: the subcommand (order_argv), or --help / --version
         if not argv:
             parser.print_help()
             return 2

@@ -285,16 +285,17 @@ def test_execution_imports_no_command():
 
 
 def test_every_command_is_a_command_module():
-    """Every subcommand is a ``Command`` subclass in its own module of ``bench/commands/`` (found by scanning
-    the package, asv-style), and no module outside ``bench/commands/`` (but the dispatcher ``bench.cli``)
-    defines a command's ``add_arguments``/``setup_arguments``."""
-    from bench.commands import commands
+    """Every subcommand is a ``Command`` subclass in its own module ``bench/commands/<name>.py``, listed in
+    ``bench.commands.COMMANDS`` (scanning the package finds no subcommand the table lacks), and no module
+    outside ``bench/commands/`` (but the dispatcher ``bench.cli``) defines a command's
+    ``add_arguments``/``setup_arguments``."""
+    from bench.commands import COMMANDS, commands
 
     found = commands()
     assert {"run", "tune", "gate", "report", "compare", "baseline", "sync"} <= set(found)
-    assert list(found)[0] == "run"
+    assert list(found) == list(COMMANDS) and list(found)[0] == "run"
     for name, cls in found.items():
-        assert cls.__module__.startswith("bench.commands."), (name, cls.__module__)
+        assert cls.__module__ == f"bench.commands.{name}", (name, cls.__module__)
     modules = {cls.__module__ for cls in found.values()}
     assert len(modules) == len(found), "one module per subcommand"
     outside = []

@@ -113,8 +113,32 @@ def test_dry_run_prints_plan_and_writes_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_run_is_the_default_subcommand_and_help_lists_subcommands(tmp_path):
-    p = run(["--help"], tmp_path)
-    assert p.returncode == 0
-    for sub in ("run", "tune", "gate", "report", "baseline"):
-        assert sub in p.stdout
+#: libraries a CLI start that needs none of them must not import (seconds each; scipy alone 3 s on 2 cores)
+HEAVY = ("scipy", "torch", "mlflow", "matplotlib", "optuna", "pandas", "statsmodels", "ray", "rich")
+
+
+def imported(importtime_stderr: str) -> set[str]:
+    """The top-level packages in the ``-X importtime`` report ``importtime_stderr``
+    (lines ``import time: <self us> | <cumulative us> | <indent><module>``)."""
+    return {line.rsplit("|", 1)[1].strip().split(".")[0] for line in importtime_stderr.splitlines()
+            if line.startswith("import time:") and "|" in line and not line.rstrip().endswith("imported package")}
+
+
+def test_run_is_the_default_subcommand_and_help_lists_subcommands_without_heavy_imports(tmp_path):
+    """``python run_bench.py --help`` lists every subcommand with its help line, and building that parser imports
+    no command module and none of :data:`HEAVY` (issue 47: it imported scipy through every command module)."""
+    from bench.commands import COMMANDS
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "-X", "importtime", str(ROOT / "run_bench.py"), "--help"], cwd=tmp_path,
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "{" + ",".join(COMMANDS) + "}" in p.stdout and list(COMMANDS)[0] == "run"
+    listed = " ".join(p.stdout.split())
+    for name, line in COMMANDS.items():
+        assert f"{name} {line}" in listed, name
+    mods = imported(p.stderr)
+    assert {"bench", "argparse"} <= mods  # the report is read (the parser was built in this process)
+    assert sorted(mods & set(HEAVY)) == []
+    commands = {line.rsplit("|", 1)[1].strip() for line in p.stderr.splitlines() if "bench.commands." in line}
+    assert commands <= {"bench.commands.base"}, commands

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -140,15 +141,38 @@ def test_recipes_applied_literally_run_through_the_cli(repo, tmp_path):
     sweep_report_gate(tmp_path, [repo])
 
 
-def test_registry_enumerating_tests_and_the_layout_hold_on_the_copy(repo):
-    """On the copy, from a virtual environment created inside it (``python3 -m venv .venv``, as a user makes one):
-    every test that enumerates a registry (marked ``registry`` by tests/conftest.py) and the layout tests pass
-    with the four extensions registered, and the venv is neither collected nor copied by a test."""
-    venv = repo / ".venv"
+def inner_venv(venv: Path) -> Path:
+    """A virtual environment at ``venv`` (``python -m venv``, as a user makes one) that sees the packages of the
+    environment running this test, whatever it is; returns its python.
+
+    ``--system-site-packages`` would not do: a venv made from a venv's python exposes the *base* interpreter's
+    site-packages, which on a fresh machine hold none of the project's packages. Instead a ``.pth`` file in the
+    new venv's site-packages adds each site folder of this process (:func:`site.getsitepackages`, and the user
+    site when this process uses it) with :func:`site.addsitedir`, so their own ``.pth`` files (editable
+    installs) count too; the new venv's own site-packages stay first.
+
+    Raises:
+        subprocess.CalledProcessError: ``venv`` could not be created.
+    """
     if not venv.exists():
-        subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)],
-                       check=True, timeout=300)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=300)
     py = venv / "bin" / "python"
+    own = subprocess.run([str(py), "-c", "import site; print(site.getsitepackages()[0])"], check=True,
+                         capture_output=True, text=True, timeout=120).stdout.strip()
+    outer = list(site.getsitepackages())
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        outer.append(site.getusersitepackages())
+    lines = [f"import site; site.addsitedir({d!r})" for d in outer if os.path.isdir(d)]
+    (Path(own) / "_outer_environment.pth").write_text("\n".join(lines) + "\n")
+    return py
+
+
+def test_registry_enumerating_tests_and_the_layout_hold_on_the_copy(repo):
+    """On the copy, from a virtual environment created inside it (:func:`inner_venv`, seeing this environment's
+    packages): every test that enumerates a registry (marked ``registry`` by tests/conftest.py) and the layout
+    tests pass with the four extensions registered, and the venv is neither collected nor copied by a test."""
+    venv = repo / ".venv"
+    py = inner_venv(venv)
     env = {**os.environ, "PYTHONPATH": str(repo)}
     where = subprocess.run([str(py), "-c", "import bench, sys; print(bench.__file__); print(sys.prefix)"],
                            cwd=repo, env=env, capture_output=True, text=True, timeout=120)

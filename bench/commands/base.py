@@ -1,5 +1,5 @@
-"""The small base every subcommand of ``run_bench.py`` derives from (as asv's ``Command``): a subclass in a
-module of :mod:`bench.commands` is a subcommand; :func:`bench.commands.commands` finds it, no list to edit."""
+"""The small base every subcommand of ``run_bench.py`` derives from (as asv's ``Command``): a subclass in the
+module ``bench.commands.<name>``, listed with its one-line help in :data:`bench.commands.COMMANDS`."""
 
 from __future__ import annotations
 
@@ -10,21 +10,22 @@ from typing import ClassVar
 class Command:
     """One subcommand.
 
-    Class attributes, given as class keywords (``class Gate(Command, name="gate", help="...", order=20)``):
-    ``name`` (the word on the command line), ``help`` (one line for ``--help``), ``order`` (position in the
-    help's list; ``run``, the default subcommand, first).
+    Class attribute, given as a class keyword (``class Gate(Command, name="gate")``): ``name``, the word on the
+    command line. Its one-line help and its place in ``--help`` are its line in :data:`bench.commands.COMMANDS`
+    (read without importing any command module).
 
     Subclasses implement :meth:`setup_arguments` and :meth:`run`; the shared options (``--results``,
     ``--tracking-uri``) and the error boundary are :mod:`bench.cli`'s.
     """
 
     name: ClassVar[str] = ""
-    help: ClassVar[str] = ""
-    order: ClassVar[int] = 100
 
-    def __init_subclass__(cls, name: str = "", help: str = "", order: int = 100, **kw) -> None:
+    def __init_subclass__(cls, name: str = "", **kw) -> None:
+        if "help" in kw or "order" in kw:
+            raise TypeError(f"{cls.__module__}.{cls.__qualname__}: a subcommand's help and order are its line in "
+                            "bench.commands.COMMANDS, not class keywords")
         super().__init_subclass__(**kw)
-        cls.name, cls.help, cls.order = name or cls.name, help or cls.help, order
+        cls.name = name or cls.name
 
     @staticmethod
     def setup_arguments(parser: argparse.ArgumentParser) -> None:

@@ -104,8 +104,7 @@ def _action(args: argparse.Namespace) -> int:
     return 0
 
 
-class Baseline(Command, name="baseline", order=50,
-               help="store a sweep as a named baseline for the gate"):
+class Baseline(Command, name="baseline"):
     """``baseline``: :func:`add_arguments`, :func:`main`."""
 
     setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

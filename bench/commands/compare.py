@@ -58,8 +58,7 @@ def main(args: argparse.Namespace) -> int:
 __all__ = ["add_arguments", "main"]
 
 
-class Compare(Command, name="compare", order=40,
-              help="compare two sweeps directly (no saved baseline): gate's verdicts and exit codes"):
+class Compare(Command, name="compare"):
     """``compare``: :func:`add_arguments`, :func:`main`."""
 
     setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

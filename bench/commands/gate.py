@@ -205,8 +205,7 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
     return int(result["exit_code"])
 
 
-class Gate(Command, name="gate", order=20,
-           help="compare a sweep against a baseline; exit 1 on a real slowdown"):
+class Gate(Command, name="gate"):
     """``gate``: :func:`add_arguments`, :func:`main`."""
 
     setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

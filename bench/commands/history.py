@@ -149,8 +149,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-class History(Command, name="history", order=55,
-              help="change points of a stored baseline's history (per cell, machine and stack), with plots"):
+class History(Command, name="history"):
     """``history``: :func:`add_arguments`, :func:`main`."""
 
     setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

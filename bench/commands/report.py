@@ -231,8 +231,7 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-class Report(Command, name="report", order=30,
-             help="effects, interactions, confidence intervals and plots of a sweep"):
+class Report(Command, name="report"):
     """``report``: :func:`add_arguments`, :func:`main`."""
 
     setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

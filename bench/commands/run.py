@@ -418,8 +418,7 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
 __all__ = ["add_arguments", "main", "plain_table", "select_cells", "print_plan", "print_summary", "smoke_main"]
 
 
-class Run(Command, name="run", order=0,
-          help="run the sweep of a matrix file (default subcommand)"):
+class Run(Command, name="run"):
     """``run``: :func:`add_arguments`, :func:`main`."""
 
     setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

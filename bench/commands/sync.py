@@ -65,8 +65,7 @@ def main(args: argparse.Namespace) -> int:
     return 1 if left else 0
 
 
-class Sync(Command, name="sync", order=60,
-           help="upload to MLflow what an outage of the tracking server left queued (idempotent)"):
+class Sync(Command, name="sync"):
     """``sync``: :func:`add_arguments`, :func:`main`."""
 
     setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

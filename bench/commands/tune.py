@@ -198,8 +198,7 @@ def main(args: argparse.Namespace) -> int:
     return 0 if out.summary.get("best") else 1
 
 
-class Tune(Command, name="tune", order=10,
-           help="Optuna search of the dynamic-bsz token limits (matrix 'tune' block)"):
+class Tune(Command, name="tune"):
     """``tune``: :func:`add_arguments`, :func:`main`."""
 
     setup_arguments, run = staticmethod(add_arguments), staticmethod(main)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import errno
 import threading
 from typing import Any
 
@@ -33,6 +34,23 @@ class DiskFullError(BenchError):
     """
 
     exit_code = 1
+
+
+#: errno values that mean "no space left" (disk full, quota exceeded)
+NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_no_space(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an exception it wraps) is an ``ENOSPC``/``EDQUOT`` error."""
+    seen = 0
+    while exc is not None and seen < 10:
+        if isinstance(exc, OSError) and exc.errno in NO_SPACE:
+            return True
+        if "No space left on device" in str(exc) or "database or disk is full" in str(exc):
+            return True
+        exc = exc.__cause__ or exc.__context__
+        seen += 1
+    return False
 
 
 class Terminated(KeyboardInterrupt):

@@ -19,7 +19,6 @@ starts a new sweep.
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import re
@@ -30,7 +29,7 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from bench.core.errors import BenchError, DiskFullError, did_you_mean
+from bench.core.errors import NO_SPACE, BenchError, DiskFullError, did_you_mean, is_no_space  # noqa: F401 - re-exported
 from bench.core.files import read_json
 from bench.core.paths import check_folder, check_matrix_folder
 from bench.records.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
@@ -38,23 +37,6 @@ from bench.spec.optimizations import REGISTRY
 from bench.spec.stack import STACK_FACTOR
 
 SWEEP = "sweep.json"
-
-
-#: errno values that mean "no space left" (disk full, quota exceeded)
-NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
-
-
-def is_no_space(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception it wraps) is an ``ENOSPC``/``EDQUOT`` error."""
-    seen = 0
-    while exc is not None and seen < 10:
-        if isinstance(exc, OSError) and exc.errno in NO_SPACE:
-            return True
-        if "No space left on device" in str(exc) or "database or disk is full" in str(exc):
-            return True
-        exc = exc.__cause__ or exc.__context__
-        seen += 1
-    return False
 
 
 def folder_size(path: Path) -> int:

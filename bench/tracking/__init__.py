@@ -44,9 +44,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core.errors import BenchError, DiskFullError, doing
+from bench.core.errors import BenchError, DiskFullError, doing, is_no_space
 from bench.core.metadata import git_commit, versions  # noqa: F401  (re-exported; gathered in bench.core.metadata)
-from bench.records.results import is_no_space
 from bench.tracking.naming import (  # noqa: F401  (re-exported: the public names of bench.tracking)
     EXPERIMENT_KIND,
     ML_VIEW,
