@@ -16,7 +16,8 @@ from bench.core.files import atomic_write_text
 from bench.core.metadata import host_load
 from bench.engines.base import capability
 from bench.execution.executors import Executor, resolve_launch
-from bench.execution.machine_probe import BracketProbe, bracket_record
+from bench.execution.machine_probe import BracketProbe, bracket_record, matmul_peak
+from bench.records.mfu import run_perf
 from bench.records.record import build_record, write_record
 from bench.spec.plan import RunSpec
 from bench.tracking.records import step_phases
@@ -62,9 +63,31 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
         rec["machine_probe"] = bracket_record(probe, before, after)
     if spec.code_version:
         rec["code_version"], rec["code_commit"] = spec.code_version, (code or {}).get("commit")
+    if rec["status"] == "ok":
+        add_phase_perf(rdir, rec, shared_matmul_peak() if spec.platform == "cpu" and _local(executor) else None)
     rec["timing"] = run_timing(rec, harness_s=(started - t_enter) + (time.time() - t_ran))
     write_record(rdir, rec)
     return rec
+
+
+def add_phase_perf(rdir: Path, rec: dict[str, Any], machine_peak: dict[str, Any] | None) -> None:
+    """Put the run's MFU and tokens/s per device per phase (:func:`bench.records.mfu.run_perf`) into its summary
+    (``phase_perf``, ``mfu_basis``); an estimate that fails leaves a warning, never a failed run."""
+    try:
+        rec["summary"]["phase_perf"], rec["summary"]["mfu_basis"] = run_perf(rdir, rec, machine_peak)
+    except Exception as exc:  # noqa: BLE001 - a figure the run can do without
+        rec.setdefault("warnings", []).append(f"MFU per phase not computed: {type(exc).__name__}: {exc}")
+
+
+def _local(executor: Executor) -> bool:
+    return getattr(executor, "name", "") == "local"
+
+
+@functools.cache
+def shared_matmul_peak() -> dict[str, Any]:
+    """This machine's measured matmul peak (:func:`bench.execution.machine_probe.matmul_peak`), measured once per
+    harness process (a sweep) at its first use; ``sweep.json`` keeps it as ``machine_peak``."""
+    return matmul_peak()
 
 
 def _bracket_probe(engine: str, executor: Executor):
@@ -72,7 +95,7 @@ def _bracket_probe(engine: str, executor: Executor):
     (``bracket_probe``) and the run executes on this machine (the local executor), else ``None``. Taken only for
     runs on the CPU (the caller): the kernel times the CPU, not a device (3 s per run an accelerator would pay for
     nothing)."""
-    if not capability(engine, "bracket_probe", False) or getattr(executor, "name", "") != "local":
+    if not capability(engine, "bracket_probe", False) or not _local(executor):
         return None
     return _shared_probe()
 
