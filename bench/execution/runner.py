@@ -79,8 +79,12 @@ def add_phase_perf(rdir: Path, rec: dict[str, Any], machine_peak: dict[str, Any]
         rec.setdefault("warnings", []).append(f"MFU per phase not computed: {type(exc).__name__}: {exc}")
 
 
+#: executors whose runs execute on the harness's own machine (its measured matmul peak is theirs)
+THIS_MACHINE = ("local", "forkserver")
+
+
 def _local(executor: Executor) -> bool:
-    return getattr(executor, "name", "") == "local"
+    return getattr(executor, "name", "") in THIS_MACHINE
 
 
 @functools.cache
@@ -95,7 +99,7 @@ def _bracket_probe(engine: str, executor: Executor):
     (``bracket_probe``) and the run executes on this machine (the local executor), else ``None``. Taken only for
     runs on the CPU (the caller): the kernel times the CPU, not a device (3 s per run an accelerator would pay for
     nothing)."""
-    if not capability(engine, "bracket_probe", False) or not _local(executor):
+    if not capability(engine, "bracket_probe", False) or getattr(executor, "name", "") != "local":
         return None
     return _shared_probe()
 
