@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from bench.core.files import atomic_write_text
@@ -64,7 +65,8 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
     if spec.code_version:
         rec["code_version"], rec["code_commit"] = spec.code_version, (code or {}).get("commit")
     if rec["status"] == "ok":
-        add_phase_perf(rdir, rec, shared_matmul_peak() if spec.platform == "cpu" and _local(executor) else None)
+        here = _local(executor) or ran_here(rec.get("node"))
+        add_phase_perf(rdir, rec, shared_matmul_peak() if spec.platform == "cpu" and here else None)
     rec["timing"] = run_timing(rec, harness_s=(started - t_enter) + (time.time() - t_ran))
     write_record(rdir, rec)
     return rec
@@ -85,6 +87,17 @@ THIS_MACHINE = ("local", "forkserver")
 
 def _local(executor: Executor) -> bool:
     return getattr(executor, "name", "") in THIS_MACHINE
+
+
+def ran_here(node: dict[str, Any] | None) -> bool:
+    """Whether a Ray run's node (the record's ``node``: ``ip``) is this machine: its IP is a loopback address or
+    one of this machine's interface addresses (``psutil.net_if_addrs``). ``False`` without a node."""
+    ip = (node or {}).get("ip")
+    if not isinstance(ip, str) or not ip:
+        return False
+    if ip.startswith("127.") or ip == "::1":
+        return True
+    return any(a.address == ip for addrs in psutil.net_if_addrs().values() for a in addrs)
 
 
 @functools.cache
