@@ -11,8 +11,10 @@ Per timed step ``s`` and phase ``p`` (``gen``, ``old_log_prob``, ``ref``, ``upda
   FLOPs counter (:func:`bench.measure.flops.training_flops`: ``6 N tokens + 6 sum(len^2) d_head heads
   layers``); ``share = 1/3`` for the forward-only phases (generation, old log-prob, ref: the forward is 2 of
   the 6 FLOPs per parameter and token, Kaplan et al. 2020, and verl's attention term splits the same way) and
-  ``share = ppo_epochs`` for ``update_actor`` (verl's own ``perf/mfu/actor`` multiplies by ``ppo_epochs``:
-  ``verl/workers/actor/dp_actor.py``);
+  ``share = ppo_epochs`` for ``update_actor``. Both as verl's own MFU: verl 0.9.1
+  ``verl/workers/engine_workers.py`` (``_postprocess_output``: ``mfu /= 3.0`` when ``forward_only``, its
+  ``perf/mfu/actor_infer`` of the old log-prob; the update runs its mini-batches over ``epochs`` passes), verl 0.6
+  ``verl/workers/fsdp_workers.py`` (``update_actor``: ``estimated_flops * ppo_epochs``);
 * ``mfu = flops(p) / timing_s/<p> / n_devices / peak`` (``peak``: FLOP/s of one device, :data:`PEAKS` or
   the CPU's measured matmul peak).
 
