@@ -63,14 +63,8 @@ def estimate_function(config: Mapping[str, Any] | Any) -> tuple[Any, Any] | None
     func = fc.ESTIMATE_FUNC.get(getattr(cfg, "model_type", None))
     if func is None:
         return None
-    # FlopsCounter decides which config the function reads (verl 0.6: the text_config; 0.9: the whole config);
-    # built without __init__ so that an unknown type prints nothing
-    counter = fc.FlopsCounter.__new__(fc.FlopsCounter)
-    try:
-        fc.FlopsCounter.__init__(counter, cfg)
-    except Exception:  # noqa: BLE001 - a verl whose constructor wants more: the config as it is
-        counter.config = cfg
-    return func, counter.config
+    # FlopsCounter decides which config the function reads (verl 0.6: the text_config; 0.9.1: the whole config)
+    return func, fc.FlopsCounter(cfg).config
 
 
 def training_flops(config: Mapping[str, Any] | Any, batch_seqlens: Sequence[float]) -> float | None:
