@@ -145,6 +145,53 @@ def test_every_figure_is_the_same_in_every_place(tmp_path, capsys, monkeypatch):
         assert _f(row["step_time_raw_s"]) == pytest.approx(_geo([children[(cid, k)][mlflow_key("step_time_median_s")]
                                                                  for k in (0, 1)]), rel=1e-9)
 
+    # MFU and tokens/s per device per phase (issue 46): by definition from each run's steps, its model config and
+    # the sweep's measured CPU peak; the same in the record, the MLflow child, summary.csv, report.json and the
+    # parent; report.md and summary.md name the phase furthest from the peak
+    from bench.measure.flops import training_flops
+
+    peak = json.loads((sweep / "sweep.json").read_text())["machine_peak"]["fp32_flops"]
+    assert peak > 0
+    run_perf = {}
+    for key, rec in recs.items():
+        config = json.loads((sweep / key[0] / f"r{key[1]}" / "model_config.json").read_text())
+        steps = {int(k): v for k, v in rec["steps"].items()}
+        want = {}
+        for phase, share in (("gen", 1 / 3), ("old_log_prob", 1 / 3), ("ref", 1 / 3), ("update_actor", 1.0)):
+            mfu, tps = [], []
+            for s in TIMED:
+                row = steps[s]
+                length = row["prompt_length/mean"] + row["response_length/mean"]
+                n = round(row["perf/total_num_tokens"] / length)
+                flops = training_flops(config, [row["perf/total_num_tokens"] / n] * n) * share  # one device: the CPU
+                mfu.append(flops / row[f"timing_s/{phase}"] / peak)
+                tps.append(row["perf/total_num_tokens"] / row[f"timing_s/{phase}"])
+            want[phase] = {"mfu": float(np.median(mfu)), "tokens_per_s_per_device": float(np.median(tps))}
+            got = rec["summary"]["phase_perf"][phase]
+            for fig in ("mfu", "tokens_per_s_per_device"):
+                assert 0 < got[fig] == pytest.approx(want[phase][fig], rel=1e-9), (key, phase, fig, "record")
+                assert children[key][f"perf/{fig}/{phase}"] == pytest.approx(want[phase][fig], rel=1e-9), \
+                    (key, phase, fig, "MLflow child")
+        assert want["gen"]["mfu"] < 1 and rec["summary"]["mfu_basis"]["model_type"] == config["model_type"]
+        run_perf[key] = want
+    perf_cells = {r["label"]: r for r in report["phase_perf"]["cells"]}
+    assert report["phase_perf"]["basis"]["peak_flops"] == peak
+    assert "## MFU and tokens/s per device, per phase" in report_md and "## MFU and tokens/s per device" in md
+    for label, row in summary.items():
+        cid = row["cell_id"]
+        for phase in ("gen", "old_log_prob", "ref", "update_actor"):
+            value = _geo([run_perf[(cid, k)][phase]["mfu"] for k in (0, 1)])
+            assert _f(row[f"mfu_{phase}"]) == pytest.approx(value, rel=1e-9), (label, phase, "summary.csv")
+            assert perf_cells[label]["phases"][phase]["mfu"] == pytest.approx(value, rel=1e-9), (label, phase)
+            assert parent[mlflow_key(f"perf/mfu/{phase}.{label}")] == pytest.approx(value, rel=1e-9)
+            assert parent[mlflow_key(f"report.perf/mfu/{phase}.{cid}")] == pytest.approx(value, rel=1e-9)
+        far = min(("gen", "old_log_prob", "ref", "update_actor"), key=lambda p: perf_cells[label]["phases"][p]["mfu"])
+        assert perf_cells[label]["furthest_from_peak"] == far
+        mfu_md = report_md.split("## MFU and tokens/s per device, per phase")[1]
+        assert next(ln for ln in mfu_md.splitlines() if ln.startswith(f"| {label} (`")).endswith(
+            {"gen": "rollout (generation)", "old_log_prob": "old log-prob", "ref": "ref log-prob",
+             "update_actor": "update actor"}[far] + " |")
+
     # the gate judges the same runs (each run's value: the median of its timed steps), the sweep against itself
     gate = json.loads((gate_out / "gate.json").read_text())
     for g in gate["rows"]:

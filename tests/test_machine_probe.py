@@ -51,3 +51,21 @@ def test_host_load_reads_cumulative_cpu_and_steal_seconds():
     b = host_load()
     assert 0 <= a["cpu_steal_s"] <= b["cpu_steal_s"] <= b["cpu_total_s"]
     assert b["cpu_total_s"] - a["cpu_total_s"] >= 0.2  # clock ticks: 10 ms resolution, all CPUs summed
+
+
+def test_matmul_peak_is_a_measured_gemm_rate_and_the_cpu_runs_divide_by_its_fp32_figure():
+    from bench.execution.machine_probe import matmul_peak
+    from bench.execution.runner import ran_here
+    from bench.records.mfu import NO_PEAK, cpu_peak
+
+    t0 = time.perf_counter()
+    got = matmul_peak(size=256, reps=2)
+    elapsed = time.perf_counter() - t0
+    assert got["size"] == 256 and got["reps"] == 2 and got["threads"] >= 1
+    # 3 GEMMs of 2 * 256^3 FLOPs per dtype ran inside the call: the best one cannot beat the whole call's rate
+    assert 0 < got["fp32_flops"] and 2 * 256**3 / got["fp32_flops"] <= elapsed
+    peak = cpu_peak(got)
+    assert peak["peak_flops"] == got["fp32_flops"] and peak["dtype"] == "fp32" and "measured" in peak["source"]
+    assert cpu_peak(None)["peak_flops"] is None and cpu_peak(None)["source"] == NO_PEAK
+    # a Ray run's node is this machine when its IP is loopback (the --ray-address loopback head)
+    assert ran_here({"ip": "127.0.0.1"}) and not ran_here(None) and not ran_here({"ip": "203.0.113.9"})

@@ -105,6 +105,20 @@ def test_real_verl_sweep_on_cpu_as_ray_jobs(tmp_path):
         # a Ray job may run on another node: the harness times no machine-speed probe around it (bench.execution
         # .runner._bracket_probe, local executor only); the verl driver's own probe between steps is asserted above
         assert "machine_probe" not in rec
+    # MFU and tokens/s per device per phase against this machine's measured matmul peak (issue 46): the Ray job
+    # ran on the loopback head, this machine; FLOPs by verl's counter from the model's config.json
+    peak = json.loads((sweep / "sweep.json").read_text())["machine_peak"]["fp32_flops"]
+    for rec in records:
+        basis, perf = rec["summary"]["mfu_basis"], rec["summary"]["phase_perf"]
+        assert basis["peak_flops"] == peak > 0 and basis["model_type"] == "qwen3", basis
+        assert basis["flops_source"].startswith("verl.utils.flops_counter"), basis
+        assert {"gen", "old_log_prob", "update_actor"} <= set(perf), perf
+        for phase, v in perf.items():
+            assert 0 < v["mfu"] < 1 and v["tokens_per_s_per_device"] > 0, (phase, v)
+            step = rec["steps"][str(rec["summary"]["timed_steps"][0])]
+            assert v["tokens_per_s_per_device"] == pytest.approx(
+                step["perf/total_num_tokens"] / step[f"timing_s/{phase}"])  # one timed step: its own value
+    assert "## MFU and tokens/s per device, per phase" in (sweep / "summary.md").read_text()
     # token-budget micro-batches differ from fixed-size ones: the factor changed the work
     micro = {lv: int(r["evidence"]["dynamic_bsz"].split(" into ")[1].split()[0]) for lv, r in by_level.items()}
     assert micro[0] != micro[1]
@@ -119,6 +133,8 @@ def test_real_verl_sweep_on_cpu_as_ray_jobs(tmp_path):
     assert len(parents) == 1 and len(children) == 2
     assert all(c.data.tags["mlflow.parentRunId"] == parents[0].info.run_id for c in children)
     assert all(c.data.tags["evidence.dynamic_bsz"].startswith("confirmed") for c in children)
+    assert all(0 < c.data.metrics["perf/mfu/gen"] < 1 and c.data.metrics["perf/tokens_per_s_per_device/gen"] > 0
+               for c in children)
     arts = {a.path for a in client.list_artifacts(children[0].info.run_id)}
     assert {"metrics.jsonl", "evidence.json", "verl_config", "patch_reports"} <= arts
     assert [a.path for a in client.list_artifacts(children[0].info.run_id, "verl_config")] == [
@@ -130,3 +146,4 @@ def test_real_verl_sweep_on_cpu_as_ray_jobs(tmp_path):
     assert rep.returncode == 0, rep.stdout[-2000:] + rep.stderr[-2000:]
     report = (sweep / "report" / "report.md").read_text()
     assert "| dynamic_bsz |" in report and "| all-off |" in report
+    assert "## MFU and tokens/s per device, per phase" in report and "furthest from peak" in report

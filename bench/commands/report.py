@@ -53,6 +53,8 @@ from bench.gate.runs import gate_figure
 from bench.gate.verdicts import check_expectations, validate_expect
 from bench.planning.allocation import report_section
 from bench.planning.view import apply_to_report, view
+from bench.records.figures import Snapshot
+from bench.records.mfu import furthest_from_peak, mlflow_metrics, sweep_phase_perf
 from bench.records.results import check_output_folder, find_sweep, load_records
 from bench.records.snapshot import snapshot
 from bench.records.speed import normalize_snapshot
@@ -92,6 +94,7 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
                   "parent_run_id": snap["source"].get("parent_run_id"), "order": snap.get("order")},
         "speed_normalized_to_s": probe_ref, **stats,
     }
+    data["phase_perf"] = phase_perf_section(snap)  # MFU and tokens/s per device per phase (bench.records.mfu)
     # where each optimization acts: each operator category's time through the same run-level model
     data["where"] = where_section(Path(sweep), snap, stats["effects"], alpha=alpha, interactions=interactions)
     data.update(report_section(Path(sweep), meta))  # noise and cost model, the plan, sequential looks
@@ -110,6 +113,15 @@ def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BO
         apply_to_report(data, seq)
         data["article"] = article_rows(snap, data["cells"], data["effects"])
     return data
+
+
+def phase_perf_section(snap: dict[str, Any]) -> dict[str, Any]:
+    """The report's ``phase_perf``: per cell ``{"cell", "label", "phases": {phase: {"mfu", "tokens_per_s_per_device",
+    "seconds"}}, "furthest_from_peak"}`` (:func:`bench.records.mfu.sweep_phase_perf`, measured seconds, not
+    speed-normalized) and ``basis`` (device, peak and its source, FLOPs source, what the count leaves out)."""
+    cells, basis = sweep_phase_perf(Snapshot.model_validate(snap).cells)
+    return {"cells": [{"cell": c.cell_id, "label": c.label, "phases": perf,
+                       "furthest_from_peak": furthest_from_peak(perf)} for c, perf in cells], "basis": basis}
 
 
 #: the files :func:`write` puts into the report folder
@@ -177,6 +189,8 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
         ms += [Metric(mlflow_key(f"report.speedup.{r['cell']}"), float(r["speedup"]), now, 0)
                for r in data["cells"] if r["speedup"] is not None]
         ms += [Metric(mlflow_key(f"report.{k}"), v, now, 0) for k, v in where_metrics(data.get("where")).items()]
+        ms += [Metric(mlflow_key(f"report.{k}.{r['cell']}"), v, now, 0)
+               for r in (data.get("phase_perf") or {}).get("cells", []) for k, v in mlflow_metrics(r["phases"]).items()]
         for i in range(0, len(ms), 900):
             tr.client.log_batch(rid, metrics=ms[i:i + 900])
         tr.client.set_tag(rid, "bench.report", "report/report.md")

@@ -9,6 +9,7 @@ from typing import Any
 from bench.planning.allocation import report_lines
 from bench.planning.sequential import Decision
 from bench.planning.view import NOT_COVERED, SequentialView, summary_lines
+from bench.records.mfu import markdown_lines as mfu_lines
 from bench.report.md import ci_pct, table_head
 from bench.report.md import pct as _pct
 from bench.report.where_md import where_lines
@@ -20,6 +21,13 @@ def _f(v: Any, fmt: str = ".3f") -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     return format(v, fmt)
+
+
+def _phase_perf(data: dict[str, Any]) -> list[str]:
+    """MFU and tokens/s per device per phase of each cell, the phase furthest from the peak
+    (:func:`bench.records.mfu.markdown_lines` of the report's ``phase_perf``)."""
+    pp = data.get("phase_perf") or {}
+    return mfu_lines([(f"{r['label']} (`{r['cell']}`)", r["phases"]) for r in pp.get("cells", [])], pp.get("basis"))
 
 
 def render(data: dict[str, Any]) -> str:
@@ -34,6 +42,7 @@ def render(data: dict[str, Any]) -> str:
     L += _cells(data, lvl, sv)
     L += _effects(data, lvl, sv)
     L += _phases(data)
+    L += _phase_perf(data)
     L += _long_tail(data)
     L += _article(data, lvl, sv)
     L += _mde(data)

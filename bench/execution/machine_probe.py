@@ -16,6 +16,7 @@ thread, about 30 ms on the CI VM), so its time means the same thing in both engi
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 from typing import Any
@@ -56,7 +57,38 @@ class BracketProbe:
 def bracket_record(probe: BracketProbe, before: dict[str, float], after: dict[str, float]) -> dict[str, Any]:
     """The record's ``machine_probe`` block: ``spec``, ``before`` and ``after`` windows (:meth:`BracketProbe.window`)
     and ``median_s``, the geometric mean of the two windows' medians (seconds of the kernel; lower = faster)."""
-    import math
 
     return {"spec": probe.spec, "before": before, "after": after,
             "median_s": math.sqrt(before["median_s"] * after["median_s"])}
+
+
+#: square GEMM size of :func:`matmul_peak` (n x n @ n x n; 2 n^3 FLOPs) and repetitions per dtype (best kept)
+PEAK_SIZE = 1024
+PEAK_REPS = 5
+
+
+def matmul_peak(size: int = PEAK_SIZE, reps: int = PEAK_REPS) -> dict[str, Any]:
+    """This machine's measured matmul peak, in the harness process (all of torch's intra-op threads): the best of
+    ``reps`` timed ``size``-cubed GEMMs per dtype after one warm-up, ``2 size^3 / seconds`` FLOP/s.
+
+    Returns ``{"fp32_flops", "bf16_flops" (None where bf16 GEMM fails), "size", "reps", "threads", "at"}``. The
+    MFU of a CPU run (:func:`bench.records.mfu.cpu_peak`) divides by the fp32 figure. On a loaded machine the
+    best of a few is still below the idle peak: the MFU is then an upper bound (docs/mfu.md).
+    """
+    import torch
+
+    out: dict[str, Any] = {"size": size, "reps": reps, "threads": torch.get_num_threads(), "at": time.time()}
+    for name, dtype in (("fp32_flops", torch.float32), ("bf16_flops", torch.bfloat16)):
+        try:
+            a = torch.randn(size, size).to(dtype)
+            b = torch.randn(size, size).to(dtype)
+            torch.matmul(a, b)  # warm-up
+            best = math.inf
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                torch.matmul(a, b)
+                best = min(best, time.perf_counter() - t0)
+            out[name] = 2.0 * size**3 / best
+        except RuntimeError:
+            out[name] = None
+    return out

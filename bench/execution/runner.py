@@ -10,13 +10,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import yaml
 
 from bench.core.files import atomic_write_text
 from bench.core.metadata import host_load
 from bench.engines.base import capability
 from bench.execution.executors import Executor, resolve_launch
-from bench.execution.machine_probe import BracketProbe, bracket_record
+from bench.execution.machine_probe import BracketProbe, bracket_record, matmul_peak
+from bench.records.mfu import run_perf
 from bench.records.record import build_record, write_record
 from bench.spec.plan import RunSpec
 from bench.tracking.records import step_phases
@@ -73,9 +75,47 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
         rec["code_version"], rec["code_commit"] = spec.code_version, (code or {}).get("commit")
     if stack is not None:
         rec["stack"] = {"name": stack.name, "python": stack.python, "paths": stack.paths, "trees": stack.trees}
+    if rec["status"] == "ok":
+        here = _local(executor) or ran_here(rec.get("node"))
+        add_phase_perf(rdir, rec, shared_matmul_peak() if spec.platform == "cpu" and here else None)
     rec["timing"] = run_timing(rec, harness_s=(started - t_enter) + (time.time() - t_ran))
     write_record(rdir, rec)
     return rec
+
+
+def add_phase_perf(rdir: Path, rec: dict[str, Any], machine_peak: dict[str, Any] | None) -> None:
+    """Put the run's MFU and tokens/s per device per phase (:func:`bench.records.mfu.run_perf`) into its summary
+    (``phase_perf``, ``mfu_basis``); an estimate that fails leaves a warning, never a failed run."""
+    try:
+        rec["summary"]["phase_perf"], rec["summary"]["mfu_basis"] = run_perf(rdir, rec, machine_peak)
+    except Exception as exc:  # noqa: BLE001 - a figure the run can do without
+        rec.setdefault("warnings", []).append(f"MFU per phase not computed: {type(exc).__name__}: {exc}")
+
+
+#: executors whose runs execute on the harness's own machine (its measured matmul peak is theirs)
+THIS_MACHINE = ("local", "forkserver")
+
+
+def _local(executor: Executor) -> bool:
+    return getattr(executor, "name", "") in THIS_MACHINE
+
+
+def ran_here(node: dict[str, Any] | None) -> bool:
+    """Whether a Ray run's node (the record's ``node``: ``ip``) is this machine: its IP is a loopback address or
+    one of this machine's interface addresses (``psutil.net_if_addrs``). ``False`` without a node."""
+    ip = (node or {}).get("ip")
+    if not isinstance(ip, str) or not ip:
+        return False
+    if ip.startswith("127.") or ip == "::1":
+        return True
+    return any(a.address == ip for addrs in psutil.net_if_addrs().values() for a in addrs)
+
+
+@functools.cache
+def shared_matmul_peak() -> dict[str, Any]:
+    """This machine's measured matmul peak (:func:`bench.execution.machine_probe.matmul_peak`), measured once per
+    harness process (a sweep) at its first use; ``sweep.json`` keeps it as ``machine_peak``."""
+    return matmul_peak()
 
 
 def _bracket_probe(engine: str, executor: Executor):

@@ -38,7 +38,7 @@ from bench.execution.blocks import (
 )
 from bench.execution.code_versions import gate_fingerprint, version_meta
 from bench.execution.executors import Executor, LocalExecutor, kill_strays
-from bench.execution.runner import execute_spec
+from bench.execution.runner import execute_spec, shared_matmul_peak
 from bench.records.record import is_finished
 from bench.records.results import SWEEP, ResultsDir, folder_size, free_bytes, is_no_space, run_dir
 from bench.records.run_record import corrupt_records
@@ -266,6 +266,8 @@ class Sweep:
             meta["order"] = order.model_dump(mode="json")
             meta["parent_run_id"] = None
             self._ensure_parent(tracker, meta)
+        if self.plan.platform == "cpu":  # this machine's measured matmul peak: the MFU denominator of its runs
+            meta["machine_peak"] = shared_matmul_peak()
         meta["status"] = "running"
         atomic_write_json(sweep_dir / SWEEP, meta)
         for spec in self.plan.runs:

@@ -33,7 +33,8 @@ CONTENDED_PSI = 40.0
 _SUMMARY_KEYS = (SUMMARY_STEP_TIME, "step_time_iqr_s", "step_time_mean_s", "rollout_share_median",
                  "free_ratio_median", "throughput_median", "phase_median_s", "peak_memory_gb",
                  "response_length_mean", "response_length_max", "response_length_min",
-                 "long_tail_waste_median", "timed_steps", "profiled_steps", "measured_steps")
+                 "long_tail_waste_median", "timed_steps", "profiled_steps", "measured_steps",
+                 "phase_perf", "mfu_basis")
 
 
 def levels_key(levels: dict[str, Any]) -> str:

@@ -13,6 +13,8 @@ from bench.core.errors import clip_words
 from bench.core.files import atomic_write_text
 from bench.measure._common import iqr
 from bench.records.figures import SUMMARY_PEAK_MEM, Snapshot, cell_stats
+from bench.records.mfu import PHASE_FLOPS, sweep_phase_perf
+from bench.records.mfu import markdown_lines as mfu_markdown
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY
 from bench.spec.plan import Plan
 
@@ -44,6 +46,8 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
     st = cell_stats(model, "step_time")
     raw = cell_stats(model, "step_time_raw")
     others = {m: cell_stats(model, m) for m in ("rollout_share", "free_ratio", "throughput")}
+    cell_perf, basis = sweep_phase_perf(model.cells)
+    perf = {c.cell_id: p for c, p in cell_perf}
     rows = []
     for c in model.cells:
         ok = c.ok_repeats()
@@ -72,8 +76,13 @@ def cell_rows(snap: dict[str, Any]) -> list[dict[str, Any]]:
             "nodes": "; ".join(f"r{r.repeat} {r.node[:8]}" for r in c.repeats if r.node),
             "stack": getattr(c, "stack", None) or "",
             "versions": run_versions_text([getattr(r, "versions", None) or {} for r in ok]),
+            "phase_perf": perf[c.cell_id],
+            **{f"mfu_{p}": v.get("mfu") for p, v in perf[c.cell_id].items()},
+            **{f"tokens_per_s_per_device_{p}": v.get("tokens_per_s_per_device") for p, v in perf[c.cell_id].items()},
         }
         rows.append(row)
+    if basis is not None and rows:
+        rows[0]["mfu_basis"] = basis
     return rows
 
 
@@ -105,7 +114,8 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
     cols = ["cell_id", "label", *FACTOR_KEYS, *(["stack", "versions"] if stacks else []), "merged", "repeats_ok",
             "repeats", "step_time_s", "step_time_raw_s",
             "step_time_iqr_s", "speedup", "rollout_share", "free_ratio", "throughput", "peak_memory_gb",
-            "status", "reason", "startup_s", "steps_s", "harness_s", "nodes"]
+            "status", "reason", "startup_s", "steps_s", "harness_s", "nodes",
+            *(f"{fig}_{p}" for p in PHASE_FLOPS for fig in ("mfu", "tokens_per_s_per_device"))]
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=cols, extrasaction="ignore")
     w.writeheader()
@@ -138,6 +148,8 @@ def write_summary(sweep_dir: Path, rows: list[dict[str, Any]], header: dict[str,
             f" | {_fmt(r.get('startup_s'), 1)} | {_fmt(r.get('steps_s'), 1)} | {_fmt(r.get('harness_s'), 1)} |"
             + (f" {r.get('nodes') or '-'} |" if nodes else "")
         )
+    md += mfu_markdown([(f"{r['label']} (`{r['cell_id']}`)", r.get("phase_perf") or {}) for r in rows],
+                       next((r["mfu_basis"] for r in rows if r.get("mfu_basis")), None))
     atomic_write_text(md_path, "\n".join(md + list(sections or [])) + "\n")
     return csv_path, md_path
 

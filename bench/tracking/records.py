@@ -12,6 +12,7 @@ from bench.core.metadata import flat_run_versions, git_commit, versions
 from bench.measure.patch_reports import patch_evidence
 from bench.measure.top_ops import TOP_N, step_top_ops
 from bench.records.figures import SUMMARY_PEAK_MEM, SUMMARY_STEP_IQR, run_value
+from bench.records.mfu import mlflow_metrics
 from bench.records.snapshot import record_samples
 from bench.records.summary import cell_rows
 from bench.spec.optimizations import FACTOR_KEYS, REGISTRY, compact_label
@@ -81,12 +82,15 @@ KEY_SETTINGS = ("steps", "warmup_steps", "train_batch_size", "n", "max_prompt_le
 
 def summary_metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
     """MLflow metrics of the sweep's parent run from the summary rows: ``speedup.<label>`` and
-    ``step_time_s.<label>`` (the values of ``summary.md``)."""
+    ``step_time_s.<label>`` (the values of ``summary.md``), ``perf/mfu/<phase>.<label>`` and
+    ``perf/tokens_per_s_per_device/<phase>.<label>`` (its MFU section)."""
     out = {}
     for r in rows:
         for k in ("speedup", "step_time_s"):
             if r.get(k) is not None:
                 out[mlflow_key(f"{k}.{r['label']}")] = float(r[k])
+        for k, v in mlflow_metrics(r.get("phase_perf") or {}).items():  # bench.records.mfu.cell_phase_perf
+            out[mlflow_key(f"{k}.{r['label']}")] = v
     return out
 
 
@@ -108,6 +112,8 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
         **{f"phase/{k}_s": v for k, v in (summ.get("phase_median_s") or {}).items()},
         # where the run's time went (bench.execution.runner.run_timing): start-up, GRPO steps, the harness's own time
         **{f"timing/{k}": v for k, v in (rec.get("timing") or {}).items()},
+        # MFU and tokens/s per device per phase (bench.records.mfu.phase_perf, in the record's summary)
+        **mlflow_metrics(summ.get("phase_perf") or {}),
     }
     evidence = rec.get("evidence") or {}
     phases = step_phases(rec)

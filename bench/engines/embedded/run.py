@@ -31,6 +31,7 @@ import yaml
 from bench.core.errors import BenchError
 from bench.engines.builtins import data as data_mod
 from bench.engines.builtins import model as model_mod
+from bench.measure.flops import MODEL_CONFIG_FILE
 
 from . import checkpoint
 from .batching import InfeasibleError
@@ -200,6 +201,8 @@ def run(cfg: RunConfig, out: Path, t_start: float | None = None) -> dict[str, An
     build_s = model_mod.ensure_builtin(model_path, cache) if needs_build else 0.0
     model, processor = checkpoint.load(model_path, cfg.device)
     ids = checkpoint.token_ids(model, processor)
+    # the model's config, for the harness's FLOPs count (verl's counter; bench.measure.flops)
+    (out / MODEL_CONFIG_FILE).write_text(model.config.to_json_string())
     used = sorted({i for rows in schedule for i in rows})
     encoded = {i: data_mod.encode_prompt(processor, items[i]) for i in used}
     longest = check_lengths(cfg, {i: int(e.input_ids.shape[0]) for i, e in encoded.items()})
