@@ -38,9 +38,12 @@ def test_identical_sweeps_without_a_saved_baseline_cannot_be_judged(tmp_path, ur
     assert all("the reference is a sweep" in r["reason"] for r in data["rows"])
     assert "expectations" not in data
     assert not (tmp_path / "baselines").exists() and not (b / "gate").exists()  # nothing stored as a baseline
-    # a baseline saved from two sweeps carries the offset: compare then decides
-    make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=11)
-    for i, sweep in enumerate((str(a), "a")):
+    # a baseline saved from four sweeps carries the offset (on 3 df): compare then decides
+    saves = [str(a)]
+    for seed in (11, 12, 13):
+        saves.append(str(make_sweep(tmp_path, "a", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02),
+                                    seed=seed)))
+    for i, sweep in enumerate(saves):
         assert main(["baseline", "save", sweep, "--name", "twice", "--results", str(tmp_path), "--tracking-uri", uri,
                      *(["--force"] if i else [])]) == 0
     assert compare(tmp_path, uri, "twice", str(b)) == 0

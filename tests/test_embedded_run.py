@@ -27,7 +27,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")
 REQUIRED = [
-    *(f"timing_s/{p}" for p in (*PHASES, "step")),
+    *(f"timing_s/{p}" for p in (*PHASES, "step", "step_cpu")),
     "perf/total_num_tokens",
     "perf/throughput",
     "perf/time_per_step",
@@ -131,6 +131,8 @@ def test_every_step_has_verls_metric_names_and_consistent_values(default_run):
         assert math.isclose(d["perf/throughput"], d["perf/total_num_tokens"] / d["timing_s/step"], rel_tol=1e-9)
         assert d["perf/time_per_step"] == d["timing_s/step"]
         assert sum(d[f"timing_s/{p}"] for p in PHASES) <= d["timing_s/step"] + 1e-6
+        # process CPU seconds of the step (user + sys, all threads): some, and no more than every core for the step
+        assert 0 < d["timing_s/step_cpu"] <= d["timing_s/step"] * (os.cpu_count() or 1)
         # every token of the batch goes through each pass once
         for p in ("old_log_prob", "ref", "update_actor"):
             assert d[f"perf/{p}/real_tokens"] == d["perf/total_num_tokens"]
@@ -207,6 +209,9 @@ def test_fused_rmsnorm_dynamic_bsz_and_delay_take_effect(factors_run):
     limits = {"old_log_prob": 400, "ref": 400, "update_actor": 200}
     for d in rows:
         assert d["timing_s/update_actor"] >= 0.5
+        # the injected delay sleeps: wall time, not CPU time (torch on 1 intra-op thread here, and a busy machine only
+        # widens the gap)
+        assert d["timing_s/step"] - d["timing_s/step_cpu"] >= 0.4, d
         for p, limit in limits.items():
             real, mbs = d[f"perf/{p}/real_tokens"], d[f"perf/{p}/num_micro_batches"]
             assert mbs >= math.ceil(real / limit)  # a budget of `limit` tokens per micro-batch

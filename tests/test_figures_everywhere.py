@@ -42,6 +42,7 @@ def _run_figures(rec: dict) -> dict:
     st = [steps[s]["timing_s/step"] for s in TIMED]
     mem = [v for s in MEASURED for k, v in steps[s].items() if k.endswith("perf/cpu_memory_used_gb")]
     return {"step_time": float(np.median(st)),
+            "cpu_time": float(np.median([steps[s]["timing_s/step_cpu"] for s in TIMED])),
             "rollout_share": float(np.median([steps[s]["timing_s/gen"] / steps[s]["timing_s/step"] for s in TIMED])),
             "throughput": float(np.median([steps[s]["perf/throughput"] for s in TIMED])),
             "free_ratio": float(np.median([rec["free_ratio"][str(s)] for s in PROFILED])),
@@ -86,6 +87,7 @@ def test_every_figure_is_the_same_in_every_place(tmp_path, capsys, monkeypatch):
         want, summ, child = runs[key], rec["summary"], children[key]
         assert summ["timed_steps"] == TIMED and summ["profiled_measured_steps"] == PROFILED
         for fig, skey, ckey in (("step_time", "step_time_median_s", "step_time_median_s"),
+                                ("cpu_time", "cpu_time_median_s", "cpu_time_median_s"),
                                 ("rollout_share", "rollout_share_median", "rollout_share"),
                                 ("throughput", "throughput_median", "throughput"),
                                 ("free_ratio", "free_ratio_median", "free_ratio"),

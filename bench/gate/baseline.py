@@ -122,6 +122,7 @@ def _shape_model() -> Any:
         model_config = ConfigDict(extra="allow")
         log_step_time: dict[str, float] = {}
         log_step_time_normalized: dict[str, float] = {}
+        log_cpu_time: dict[str, float] = {}
 
     class _Offset(BaseModel):
         model_config = ConfigDict(extra="allow")
@@ -219,55 +220,70 @@ def history_entry(snap: dict[str, Any]) -> dict[str, Any]:
     from bench.gate.history import cell_figures, machine_of, stack_of  # deferred: bench.gate.history imports this
     from bench.gate.stored_runs import run_logs  # deferred: bench.gate.stored_runs loads scipy
 
-    cells, normed = {}, {}
+    cells, normed, cpu = {}, {}, {}
     for c in snap["cells"]:
         xs, ps = run_logs(c, "step_time", 1.0)
         if xs:
             cells[c["key"]] = float(np.mean(xs))
             if all(p is not None for p in ps):
                 normed[c["key"]] = float(np.mean([x - p for x, p in zip(xs, ps)]))
+        if cs := run_logs(c, "cpu_time", 1.0)[0]:
+            cpu[c["key"]] = float(np.mean(cs))
     return {"sweep": snap["source"].get("sweep"), "created_at": snap.get("created_at"), "log_step_time": cells,
             "log_step_time_normalized": normed, "git_commit": snap.get("git_commit"),
             "matrix": (snap.get("source") or {}).get("matrix"), "machine": machine_of(snap.get("machine")),
-            "stack": stack_of(snap.get("versions")), "cells": {c["key"]: cell_figures(c) for c in snap["cells"]}}
+            "stack": stack_of(snap.get("versions")), "cells": {c["key"]: cell_figures(c) for c in snap["cells"]},
+            "log_cpu_time": cpu}
 
 
 def _pooled_sd(history: list[dict[str, Any]], field: str) -> tuple[float | None, int]:
-    """Pooled SD over cells of ``field``'s per-cell log values across the saved sweeps, and its degrees of
-    freedom (sum over cells of saves - 1); ``(None, 0)`` when no cell was saved twice."""
+    """Pooled SD over cells of ``field``'s per-cell log values across the saved sweeps, and the degrees of freedom
+    of the offset it measures; ``(None, 0)`` when no cell was saved twice.
+
+    The SD is the pooled one (sum over cells of the squared deviations from the cell's mean over its saves, over
+    the sum over cells of saves - 1). Its degrees of freedom are those of the level that varies (Kalibera & Jones
+    2013, 2020): the offset is one per sweep, shared by all of the sweep's cells, so ``s`` saves give ``s - 1``
+    of them whatever the number of cells (the most saves of any one cell, less 1), not ``cells x (s - 1)``: the
+    cells of one sweep move together, and counting them as independent made the stored gate's interval too short
+    (2 saves, 4 cells, a shared offset: a false-regression rate above alpha;
+    ``tests/gate/test_baseline_offset_df.py``)."""
     import math
 
     import numpy as np
 
     keys = {k for h in history for k in h.get(field) or {}}
-    ss, df = 0.0, 0
+    ss, pooled_df, saves = 0.0, 0, 0
     for k in keys:
         xs = np.array([h[field][k] for h in history if k in (h.get(field) or {})])
         if len(xs) > 1:
             ss += float(np.sum((xs - xs.mean()) ** 2))
-            df += len(xs) - 1
-    return (math.sqrt(ss / df), df) if df else (None, 0)
+            pooled_df += len(xs) - 1
+            saves = max(saves, len(xs))
+    return (math.sqrt(ss / pooled_df), saves - 1) if pooled_df else (None, 0)
 
 
 def sweep_to_sweep(history: list[dict[str, Any]]) -> dict[str, Any]:
     """How much a stored baseline moves from one sweep to the next, measured over its saved sweeps: ``sd_log``
     = pooled SD over cells of the log cell step time across the saves (``None`` with fewer than 2) and its ``df``;
     ``normalized``: the same of the speed-normalized values (``{"sd_log", "df"}``; ``None`` where no cell was saved
-    twice with the probe), which the gate uses where it applies the probe; ``sweeps``; ``note`` (what a gate
-    against this baseline must allow for: a stored baseline is for tracking over time; for a verdict, run the
-    interleaved gate)."""
+    twice with the probe), which the gate uses where it applies the probe; ``cpu_time``: the same of the log CPU
+    time per step (``None`` where no cell was saved twice with it), for ``gate --metric cpu_time``; ``sweeps``;
+    ``note`` (what a gate against this baseline must allow for: a stored baseline is for tracking over time; for a
+    verdict, run the interleaved gate)."""
     import math
 
     sd, df = _pooled_sd(history, "log_step_time")
     nsd, ndf = _pooled_sd(history, "log_step_time_normalized")
+    csd, cdf = _pooled_sd(history, "log_cpu_time")
+    cpu = {"sd_log": csd, "df": cdf} if csd is not None else None
     if sd is None:
-        return {"sd_log": None, "sweeps": len(history), "normalized": None,
+        return {"sd_log": None, "sweeps": len(history), "normalized": None, "cpu_time": cpu,
                 "note": f"sweep-to-sweep variance unknown: measured over {len(history)} saved sweep(s), needs 2 or "
                         "more (save this name again with --force after another sweep); until then a gate against "
                         "this baseline decides no step-time or throughput row (cannot judge)"}
     speed = f"; speed-normalized {nsd:.3f} (about {math.expm1(nsd):.1%})" if nsd is not None else ""
     return {"sd_log": sd, "sweeps": len(history), "df": df,
-            "normalized": {"sd_log": nsd, "df": ndf} if nsd is not None else None,
+            "normalized": {"sd_log": nsd, "df": ndf} if nsd is not None else None, "cpu_time": cpu,
             "note": f"sweep-to-sweep SD of log step time {sd:.3f} (about {math.expm1(sd):.1%}){speed}, measured over "
                     f"{len(history)} saved sweeps: a gate against this stored baseline cannot tell changes of that "
                     "order from the machine (`gate --interleave` compares both versions in one sweep)"}

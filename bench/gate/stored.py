@@ -211,7 +211,10 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
         cand["machine"] = machine()
         s2s = None
         if base.get("_kind", "baseline") == "baseline":  # what a stored baseline carries from sweep to sweep
-            s2s = base.get("sweep_to_sweep") or sweep_to_sweep((base.get("history") or [])[-HISTORY:])
+            # recomputed from the saved history where there is one, so that a file saved by an older harness (its
+            # offset's df counted once per cell) is judged with saves - 1 df like a new one
+            s2s = (sweep_to_sweep(base["history"][-HISTORY:]) if base.get("history") else
+                   base.get("sweep_to_sweep") or sweep_to_sweep([]))
             result["baseline"]["sweep_to_sweep"] = s2s
         result.update(compare_snapshots(base, cand, metrics=metrics, threshold=threshold, alpha=alpha,
                                         n_boot=n_boot, seed=seed, pairing=pairing, max_mde=max_mde,

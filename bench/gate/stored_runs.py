@@ -13,7 +13,15 @@ stored baseline measured over its saved sweeps (:func:`bench.gate.baseline.sweep
 value across saves, minus the part its runs' spread explains; on the scale compared, speed-normalized where the
 probe is applied, :func:`sweep_offset_var`), since the two sides are different sweeps and each carries its own
 offset; degrees of freedom by Welch-Satterthwaite over the three terms (Kalibera & Jones 2020: runs as the unit,
-the ratio on the log scale). Without a measured sweep-to-sweep figure (one save, or a sweep as reference) ``s_o``
+the ratio on the log scale), **at most the offset's own** ``df_o`` (saves - 1: one offset per sweep, shared by its
+cells; :func:`bench.gate.baseline.sweep_to_sweep`). The cap is the conservative rule of the smallest component's
+degrees of freedom (Hsu 1938; Mickey & Brown 1966, for the Behrens-Fisher statistic): Welch-Satterthwaite alone
+trusts a sweep-to-sweep variance estimated on 1 or 2 df whenever that estimate happens to come out small, and then
+ignores the offset (2 saves, 4 cells, a shared offset SD 0.04, recorded runs at an idle machine's spread: 3.3 % false
+regressions at alpha 1 %, 4.1 % with the offset's df counted per cell, 0 of 800 with the cap;
+``tests/gate/test_baseline_offset_df.py``). A baseline saved from few sweeps therefore judges
+step time only where the offset is small against the threshold, and says that saving more sweeps would help.
+Without a measured sweep-to-sweep figure (one save, or a sweep as reference) ``s_o``
 is unknown: the interval then holds within sweeps only, and the gate does not decide on it (below).
 
 **Speed probe** (``--normalize auto``): each run's ``x`` minus the log of its median probe time, applied only
@@ -136,6 +144,8 @@ def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
     se2 = sum(t for t, _ in terms)
     se = math.sqrt(se2)
     df = se2 ** 2 / sum(t ** 2 / d for t, d in terms) if se2 > 0 else float(len(xb) + len(xc) - 2)
+    if df_o is not None:  # never more than the offset's own (module text: the smallest component's df)
+        df = min(df, df_o)
     h = float(sps.t.ppf(1 - alpha / 2, df)) * se
     lo, hi = diff - h, diff + h
     ends = sorted((math.expm1(sign * lo), math.expm1(sign * hi)))
@@ -158,9 +168,12 @@ def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
         row["verdict"] = "unchanged"
     else:
         need = row["runs_needed"] = runs_needed(row["sd_base"], row["sd_cand"], vo, alpha=alpha, threshold=threshold,
-                                                max_mde=max_mde)
+                                                max_mde=max_mde, offset_df=df_o)
         more = (f"{need} runs per side would do at this spread" if need else
                 f"no number of runs per side gets under {max_mde:.0%} at this spread")
+        if df_o is not None and not need:
+            more += (f" (the sweep offset is measured on {df_o:.0f} degree(s) of freedom, saves - 1: save the "
+                     "baseline from more sweeps)")
         row["reason"] = (f"cannot judge: with {len(xb)} + {len(xc)} runs the gate sees a change of {row['mde']:.1%} "
                          f"or more (limit {max_mde:.0%}), interval {ends[0]:+.1%} to {ends[1]:+.1%}"
                          + (f" (a sweep's own offset, SD {math.sqrt(vo):.3f} {scale}, included)" if df_o is not None
@@ -170,14 +183,16 @@ def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
 
 
 def runs_needed(sd_base: float, sd_cand: float, offset_var: float, *, alpha: float, threshold: float,
-                max_mde: float, limit: int = 1000) -> int | None:
+                max_mde: float, limit: int = 1000, offset_df: float | None = None) -> int | None:
     """Fewest runs per side with which :func:`compare_runs` would see ``max_mde`` at these run SDs (of log values)
     and sweep offset variance (the figure of :func:`bench.stats.power.mde_from_se`, Welch df taken as
-    ``2 n - 2``); ``None`` when not even ``limit`` runs would (the offset alone is too large). The figure falls as
+    ``2 n - 2``, at most ``offset_df`` where the offset is measured, as in :func:`compare_runs`); ``None`` when not
+    even ``limit`` runs would (the offset alone, or its few degrees of freedom, is too large). The figure falls as
     ``n`` grows (smaller ``se``, more df), so the first ``n`` is found by bisection (:func:`bisect.bisect_left`)."""
     def sees(n: int) -> bool:
         se = math.sqrt((sd_base ** 2 + sd_cand ** 2) / n + 2 * offset_var)
-        return mde_from_se(se, alpha=alpha, threshold=threshold, df=2 * n - 2) <= max_mde
+        df = 2 * n - 2 if offset_df is None else min(2 * n - 2, offset_df)
+        return mde_from_se(se, alpha=alpha, threshold=threshold, df=df) <= max_mde
 
     ns = range(2, limit + 1)
     i = bisect.bisect_left(ns, True, key=sees)

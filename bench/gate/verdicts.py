@@ -75,6 +75,19 @@ EXIT_CODES = (f"exit codes: {EXIT_PASS} pass; {EXIT_REGRESSION} regression (a ce
               f"baseline cell, a bad flag); {EXIT_CANNOT_JUDGE} cannot judge (too noisy, too few samples to reach "
               "p < alpha, missing samples or failed runs, no measured sweep-to-sweep offset, a candidate cell that "
               "failed on bad input: the reasons are printed)")
+#: metrics whose whole sweep moves with the machine (clock, contention): a row of one is decided against a stored
+#: reference only where the reference measured its sweep-to-sweep offset (CPU time: its own figure, never scaled by
+#: the wall-clock speed probe)
+OFFSET_METRICS = frozenset(SPEED_SCALED) | {"cpu_time"}
+
+
+def offset_figure(s2s: dict[str, Any] | None, metric: str) -> dict[str, Any] | None:
+    """The stored baseline's measured sweep-to-sweep figure (``{"sd_log", "df"}``) of a metric with its own
+    (``cpu_time``: :func:`bench.gate.baseline.sweep_to_sweep`'s ``cpu_time``), or ``None`` where not measured."""
+    fig = (s2s or {}).get(metric)
+    return fig if isinstance(fig, dict) and fig.get("sd_log") is not None else None
+
+
 #: candidate failure kinds that are input errors, not regressions of the candidate
 INPUT_FAILURES = ("bad_input",)
 #: base settings whose difference is expected between baseline and candidate (not reported)
@@ -282,6 +295,7 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
     m_family = len(matched) * len(metrics) + also_judged
     a_row = family_alpha(alpha, m_family)  # every row's test and interval (Bonferroni over the family)
     offset_known = s2s is not None and s2s.get("sd_log") is not None
+    cpu_s2s = offset_figure(s2s, "cpu_time")
     rows = []
     for key in matched:
         bc, cc = bmap[key], cmap[key]
@@ -316,8 +330,10 @@ def compare_snapshots(base: dict[str, Any], cand: dict[str, Any], *, metrics: li
                                                                                        probes[metric]["note"]}))
                 row.update(compare_runs(bc, cc, metric, higher_is_better=m.higher_is_better, threshold=threshold,
                                         alpha=a_row, max_mde=max_mde, probe=use, busy=busy,
-                                        s2s=s2s if metric in SPEED_SCALED else None))
-                _finish_row(row, metric, offset_known, kind, s2s, missing)
+                                        s2s=cpu_s2s if metric == "cpu_time" else
+                                        s2s if metric in SPEED_SCALED else None))
+                _finish_row(row, metric, cpu_s2s is not None if metric == "cpu_time" else offset_known, kind, s2s,
+                            missing)
                 continue
             if _judge_steps(row, bc, cc, metric, bg, cg, why, pairing=pairing, alpha_row=a_row, n_boot=n_boot,
                             seed=seed, test=test, threshold=threshold, max_mde=max_mde):
@@ -444,7 +460,7 @@ def _judge_steps(row: dict[str, Any], bc: dict[str, Any], cc: dict[str, Any], me
             )
     if notes_:
         row["reason"] = "; ".join(notes_)
-    if metric in SPEED_SCALED and row["verdict"] in ("regression", "improvement", "unchanged"):
+    if metric in OFFSET_METRICS and row["verdict"] in ("regression", "improvement", "unchanged"):
         # per-step tests treat a run's steps as independent and carry no sweep-to-sweep offset: their
         # verdict is shown (judged_verdict), the gate is not decided on it
         row["judged_verdict"], row["verdict"] = row["verdict"], CANNOT_JUDGE
@@ -472,7 +488,7 @@ def _finish_row(row: dict[str, Any], metric: str, offset_known: bool, kind: str,
     """The rules after a row's comparison: a speed-scaled row whose reference measured no sweep-to-sweep offset
     is not decided on its within-sweep interval (``judged_verdict`` keeps what it said); failed runs left out
     (``missing``) are named in the reason."""
-    if metric in SPEED_SCALED and not offset_known and row["verdict"] in ("regression", "improvement", "unchanged"):
+    if metric in OFFSET_METRICS and not offset_known and row["verdict"] in ("regression", "improvement", "unchanged"):
         row["judged_verdict"], row["verdict"] = row["verdict"], CANNOT_JUDGE
         row["reason"] = no_offset_reason(kind, s2s) + (f" (within sweeps: {row['judged_verdict']})")
     if missing:

@@ -29,6 +29,9 @@ PHASES = {
     "update_actor": "timing_s/update_actor",
 }
 STEP_TIME = "timing_s/step"
+#: process CPU seconds (user + sys, all threads) of a step, logged beside ``timing_s/step`` by CPU engines that can
+#: time their step in-process (the embedded engine: ``time.process_time`` around the step)
+STEP_CPU = "timing_s/step_cpu"
 THROUGHPUT = "perf/throughput"
 
 
@@ -51,11 +54,12 @@ def timed_steps(measured: Sequence[int], profiled: Iterable[int]) -> list[int]:
 
 def step_samples(by_step: Mapping[int, Mapping[str, Any]], steps: Sequence[int]) -> dict[str, list[float]]:
     """Per-step samples of a run's time figures at ``steps`` (in that order; a step without the value adds
-    none): ``step_time`` (``timing_s/step``, s), ``throughput`` (``perf/throughput``, tokens/s per device),
+    none): ``step_time`` (``timing_s/step``, s), ``cpu_time`` (``timing_s/step_cpu``, process CPU s: user + sys of
+    every thread; engines that do not log it give none), ``throughput`` (``perf/throughput``, tokens/s per device),
     ``rollout_share`` (``timing_s/gen / timing_s/step``), ``phase_share/<phase>`` (each phase's share of the
     step; ``other`` = the rest, at least 0) and ``phase_s/<phase>`` (seconds; ``other`` = step minus the
     phases present). ``by_step``: ``{step: {verl metric: value}}`` (step keys int)."""
-    out: dict[str, list[float]] = {"step_time": [], "throughput": [], "rollout_share": []}
+    out: dict[str, list[float]] = {"step_time": [], "cpu_time": [], "throughput": [], "rollout_share": []}
     for p in (*PHASES, "other"):
         out[f"phase_share/{p}"] = []
         out[f"phase_s/{p}"] = []
@@ -64,6 +68,8 @@ def step_samples(by_step: Mapping[int, Mapping[str, Any]], steps: Sequence[int])
         st, tp = _num(row.get(STEP_TIME)), _num(row.get(THROUGHPUT))
         if tp is not None:
             out["throughput"].append(tp)
+        if (cpu := _num(row.get(STEP_CPU))) is not None:
+            out["cpu_time"].append(cpu)
         for p, m in PHASES.items():
             if (v := _num(row.get(m))) is not None:
                 out[f"phase_s/{p}"].append(v)
@@ -143,6 +149,8 @@ def summarize(
       ``timed_steps`` (:func:`timed_steps`: the steps of every time figure below).
     * ``step_time_samples_s`` (``timing_s/step`` of each timed step), ``step_time_median_s``,
       ``step_time_iqr_s`` (q75 - q25, numpy linear), ``step_time_mean_s``.
+    * ``cpu_time_samples_s`` (``timing_s/step_cpu`` of each timed step: process CPU seconds, user + sys, all
+      threads; empty where the engine does not log it) and ``cpu_time_median_s``.
     * ``phase_median_s``: ``{gen, reward, old_log_prob, ref, adv, update_actor, other}``, each the
       median over the timed steps of ``timing_s/<phase>``; ``other`` = median of
       ``timing_s/step - sum(phases logged in that step)``.
@@ -194,6 +202,8 @@ def summarize(
         "step_time_median_s": median(samples["step_time"]),
         "step_time_iqr_s": iqr(samples["step_time"]),
         "step_time_mean_s": mean(samples["step_time"]),
+        "cpu_time_samples_s": samples["cpu_time"],
+        "cpu_time_median_s": median(samples["cpu_time"]),
         "phase_median_s": {p: median(samples[f"phase_s/{p}"]) for p in (*PHASES, "other")},
         "rollout_share_median": median(samples["rollout_share"]),
         "throughput_median": median(samples["throughput"]),

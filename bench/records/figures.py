@@ -33,6 +33,7 @@ from bench.measure._common import median
 #: record summary keys (``record["summary"]``), spelled once
 SUMMARY_STEP_TIME = "step_time_median_s"
 SUMMARY_STEP_IQR = "step_time_iqr_s"
+SUMMARY_CPU_TIME = "cpu_time_median_s"
 SUMMARY_ROLLOUT = "rollout_share_median"
 SUMMARY_FREE = "free_ratio_median"
 SUMMARY_THROUGHPUT = "throughput_median"
@@ -45,6 +46,8 @@ class Samples(BaseModel):
 
     model_config = ConfigDict(extra="allow")
     step_time: list[float] = Field(default_factory=list)
+    #: process CPU seconds per timed step (user + sys, all threads; ``timing_s/step_cpu``), where the engine logs it
+    cpu_time: list[float] = Field(default_factory=list)
     throughput: list[float] = Field(default_factory=list)
     rollout_share: list[float] = Field(default_factory=list)
     free_ratio: list[float] = Field(default_factory=list)

@@ -89,6 +89,9 @@ class RunSummary(BaseModel):
     step_time_median_s: Seconds | None = None
     step_time_iqr_s: Seconds | None = None
     step_time_mean_s: Seconds | None = None
+    #: process CPU seconds per timed step (``timing_s/step_cpu``; engines that log it) and their median
+    cpu_time_samples_s: list[Seconds] = Field(default_factory=list)
+    cpu_time_median_s: Seconds | None = None
     rollout_share_median: Fraction | None = None
     throughput_median: Seconds | None = None
     phase_median_s: dict[str, Finite | None] = Field(default_factory=dict)

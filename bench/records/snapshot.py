@@ -17,7 +17,7 @@ from typing import Any
 from bench.core.errors import BenchError
 from bench.core.metadata import flat_run_versions
 from bench.measure import step_samples
-from bench.records.figures import SUMMARY_STEP_TIME, Snapshot
+from bench.records.figures import SUMMARY_CPU_TIME, SUMMARY_STEP_TIME, Snapshot
 from bench.records.results import SWEEP, check_sweep_meta, load_records
 from bench.records.speed import PROBE_METRIC, probe_spec
 from bench.spec.metrics import METRICS
@@ -30,7 +30,7 @@ FORMAT_VERSION = 1
 #: CPU pressure (PSI some avg60, %) above which runs are called contended: other jobs shared the CPUs
 CONTENDED_PSI = 40.0
 #: summary values copied per repeat into the snapshot
-_SUMMARY_KEYS = (SUMMARY_STEP_TIME, "step_time_iqr_s", "step_time_mean_s", "rollout_share_median",
+_SUMMARY_KEYS = (SUMMARY_STEP_TIME, "step_time_iqr_s", "step_time_mean_s", SUMMARY_CPU_TIME, "rollout_share_median",
                  "free_ratio_median", "throughput_median", "phase_median_s", "peak_memory_gb",
                  "response_length_mean", "response_length_max", "response_length_min",
                  "long_tail_waste_median", "timed_steps", "profiled_steps", "measured_steps",
@@ -71,7 +71,8 @@ def record_samples(rec: dict[str, Any]) -> dict[str, list[float]]:
     shares = {k: v for k, v in got.items() if k.startswith("phase_share/")}
     # a record without per-step metrics: the samples its summary kept (step_samples at measuring time)
     st = got["step_time"] or [v for v in (_num(x) for x in summ.get("step_time_samples_s") or []) if v is not None]
-    return {"step_time": st, "throughput": got["throughput"], "rollout_share": got["rollout_share"],
+    return {"step_time": st, "cpu_time": got["cpu_time"], "throughput": got["throughput"],
+            "rollout_share": got["rollout_share"],
             "free_ratio": fr, "speed_probe": pr, **shares}
 
 

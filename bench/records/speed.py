@@ -63,7 +63,8 @@ def normalizable(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
     (with ``speed_probe`` aligned to ``step_time``/``throughput``) and ``probe_spec``.
     """
     if metric not in SPEED_SCALED:
-        return f"{metric} is a ratio (not speed-scaled)"
+        return (f"{metric} is CPU time (not scaled by the wall-clock probe)" if metric == "cpu_time" else
+                f"{metric} is a ratio (not speed-scaled)")
     specs = set()
     for side, cell in (("baseline", base_cell), ("candidate", cand_cell)):
         reps = _reps(cell)

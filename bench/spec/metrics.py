@@ -31,6 +31,8 @@ METRICS: dict[str, Metric] = {m.key: m for m in (
            source="timing_s/gen / timing_s/step of the timed steps"),
     Metric(key="free_ratio", title="Free ratio", unit="", higher_is_better=False, scale="linear",
            source="per-step Free ratio of the profiled measured steps"),
+    Metric(key="cpu_time", title="CPU time per step", unit="s", higher_is_better=False, scale="log",
+           source="timing_s/step_cpu of the timed steps (process CPU seconds, user + sys, all threads; CPU engines)"),
 )}
 
 

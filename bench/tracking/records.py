@@ -106,6 +106,7 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
     samples = record_samples(rec)
     summary = {
         "step_time_median_s": run_value(samples["step_time"]), "step_time_iqr_s": summ.get(SUMMARY_STEP_IQR),
+        "cpu_time_median_s": run_value(samples["cpu_time"]),
         "rollout_share": run_value(samples["rollout_share"]), "free_ratio": run_value(samples["free_ratio"]),
         "throughput": run_value(samples["throughput"]), "peak_memory_gb": summ.get(SUMMARY_PEAK_MEM),
         "long_tail_waste": summ.get("long_tail_waste_median"), "wall_s": rec.get("wall_s"),

@@ -25,8 +25,9 @@ def uri(tmp_path_factory):
 @pytest.fixture()
 def results(tmp_path, uri):
     """A results folder holding baseline ``base`` of a 4-cell synthetic embedded sweep (4 repeats x 4 steps), saved
-    from two sweeps of it so that it measures its sweep-to-sweep offset (a baseline saved once decides nothing)."""
-    for i, seed in enumerate((21, 1)):
+    from six sweeps of it so that it measures its sweep-to-sweep offset on 5 degrees of freedom (saves - 1; a
+    baseline saved once decides nothing, saved twice its 1 df decides next to nothing)."""
+    for i, seed in enumerate((21, 1, 31, 41, 51, 61)):
         make_sweep(tmp_path, "synth", EMBEDDED_CELLS, repeats=4, times=log_normal_times(sd=0.02), seed=seed)
         assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri,
                      *(["--force"] if i else [])]) == 0
@@ -287,7 +288,7 @@ def test_error_goes_to_the_job_summary_and_bad_baseline_cells_are_refused(result
 
 
 def test_contended_runs_are_called_out(tmp_path, uri):
-    for i, seed in enumerate((11, 1)):  # "base" saved from two sweeps (its offset measured), "once" from one
+    for i, seed in enumerate((11, 1, 21, 31)):  # "base" saved from 4 sweeps (its offset measured), "once" from one
         make_sweep(tmp_path, "synth", [{}], repeats=4, seed=seed, psi=3.0)
         assert main(["baseline", "save", "synth", "--name", "base", "--results", str(tmp_path), "--tracking-uri", uri,
                      *(["--force"] if i else [])]) == 0
@@ -333,7 +334,7 @@ def test_run_to_run_shifts_count_as_noise(tmp_path, uri):
     assert row["verdict"] == "noisy" and row["sd_base"] > 0.04 and row["mde"] > 0.10
     # steady runs: judged
     steady = log_normal_times(sd=0.01)
-    for i, seed in enumerate((17, 7)):  # saved from two sweeps: its sweep-to-sweep offset measured
+    for i, seed in enumerate((17, 7, 27, 37)):  # saved from 4 sweeps: its sweep-to-sweep offset measured (3 df)
         make_sweep(tmp_path, "synth2", [{}], repeats=4, steps=12, seed=seed, same_work=True, times=steady)
         assert main(["baseline", "save", "synth2", "--name", "steady", "--results", str(tmp_path),
                      "--tracking-uri", uri, *(["--force"] if i else [])]) == 0

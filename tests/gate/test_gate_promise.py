@@ -1,8 +1,9 @@
-"""The interleaved gate keeps its promise (issue 30, findings 1-3): the analysis is declared before the data, the
-speed probe is a covariate whose slope is estimated (never a per-look choice), a candidate that moves the probe
-itself or times another probe kernel is not adjusted, and the error rate holds over the cells of a gate
-(Bonferroni) and over its looks (repeated confidence intervals). Each test runs the real comparison
-(:func:`bench.gate.runs.paired_comparison`, the stop rule's call) on seeded simulated gate sweeps."""
+"""The interleaved gate keeps its promise (issue 30, findings 1-3; issue 45): the analysis is declared before the
+data, the speed probe is a covariate whose slope is estimated (never a per-look choice, not even on a moved probe), a
+candidate that moves the probe itself gets no verdict, one that times another probe kernel is not adjusted, and the
+error rate holds over the cells of a gate (Bonferroni) and over its looks (repeated confidence intervals). Each test
+runs the real comparison (:func:`bench.gate.runs.paired_comparison`, the stop rule's call) on seeded simulated gate
+sweeps."""
 
 from __future__ import annotations
 
@@ -66,17 +67,44 @@ def test_repeated_intervals_keep_their_coverage_over_twelve_looks_with_a_half_tr
     assert rate <= 0.05 + 2.5 * math.sqrt(0.05 * 0.95 / sims), rate  # Monte Carlo error of 500 sweeps: 1.0 %
 
 
-def test_a_candidate_that_moves_the_probe_itself_is_named_and_not_adjusted():
+def test_a_candidate_that_moves_the_probe_itself_gets_no_verdict():
     """Finding 2: a candidate that changes threads slows its step AND the probe that runs in its process; the old
-    gate subtracted the change (pass). Now the moved probe is named, raw values are compared: a regression."""
+    gate (before issue 30) subtracted the change (pass). Issue 45: the declared covariate is still fitted (no test on
+    the data switches it), and the row draws no verdict from it: cannot judge (exit 3), never pass; the raw change is
+    shown."""
     rng = np.random.default_rng(5)
     shift = math.log(1.10)
     s = rng.normal(0, 0.01, 10)
     recs = _gate(shift + s + rng.normal(0, 0.005, 10), shift + s + rng.normal(0, 0.005, 10))
     res = paired_comparison(recs, threshold=0.05, alpha=0.05)
     row = res["rows"][0]
-    assert not row["normalized"] and "moved the probe itself" in row["reason"]
-    assert row["verdict"] == "regression" and res["exit_code"] == 1 and 0.07 < row["change"] < 0.13
+    assert row["normalized"] and "moved the speed probe itself (+9.9%" in row["reason"]
+    assert row["verdict"] == "noisy" and row["judged_verdict"] == "unchanged" and res["exit_code"] == 3
+    assert 0.07 < row["raw_change"] < 0.13 and abs(row["change"]) < 0.03
+
+
+def test_the_covariate_is_the_declared_one_at_every_look():
+    """Issue 45: the old rule tested, at every look, whether the candidate had moved the probe (paired t, p < 0.01)
+    and fitted the covariate only where it had not, so one gate's looks were analysed differently. Here the probe
+    ratios are centred until block 4 and then shifted by +5 % (the old test fires from some look on, not before):
+    with the covariate declared, every look from 3 blocks fits it; with --normalize off, none does."""
+    rng = np.random.default_rng(45)
+    looks = 12
+    s = rng.normal(0, 0.01, looks)
+    dp = s + rng.normal(0, 0.003, looks) + np.where(np.arange(looks) >= 4, math.log(1.05), 0.0)
+    recs = _gate(s + rng.normal(0, 0.01, looks), dp)
+    fitted, withheld = [], []
+    for look in range(3, looks + 1):
+        part = [r for r in recs if r["repeat"] < look]
+        row = paired_comparison(part, threshold=0.05, alpha=0.05, look=look, max_looks=looks, decide=decide)["rows"][0]
+        fitted.append(row["normalized"])
+        withheld.append("moved the speed probe itself" in row["reason"])
+        off = paired_comparison(part, threshold=0.05, alpha=0.05, normalize=False)["rows"][0]
+        assert not off["normalized"] and off["probe_slope"] is None
+    assert all(fitted), fitted
+    assert withheld[0] is False and withheld[-1] is True  # the old switch would have changed the analysis here
+    a = declare_analysis(cells=["c"], threshold=0.05, alpha=0.05, max_mde=None, normalize=True, max_looks=looks)
+    assert "never switched by a test on the data" in a["covariate_rule"]
 
 
 def test_versions_that_timed_different_probe_kernels_are_not_adjusted():

@@ -123,7 +123,7 @@ def test_single_sweep_baseline_decides_no_step_time_row_and_history_carries_the_
     hist = [{"sweep": f"s{j}", "log_step_time": {"cell=0": math.log(2.0) + d, "cell=1": math.log(2.0) + d}}
             for j, d in enumerate((0.0, 0.03, -0.03))]
     s2s = sweep_to_sweep(hist)
-    assert s2s["sd_log"] == pytest.approx(0.03) and s2s["df"] == 4
+    assert s2s["sd_log"] == pytest.approx(0.03) and s2s["df"] == 2  # one offset per sweep: saves - 1
     g = _gate(base, cand, s2s=s2s)
     for r, c in zip(g["rows"], range(2)):
         xb = np.log([x["samples"]["step_time"][0] for x in base["cells"][c]["repeats"]])
@@ -174,15 +174,16 @@ def test_claims_are_judged_on_runs_by_the_report_function(tmp_path):
     assert json.loads((sweep / "gate" / "gate.json").read_text())["expectations"][0]["result"] == "cannot judge"
 
 
-def test_saved_twice_the_gate_decides_and_records_what_it_declared(tmp_path):
+def test_saved_thrice_the_gate_decides_and_records_what_it_declared(tmp_path):
     """Through ``baseline save`` and the gate: saved from one sweep an identical candidate cannot be judged (exit
-    3); saved again from a second sweep (history of 2) the offset is in the interval and the gate passes; gate.json
-    records the declared probe decision and the family."""
+    3); saved from two the offset is measured on 1 degree of freedom (saves - 1), which no run count makes up for:
+    still cannot judge, and the row says to save more sweeps; saved from a third (2 df) the offset is in the
+    interval and the gate passes; gate.json records the declared probe decision and the family."""
     from bench.gate.baseline import save
     from bench.gate.stored import run_gate
 
     cells = [{}, {"dynamic_bsz": 1}]
-    for i in range(2):
+    for i in range(3):
         make_sweep(tmp_path, f"s{i}", cells, repeats=4, steps=6, times=log_normal_times(sd=0.01), seed=60 + i)
     make_sweep(tmp_path, "cand", cells, repeats=4, steps=6, times=log_normal_times(sd=0.01), seed=70)
 
@@ -194,6 +195,10 @@ def test_saved_twice_the_gate_decides_and_records_what_it_declared(tmp_path):
     g = gate()
     assert g["exit_code"] == 3 and {r["verdict"] for r in g["rows"]} == {"cannot judge"}
     save("s1", "b", tmp_path, None, force=True, alpha=0.05)
+    g = gate()
+    assert g["exit_code"] == 3 and {r["verdict"] for r in g["rows"]} == {"noisy"}, g["rows"]
+    assert all(r["df"] <= 1 and "save the baseline from more sweeps" in r["reason"] for r in g["rows"])
+    save("s2", "b", tmp_path, None, force=True, alpha=0.05)
     g = gate()
     assert g["exit_code"] == 0 and {r["verdict"] for r in g["rows"]} == {"unchanged"}, g["rows"]
     assert all(r["sweep_offset_sd"] is not None for r in g["rows"])

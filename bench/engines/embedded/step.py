@@ -28,6 +28,7 @@ import torch
 
 from bench.engines.builtins.data import EncodedPrompt, PromptItem
 from bench.engines.builtins.sequences import Sequence, TokenIds
+from bench.measure.run_summary import STEP_CPU
 
 from . import batching, reward
 from .config import RunConfig
@@ -271,7 +272,7 @@ def run_step(
     cfg = tr.cfg
     timing: dict[str, float] = {}
     metrics: dict[str, Any] = {}
-    t_step = time.perf_counter()
+    t_step, cpu_step = time.perf_counter(), time.process_time()
     with phase(timing, "gen", tr.device):
         ro: Rollout = generate(
             tr.model, encoded, cfg.n, tr.ids, cfg.max_prompt_length, cfg.max_response_length, cfg.temperature, tr.device
@@ -299,6 +300,10 @@ def run_step(
             time.sleep(cfg.update_delay_s)
         actor_metrics = update_actor(tr, ro.seqs, batch, metrics)
     timing["step"] = time.perf_counter() - t_step
+    # CPU seconds of this process over the step (user + sys, every thread: torch's intra-op threads included;
+    # time.process_time = CLOCK_PROCESS_CPUTIME_ID, ns resolution; children excluded, the step spawns none), logged
+    # beside the wall time as STEP_CPU (bench.measure.run_summary); not in ``timing``, which holds wall phases
+    metrics[STEP_CPU] = time.process_time() - cpu_step
 
     dp = DataProto.from_dict(
         tensors={
