@@ -27,7 +27,7 @@ from pathlib import Path
 
 from bench import __version__
 from bench.commands import commands
-from bench.core.errors import BenchError, Terminated, current_step
+from bench.core.errors import BenchError, Terminated, current_step, printable
 from bench.core.paths import check_folder, check_names
 from bench.records.results import is_no_space
 from bench.tracking.store import check_tracking_uri, in_memory
@@ -72,7 +72,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         """Print ``error: PROG: MESSAGE`` and exit with code 2."""
-        sys.stderr.write(f"error: {self.prog}: {message} (see --help)\n")
+        sys.stderr.write(f"error: {self.prog}: {_one_line(message)} (see --help)\n")
         sys.exit(2)
 
 
@@ -321,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(text: str) -> str:
-    """``text`` folded onto one line (a message is one line, whatever a library put into it)."""
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    return " | ".join(lines)[:2000] if lines else ""
+    """``text`` folded onto one line (a message is one line, whatever a library put into it), its control
+    characters escaped (:func:`bench.core.errors.printable`: a name the user gave is echoed, never obeyed)."""
+    lines = [ln.strip() for ln in str(text).replace("\r\n", "\n").split("\n") if ln.strip()]  # other breaks escaped
+    return printable(" | ".join(lines)[:2000]) if lines else ""

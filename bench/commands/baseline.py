@@ -10,7 +10,7 @@ import sys
 import time
 
 from bench.commands.base import Command
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, say
 from bench.gate.baseline import baselines_dir, load_baseline, save
 from bench.records.results import check_baseline_slot
 from bench.records.snapshot import CONTENDED_PSI, cpu_pressure
@@ -66,7 +66,7 @@ def _action(args: argparse.Namespace) -> int:
               f"engine {snap['engine']}, platform {snap['platform']}, sweep {snap['source']['sweep']})")
         print(f"baseline {args.name}: {snap['sweep_to_sweep']['note']}")
         if warn:
-            print(f"warning: {warn}", file=sys.stderr)
+            say(f"warning: {warn}")
         else:
             print(f"MLflow: parent run {snap['source']['parent_run_id']} tagged bench.baseline={args.name}")
         psi = cpu_pressure(snap)

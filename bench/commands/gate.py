@@ -11,7 +11,7 @@ from typing import Any
 
 from bench.commands.base import Command
 from bench.commands.run_planning import parse_duration
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, say
 from bench.gate.interleaved import run_interleaved_gate
 from bench.gate.markdown import append_step_summary, render_interleaved, render_markdown
 from bench.gate.stored import run_gate
@@ -143,7 +143,7 @@ def print_result(result: dict[str, Any], prog: str) -> int:
     "cannot judge", every reason in full on stderr; returns the exit code."""
     print(render_markdown(result))
     for w in result.get("warnings", []):
-        print(f"warning: {w}", file=sys.stderr)
+        say(f"warning: {w}")
     print(f"{prog}: {result['verdict']} (exit {result['exit_code']}); files: {', '.join(result['files'])}")
     if result["exit_code"] == EXIT_CANNOT_JUDGE:
         reasons = [f"{r['cell']}/{r['metric']}: {r['reason']}" for r in result["rows"]
@@ -182,7 +182,7 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
             print(f"  block {data['repeat']} {data['spec'].code_version:9s} {data['spec'].label}: {rec['status']}"
                   + (f", median step {med:.3f} s" if isinstance(med, (int, float)) else ""), flush=True)
         elif kind == "warn":
-            print(f"warning: {data.get('message')}", file=sys.stderr)
+            say(f"warning: {data.get('message')}")
         elif kind == "look":
             print(f"  {data.get('line')}", flush=True)
 

@@ -47,7 +47,7 @@ from typing import Any
 
 from bench.commands.base import Command
 from bench.commands.report_markdown import render
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, say
 from bench.core.files import atomic_write_json, atomic_write_text, read_json
 from bench.gate.runs import gate_figure
 from bench.gate.verdicts import check_expectations, validate_expect
@@ -225,7 +225,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"note: {len(data['failed'])} cell(s) not finished, left out: " +
               ", ".join(r["cell"] for r in data["failed"]), file=sys.stderr)
     if warn:
-        print(f"warning: {warn}", file=sys.stderr)
+        say(f"warning: {warn}")
     elif args.tracking_uri:
         print(f"MLflow: logged under report/ on parent run {data['sweep']['parent_run_id']}")
     return 0
