@@ -28,9 +28,9 @@ from pathlib import Path
 from bench import __version__
 from bench.commands import commands
 from bench.core.errors import BenchError, Terminated, current_step, printable
-from bench.core.paths import check_folder, check_names
+from bench.core.paths import check_folder, check_names, resolve_path
 from bench.records.results import is_no_space
-from bench.tracking.store import check_tracking_uri, in_memory
+from bench.tracking.store import check_tracking_uri, in_memory, sqlite_path
 
 
 def subcommands() -> dict[str, type]:
@@ -164,6 +164,9 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
 
     if getattr(args, "out", None) is not None:
         check_folder("--out", args.out)
+    db = sqlite_path(args.tracking_uri) if args.tracking_uri else None
+    if db is not None and not in_memory(args.tracking_uri):  # every subcommand may open the store (report, gate...)
+        resolve_path("--tracking-uri" if args.tracking_uri_given else "MLflow store", db, args.tracking_uri)
     if (command in WRITES_MLFLOW or interleaved) and (command != "sync" or args.tracking_uri_given):
         check_tracking_uri(args.tracking_uri, probe=not dry)
     elif in_memory(args.tracking_uri) or (command != "sync" and args.tracking_uri != "" and (

@@ -34,7 +34,7 @@ from bench.core.errors import BenchError, did_you_mean
 from bench.core.files import atomic_write_json, read_json
 from bench.core.inputs import check_numbers
 from bench.core.metadata import machine
-from bench.core.paths import check_folder
+from bench.core.paths import check_folder, resolve_path
 from bench.records.results import find_sweep
 from bench.records.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
 from bench.records.snapshot import (
@@ -65,6 +65,7 @@ def resolve_baseline(ref: str, results: Path) -> Path:
         BenchError: no such baseline (the message lists the known names).
     """
     p = Path(ref)
+    resolve_path("--baseline", p)  # a name too long for the file system, a dangling link: refused by name
     if p.is_file():
         return p
     cand = baselines_dir(results) / f"{ref}.json"
