@@ -9,7 +9,7 @@ import json
 import sys
 import time
 
-from bench.commands.base import Command
+from bench.commands.base import Command, given
 from bench.core.errors import BenchError, say
 from bench.gate.baseline import baselines_dir, load_baseline, save
 from bench.records.results import check_baseline_slot
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``baseline``."""
     p.add_argument("action", choices=("save", "list", "show"),
                    help="save SWEEP --name NAME | list | show NAME")
-    p.add_argument("target", nargs="?", default=None,
+    p.add_argument("target", nargs="?", type=given, default=None,
                    help="save: the sweep (folder, matrix name = its latest sweep, or <matrix>/<sweep id>); "
                         "show: the baseline name or file")
     p.add_argument("--name", default=None, help="save: the baseline's name (file <results>/baselines/NAME.json)")

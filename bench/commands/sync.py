@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.commands.base import Command
+from bench.commands.base import Command, given
 from bench.core.errors import BenchError, say
 from bench.records.results import SWEEP, check_sweep_meta, find_sweep
 from bench.tracking import Tracker, check_tracking_uri
@@ -15,7 +15,7 @@ from bench.tracking.upload_queue import QUEUE, check_sweep_files, pending, sync_
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``sync``."""
-    p.add_argument("sweep", nargs="?", default=None,
+    p.add_argument("sweep", nargs="?", type=given, default=None,
                    help="the sweep: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>; "
                         "default: every sweep under --results with uploads pending")
 
