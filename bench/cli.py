@@ -166,7 +166,12 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
         check_folder("--out", args.out)
     db = sqlite_path(args.tracking_uri) if args.tracking_uri else None
     if db is not None and not in_memory(args.tracking_uri):  # every subcommand may open the store (report, gate...)
-        resolve_path("--tracking-uri" if args.tracking_uri_given else "MLflow store", db, args.tracking_uri)
+        flag = "--tracking-uri" if args.tracking_uri_given else "MLflow store"
+        resolve_path(flag, db, args.tracking_uri)
+        if not os.path.isdir(db.parent) and os.path.abspath(db.parent) != os.path.abspath(args.results):
+            # sqlite would make the folders and a new, empty store: a typo in the path started a new history
+            raise BenchError(f"{flag} {args.tracking_uri}: folder {db.parent} does not exist (create it, or give a "
+                             "sqlite file in an existing folder or in --results)")
     if (command in WRITES_MLFLOW or interleaved) and (command != "sync" or args.tracking_uri_given):
         check_tracking_uri(args.tracking_uri, probe=not dry)
     elif in_memory(args.tracking_uri) or (command != "sync" and args.tracking_uri != "" and (

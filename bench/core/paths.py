@@ -156,8 +156,9 @@ def check_folder(flag: str, path: str | Path, *, extra: tuple[str, ...] = ()) ->
 
 
 def check_matrix_folder(results: str | Path, name: str) -> None:
-    """Refuse ``<results>/<name>`` (where a sweep of matrix ``name`` goes) when it, or its ``latest`` entry, is
-    not what the harness made there (a file, or a ``latest`` that is not a link), before anything is written.
+    """Refuse ``<results>/<name>`` (where a sweep of matrix ``name`` goes) when it, its ``latest`` entry or its
+    ``.lock`` is not what the harness made there (a file, a ``latest`` that is not a link, a ``.lock`` that is not a
+    regular file), before anything is written.
 
     Raises:
         BenchError: naming the entry and what to do.
@@ -168,3 +169,7 @@ def check_matrix_folder(results: str | Path, name: str) -> None:
     latest = base / "latest"
     if os.path.lexists(latest) and not latest.is_symlink():
         raise BenchError(f"{latest}: exists and is not the 'latest' link (move it away)")
+    lock = base / ".lock"
+    if os.path.lexists(lock) and not os.path.isfile(lock):  # a folder there was blamed on the results folder
+        kind = "a folder" if lock.is_dir() else "a link or a special file"
+        raise BenchError(f"{lock}: exists and is not the harness's lock file ({kind}; move it away)")

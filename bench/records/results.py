@@ -158,8 +158,7 @@ class ResultsDir:
             BenchError: the matrix folder exists as something else than a folder; (on acquire) another
                 harness holds the lock.
         """
-        if self.base.exists() and not self.base.is_dir() or (self.base / ".lock").is_dir():
-            raise BenchError(f"{self.base}: exists and is not a results folder (move it away)")
+        check_matrix_folder(self.root, self.base.name)  # the folder, its latest link and its .lock, each by name
         made_base = not os.path.lexists(self.base)
         made_lock = made_base or not os.path.lexists(self.base / ".lock")
         self.base.mkdir(parents=True, exist_ok=True)
