@@ -29,9 +29,9 @@ from pathlib import Path
 
 from bench import __version__
 from bench.commands import COMMANDS, command_class
-from bench.core.errors import BenchError, Terminated, current_step, is_no_space
-from bench.core.paths import check_folder, check_names
-from bench.tracking.store import check_tracking_uri, in_memory
+from bench.core.errors import BenchError, Terminated, current_step, is_no_space, printable
+from bench.core.paths import check_folder, check_names, resolve_path
+from bench.tracking.store import check_tracking_uri, in_memory, sqlite_path
 
 
 def subcommands() -> dict[str, str]:
@@ -73,7 +73,7 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str):  # type: ignore[override]
         """Print ``error: PROG: MESSAGE`` and exit with code 2."""
-        sys.stderr.write(f"error: {self.prog}: {message} (see --help)\n")
+        sys.stderr.write(f"error: {self.prog}: {_one_line(message)} (see --help)\n")
         sys.exit(2)
 
 
@@ -165,6 +165,14 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
 
     if getattr(args, "out", None) is not None:
         check_folder("--out", args.out)
+    db = sqlite_path(args.tracking_uri) if args.tracking_uri else None
+    if db is not None and not in_memory(args.tracking_uri):  # every subcommand may open the store (report, gate...)
+        flag = "--tracking-uri" if args.tracking_uri_given else "MLflow store"
+        resolve_path(flag, db, args.tracking_uri)
+        if not os.path.isdir(db.parent) and os.path.abspath(db.parent) != os.path.abspath(args.results):
+            # sqlite would make the folders and a new, empty store: a typo in the path started a new history
+            raise BenchError(f"{flag} {args.tracking_uri}: folder {db.parent} does not exist (create it, or give a "
+                             "sqlite file in an existing folder or in --results)")
     if (command in WRITES_MLFLOW or interleaved) and (command != "sync" or args.tracking_uri_given):
         check_tracking_uri(args.tracking_uri, probe=not dry)
     elif in_memory(args.tracking_uri) or (command != "sync" and args.tracking_uri != "" and (
@@ -328,6 +336,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _one_line(text: str) -> str:
-    """``text`` folded onto one line (a message is one line, whatever a library put into it)."""
-    lines = [ln.strip() for ln in str(text).splitlines() if ln.strip()]
-    return " | ".join(lines)[:2000] if lines else ""
+    """``text`` folded onto one line (a message is one line, whatever a library put into it), its control
+    characters escaped (:func:`bench.core.errors.printable`: a name the user gave is echoed, never obeyed)."""
+    lines = [ln.strip() for ln in str(text).replace("\r\n", "\n").split("\n") if ln.strip()]  # other breaks escaped
+    return printable(" | ".join(lines)[:2000]) if lines else ""

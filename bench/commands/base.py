@@ -4,6 +4,7 @@ module ``bench.commands.<name>``, listed with its one-line help in :data:`bench.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import ClassVar
 
 
@@ -50,3 +51,25 @@ def add_execution_arguments(parser: argparse.ArgumentParser, unit: str) -> None:
                              "each run from a warm server that has imported torch/transformers/verl once)")
     parser.add_argument("--ray-address", default=None, metavar="ADDR",
                         help=f"run each {unit} as a job on this existing Ray cluster (e.g. http://127.0.0.1:8265)")
+
+
+def given(text: str) -> str:
+    """The argparse type of a value the user names (a sweep, a baseline, a matrix): given but empty (``report ''``,
+    ``sync ''``) is refused by the argument's name, never read as the current folder or as "not given".
+
+    Raises:
+        argparse.ArgumentTypeError: an empty or blank value (argparse names the argument; exit 2, one line).
+    """
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is empty (give a value, or leave the argument out where it is "
+                                         "optional)")
+    return text
+
+
+def given_path(text: str) -> Path:
+    """:func:`given` as a path (``--out ''`` was ``Path('')``, the current folder, and the report was written there).
+
+    Raises:
+        argparse.ArgumentTypeError: an empty or blank value.
+    """
+    return Path(given(text))

@@ -9,8 +9,8 @@ import json
 import sys
 import time
 
-from bench.commands.base import Command
-from bench.core.errors import BenchError
+from bench.commands.base import Command, given
+from bench.core.errors import BenchError, say
 from bench.gate.baseline import baselines_dir, load_baseline, save
 from bench.records.results import check_baseline_slot
 from bench.records.snapshot import CONTENDED_PSI, cpu_pressure
@@ -39,7 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``baseline``."""
     p.add_argument("action", choices=("save", "list", "show"),
                    help="save SWEEP --name NAME | list | show NAME")
-    p.add_argument("target", nargs="?", default=None,
+    p.add_argument("target", nargs="?", type=given, default=None,
                    help="save: the sweep (folder, matrix name = its latest sweep, or <matrix>/<sweep id>); "
                         "show: the baseline name or file")
     p.add_argument("--name", default=None, help="save: the baseline's name (file <results>/baselines/NAME.json)")
@@ -66,7 +66,7 @@ def _action(args: argparse.Namespace) -> int:
               f"engine {snap['engine']}, platform {snap['platform']}, sweep {snap['source']['sweep']})")
         print(f"baseline {args.name}: {snap['sweep_to_sweep']['note']}")
         if warn:
-            print(f"warning: {warn}", file=sys.stderr)
+            say(f"warning: {warn}")
         else:
             print(f"MLflow: parent run {snap['source']['parent_run_id']} tagged bench.baseline={args.name}")
         psi = cpu_pressure(snap)

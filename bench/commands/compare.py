@@ -14,9 +14,8 @@ Exit codes: 0 pass, 1 regression, 2 bad input, 3 cannot judge (:data:`bench.gate
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from bench.commands.base import Command
+from bench.commands.base import Command, given, given_path
 from bench.commands.gate import GATE_FILES, add_comparison_arguments, metric_list, print_result
 from bench.gate.stored import run_gate
 from bench.gate.verdicts import EXIT_CODES
@@ -26,12 +25,12 @@ from bench.records.results import check_baseline_slot, check_output_folder, find
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``compare``; the exit codes are the help's epilog."""
     p.epilog = EXIT_CODES
-    p.add_argument("sweep_a", metavar="SWEEP_A",
+    p.add_argument("sweep_a", type=given, metavar="SWEEP_A",
                    help="the reference: a sweep folder, a matrix name (its latest sweep), <matrix>/<sweep id>, "
                         "or a saved baseline")
-    p.add_argument("sweep_b", metavar="SWEEP_B", help="the sweep judged against SWEEP_A (same forms)")
+    p.add_argument("sweep_b", type=given, metavar="SWEEP_B", help="the sweep judged against SWEEP_A (same forms)")
     add_comparison_arguments(p)
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+    p.add_argument("--out", type=given_path, default=None, metavar="DIR",
                    help="folder for gate.md and gate.json (default: <SWEEP_B>/compare/)")
 
 

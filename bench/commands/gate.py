@@ -9,9 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.commands.base import Command
+from bench.commands.base import Command, given, given_path
 from bench.commands.run_planning import parse_duration
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, say
 from bench.gate.interleaved import run_interleaved_gate
 from bench.gate.markdown import append_step_summary, render_interleaved, render_markdown
 from bench.gate.stored import run_gate
@@ -29,11 +29,11 @@ MAX_BLOCKS = 1000
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``gate``; the exit codes (:data:`EXIT_CODES`) are the help's epilog."""
     p.epilog = EXIT_CODES
-    p.add_argument("--baseline", default=None, metavar="NAME_OR_FILE_OR_SWEEP",
+    p.add_argument("--baseline", type=given, default=None, metavar="NAME_OR_FILE_OR_SWEEP",
                    help="baseline name (<results>/baselines/NAME.json), a baseline file, or a sweep to compare "
                         "with directly (a sweep folder, a matrix name = its latest sweep, or <matrix>/<sweep id>; "
                         "a name that is both is the baseline)")
-    p.add_argument("--candidate", default=None, metavar="SWEEP",
+    p.add_argument("--candidate", type=given, default=None, metavar="SWEEP",
                    help="the sweep to judge: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
     p.add_argument("--interleave", default=None, metavar="REV_OR_DIR",
                    help="interleaved gate (recommended for CI): run MATRIX with the baseline's code (a git revision, "
@@ -58,7 +58,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--order-seed", type=int, default=None, metavar="N", help="--interleave: shuffle seed of the blocks")
     p.add_argument("--no-expect", action="store_true", help="do not check the matrix `expect` block")
     add_comparison_arguments(p)
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+    p.add_argument("--out", type=given_path, default=None, metavar="DIR",
                    help="folder for gate.md and gate.json (default: <candidate sweep>/gate/)")
 
 
@@ -143,7 +143,7 @@ def print_result(result: dict[str, Any], prog: str) -> int:
     "cannot judge", every reason in full on stderr; returns the exit code."""
     print(render_markdown(result))
     for w in result.get("warnings", []):
-        print(f"warning: {w}", file=sys.stderr)
+        say(f"warning: {w}")
     print(f"{prog}: {result['verdict']} (exit {result['exit_code']}); files: {', '.join(result['files'])}")
     if result["exit_code"] == EXIT_CANNOT_JUDGE:
         reasons = [f"{r['cell']}/{r['metric']}: {r['reason']}" for r in result["rows"]
@@ -182,7 +182,7 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
             print(f"  block {data['repeat']} {data['spec'].code_version:9s} {data['spec'].label}: {rec['status']}"
                   + (f", median step {med:.3f} s" if isinstance(med, (int, float)) else ""), flush=True)
         elif kind == "warn":
-            print(f"warning: {data.get('message')}", file=sys.stderr)
+            say(f"warning: {data.get('message')}")
         elif kind == "look":
             print(f"  {data.get('line')}", flush=True)
 

@@ -45,9 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.commands.base import Command
+from bench.commands.base import Command, given, given_path
 from bench.commands.report_markdown import render
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, say
 from bench.core.files import atomic_write_json, atomic_write_text, read_json
 from bench.gate.runs import gate_figure
 from bench.gate.verdicts import check_expectations, validate_expect
@@ -209,8 +209,10 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``report``."""
-    p.add_argument("sweep", help="the sweep: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR", help="output folder (default: <sweep>/report/)")
+    p.add_argument("sweep", type=given,
+                   help="the sweep: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>")
+    p.add_argument("--out", type=given_path, default=None, metavar="DIR",
+                   help="output folder (default: <sweep>/report/)")
     p.add_argument("--alpha", type=float, default=0.05, help="intervals at 1-alpha, tests at alpha (default 0.05)")
     p.add_argument("--bootstrap", type=int, default=N_BOOT, metavar="N",
                    help=f"bootstrap resamples (default {N_BOOT}; kept for scripts: the report's intervals are t "
@@ -239,7 +241,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"note: {len(data['failed'])} cell(s) not finished, left out: " +
               ", ".join(r["cell"] for r in data["failed"]), file=sys.stderr)
     if warn:
-        print(f"warning: {warn}", file=sys.stderr)
+        say(f"warning: {warn}")
     elif args.tracking_uri:
         print(f"MLflow: logged under report/ on parent run {data['sweep']['parent_run_id']}")
     return 0

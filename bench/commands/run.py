@@ -12,7 +12,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from bench.commands.base import Command, add_execution_arguments
+from bench.commands.base import Command, add_execution_arguments, given_path
 from bench.commands.dry_run import (
     plan_json,
     print_dry_run,
@@ -46,7 +46,7 @@ from bench.tune.storage import check_tune_block
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``run``."""
-    p.add_argument("matrix", type=Path, help="matrix YAML file (see matrix/)")
+    p.add_argument("matrix", type=given_path, help="matrix YAML file (see matrix/)")
     p.add_argument("overrides", nargs="*", default=[], metavar="base.KEY=VALUE",
                    help="Hydra-style overrides of the matrix's base settings, validated like the file "
                         "(e.g. base.steps=4 base.embedded.update_delay_s=0.1)")

@@ -4,11 +4,10 @@ upload: :mod:`bench.tracking.upload_queue`)."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-from bench.commands.base import Command
-from bench.core.errors import BenchError
+from bench.commands.base import Command, given
+from bench.core.errors import BenchError, say
 from bench.records.results import SWEEP, check_sweep_meta, find_sweep
 from bench.tracking import Tracker, check_tracking_uri
 from bench.tracking.upload_queue import QUEUE, check_sweep_files, pending, sync_sweep
@@ -16,7 +15,7 @@ from bench.tracking.upload_queue import QUEUE, check_sweep_files, pending, sync_
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``sync``."""
-    p.add_argument("sweep", nargs="?", default=None,
+    p.add_argument("sweep", nargs="?", type=given, default=None,
                    help="the sweep: a sweep folder, a matrix name (its latest sweep) or <matrix>/<sweep id>; "
                         "default: every sweep under --results with uploads pending")
 
@@ -47,7 +46,7 @@ def main(args: argparse.Namespace) -> int:
             # before the store is opened: with no usable run, refused with nothing written
             checked = check_sweep_files(sweep, meta)  # sweep.json read once, above
             tracker = Tracker(uri, meta.get("matrix_name") or sweep.parent.name)
-            warn = lambda kind, d: print(f"warning: {d['message']}", file=sys.stderr)  # noqa: E731
+            warn = lambda kind, d: say(f"warning: {d['message']}")  # noqa: E731
             for k, v in sync_sweep(sweep, tracker, warn, checked=checked).items():  # its files read once
                 done[k] += v
         except BenchError as exc:  # named below; the other sweeps are still synced

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from bench.commands.base import Command, add_execution_arguments
+from bench.commands.base import Command, add_execution_arguments, given_path
 from bench.commands.run import make_executor
 from bench.core.errors import BenchError
 from bench.engines.base import get_engine
@@ -21,7 +21,8 @@ from bench.tune.space import limits_of
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``tune``."""
-    p.add_argument("matrix", type=Path, help="matrix YAML file with a 'tune' block (e.g. matrix/tune_dynamic_bsz.yaml)")
+    p.add_argument("matrix", type=given_path,
+                   help="matrix YAML file with a 'tune' block (e.g. matrix/tune_dynamic_bsz.yaml)")
     p.add_argument("--n-trials", type=int, default=None, metavar="N",
                    help="finished trials the study should hold (a resumed study runs only the rest)")
     p.add_argument("--timeout", type=float, default=None, metavar="S",

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import difflib
 import errno
+import sys
 import threading
+import unicodedata
 from typing import Any
 
 
@@ -15,6 +17,31 @@ class BenchError(Exception):
     """
 
     exit_code = 2
+
+
+def printable(text: object) -> str:
+    """``text`` safe to print on a terminal: every control or format character (Unicode categories ``Cc``, ``Cf``:
+    ESC, BEL, a carriage return, a bidirectional override ...) and every lone surrogate (``Cs``) written as its Python
+    escape (``\\x1b``, ``\\u202e``), so a name the user gave (a key, a file name, a sweep) can neither retitle nor
+    clear the terminal nor make the line unprintable; a newline is kept (callers fold a message onto one line). The
+    one escape every message the harness prints goes through (:func:`say`, the error boundary of ``bench.cli``)."""
+    text = str(text)
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch != "\n" and unicodedata.category(ch) in ("Cc", "Cf", "Cs"):
+            code = ord(ch)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def say(text: object, stream: object = None) -> None:
+    """Print one line of the harness's own (a warning, a note) on ``stream`` (default stderr) through
+    :func:`printable`."""
+    print(printable(text), file=stream or sys.stderr)
 
 
 def where(file: object, key: str | None = None, line: int | None = None) -> str:

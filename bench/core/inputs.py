@@ -314,3 +314,53 @@ def yaml_problem(exc: yaml.YAMLError) -> tuple[str, str]:
         tag = tag.replace("tag:yaml.org,2002:", "!!")
         kind, problem = "YAML refused", f"tag {tag} is not allowed (plain YAML only: no tags)"
     return kind, problem
+
+
+def _json_path(parts: tuple[Any, ...]) -> str:
+    """``cells[0].summary.step_time_median`` from the keys and indices leading to a value."""
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def check_numbers(data: Any, where: str, *, signed: tuple[str, ...] = (), free: tuple[str, ...] = ()) -> None:
+    """Refuse a number read back from a results file that no harness would have written: every number (a JSON
+    float or integer, never a boolean) must be finite, and not negative unless its key path matches one of
+    ``signed``. The one check of numbers read back from ``sweep.json``, baselines and tune results (records: the
+    typed model, :class:`bench.records.run_record.RunRecord`, whose per-step metrics other than times may be NaN).
+
+    Args:
+        data: the parsed JSON document.
+        where: the file, as the message names it.
+        signed: :func:`fnmatch.fnmatchcase` patterns of key paths whose numbers may be negative (indices written
+            ``[]``: ``history[].log_step_time.*``; ``matrix*``: anything under ``matrix``).
+        free: patterns of key paths not checked at all (content the harness stores as a library gave it).
+
+    Raises:
+        BenchError: ``<where>: <key path>: <value> is not a finite number`` (or ``is negative (allowed: a number
+            >= 0)``): the first offending number in document order.
+    """
+    import fnmatch
+    import math
+
+    def norm(parts: tuple[Any, ...]) -> str:
+        return _json_path(tuple("[]" if isinstance(p, int) else p for p in parts)).replace(".[]", "[]")
+
+    stack: list[tuple[tuple[Any, ...], Any]] = [((), data)]
+    while stack:
+        parts, value = stack.pop()
+        if isinstance(value, dict):
+            stack.extend(reversed([((*parts, str(k)), v) for k, v in value.items()]))
+        elif isinstance(value, list):
+            stack.extend(reversed([((*parts, i), v) for i, v in enumerate(value)]))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            key = norm(parts)
+            if any(fnmatch.fnmatchcase(key, pat) for pat in free):
+                continue
+            if isinstance(value, float) and not math.isfinite(value):
+                raise BenchError(f"{where}: {_json_path(parts)}: {value} is not a finite number (a hand-edited or "
+                                 "damaged file; allowed: a finite number)")
+            if value < 0 and not any(fnmatch.fnmatchcase(key, pat) for pat in signed):
+                raise BenchError(f"{where}: {_json_path(parts)}: {value} is negative (a hand-edited or damaged "
+                                 "file; allowed: a number >= 0)")

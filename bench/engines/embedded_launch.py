@@ -52,6 +52,10 @@ _BASE_OWNED = {"device": "platform", "ppo_max_token_len_per_gpu": "base.ppo_max_
                "log_prob_max_token_len_per_gpu": "base.log_prob_max_token_len", "profile_steps": "base.profile_steps"}
 
 
+#: what an unset ``${VAR}`` leaves in a value a dry run shows (:func:`bench.spec.loading.expand_env`, not strict)
+_ENV_LEFT = "${"
+
+
 def _check_source(kind: str, value: str, key: str, strict: bool) -> str:
     """``value`` of ``model``/``data`` with ``${VAR}`` expanded and checked before anything runs: not empty; a
     ``builtin:`` name must be known; a model path must be a folder with ``config.json``; a data path must be a
@@ -218,12 +222,16 @@ class EmbeddedEngine(EngineBase):
             ppo_max_token_len_per_gpu=ctx["ppo_max_token_len"],
             log_prob_max_token_len_per_gpu=ctx["log_prob_max_token_len"],
         )
+        unset: list[str] = []  # keys a dry run leaves with an unset ${VAR} (each gets a note)
         if base.model is not None:
             config["model"] = _check_source("model", base.model, "base.model", strict)
+            unset += ["base.model"] if _ENV_LEFT in config["model"] else []
         if base.data is not None:
             config["data"] = _check_source("data", base.data, "base.data", strict)
+            unset += ["base.data"] if _ENV_LEFT in config["data"] else []
         for ov in base.overrides:  # not passed to this engine, but an unset variable is still a mistake
-            expand_env(ov, file="base", key="overrides", strict=strict)
+            unset += ["base.overrides"] if _ENV_LEFT in expand_env(ov, file="base", key="overrides",
+                                                                   strict=strict) else []
         unknown = sorted(set(options) - set(RunConfig.model_fields))
         if unknown:
             raise BenchError(
@@ -233,6 +241,7 @@ class EmbeddedEngine(EngineBase):
         for key in ("model", "data"):  # the sub-block's own paths: checked and resolved like base's
             if options.get(key) is not None:
                 config[key] = _check_source(key, str(options[key]), f"base.embedded.{key}", strict)
+                unset += [f"base.embedded.{key}"] if _ENV_LEFT in config[key] else []
         taken = sorted(set(options) & set(mechanism.config))
         if taken:  # the factor would silently win, the cell id unchanged (issue 33)
             used = ", ".join(sorted(k for k, v in levels.items() if v is not None))
@@ -251,7 +260,9 @@ class EmbeddedEngine(EngineBase):
             raise BenchError(f"{where}: {value_message(err)} (engine embedded)") from None
         env = {k: expand_env(v, file="base", key=f"env.{k}", strict=strict) for k, v in base.env.items()}
         notes = [f"base.env.{k}: {v} has an unset variable; left as written (a real run stops on it)"
-                 for k, v in env.items() if "${" in v]
+                 for k, v in env.items() if _ENV_LEFT in v]
+        notes += [f"{key}: has an unset variable; left as written (a real run stops on it)"
+                  for key in dict.fromkeys(unset)]
         argv = [
             "{python}",
             "-m",

@@ -90,8 +90,13 @@ def submission_id_for(run_dir: Path) -> str:
     return f"bench-{stem}-{uuid.uuid4().hex[:8]}"
 
 
+#: schemes of a ``--ray-address`` (``tcp``: a bare ``HOST:PORT``)
+RAY_SCHEMES = ("http", "https", "ray", "tcp")
+
+
 def refuse_closed_port(address: str, timeout_s: float = 2.0) -> None:
-    """Raise :class:`BenchError` at once when nothing listens at ``address``'s host and port.
+    """Raise :class:`BenchError` at once when ``address`` is not of a Ray address's form (one line in our words,
+    before Ray parses it) or nothing listens at its host and port.
 
     ``address`` is what ``--ray-address`` takes: ``http://host:port`` (the job server), ``ray://host:port`` or a
     bare ``host:port`` (a GCS address, which Ray rewrites to the node's own IP and retries for tens of seconds
@@ -105,8 +110,13 @@ def refuse_closed_port(address: str, timeout_s: float = 2.0) -> None:
     try:
         host, port = parts.hostname, parts.port
     except ValueError:
-        return
-    if not host or port is None:
+        host = port = None
+    portless = port is None and parts.scheme in ("http", "https")  # a job server behind a proxy on 80 / 443
+    if parts.scheme not in RAY_SCHEMES or not host or (port is None and not portless) or \
+            any(c.isspace() for c in text) or parts.path not in ("", "/"):  # Ray's own words reached the user
+        raise BenchError(f"--ray-address {address}: not a Ray address (allowed: http://HOST:PORT, https://HOST:PORT, "
+                         "ray://HOST:PORT, HOST:PORT, or auto)")
+    if port is None:
         return
     try:
         with socket.create_connection((host, port), timeout=timeout_s):

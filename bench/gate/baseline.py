@@ -28,12 +28,13 @@ import functools
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from bench.core.errors import BenchError, did_you_mean
 from bench.core.files import atomic_write_json, read_json
+from bench.core.inputs import check_numbers
 from bench.core.metadata import machine
-from bench.core.paths import check_folder
+from bench.core.paths import check_folder, resolve_path
 from bench.records.results import find_sweep
 from bench.records.run_record import Seconds  # a sample (seconds, tokens/s, a share) is finite and not negative
 from bench.records.snapshot import (
@@ -64,6 +65,7 @@ def resolve_baseline(ref: str, results: Path) -> Path:
         BenchError: no such baseline (the message lists the known names).
     """
     p = Path(ref)
+    resolve_path("--baseline", p)  # a name too long for the file system, a dangling link: refused by name
     if p.is_file():
         return p
     cand = baselines_dir(results) / f"{ref}.json"
@@ -124,10 +126,13 @@ def _shape_model() -> Any:
         log_step_time_normalized: dict[str, float] = {}
         log_cpu_time: dict[str, float] = {}
 
-    class _Offset(BaseModel):
+    class _Figure(BaseModel):  # a sweep-to-sweep SD of log step time and its degrees of freedom
         model_config = ConfigDict(extra="allow")
-        sd_log: float | None = None
-        df: int | None = None
+        sd_log: Annotated[float, Field(ge=0, le=MAX_SD_LOG, allow_inf_nan=False)] | None = None
+        df: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+
+    class _Offset(_Figure):
+        normalized: _Figure | None = None
 
     class _Source(BaseModel):
         model_config = ConfigDict(extra="allow")
@@ -145,15 +150,27 @@ def _shape_model() -> Any:
     return _Shape
 
 
+#: key paths of a baseline whose numbers may be negative (:func:`bench.core.inputs.check_numbers`): the log cell values
+#: of its history, a phase's "other" time (the step less its parts), and the matrix as the sweep ran it (checked by
+#: the matrix's own model then; an ``expect`` bound may be negative)
+SIGNED = ("history[].log_step_time*", "cells[].repeats[].summary.phase_median_s.other", "base.*", "design.*",
+          "expect*")
+#: largest sweep-to-sweep SD of log step time a baseline may hold (e^10: a factor of 22 000 between sweeps)
+MAX_SD_LOG = 10.0
+
+
 def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
     """Check the parts of a baseline every reader indexes (``source``, each cell's ``key``, ``label``,
-    ``levels`` and ``repeats`` with their ``samples``), so a hand-edited file fails as one line.
+    ``levels`` and ``repeats`` with their ``samples``), so a hand-edited file fails as one line; and every number in
+    it (:func:`bench.core.inputs.check_numbers`: finite, not negative but in :data:`SIGNED`; ``sweep_to_sweep.sd_log``
+    at most :data:`MAX_SD_LOG`): a NaN ``sd_log`` was read as no offset and changed the gate's verdict silently.
 
     Raises:
         BenchError: naming the file and the first missing or mistyped key.
     """
     from pydantic import ValidationError
 
+    check_numbers(data, f"{path}: not a valid baseline", signed=SIGNED)
     try:
         _shape_model().model_validate(data)
     except ValidationError as exc:

@@ -6,6 +6,7 @@ parsing and printing: :mod:`bench.commands.gate`."""
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -112,7 +113,7 @@ def load_reference(ref: str, results: Path, *, prefer: Literal["baseline", "swee
     try:
         return first()
     except BenchError as exc:
-        if Path(ref).is_file() or ("unknown baseline" not in str(exc) and "no sweep found" not in str(exc)):
+        if os.path.isfile(ref) or ("unknown baseline" not in str(exc) and "no sweep found" not in str(exc)):
             raise  # a file that is there but bad, or a bad sweep: say what is wrong with it
         err1 = str(exc)
     try:

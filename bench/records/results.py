@@ -31,6 +31,7 @@ from filelock import FileLock, Timeout
 
 from bench.core.errors import NO_SPACE, BenchError, DiskFullError, did_you_mean, is_no_space  # noqa: F401 - re-exported
 from bench.core.files import read_json
+from bench.core.inputs import check_numbers
 from bench.core.paths import check_folder, check_matrix_folder
 from bench.records.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
 from bench.spec.optimizations import REGISTRY
@@ -140,8 +141,7 @@ class ResultsDir:
             BenchError: the matrix folder exists as something else than a folder; (on acquire) another
                 harness holds the lock.
         """
-        if self.base.exists() and not self.base.is_dir() or (self.base / ".lock").is_dir():
-            raise BenchError(f"{self.base}: exists and is not a results folder (move it away)")
+        check_matrix_folder(self.root, self.base.name)  # the folder, its latest link and its .lock, each by name
         made_base = not os.path.lexists(self.base)
         made_lock = made_base or not os.path.lexists(self.base / ".lock")
         self.base.mkdir(parents=True, exist_ok=True)
@@ -228,7 +228,8 @@ def find_sweep(ref: str | Path, root: Path) -> Path:
 
 def check_sweep_meta(path: Path) -> dict:
     """Read a ``sweep.json`` and check the shape readers rely on (``plan.runs`` of cells with ``cell_id``,
-    ``label`` and ``levels``); returns it.
+    ``label`` and ``levels``) and every number in it (finite; not negative outside :data:`SWEEP_SIGNED`); returns
+    it.
 
     Raises:
         BenchError: unreadable, not JSON, or missing/mistyped keys (naming the file and key).
@@ -271,7 +272,15 @@ def check_sweep_meta(path: Path) -> dict:
     for key in ("engine", "platform", "matrix_name"):
         if not isinstance(meta.get(key), str):
             raise BenchError(f"{path}: not a sweep record: {key} missing")
+    check_numbers(meta, str(path), signed=SWEEP_SIGNED, free=SWEEP_FREE)
     return meta
+
+
+#: key paths of a ``sweep.json`` whose numbers may be negative (:func:`bench.core.inputs.check_numbers`): the matrix as
+#: it ran (its model checked it then; an ``expect`` bound may be negative) and the sequential rule's state
+SWEEP_SIGNED = ("matrix*", "sequential*")
+#: key paths not checked: the sequential looks' statistics (an estimate not yet computable is stored as NaN)
+SWEEP_FREE = ("sequential.looks*",)
 
 
 #: most cells a ``sweep.json`` may plan (a real design of 9 two-level factors has 512)

@@ -70,7 +70,9 @@ Finite = Annotated[float, AfterValidator(_finite)]
 Seconds = Annotated[float, AfterValidator(_finite), AfterValidator(_not_negative)]
 #: a share of a step (the Free ratio, the rollout share): finite, in [0, 1]
 Fraction = Annotated[float, AfterValidator(_finite), AfterValidator(_fraction)]
-Steps = list[StrictInt]
+#: a count or index read back (a step, a level, a repeat): an integer >= 0, never a boolean
+Count = Annotated[StrictInt, Field(ge=0)]
+Steps = list[Count]
 
 
 class RunSummary(BaseModel):
@@ -79,8 +81,8 @@ class RunSummary(BaseModel):
     Further keys (an engine's own) are kept; their numbers must be finite (``*_s`` keys not negative)."""
 
     model_config = ConfigDict(extra="allow", strict=True)
-    n_steps: StrictInt | None = None
-    warmup_steps: StrictInt | None = None
+    n_steps: Count | None = None
+    warmup_steps: Count | None = None
     measured_steps: Steps = Field(default_factory=list)
     profiled_steps: Steps = Field(default_factory=list)
     profiled_measured_steps: Steps | None = None
@@ -94,11 +96,11 @@ class RunSummary(BaseModel):
     cpu_time_median_s: Seconds | None = None
     rollout_share_median: Fraction | None = None
     throughput_median: Seconds | None = None
-    phase_median_s: dict[str, Finite | None] = Field(default_factory=dict)
+    phase_median_s: dict[str, Finite | None] = Field(default_factory=dict)  # ``other`` (step less parts) may be < 0
     peak_memory_gb: Seconds | None = None
     peak_memory_source: str | None = None
     free_ratio_median: Fraction | None = None
-    long_tail_waste_median: Finite | None = None
+    long_tail_waste_median: Fraction | None = None
 
     @model_validator(mode="after")
     def _extras_finite(self) -> RunSummary:
@@ -109,7 +111,7 @@ class RunSummary(BaseModel):
                     where = f"{key}.{sub}" if sub else key
                     if not math.isfinite(v):
                         raise ValueError(f"{where}: {v} is not a finite number")
-                    if v < 0 and key.endswith("_s") and not sub:
+                    if v < 0:  # every figure a run summary holds is a time, a size, a count or a share
                         raise ValueError(f"{where}: {v} is negative")
         return self
 
@@ -148,11 +150,11 @@ class RunRecord(BaseModel):
     cell_id: str
     repeat: Annotated[StrictInt, Field(ge=0)]
     status: str
-    levels: dict[str, int | None] = Field(default_factory=dict)
+    levels: dict[str, Count | None] = Field(default_factory=dict)
     engine: str | None = None
     platform: str | None = None
-    started_at: Finite | None = None
-    finished_at: Finite | None = None
+    started_at: Seconds | None = None
+    finished_at: Seconds | None = None
     wall_s: Seconds | None = None
     returncode: int | None = None
     failure_kind: str | None = None

@@ -17,7 +17,16 @@ import hashlib
 import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 from pydantic_core import InitErrorDetails, ValidationError
 
 from bench.core import engine_registry  # the registry of engines (it loads their entry points on the first lookup)
@@ -277,11 +286,29 @@ class Matrix(BaseModel):
     expect: list[dict[str, Any]] = Field(default_factory=list)
     description: str = ""
 
-    # set by load_matrix, not part of the file
-    source: str = Field("", exclude=True)
-    #: cell ids of a ``run --cells`` subset (empty: every cell); part of the fingerprint, so a subset sweep
-    #: neither resumes nor is resumed by the sweep of the whole matrix
-    selected_cells: list[str] = Field(default_factory=list, exclude=True)
+    # set by the harness, never by the file: private attributes, so a file's ``source:`` or ``selected_cells:`` is an
+    # unknown key (as fields with ``exclude=True`` they were taken from the file, and changed the fingerprint)
+    _source: str = PrivateAttr("")
+    _selected_cells: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def source(self) -> str:
+        """The matrix file it was loaded from (set by :func:`bench.spec.loading.load_matrix`; ``""`` otherwise)."""
+        return self._source
+
+    @source.setter
+    def source(self, value: str) -> None:
+        self._source = value
+
+    @property
+    def selected_cells(self) -> list[str]:
+        """Cell ids of a ``run --cells`` subset (empty: every cell); part of the fingerprint, so a subset sweep
+        neither resumes nor is resumed by the sweep of the whole matrix."""
+        return self._selected_cells
+
+    @selected_cells.setter
+    def selected_cells(self, value: list[str]) -> None:
+        self._selected_cells = list(value)
 
     @model_validator(mode="before")
     @classmethod
@@ -343,8 +370,9 @@ class Matrix(BaseModel):
     @field_validator("factors", mode="before")
     @classmethod
     def _factors(cls, raw: Any) -> dict[str, list[int]]:
-        if raw is None:
-            return {}
+        if raw is None:  # ``factors:`` written without a value ran one cell of no factor
+            raise ValueError("empty (allowed: a mapping of factor -> levels, or a list of factor names; leave the key "
+                             "out for a matrix of no factor)")
         if isinstance(raw, list):  # a bare list of keys: default levels
             bad = next((k for k in raw if not isinstance(k, str)), None)
             if bad is not None:

@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from bench.core.errors import BenchError, clip_words
-from bench.core.paths import check_names, check_not_system
+from bench.core.paths import check_not_system, resolve_path
 
 #: MLflow HTTP settings the harness uses unless the variable is already set: timeout per request (s),
 #: retries, backoff factor (s) and jitter (s). Worst case per failing call: about 10 + 2 x 10 + 3 s.
@@ -259,7 +259,7 @@ def check_database(uri: str, flag: str, want: str | None = None) -> None:
         if uri.split("?", 1)[0].endswith("/"):
             raise BenchError(f"{flag} {uri}: names a folder (allowed: sqlite:///PATH to a database file, e.g. "
                              f"sqlite:///{str(db).rstrip('/') or 'results'}/mlflow.db)")
-        check_names(flag, db)
+        resolve_path(flag, db, uri)  # names within limits, no dangling link (MLflow retried one for 100 s)
         if not db.exists() or db.is_file():  # a device or folder there is named below as "not a file"
             check_not_system(flag, db, "file")
         folder = db.parent

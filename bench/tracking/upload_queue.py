@@ -17,12 +17,11 @@ the sweeps of its matrix at start (:func:`sync_matrix`), so the next invocation 
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.core.errors import BenchError, doing
+from bench.core.errors import BenchError, doing, say
 from bench.core.files import atomic_write_json, atomic_write_text, read_json
 from bench.core.inputs import read_bytes
 from bench.records.results import SWEEP, check_sweep_meta, is_no_space, run_dir
@@ -72,7 +71,7 @@ def read_queue(sweep_dir: Path, on_event: Callable[[str, dict[str, Any]], None] 
     if on_event is not None:
         on_event("warn", {"message": msg})
     else:
-        print(f"warning: {msg}", file=sys.stderr)
+        say(f"warning: {msg}")
     return {}
 
 

@@ -8,10 +8,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import BenchError
+from bench.core.paths import resolve_path
 from bench.spec.matrix import Matrix
 from bench.spec.plan import detect_platform
 from bench.tune.block import CONFIRM_BLOCKS, parse_block
 from bench.tune.space import (
+    MAX_STUDY_NAME,
     OBJECTIVES,
     STUDY_NAME,
     IntDim,
@@ -106,8 +108,10 @@ def resolve_settings(matrix: Matrix, *, results: Path, tracking_uri: str, study:
     space, notes = resolve_space(block, matrix.base, src)
     cell = fixed_cell(matrix, block)
     name = study or block.study or matrix.name
-    if not STUDY_NAME.match(name):
-        raise BenchError(f"--study {name!r}: a study name is letters, digits, '_', '.', '-' (not starting with one)")
+    if not STUDY_NAME.match(name) or len(name) > MAX_STUDY_NAME:
+        raise BenchError(f"--study {name[:60]!r}: a study name is at most {MAX_STUDY_NAME} letters, digits, '_', '.', "
+                         "'-' (not starting with one)")
+    resolve_path("--study", Path(results) / matrix.name / "tune" / name)  # its folder: names within limits, no link
     n = n_trials if n_trials is not None else block.n_trials
     t = timeout_s if timeout_s is not None else block.timeout_s
     if n is not None and n < 1:

@@ -56,6 +56,8 @@ OBJECTIVES: dict[str, tuple[str, str, str]] = {
     "throughput": (SUMMARY_THROUGHPUT, "maximize", "tokens/s"),
 }
 STUDY_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+#: longest study name (a folder name under ``<results>/<matrix>/tune``, as a matrix name)
+MAX_STUDY_NAME = 100
 
 
 #: largest bound of a searched limit, tokens (or multiples of P+R)
@@ -108,7 +110,7 @@ class TuneBlock(BaseModel):
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     start_at_rule_of_thumb: StrictBool = True
     normalize: StrictBool = True
-    study: str | None = Field(None, pattern=STUDY_NAME.pattern)
+    study: str | None = Field(None, pattern=STUDY_NAME.pattern, max_length=MAX_STUDY_NAME)
     storage: str | None = None
 
     @field_validator("sampler", mode="before")

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.core.errors import BenchError, DiskFullError
-from bench.core.paths import check_folder, check_names
+from bench.core.paths import check_folder, resolve_path
 from bench.records.results import is_no_space
 from bench.tracking.store import DB_DRIVERS, check_database, discard_half_made, in_memory, sqlite_path
 from bench.tune.block import parse_block  # the block as tune reads it (its own settings too)
@@ -58,7 +58,7 @@ def check_storage(url: str, where: str = "--storage", results: str | Path | None
                          "be lost); use sqlite:///PATH, journal:PATH or a database server")
     if url.startswith("journal:"):
         path = Path(url.removeprefix("journal:").removeprefix("//"))
-        check_names(where, path)
+        resolve_path(where, path, url)
         if os.path.lexists(path) and not path.is_file():
             raise BenchError(f"{where} {url}: {path} is not a regular file (a journal is a file)")
         check_folder(where, path.parent)
@@ -69,6 +69,8 @@ def check_storage(url: str, where: str = "--storage", results: str | Path | None
     if dialect not in ("sqlite", *DB_DRIVERS):
         raise BenchError(f"{where} {redact(url)}: unsupported storage (allowed: {ALLOWED_STORAGES})")
     db = sqlite_path(url)
+    if db is not None and not in_memory(url):
+        resolve_path(where, db, redact(url))  # before any lookup: a name too long, a dangling link
     made = results is not None and os.path.abspath(db.parent if db else "") == os.path.abspath(results)
     if db is not None and not in_memory(url) and not made and not db.parent.is_dir():  # sqlite: "unable to open..."
         raise BenchError(f"{where} {redact(url)}: cannot open Optuna storage: folder {db.parent} does not exist "

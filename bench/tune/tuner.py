@@ -10,6 +10,7 @@ from typing import Any, Callable
 import bench.tune.confirm as C
 from bench.core.errors import BenchError
 from bench.core.files import atomic_write_json, read_json
+from bench.core.inputs import check_numbers
 from bench.execution.executors import Executor, LocalExecutor
 from bench.execution.runner import execute_spec
 from bench.records.figures import run_value
@@ -322,6 +323,10 @@ class Tuner(TuneTracking):
             atomic_write_json(path, what)
             return what
         old = read_json(path) if reuse else None
+        try:  # a hand-edited or damaged confirmation (a NaN ratio) is computed again, never shown
+            check_numbers(old, str(path), signed=("*",))
+        except BenchError:
+            old = None
         if old and all(old.get(k) == what[k] for k in ("best_trial", "best_limits", "other_limits",
                                                        "blocks_requested")) and "line" in old:
             return old
