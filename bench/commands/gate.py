@@ -175,7 +175,8 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
         raise BenchError(f"gate --interleave {args.interleave} --stacks {' '.join(stacks)}: give one of them (a "
                          "revision of the harness, or two stacks of the matrix)")
     if args.matrix is None:
-        raise BenchError("gate --interleave: give --matrix MATRIX.yaml (the matrix both code versions run)")
+        raise BenchError(f"gate {'--stacks' if stacks is not None else '--interleave'}: give --matrix MATRIX.yaml "
+                         "(the matrix both sides run)")
     if args.baseline is not None or args.candidate is not None:
         raise BenchError("gate --interleave: runs its own sweep of both versions; drop --baseline/--candidate")
     if metrics != ["step_time"]:

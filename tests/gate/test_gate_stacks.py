@@ -46,6 +46,7 @@ def test_a_stack_gate_needs_a_matrix_without_the_stack_factor_and_interleave_ref
 
 
 def test_a_stack_gate_checks_its_stacks_on_this_machine_first(box, capsys):  # noqa: F811 - fixture
+    check_refused(box, ["gate", "--results", "res", "--stacks", "a", "b"], capsys, ("gate --stacks", "--matrix"))
     (box / "m.yaml").write_text(AA.replace("b: {}", "b: {python: /nonexistent/venv/bin/python}"))
     check_refused(box, ["gate", "--matrix", "m.yaml", "--results", "res", "--stacks", "a", "b"], capsys,
                   ("m.yaml", "stacks.b.python", "does not exist"))
