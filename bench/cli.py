@@ -59,8 +59,8 @@ _PLANNED = ("--sequential", "--precision", "--budget")
 NEEDS: dict[str, dict[str, tuple[str, ...]]] = {
     "run": {"--smoke-steps": ("--smoke",), "--threshold": _PLANNED, "--alpha": _PLANNED,
             "--json": ("--dry-run",), "--verbose": ("--dry-run",)},
-    "gate": {opt: ("--interleave",) for opt in ("--set", "--blocks", "--budget", "--force", "--spawn", "--order-seed",
-                                                  "--side-by-side")},
+    "gate": {opt: ("--interleave", "--stacks") for opt in ("--set", "--blocks", "--budget", "--force", "--spawn",
+                                                             "--order-seed", "--side-by-side")},
 }
 #: subcommands that write to the MLflow store (its URI is checked before anything else happens)
 WRITES_MLFLOW = ("run", "tune", "sync")
@@ -151,7 +151,8 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
     command = getattr(args, "command", None) or "run"
     check_names("--results", args.results)
     dry = bool(getattr(args, "dry_run", False))
-    interleaved = command == "gate" and getattr(args, "interleave", None) is not None  # runs a sweep
+    interleaved = command == "gate" and (getattr(args, "interleave", None) is not None
+                                         or getattr(args, "stacks", None) is not None)  # runs a sweep
     writes = command in ("run", "tune") or (command == "baseline" and getattr(args, "action", None) == "save") or \
         interleaved
     if writes:

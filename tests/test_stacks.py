@@ -9,6 +9,7 @@ import pytest
 from _badinput import GOOD, box, check_refused  # noqa: F401 - fixtures
 
 from bench.spec.loading import load_matrix
+from bench.spec.optimizations import compact_label
 from bench.spec.plan import make_plan
 from bench.spec.stack import STACK_ENV, Stack
 
@@ -32,7 +33,9 @@ def test_stack_factor_crosses_with_an_optimization_and_names_the_cell(tmp_path):
     got = sorted((r.stack, r.levels["dynamic_bsz"], r.launch.env[STACK_ENV]) for r in plan.runs)
     assert got == [("a", 0, "a"), ("a", 1, "a"), ("b", 0, "b"), ("b", 1, "b")]
     assert len({r.cell_id for r in plan.runs}) == 4
-    assert {r.label for r in plan.runs} == {"all-off", "dynamic_bsz", "b", "dynamic_bsz+b"}
+    # the stack's name at every level (never its position), the reference too; MLflow's compact names likewise
+    assert {r.label for r in plan.runs} == {"a", "dynamic_bsz+a", "b", "dynamic_bsz+b"}
+    assert {compact_label(r.levels, r.stack) for r in plan.runs} == {"a", "dbsz+a", "b", "dbsz+b"}
     # the stack's variables are applied at launch, not in the launch (the cell id names the stack, not its settings)
     assert all("BENCH_TEST_STACK_VAR" not in r.launch.env for r in plan.runs)
     # two identical stacks (an A/A comparison) are still two cells
@@ -188,8 +191,14 @@ repeats: 2
     assert "| stack | versions (each run's own) |" in summary and "verl " in summary
     report = bench("report", str(sweep))
     assert report.returncode == 0, report.stderr
-    fit = json.loads((sweep / "report" / "report.json").read_text())["effects"]["fit"]
+    data = json.loads((sweep / "report" / "report.json").read_text())
+    fit = data["effects"]["fit"]
     terms = {t["name"]: t for t in fit["terms"]}
+    # every place a user reads a stack level shows its name: the cells, the stack column, the effect row
+    assert sorted(c["cell"] for c in data["cells"]) == ["a", "b"] and data["effects"]["stack_levels"] == ["a", "b"]
+    assert terms["stack"]["label"] == "stack (b vs a)" and "0 = a, 1 = b" in fit["coding"]["stack"]
+    md = (sweep / "report" / "report.md").read_text()
+    assert "| a | a |" in md and "| b | b |" in md and "| stack (b vs a) |" in md, md
     # b (level 1) against a: log step time, +2 s on a step of 1-5 s. With 2 blocks the interval has 1 residual
     # degree of freedom (t = 12.7): present, but too wide to exclude 0 under load; the point estimate must show b slower
     stack = terms["stack"]
@@ -203,6 +212,7 @@ repeats: 2
     exp = client.get_experiment_by_name("t")
     kids = [r for r in client.search_runs([exp.experiment_id]) if r.data.tags.get("bench.kind") == "cell"]
     assert sorted(r.data.params["factor.stack"] for r in kids) == ["a", "a", "b", "b"]
+    assert sorted(r.info.run_name for r in kids) == ["a r0", "a r1", "b r0", "b r1"]
     assert all(r.data.tags.get("run_version.verl") for r in kids)
     from_tree = sorted(r.data.tags["run_version.verl.file"].startswith(str(tree)) for r in kids)
     assert from_tree == [False, False, True, True]
@@ -228,3 +238,18 @@ def test_a_run_started_with_python_m_records_its_imports_at_exit(tmp_path):
     assert got["python"] == sys.executable
     torch = got["packages"]["torch"]  # installed here, not imported by that process
     assert torch["imported"] is False and torch["dist"] and torch["file"] is None
+
+
+def test_a_stack_level_reads_as_its_name_in_every_label():
+    from bench.report.tables import _stack_term_label
+    from bench.spec.stack import level_text, stack_names_of
+
+    cells = [{"levels": {"stack": 2, "dynamic_bsz": 0}, "stack": "c"}, {"levels": {"stack": 0}, "stack": "a"},
+             {"levels": {"stack": 1}, "stack": "b"}, {"levels": {"dynamic_bsz": 1}}]
+    names = stack_names_of(cells)
+    assert names == ["a", "b", "c"] and stack_names_of([{"levels": {"dynamic_bsz": 1}}]) == []
+    assert [level_text("stack", i, names) for i in (0, 2, None)] == ["a", "c", "n/a"]
+    assert level_text("dynamic_bsz", 1, names) == "1"
+    assert _stack_term_label("stack", ["a", "b"]) == "stack (b vs a)"
+    assert _stack_term_label("dynamic_bsz:stack", ["a", "b"]) == "dynamic_bsz:stack (b vs a)"
+    assert _stack_term_label("stack=2", names) == "stack=c (vs a)"

@@ -40,7 +40,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "checked out into a temporary worktree, or a folder with another checkout) and this working "
                         "tree's code in one blocked sweep, both versions of every cell in every block, and compare "
                         "them paired by block, runs as the unit (needs --matrix)")
-    p.add_argument("--matrix", type=Path, default=None, metavar="MATRIX.yaml", help="the matrix of --interleave")
+    p.add_argument("--stacks", nargs=2, default=None, metavar=("BASE", "CAND"),
+                   help="interleaved gate between two stacks declared under the matrix's stacks: (docs/stacks.md): "
+                        "this working tree's harness on both sides, each side's runs in its own stack (interpreter, "
+                        "source trees, variables; one fork server per stack), judged as --interleave (needs --matrix; "
+                        "for an A/A check declare one stack twice under two names)")
+    p.add_argument("--matrix", type=Path, default=None, metavar="MATRIX.yaml",
+                   help="the matrix of --interleave or --stacks")
     p.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", dest="overrides",
                    help="override a base setting of --matrix (repeatable)")
     p.add_argument("--blocks", type=int, default=None, metavar="N",
@@ -111,7 +117,7 @@ def main(args: argparse.Namespace) -> int:
         BenchError: bad input (exit 2 through the error boundary of :func:`bench.cli.main`).
     """
     metrics = metric_list(args)
-    if getattr(args, "interleave", None) is not None:
+    if getattr(args, "interleave", None) is not None or getattr(args, "stacks", None) is not None:
         return interleaved_main(args, metrics)
     if args.candidate is None:
         raise BenchError("gate: give --candidate SWEEP (against --baseline), or --interleave REV --matrix MATRIX.yaml")
@@ -156,14 +162,21 @@ def print_result(result: dict[str, Any], prog: str) -> int:
 
 
 def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
-    """``gate --interleave REV --matrix M``: run and judge the interleaved gate sweep (:mod:`bench.gate.interleaved`);
-    prints its markdown and ``gate: <verdict> (exit N)``; returns the exit code.
+    """``gate --interleave REV --matrix M`` (or ``gate --stacks BASE CAND --matrix M``, :mod:`bench.gate.stacks`): run
+    and judge the interleaved gate sweep (:mod:`bench.gate.interleaved`); prints its markdown and
+    ``gate: <verdict> (exit N)``; returns the exit code.
 
     Raises:
-        BenchError: no --matrix, a metric other than step_time, a baseline/candidate given as well, bad input.
+        BenchError: no --matrix, a metric other than step_time, a baseline/candidate given as well, both
+            --interleave and --stacks, bad input.
     """
+    stacks = getattr(args, "stacks", None)
+    if stacks is not None and args.interleave is not None:
+        raise BenchError(f"gate --interleave {args.interleave} --stacks {' '.join(stacks)}: give one of them (a "
+                         "revision of the harness, or two stacks of the matrix)")
     if args.matrix is None:
-        raise BenchError("gate --interleave: give --matrix MATRIX.yaml (the matrix both code versions run)")
+        raise BenchError(f"gate {'--stacks' if stacks is not None else '--interleave'}: give --matrix MATRIX.yaml "
+                         "(the matrix both sides run)")
     if args.baseline is not None or args.candidate is not None:
         raise BenchError("gate --interleave: runs its own sweep of both versions; drop --baseline/--candidate")
     if metrics != ["step_time"]:
@@ -192,7 +205,8 @@ def interleaved_main(args: argparse.Namespace, metrics: list[str]) -> int:
                                       threshold=args.threshold, alpha=args.alpha, max_mde=args.max_mde,
                                       normalize=args.normalize == "auto", force=args.force, spawn=args.spawn,
                                       order_seed=args.order_seed, out=args.out, on_event=on_event,
-                                      budget_s=budget_s, side_by_side=getattr(args, "side_by_side", False))
+                                      budget_s=budget_s, side_by_side=getattr(args, "side_by_side", False),
+                                      stacks=tuple(stacks) if stacks is not None else None)
     except BenchError as exc:
         append_step_summary(f"## Gate ERROR\n\n{exc}\n\n")
         raise

@@ -13,6 +13,7 @@ from bench.records.mfu import markdown_lines as mfu_lines
 from bench.report.md import ci_pct, table_head
 from bench.report.md import pct as _pct
 from bench.report.where_md import where_lines
+from bench.spec.stack import level_text
 from bench.stats.estimators import DEFAULT_ALPHA as GATE_ALPHA
 from bench.stats.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
 
@@ -83,6 +84,7 @@ def _cells(data: dict[str, Any], lvl: float, sv: dict[str, Any] | None) -> list[
     """The cell table: step time, speedup with its interval and p, shares and throughput per cell."""
     L: list[str] = []
     varied = data["effects"]["varied"]
+    names = data["effects"].get("stack_levels") or []  # the stack factor's names (its levels are positions)
     rep = data["replication"]
     L += [
         "## Cells",
@@ -107,7 +109,7 @@ def _cells(data: dict[str, Any], lvl: float, sv: dict[str, Any] | None) -> list[
         sp = f"{_f(r['speedup'])} [{_f(ci[0])}, {_f(ci[1])}]" if r["speedup"] is not None else "-"
         L.append(
             f"| {r['cell']} | "
-            + " | ".join(str(r["levels"].get(k)) for k in varied)
+            + " | ".join(level_text(k, r["levels"].get(k), names) for k in varied)
             + f" | {r['runs_ok']}/{r['runs']} | {r['n_steps']} | {_f(r['step_time_s'])} | {sp} | "
             f"{_f(r['p_value'], '.2g')} | {_f(r['rollout_share'])} | {_f(r['free_ratio'])} | "
             f"{_f(r['throughput'], '.1f')} |"
@@ -156,7 +158,7 @@ def _effects(data: dict[str, Any], lvl: float, sv: dict[str, Any] | None) -> lis
                        else f"{'significant' if t['significant'] else 'not significant'} †"
                        if t["p_value"] is not None else "not judged †")
             L.append(
-                f"| {t['name']}{' †' if sv and not t.get('covered') else ''} | {t['effect']:+.4f} | "
+                f"| {t.get('label') or t['name']}{' †' if sv and not t.get('covered') else ''} | {t['effect']:+.4f} | "
                 f"{_pct(t['change'])}{ci} | {math.exp(-t['effect']):.3f}x | "
                 f"{_f(t['p_value'], '.2g')} | {_f(t['p_adjusted'], '.2g')} | {sig} | {', '.join(t['aliases']) or '-'} |"
             )

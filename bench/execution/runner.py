@@ -21,6 +21,7 @@ from bench.execution.machine_probe import BracketProbe, bracket_record, matmul_p
 from bench.records.mfu import run_perf
 from bench.records.record import build_record, write_record
 from bench.spec.plan import RunSpec
+from bench.spec.stack import STACK_ENV
 from bench.tracking.records import step_phases
 
 
@@ -49,7 +50,7 @@ def execute_spec(spec: RunSpec, rdir: Path, repeat: int, executor: Executor, war
         launch_res = resolve_launch(launch.argv, launch.env, launch.patches, rdir, spec.timeout_s, repo_root=root,
                                     python=stack.python, paths=stack.paths,
                                     placeholders=capability(spec.engine, "stack_placeholders")(stack.python))
-        launch_res.env = {**stack.env, **launch_res.env}
+        launch_res.env = {**stack.env, **launch_res.env, STACK_ENV: stack.name}  # its executor by name
     else:
         launch_res = resolve_launch(launch.argv, launch.env, launch.patches, rdir, spec.timeout_s, repo_root=root)
     if spec.code_version:

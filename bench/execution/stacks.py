@@ -196,22 +196,24 @@ def probe_result(where: str, name: str, proc: subprocess.Popen, timeout_s: float
 
 
 @contextlib.contextmanager
-def open_stacks(matrix: Matrix, platform: str) -> Iterator[dict[str, OpenStack]]:
-    """The matrix's stacks of the ``stack`` factor, checked, checked out and probed (module docstring), for the
-    duration of the block; ``{}`` for a matrix without the factor. Every worktree made here is removed when the
-    block ends, also when a check fails half-way.
+def open_stacks(matrix: Matrix, platform: str, names: list[str] | None = None) -> Iterator[dict[str, OpenStack]]:
+    """The matrix's stacks of the ``stack`` factor (or the declared stacks ``names``, e.g. the two sides of a gate
+    between stacks, :mod:`bench.gate.stacks`), checked, checked out and probed (module docstring), for the
+    duration of the block; ``{}`` for a matrix without the factor and no ``names``. Every worktree made here is
+    removed when the block ends, also when a check fails half-way.
 
     Raises:
         BenchError: one line naming the matrix file and the key of the first problem.
     """
-    if not matrix.stack_levels:
+    names = list(matrix.stack_levels) if names is None else names
+    if not names:
         yield {}
         return
     where = matrix.source or matrix.name
     packages = tuple(capability(matrix.engine, "stack_packages")(platform))
     with contextlib.ExitStack() as trees:
         out: dict[str, OpenStack] = {}
-        for name in matrix.stack_levels:
+        for name in names:
             stack = matrix.stacks[name]
             python = _check_python(where, name, stack)
             paths, meta = [], []

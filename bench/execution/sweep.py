@@ -101,7 +101,8 @@ class Sweep:
             family, threshold and alpha: :func:`bench.gate.runs.declare_analysis`), kept in ``sweep.json``
             (key ``analysis``); a resume with another declared analysis is refused (``BenchError``).
         stacks: the open stacks of the matrix's ``stack`` factor (:func:`bench.execution.stacks.open_stacks`): each
-            run uses its stack's; ``sweep.json`` keeps them (key ``stacks``), and their commits and interpreters
+            run uses its stack's (a gate between stacks: the stack its code version names, key ``stack``);
+            ``sweep.json`` keeps them (key ``stacks``), and their commits and interpreters
             enter the fingerprint (a branch that moved is a new sweep, not a resume).
     """
 
@@ -309,7 +310,12 @@ class Sweep:
     def _run_one(self, sweep_dir: Path, spec: RunSpec, repeat: int) -> dict[str, Any]:
         return execute_spec(spec, run_dir(sweep_dir, spec.cell_id, repeat, spec.code_version), repeat,
                             self.executor, self.matrix.base.warmup_steps, self.code_versions.get(spec.code_version),
-                            stack=self.stacks.get(spec.stack) if spec.stack else None)
+                            stack=self.stacks.get(self._stack_name(spec)))
+
+    def _stack_name(self, spec: RunSpec) -> str | None:
+        """The run's stack: its level of the ``stack`` factor, else the stack its code version names (a gate
+        between two stacks, :mod:`bench.gate.stacks`), else none (the harness's own)."""
+        return spec.stack or (self.code_versions.get(spec.code_version) or {}).get("stack")
 
     def _log_mlflow(self, tracker: Tracker, parent_id: str, spec: RunSpec, rdir: Path) -> None:
         if (rdir / MLFLOW_MARK).exists():

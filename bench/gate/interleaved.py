@@ -11,6 +11,9 @@ version is a run attribute (``code_version`` in the record, folder ``r<k>-baseli
 Both versions' records stay in the one gate sweep; rerunning the same command resumes an interrupted one (same
 matrix, same baseline commit), ``--force`` starts a new one.
 
+``gate --stacks BASE CAND``: the same sweep and decision, with both sides this working tree, each run in its
+own stack of the matrix's ``stacks:`` (one fork server per stack; :mod:`bench.gate.stacks`).
+
 The comparison is run-level and paired by block (:func:`bench.gate.runs.paired_comparison`). With
 ``--blocks N`` the sweep plans ``N`` blocks; after each complete block the stop rule
 (:class:`GateStopRule`, run by the sweep's block loop :func:`bench.execution.blocks.run_blocks`) compares what has run
@@ -21,6 +24,7 @@ row says how many blocks would let it (:func:`bench.stats.power.blocks_needed`).
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from functools import partial
@@ -32,10 +36,12 @@ from bench.core.errors import BenchError
 from bench.core.files import atomic_write_json, atomic_write_text
 from bench.execution.executors import LocalExecutor
 from bench.execution.forkserver import ForkServerExecutor
+from bench.execution.stacks import open_stacks
 from bench.execution.sweep import Sweep
 from bench.gate.markdown import append_step_summary, render_interleaved
 from bench.gate.runs import declare_analysis, paired_comparison
 from bench.gate.side_by_side import SideBySide
+from bench.gate.stacks import check_stack_sides, stack_executor, stack_sides
 from bench.gate.versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
 from bench.planning.sequential import Decision, Look, decide
 from bench.records.results import load_records
@@ -112,18 +118,21 @@ class GateStopRule:
                     runs=len(records))
 
 
-def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path, tracking_uri: str,
+def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str | None, results: Path, tracking_uri: str,
                          overrides: list[str] | None = None, blocks: int | None = None, threshold: float,
                          alpha: float, max_mde: float | None = None, normalize: bool = True, force: bool = False,
                          spawn: bool = False, order_seed: int | None = None, out: Path | None = None,
                          budget_s: float | None = None, side_by_side: bool = False,
+                         stacks: tuple[str, str] | None = None,
                          on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the interleaved gate sweep and judge it; returns the result (``exit_code``, ``verdict``, ``rows``,
     ``files``, ``sweep``, ``wall_s``). Thresholds are fractions; ``budget_s`` (wall seconds, from the start of
     this call) stops the sweep before a block that would likely end past it (:class:`GateStopRule`).
+    ``stacks``: ``(BASE, CAND)``, a gate between two stacks the matrix declares (:mod:`bench.gate.stacks`): both
+    sides run this checkout, each in its own stack (``baseline_ref`` then ``None``).
 
     Raises:
-        BenchError: bad matrix, unknown revision, bad flags.
+        BenchError: bad matrix, unknown revision, unknown or equal stacks, bad flags.
     """
     if not 0 <= threshold < 1:
         raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
@@ -133,6 +142,13 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     matrix = load_matrix(matrix_path, overrides)
     if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command
         check_tune_block(matrix)
+    if stacks is not None:
+        stacks = check_stack_sides(matrix, stacks)
+        if side_by_side:
+            raise BenchError("--side-by-side: not with --stacks (allowed: one run at a time between two stacks)")
+    elif matrix.stack_levels:  # the stacks would not run: every level would get this checkout's own
+        raise BenchError(f"{matrix_path}: factors.stack: --interleave compares two checkouts of the harness (allowed: "
+                         "a matrix without the stack factor; to compare two stacks: gate --stacks BASE CAND)")
     plan = make_plan(matrix)
     n_blocks = blocks if blocks is not None else max(matrix.repeats, DEFAULT_BLOCKS)
     if n_blocks < 2:
@@ -157,15 +173,25 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
     side = None
     if side_by_side:
         side = SideBySide(seed=order_seed if order_seed is not None else random.randrange(2**31))
-    with baseline_checkout(baseline_ref) as base:
-        versions = {BASELINE: base, CANDIDATE: cand}
-        roots = {k: Path(v["root"]) for k, v in versions.items()}
-        # one fork server for both versions (each child imports its version's harness): a per-server offset of
-        # speed cannot differ between the versions; side by side, each version keeps its own (pinned) server
-        executor = VersionedExecutor(make, roots, side_by_side=side,
-                                     shared=roots[CANDIDATE] if fork and side is None else None)
+    with contextlib.ExitStack() as ctx:
+        opened: dict[str, Any] = {}
+        if stacks is not None:  # both sides this checkout, each in its own stack (its own fork server)
+            opened = ctx.enter_context(open_stacks(matrix, plan.platform, names=list(stacks)))
+            versions = stack_sides(cand, stacks)
+            base, cand = versions[BASELINE], versions[CANDIDATE]
+            executor = stack_executor(opened, fork)
+            ctx.callback(getattr(executor, "close", lambda: None))
+        else:
+            base = ctx.enter_context(baseline_checkout(baseline_ref))
+            versions = {BASELINE: base, CANDIDATE: cand}
+            roots = {k: Path(v["root"]) for k, v in versions.items()}
+            # one fork server for both versions (each child imports its version's harness): a per-server offset of
+            # speed cannot differ between the versions; side by side, each version keeps its own (pinned) server
+            executor = VersionedExecutor(make, roots, side_by_side=side,
+                                         shared=roots[CANDIDATE] if fork and side is None else None)
         outcome = Sweep(matrix, plan, results, tracking_uri, executor=executor, force=force, on_event=on_event,
-                        order_seed=order_seed, stop_rule=rule, code_versions=versions, analysis=analysis).run()
+                        order_seed=order_seed, stop_rule=rule, code_versions=versions, analysis=analysis,
+                        stacks=opened).run()
     records = load_records(outcome.sweep_dir)
     look = max((r["repeat"] for r in records), default=-1) + 1
     res = rule.compare(records, look, final=rule.final_look == look)
@@ -181,8 +207,10 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str, results: Path,
                            "ANCOVA), repeated confidence interval at this look (bench.planning.sequential: "
                            "O'Brien-Fleming spending over the planned blocks; a look where the budget ends the sweep "
                            "spends all the alpha left), each cell at alpha / m (Bonferroni over the cells)"},
-        "baseline": {"ref": base["ref"], "commit": base.get("commit"), "kind": base.get("kind")},
+        "baseline": {"ref": base["ref"], "commit": base.get("commit"), "kind": base.get("kind"),
+                     **({"stack": opened[base["stack"]].describe()} if opened else {})},
         "candidate": {"ref": cand["ref"], "commit": cand.get("commit"), "dirty": cand.get("dirty"),
+                      **({"stack": opened[cand["stack"]].describe()} if opened else {}),
                       "sweep": str(outcome.sweep_dir), "matrix": matrix.name, "engine": plan.engine,
                       "platform": plan.platform},
         "sweep": str(outcome.sweep_dir), "blocks_run": look, "wall_s": time.time() - t0,

@@ -150,8 +150,10 @@ def render_interleaved(result: dict[str, Any]) -> str:
     lines = [
         f"## Gate (interleaved): {head}",
         "",
-        f"baseline `{b.get('ref')}` ({(b.get('commit') or '-')[:12]}) vs candidate: working tree of "
-        f"{(c.get('commit') or '-')[:12]}{' + uncommitted changes' if c.get('dirty') else ''}; one blocked sweep, "
+        f"baseline `{b.get('ref')}` ({(b.get('commit') or '-')[:12]}) vs candidate"
+        + (f" `{c.get('ref')}`, both in the" if c.get("stack") else ":")  # a gate between stacks: one harness
+        + f" working tree of {(c.get('commit') or '-')[:12]}{' + uncommitted changes' if c.get('dirty') else ''}; "
+        "one blocked sweep, "
         f"{result.get('blocks_run')} of {s['blocks_planned']} planned blocks, {result.get('wall_s', 0):.0f} s wall; "
         f"threshold {s['threshold']:.0%}, alpha {s['alpha']} for the whole gate"
         + (f" (each of {a['family']} cell(s) at {a['alpha_per_cell']:.3g}, over all looks)" if a else "")

@@ -18,7 +18,7 @@ from bench.spec.expect import judge_claim
 from bench.spec.metrics import METRICS
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys, not_read
 from bench.spec.optimizations.versions import stack_versions
-from bench.spec.stack import STACK_FACTOR
+from bench.spec.stack import STACK_FACTOR, level_text, stack_names_of
 from bench.stats.effects import cell_means_residual, fit_effects, run_contrast
 from bench.stats.estimators import DEFAULT_ALPHA as GATE_ALPHA
 from bench.stats.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
@@ -164,7 +164,8 @@ def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> di
     rep = replication(m)
     out: dict[str, Any] = {"varied": varied, "design": (snap.get("design") or {}).get("type"),
                            "aliases": snap.get("aliases") or [], "resolution": None, "fit": None, "note": "",
-                           "replication": rep, "not_read": not_read_factors(snap)}
+                           "replication": rep, "not_read": not_read_factors(snap),
+                           "stack_levels": stack_names_of(snap.get("cells") or [])}
     if not varied:
         out["note"] = "no factor varies among the finished cells: no effect to estimate"
         return out
@@ -196,7 +197,25 @@ def effects(snap: dict[str, Any], alpha: float, interactions: bool = True) -> di
         else:
             kept.append(t)
     out["fit"]["terms"] = kept
+    names = out["stack_levels"]
+    if names and STACK_FACTOR in out["fit"]["coding"]:  # the stack factor's positions read as its stacks' names
+        out["fit"]["coding"][STACK_FACTOR] += "; " + ", ".join(
+            f"{i} = {level_text(STACK_FACTOR, i, names)}" for i in range(len(names)))
+        for t in kept:
+            if STACK_FACTOR in (t.get("factors") or ()):
+                t["label"] = _stack_term_label(t["name"], names)
     return out
+
+
+def _stack_term_label(name: str, names: list[str]) -> str:
+    """An effect term of the ``stack`` factor as a user reads it: ``stack (b vs a)``, ``dynamic_bsz:stack (b vs
+    a)``, ``stack=c (vs a)`` (a level of a factor of more than two stacks); the names from
+    :func:`bench.spec.stack.level_text`."""
+    ref = level_text(STACK_FACTOR, 0, names)
+    head, _, level = name.partition(f"{STACK_FACTOR}=")
+    if level.isdigit():
+        return f"{head}{STACK_FACTOR}={level_text(STACK_FACTOR, int(level), names)} (vs {ref})"
+    return f"{name} ({level_text(STACK_FACTOR, len(names) - 1, names)} vs {ref})"
 
 
 def article_rows(snap: dict[str, Any], rows: list[dict[str, Any]], eff: dict[str, Any]) -> list[dict[str, Any]]:

@@ -62,10 +62,11 @@ class RunSpec(BaseModel):
 
     @property
     def label(self) -> str:
-        """Short human label: the applicable factors that are on (the stack's name at a stack other than the
-        first), or ``all-off``."""
-        on = [(self.stack or f"{k}={v}") if k == STACK_FACTOR else
-              f"{k}={v}" if REGISTRY[k].levels != (0, 1) else k for k, v in self.levels.items() if v]
+        """Short human label: the applicable factors that are on, then the stack's name at every level of the
+        ``stack`` factor (the reference stack too: a position is never shown), or ``all-off``."""
+        on = [f"{k}={v}" if REGISTRY[k].levels != (0, 1) else k for k, v in self.levels.items()
+              if v and k != STACK_FACTOR]
+        on += [self.stack] if self.stack else []
         return "+".join(on) if on else "all-off"
 
     def is_all_off(self) -> bool:

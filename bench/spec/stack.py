@@ -24,7 +24,7 @@ exists, the stack imports its engine's packages) is checked before a sweep start
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable, Sequence
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -117,4 +117,28 @@ def check_stack_names(names: list[str], declared: dict[str, Any]) -> None:
         raise ValueError(f"factors.{STACK_FACTOR}: {twice!r} is listed twice (allowed: each stack once)")
 
 
-__all__ = ["MAX_STACK_NAME", "RESERVED_ENV", "STACK_ENV", "STACK_FACTOR", "Stack", "StackPath", "check_stack_names"]
+def level_text(key: str, value: Any, stack_names: Sequence[str] = ()) -> str:
+    """How factor ``key`` at ``value`` reads to a user, the one place that says it (cell labels, the report's cell
+    table and effect rows, MLflow run names): the stack's name for the ``stack`` factor (``value`` a position in
+    ``stack_names``, the factor's names in order), ``n/a`` for ``None`` (not applicable), else the level as is."""
+    if value is None:
+        return "n/a"
+    if key == STACK_FACTOR and isinstance(value, int) and 0 <= value < len(stack_names):
+        return str(stack_names[value])
+    return str(value)
+
+
+def stack_names_of(cells: Iterable[Any]) -> list[str]:
+    """The ``stack`` factor's names in position order, read from cells that carry both their ``levels`` and their
+    ``stack`` name (plan runs, snapshot cells; dicts or objects); ``[]`` without the factor."""
+    got: dict[int, str] = {}
+    for c in cells:
+        levels = c.get("levels") if isinstance(c, dict) else getattr(c, "levels", None)
+        name = c.get("stack") if isinstance(c, dict) else getattr(c, "stack", None)
+        if name and isinstance((levels or {}).get(STACK_FACTOR), int):
+            got[levels[STACK_FACTOR]] = name
+    return [got.get(i, str(i)) for i in range(max(got) + 1)] if got else []
+
+
+__all__ = ["MAX_STACK_NAME", "RESERVED_ENV", "STACK_ENV", "STACK_FACTOR", "Stack", "StackPath", "check_stack_names",
+           "level_text", "stack_names_of"]

@@ -61,11 +61,13 @@ def cells_table(rows: list[dict[str, Any]], intervals: dict[str, list[float | No
     for r in rows:
         levels = {k: (None if r.get(k) in (None, "n/a") else int(r[k])) for k in FACTOR_KEYS if k in r}
         low, high = (intervals or {}).get(r["cell_id"]) or [None, None]
-        out.append({"cell": compact_label(levels), "label": r["label"], "runs ok": f"{r['repeats_ok']}/{r['repeats']}",
+        out.append({"cell": compact_label(levels, r.get("stack") or None), "label": r["label"],
+                    "runs ok": f"{r['repeats_ok']}/{r['repeats']}",
                     "step time s": _sig(r.get("step_time_s")), "speedup": _sig(r.get("speedup")),
                     "speedup low": _sig(low), "speedup high": _sig(high),
                     "rollout share": _sig(r.get("rollout_share")), "Free ratio": _sig(r.get("free_ratio")),
-                    "tokens/s": _sig(r.get("throughput")), "cell id": r["cell_id"], **{k: r[k] for k in applicable}})
+                    "tokens/s": _sig(r.get("throughput")), "cell id": r["cell_id"], **{k: r[k] for k in applicable},
+                    **({"stack": r["stack"]} if r.get("stack") else {})})
     return out
 
 
@@ -160,8 +162,8 @@ def log_record(tracker: Tracker, parent_id: str, spec: RunSpec, rec: dict[str, A
     # verl runs: the config verl composed (Hydra's record of the job) and the per-process patch reports
     arts += [(rdir / "hydra" / ".hydra", "verl_config"), (rdir / "patches", "patch_reports")]
     trace, prof = profile_summary(rec, rdir, summary.get("free_ratio"))
-    return tracker.log_child(parent_id, f"{compact_label(spec.levels)} r{rec['repeat']}", params=params, tags=tags,
-                             series=series, summary=summary, artifacts=arts, status=rec["status"],
+    return tracker.log_child(parent_id, f"{compact_label(spec.levels, spec.stack)} r{rec['repeat']}", params=params,
+                             tags=tags, series=series, summary=summary, artifacts=arts, status=rec["status"],
                              start_time=run_start(rec), end_time=rec.get("finished_at"),
                              description=child_description(spec, rec, summary), trace=trace,
                              json_artifacts={"profile_summary.json": prof} if prof else None)

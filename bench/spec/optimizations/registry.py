@@ -98,19 +98,23 @@ REGISTRY: Mapping[str, Optimization] = OPTIMIZATIONS.view("REGISTRY")
 FACTOR_KEYS: Sequence[str] = _KeysView()
 
 
-def compact_label(levels: dict[str, int | None]) -> str:
+def compact_label(levels: dict[str, int | None], stack: str | None = None) -> str:
     """A cell's compact label from its factor levels: the short codes (:attr:`Optimization.short`) of the
     factors not at their off level, joined by ``+`` in registry order, with ``=<level>`` for factors of more
     than two levels (``rms+tq=1+dbsz``); ``all-off`` when none. Not-applicable (``None``) factors and
     factors not in :data:`REGISTRY` (unknown keys are shown by key) are handled; used for MLflow run names,
-    where labels must differ early (``summary.md`` keeps the full labels)."""
+    where labels must differ early (``summary.md`` keeps the full labels). ``stack``: the run's stack name where
+    the matrix lists the ``stack`` factor (shown last, at every level, in place of its position)."""
     parts = []
     for k in [k for k in REGISTRY if k in levels] + [k for k in levels if k not in REGISTRY]:
+        if stack and k == "stack":  # the stack factor (bench.spec.stack.STACK_FACTOR): its name, below
+            continue
         v, opt = levels[k], REGISTRY.get(k)
         if v is None or (opt is not None and v == opt.off) or (opt is None and not v):
             continue
         code = opt.short if opt is not None else k
         parts.append(code if opt is not None and opt.levels == (0, 1) else f"{code}={v}")
+    parts += [stack] if stack else []
     return "+".join(parts) if parts else "all-off"
 
 
