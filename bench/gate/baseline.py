@@ -151,10 +151,11 @@ def _shape_model() -> Any:
 
 
 #: key paths of a baseline whose numbers may be negative (:func:`bench.core.inputs.check_numbers`): the log cell values
-#: of its history, a phase's "other" time (the step less its parts), and the matrix as the sweep ran it (checked by
-#: the matrix's own model then; an ``expect`` bound may be negative)
-SIGNED = ("history[].log_step_time*", "cells[].repeats[].summary.phase_median_s.other", "base.*", "design.*",
-          "expect*")
+#: of its history (step time, speed-normalized step time, CPU time), a phase's "other" time (the step less its
+#: parts), and the matrix as the sweep ran it (checked by the matrix's own model then; an ``expect`` bound may be
+#: negative)
+SIGNED = ("history[].log_step_time*", "history[].log_cpu_time*", "cells[].repeats[].summary.phase_median_s.other",
+          "base.*", "design.*", "expect*")
 #: largest sweep-to-sweep SD of log step time a baseline may hold (e^10: a factor of 22 000 between sweeps)
 MAX_SD_LOG = 10.0
 
