@@ -170,8 +170,9 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
     if db is not None and not in_memory(args.tracking_uri):  # every subcommand may open the store (report, gate...)
         flag = "--tracking-uri" if args.tracking_uri_given else "MLflow store"
         resolve_path(flag, db, args.tracking_uri)
-        if not os.path.isdir(db.parent) and os.path.abspath(db.parent) != os.path.abspath(args.results):
-            # sqlite would make the folders and a new, empty store: a typo in the path started a new history
+        if not os.path.exists(db.parent) and os.path.abspath(db.parent) != os.path.abspath(args.results):
+            # sqlite would make the folders and a new, empty store: a typo in the path started a new history (a file
+            # in the folder's place is check_tracking_uri's 'not writable')
             raise BenchError(f"{flag} {args.tracking_uri}: folder {db.parent} does not exist (create it, or give a "
                              "sqlite file in an existing folder or in --results)")
     if (command in WRITES_MLFLOW or interleaved) and (command != "sync" or args.tracking_uri_given):
