@@ -26,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from bench.core.process import ExecResult
 from bench.spec.launch import REPO_ROOT, machine_placeholders
@@ -97,6 +97,16 @@ def resolve_launch(argv: list[str], env: dict[str, str], patches: list[str], run
 
 
 _PR_SET_PDEATHSIG = 1
+
+
+def close_executors(executors: dict[str, Any]) -> None:
+    """Close each executor of ``executors`` that has a ``close()`` (fork servers end), then empty the dict: the one
+    way a dispatcher over several executors (per code version, per stack) ends them."""
+    for ex in executors.values():
+        close = getattr(ex, "close", None)
+        if close is not None:
+            close()
+    executors.clear()
 
 
 def die_with_parent(parent_pid: int | None = None, sig: int = signal.SIGKILL) -> None:

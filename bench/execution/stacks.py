@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 from bench.core.errors import BenchError
 from bench.core.process import ExecResult
 from bench.engines.base import capability
-from bench.execution.executors import Executor, ResolvedLaunch
+from bench.execution.executors import Executor, ResolvedLaunch, close_executors
 from bench.spec.launch import REPO_ROOT
 from bench.spec.matrix import Matrix
 from bench.spec.stack import STACK_ENV, Stack
@@ -271,11 +271,7 @@ class StackExecutor:
 
     def close(self) -> None:
         """Close every stack's executor (fork servers end)."""
-        for ex in self.executors.values():
-            close = getattr(ex, "close", None)
-            if close is not None:
-                close()
-        self.executors.clear()
+        close_executors(self.executors)
 
 
 __all__ = ["OpenStack", "PROBE_TIMEOUT_S", "StackExecutor", "git_worktree", "open_stacks", "probe", "probe_result",

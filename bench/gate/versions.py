@@ -12,15 +12,14 @@ with its own version's code.
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from bench.core.errors import BenchError
 from bench.core.process import ExecResult
-from bench.execution.executors import Executor, ResolvedLaunch
+from bench.execution.executors import Executor, ResolvedLaunch, close_executors
+from bench.execution.stacks import git_worktree
 from bench.spec.launch import REPO_ROOT
 
 #: the two versions of an interleaved gate sweep
@@ -70,18 +69,8 @@ def baseline_checkout(ref: str, repo: Path = REPO_ROOT) -> Iterator[dict[str, An
     except BenchError as exc:
         raise BenchError(f"--interleave {ref}: neither a harness checkout folder nor a git revision of {repo} "
                          f"({exc})") from None
-    tmp = Path(tempfile.mkdtemp(prefix="bench-baseline-"))
-    tree = tmp / "tree"
-    try:
-        _git(repo, "worktree", "add", "--detach", str(tree), commit)
+    with git_worktree(repo, commit, prefix="bench-baseline-") as tree:
         yield {"root": tree.resolve(), "commit": commit, "ref": ref, "kind": "git"}
-    finally:
-        with contextlib.suppress(BenchError, OSError, subprocess.TimeoutExpired):
-            _git(repo, "worktree", "remove", "--force", str(tree))
-        shutil.rmtree(tmp, ignore_errors=True)
-        with contextlib.suppress(BenchError, OSError, subprocess.TimeoutExpired):
-            _git(repo, "worktree", "prune")
-
 
 class VersionedExecutor:
     """Sends each run to its code version's executor (by the launch's ``BENCH_CODE_VERSION``).
@@ -142,8 +131,4 @@ class VersionedExecutor:
 
     def close(self) -> None:
         """Close every version's executor (fork servers end)."""
-        for ex in self.executors.values():
-            close = getattr(ex, "close", None)
-            if close is not None:
-                close()
-        self.executors.clear()
+        close_executors(self.executors)
