@@ -60,6 +60,7 @@ confidence interval, so the error rate holds across the looks of a sweep that st
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any, Callable
 
 import numpy as np
@@ -68,6 +69,7 @@ from scipy import stats as sps
 from bench.gate.side_by_side import run_cpu
 from bench.records.figures import run_value
 from bench.records.speed import PROBE_METRIC
+from bench.stats.decide import Evidence, Robust, decide_change, gate_outcome
 from bench.stats.power import blocks_needed, gate_mde
 
 #: one-sided level of the probe-tracking test (:func:`probe_check`, a description of the sweep)
@@ -356,14 +358,8 @@ def paired_comparison(records: list[dict[str, Any]], *, threshold: float, alpha:
             notes.append(moved)
         if notes:
             row["reason"] = "; ".join([row["reason"]] + notes if row["reason"] else notes)
-    counts = {v: sum(r["verdict"] == v for r in rows)
-              for v in ("regression", "failed", "improvement", "unchanged", "noisy", "cannot judge")}
-    if counts["regression"] or counts["failed"]:
-        verdict, code = "regression", 1
-    elif counts["noisy"] or counts["cannot judge"] or not rows:
-        verdict, code = "cannot judge", 3
-    else:
-        verdict, code = "pass", 0
+    out = gate_outcome([r["verdict"] for r in rows], empty="cannot judge")
+    counts, verdict, code = out.counts, out.verdict, out.exit_code
     fitted_rows = [r for r in rows if r["normalized"]]
     if not declared:
         pnote = "--normalize off: raw run values (declared before the first run)"
@@ -421,7 +417,6 @@ def judge_ratios(d: Any, *, threshold: float, alpha: float, max_mde: float | Non
     else:
         row["p_value"], h = (0.0 if mean else 1.0), 0.0
     row["ci_low"], row["ci_high"] = math.expm1(mean - h), math.expm1(mean + h)
-    thr, lim = math.log1p(threshold), math.log1p(max_mde)
     lo, hi = mean - h, mean + h
     if decide is not None and look is not None:  # repeated confidence interval: error rate over all looks
         dec = decide(mean, se, df, threshold=threshold, alpha=alpha, look=look, max_looks=max_looks or look,
@@ -433,15 +428,13 @@ def judge_ratios(d: Any, *, threshold: float, alpha: float, max_mde: float | Non
             lo, hi = dec.lo, dec.hi
             row["ci_low"], row["ci_high"] = dec.change_lo, dec.change_hi  # clipped at exp(+-50)
         row["decision"] = dec.to_dict()
-    sees = row["mde"] is not None and row["mde"] <= max_mde
-    slower, faster = sees and lo > 0 and mean > thr, sees and hi < 0 and mean < -thr
-    rob = row["robust"] = robust_check(d, threshold=threshold, alpha=alpha) if slower or faster else None
-    if slower and rob["slower"]:
-        row["verdict"] = "regression"
-    elif faster and rob["faster"]:
-        row["verdict"] = "improvement"
-    elif sees and hi < lim and not (lo > 0 and mean > thr):
-        row["verdict"] = "unchanged"
+    ev = Evidence(estimate=mean, lo=lo, hi=hi, threshold=threshold, alpha=alpha, mde=row["mde"], max_mde=max_mde)
+    call = decide_change(ev)
+    sees, slower = call.sees, call.slower
+    rob = row["robust"] = robust_check(d, threshold=threshold, alpha=alpha) if call.slower or call.faster else None
+    if rob is not None:  # the robust check must agree before a change is called
+        call = decide_change(replace(ev, robust=Robust(slower=rob["slower"], faster=rob["faster"])))
+    row["verdict"] = call.verdict
     if "decision" in row:  # the look's decision in the sequential vocabulary, as the gate decided it
         row["decision"]["verdict"] = {"regression": "slower", "improvement": "faster",
                                       "unchanged": "no_change"}.get(row["verdict"], "undecided")

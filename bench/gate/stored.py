@@ -24,9 +24,6 @@ from bench.gate.markdown import (
     render_markdown,
 )
 from bench.gate.verdicts import (
-    CANNOT_JUDGE,
-    EXIT_CANNOT_JUDGE,
-    EXIT_PASS,
     check_expectations,
     compare_snapshots,
     validate_expect,
@@ -36,6 +33,7 @@ from bench.records.snapshot import check_complete, snapshot
 from bench.records.speed import normalize_snapshot
 from bench.report.tables import claims_on_runs
 from bench.spec.metrics import METRICS
+from bench.stats.decide import gate_outcome
 from bench.stats.estimators import N_BOOT
 from bench.stats.stat_tests import TESTS, describe_tests
 from bench.tracking import Tracker, mlflow_key
@@ -234,12 +232,11 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     if expects:
         exp = judge_claims(cand, expects, alpha=family["alpha_each"], seed=seed, normalize=normalize)
         result["expectations"] = exp
+        outcome = gate_outcome([r["verdict"] for r in result["rows"]], [e["result"] for e in exp])
+        result["verdict"], result["exit_code"] = outcome.verdict, outcome.exit_code
         if any(e["result"] == "not met" for e in exp):
-            result["verdict"], result["exit_code"] = "regression", 1
             result["notes"].append("claim(s) of the matrix `expect` block not met: " +
                                    "; ".join(e["claim"] for e in exp if e["result"] == "not met"))
-        elif any(e["result"] == CANNOT_JUDGE for e in exp) and result["exit_code"] == EXIT_PASS:
-            result["verdict"], result["exit_code"] = CANNOT_JUDGE, EXIT_CANNOT_JUDGE
     out = Path(out) if out is not None else sweep / "gate"
     md = render_markdown(result)
     md_path, json_path = out / "gate.md", out / "gate.json"

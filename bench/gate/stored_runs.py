@@ -60,6 +60,7 @@ from bench.gate.runs import probe_check
 from bench.records.figures import run_value
 from bench.records.speed import SPEED_SCALED
 from bench.spec.metrics import METRICS
+from bench.stats.decide import Evidence, decide_change
 from bench.stats.power import mde_from_se
 
 
@@ -154,19 +155,14 @@ def compare_runs(base_cell: dict[str, Any], cand_cell: dict[str, Any], metric: s
                sweep_offset_sd=math.sqrt(vo) if df_o is not None else None, sweep_offset_scale=scale,
                p_value=float(2 * sps.t.sf(abs(diff) / se, df)) if se > 0 else (0.0 if diff else 1.0),
                mde=mde_from_se(se, alpha=alpha, threshold=threshold, df=df))
-    thr, lim = math.log1p(threshold), math.log1p(max_mde)
-    sees = row["mde"] <= max_mde
     if busy and df_o is None:
         row["reason"] = (f"cannot judge: {busy}; a busy machine shifts whole sweeps by tens of percent, which the "
                          "runs' spread does not show and this baseline has no measured sweep-to-sweep figure: rerun "
                          "on an idle machine, or use `gate --interleave` (both versions in one sweep)")
-    elif sees and lo > 0 and diff > thr:
-        row["verdict"] = "regression"
-    elif sees and hi < 0 and diff < -thr:
-        row["verdict"] = "improvement"
-    elif sees and hi < lim:
-        row["verdict"] = "unchanged"
-    else:
+        return row
+    row["verdict"] = decide_change(Evidence(estimate=diff, lo=lo, hi=hi, threshold=threshold, alpha=alpha,
+                                            mde=row["mde"], max_mde=max_mde)).verdict
+    if row["verdict"] == "noisy":
         need = row["runs_needed"] = runs_needed(row["sd_base"], row["sd_cand"], vo, alpha=alpha, threshold=threshold,
                                                 max_mde=max_mde, offset_df=df_o)
         more = (f"{need} runs per side would do at this spread" if need else

@@ -60,14 +60,18 @@ from bench.spec.expect import Expect, ExpectBlock
 from bench.spec.loading import format_validation_error
 from bench.spec.metrics import METRICS
 from bench.spec.optimizations import REGISTRY, applicability
+from bench.stats.decide import (  # noqa: F401  (CANNOT_JUDGE, EXIT_*: the gate's public names)
+    CANNOT_JUDGE,
+    EXIT_BAD_INPUT,
+    EXIT_CANNOT_JUDGE,
+    EXIT_PASS,
+    EXIT_REGRESSION,
+    gate_outcome,
+)
 from bench.stats.estimators import N_BOOT
 from bench.stats.power import mde_from_se
 from bench.stats.stat_tests import compare, verdict
 
-#: verdict of a gate (and of a row or claim) that could not be judged: too noisy, too few samples ...
-CANNOT_JUDGE = "cannot judge"
-#: the gate's exit codes (also in ``gate --help`` and the README)
-EXIT_PASS, EXIT_REGRESSION, EXIT_BAD_INPUT, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
 EXIT_CODES = (f"exit codes: {EXIT_PASS} pass; {EXIT_REGRESSION} regression (a cell slower beyond the threshold, "
               f"half or more (2+) of a candidate cell's runs failed, or a claim of the matrix `expect` block not met); "
               f"{EXIT_BAD_INPUT} bad input "
@@ -470,17 +474,11 @@ def _judge_steps(row: dict[str, Any], bc: dict[str, Any], cc: dict[str, Any], me
 
 
 def _overall(rows: list[dict[str, Any]]) -> tuple[dict[str, int], str, int]:
-    """The verdict count per kind, the gate's verdict and its exit code: a regression or a failed cell fails it,
-    else a row that cannot be judged or is too noisy makes it "cannot judge", else it passes."""
-    counts = {v: sum(r["verdict"] == v for r in rows)
-              for v in ("regression", "failed", "improvement", "unchanged", "noisy", CANNOT_JUDGE)}
-    if counts["regression"] or counts["failed"]:
-        v, code = "regression", EXIT_REGRESSION
-    elif counts[CANNOT_JUDGE] or counts["noisy"]:
-        v, code = CANNOT_JUDGE, EXIT_CANNOT_JUDGE
-    else:
-        v, code = "pass", EXIT_PASS
-    return counts, v, code
+    """The verdict count per kind, the gate's verdict and its exit code (:func:`bench.stats.decide.gate_outcome`):
+    a regression or a failed cell fails it, else a row that cannot be judged or is too noisy makes it "cannot
+    judge", else it passes."""
+    out = gate_outcome([r["verdict"] for r in rows])
+    return out.counts, out.verdict, out.exit_code
 
 
 def _finish_row(row: dict[str, Any], metric: str, offset_known: bool, kind: str, s2s: dict[str, Any] | None,

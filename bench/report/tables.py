@@ -14,11 +14,11 @@ import numpy as np
 
 from bench.core.errors import BenchError
 from bench.records.figures import CellResult, Snapshot, cell_stats, cell_value, reference_cell, run_values
-from bench.spec.expect import judge_claim
 from bench.spec.metrics import METRICS
 from bench.spec.optimizations import REGISTRY, applicability, article_factors, factor_keys, not_read
 from bench.spec.optimizations.versions import stack_versions
 from bench.spec.stack import STACK_FACTOR, level_text, stack_names_of
+from bench.stats.decide import judge_claim
 from bench.stats.effects import cell_means_residual, fit_effects, run_contrast
 from bench.stats.estimators import DEFAULT_ALPHA as GATE_ALPHA
 from bench.stats.estimators import DEFAULT_THRESHOLD as GATE_THRESHOLD
@@ -320,7 +320,7 @@ def claims_on_runs(snap: dict[str, Any], results: list[dict[str, Any]], alpha: f
     """Judge the matrix ``expect`` claims on the runs: the cells each claim names (found by
     :func:`bench.gate.verdicts.check_expectations`) are compared by :func:`bench.stats.effects.run_contrast` of
     their run values (log scale for step time and throughput, linear for ratios), as the cell table does; the
-    step-level comparison is dropped. Decided on the ``1 - alpha`` interval (:func:`bench.spec.expect.judge_claim`:
+    step-level comparison is dropped. Decided on the ``1 - alpha`` interval (:func:`bench.stats.decide.judge_claim`:
     met inside the bounds, not met outside, else cannot judge); the gate judges its claims by this function
     (:func:`bench.gate.stored.judge_claims`)."""
     m = Snapshot.model_validate(snap)

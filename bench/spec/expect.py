@@ -2,8 +2,8 @@
 
 Typed here (not in the gate) so that loading a matrix validates its claims before anything runs;
 :func:`bench.gate.verdicts.check_expectations` finds the cells each claim compares and
-:func:`bench.report.tables.claims_on_runs` judges them on the runs (:func:`judge_claim`), for the report and
-the gate alike.
+:func:`bench.report.tables.claims_on_runs` judges them on the runs (:func:`bench.stats.decide.judge_claim`), for the
+report and the gate alike.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ class Expect(BaseModel):
     * ``vs: all_on``: the all-on cell against the all-on cell with this factor off.
 
     Improvement = relative decrease for lower-is-better metrics (``step_time``: ``1 - cell/ref``),
-    relative increase for ``throughput``. Judged on the runs (:func:`judge_claim`): met when the
+    relative increase for ``throughput``. Judged on the runs (:func:`bench.stats.decide.judge_claim`): met when the
     interval of the improvement lies within the bounds, not met when it lies outside them, else cannot judge.
     """
 
@@ -90,23 +90,3 @@ class ExpectBlock(BaseModel):
     """The ``expect`` list of a matrix (validated as one block, so errors read ``expect.<i>.<key>``)."""
 
     expect: list[Expect] = Field(default_factory=list)
-
-
-def judge_claim(at_least: float | None, at_most: float | None, ci: list[float | None] | tuple, *,
-                level: float) -> tuple[str, str]:
-    """``(result, reason)`` of one claim from the ``level`` (e.g. 0.99) interval ``ci = [lo, hi]`` of its
-    improvement (fractions; ``None`` ends: no interval): **met** when the whole interval satisfies the bounds
-    (``lo >= at_least``, ``hi <= at_most``), **not met** when it excludes them (``hi < at_least`` or
-    ``lo > at_most``), else **cannot judge** (the interval holds a bound: more runs would tell). The test of each
-    bound is the interval's one-sided test at ``(1 - level) / 2``; the report and the gate both judge by it."""
-    lo, hi = (list(ci) + [None, None])[:2]
-    if lo is None or hi is None:
-        return "cannot judge", ("no interval: one run per cell gives no run-to-run variance to judge the claim "
-                                "against (add repeats)")
-    span = f"{level:.0%} interval [{lo:+.1%}, {hi:+.1%}]"
-    if (at_least is not None and hi < at_least) or (at_most is not None and lo > at_most):
-        return "not met", f"the {span} lies outside the claim"
-    if (at_least is None or lo >= at_least) and (at_most is None or hi <= at_most):
-        return "met", ""
-    bounds = " and ".join(f"{w} {b:+.0%}" for w, b in (("at least", at_least), ("at most", at_most)) if b is not None)
-    return "cannot judge", f"the {span} holds the claim's bound ({bounds}): more runs (repeats) would tell"

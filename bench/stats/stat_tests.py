@@ -30,6 +30,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench.core.plugins import Registry
+from bench.stats.decide import Evidence, decide_change
 from bench.stats.estimators import (
     N_BOOT,
     boot_draw,
@@ -300,9 +301,10 @@ def describe_tests(pairing: bool, test: str | None = None) -> str:
 def verdict(change: float | None, p_value: float, *, threshold: float, alpha: float,
             higher_is_better: bool = False) -> str:
     """``regression`` / ``improvement`` when ``|change| > threshold`` in that direction AND ``p < alpha``;
-    else ``unchanged``."""
-    if change is None or not p_value < alpha:
+    else ``unchanged`` (the per-step diagnostic's rule: :func:`bench.stats.decide.decide_change` without an interval
+    or a power rule; ``change`` relative)."""
+    if change is None:
         return "unchanged"
-    worse = change > threshold if not higher_is_better else change < -threshold
-    better = change < -threshold if not higher_is_better else change > threshold
-    return "regression" if worse else ("improvement" if better else "unchanged")
+    worse = -change if higher_is_better else change
+    return decide_change(Evidence(estimate=worse, threshold=threshold, alpha=alpha, p_value=p_value,
+                                  scale="relative")).verdict
