@@ -7,6 +7,7 @@ are for annotations only and are skipped, but count for the cycle checks that sa
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -425,3 +426,182 @@ def test_contributing_lists_the_packages_in_their_order():
     pg, behind = package_graph(import_graph(typing_only=True))
     upward = [(a, b, behind[(a, b)][:1]) for a, b in pg.edges() if listed.index(b) > listed.index(a)]
     assert upward == [], upward
+
+
+# -- dependencies resolved at run time (issue 47) ---------------------------------------------------------------
+
+#: a ``"module:attribute"`` string naming a bench object (what an entry point or an importlib lookup resolves)
+BY_NAME = re.compile(r"^(bench(?:\.\w+)+):(\w+)$")
+#: modules allowed to resolve a ``bench`` module by name, each with why (empty this as they go); never an evidence
+#: check or an operator category: those are registry entries (bench.measure.evidence.CHECKS,
+#: bench.measure.op_categories.RULES)
+LOADS_BY_NAME = {"bench.measure.trace_pool": "the parsers of its own package, named for the forkserver's preload "
+                                             "(the worker process imports them there)",
+                 "bench.commands": "its own subcommand modules, imported lazily by name (the CLI's start)",
+                 "bench.execution.forkserver": "the modules its caller names for preloading (trace_pool's parsers)"}
+
+
+def _loads_by_name(sources: dict[str, str]) -> list[tuple[str, int, str]]:
+    """``(module, line, bench module it names)`` for each ``"bench...:attr"`` string and each
+    ``importlib.import_module(...)`` / ``__import__(...)`` call in ``sources`` (module -> text) of a bench module or of
+    one not given as a literal (``?``): what a module resolves by name at run time, which the import graph does not
+    see."""
+    out = []
+    for mod, text in sources.items():
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (m := BY_NAME.match(node.value)):
+                out.append((mod, node.lineno, m.group(1)))
+            elif isinstance(node, ast.Call):
+                f = node.func
+                name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
+                if name in ("import_module", "__import__"):
+                    arg = node.args[0] if node.args else None
+                    lit = arg.value if isinstance(arg, ast.Constant) and isinstance(arg.value, str) else "?"
+                    if lit == "?" or lit == "bench" or lit.startswith("bench."):  # a library's module is not ours
+                        out.append((mod, node.lineno, lit))
+    return out
+
+
+def _registry_owners(sources: dict[str, str]) -> dict[str, str]:
+    """Entry-point group -> the module that builds its :class:`bench.core.plugins.Registry` (the first argument of
+    ``Registry(...)``: a string, or a module-level name bound to one)."""
+    owners = {}
+    for mod, text in sources.items():
+        tree = ast.parse(text)
+        consts = {t.id: n.value.value for n in tree.body if isinstance(n, ast.Assign)
+                  and isinstance(n.value, ast.Constant) and isinstance(n.value.value, str)
+                  for t in n.targets if isinstance(t, ast.Name)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "Registry" and node.args:
+                arg = node.args[0]
+                group = arg.value if isinstance(arg, ast.Constant) else consts.get(getattr(arg, "id", ""))
+                if isinstance(group, str):
+                    owners[group] = mod
+    return owners
+
+
+@functools.lru_cache(maxsize=1)
+def _bench_sources() -> dict[str, str]:
+    """Module -> source text of every module of bench/ (read once for the run-time checks)."""
+    return {m: p.read_text() for m, p in _modules().items()}
+
+
+@functools.lru_cache(maxsize=1)
+def _bench_loads_by_name() -> tuple[tuple[str, int, str], ...]:
+    return tuple(_loads_by_name(_bench_sources()))
+
+
+@functools.lru_cache(maxsize=1)
+def _bench_registry_owners() -> dict[str, str]:
+    return _registry_owners(_bench_sources())
+
+
+def _own_entry_points() -> dict[str, dict[str, str]]:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"].get("entry-points", {})
+
+
+def runtime_edges(entries: dict[str, dict[str, str]] | None = None,
+                  sources: dict[str, str] | None = None) -> list[tuple[str, str, str]]:
+    """``(a, b, why)``: the dependencies resolved at run time, as import edges ``a -> b`` of bench modules.
+
+    * an entry point ``name = "module:attr"`` of a group (``entries``: group -> name -> value; default this tree's
+      ``pyproject.toml``): the entry's module depends on the module owning the group's registry (it implements the
+      registry's protocol and is found through it; the registry never names it), ``module -> owner``;
+    * a ``"bench...:attr"`` string or an ``import_module`` call in a module (``sources``: module -> text; default
+      bench/): the module depends on what it names, ``holder -> named``.
+    """
+    owners = _bench_registry_owners()
+    out = []
+    for group, table in (entries if entries is not None else _own_entry_points()).items():
+        for name, value in table.items():
+            target = value.partition(":")[0].strip()
+            if target.startswith("bench.") and group in owners:
+                out.append((target, owners[group], f"entry point {group}: {name} = {value}"))
+    for mod, line, named in (_bench_loads_by_name() if sources is None else _loads_by_name(sources)):
+        if named.startswith("bench."):
+            out.append((mod, named, f"{mod}:{line} names {named}"))
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _static_package_graph() -> nx.DiGraph:
+    """The package graph of the import graph (typing-only imports included), built once for the run-time checks
+    (read, never changed)."""
+    return package_graph(import_graph(typing_only=True))[0]
+
+
+def runtime_order_violations(entries: dict[str, dict[str, str]] | None = None,
+                             sources: dict[str, str] | None = None) -> list[str]:
+    """The run-time edges of :func:`runtime_edges` that close a cycle with the import graph's packages (typing-only
+    imports included): each one said with why it exists."""
+    pg = _static_package_graph()
+    out = []
+    for a, b, why in runtime_edges(entries, sources):
+        pa, pb = _package(a), _package(b)
+        if pa != pb and pa in pg and pb in pg and nx.has_path(pg, pb, pa):
+            out.append(f"{pa} -> {pb} at run time ({why}), while {pb} imports {pa}")
+    return out
+
+
+def test_no_evidence_check_or_category_is_loaded_by_name():
+    """Evidence checks and operator categories are entries of the shared Registry (entry points), never strings
+    resolved with importlib: nothing in bench/ names a bench object as ``"module:attr"`` or imports a module by
+    name, but the modules of :data:`LOADS_BY_NAME`; and no optimization carries such a string."""
+    from bench.spec.optimizations import registry
+
+    bad = [f"{m}:{line}: {named}" for m, line, named in _bench_loads_by_name() if m not in LOADS_BY_NAME]
+    assert bad == [], "bench objects resolved by name (make them registry entries):\n" + "\n".join(bad)
+
+    def strings(x):
+        if isinstance(x, str):
+            yield x
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                yield from strings(k)
+                yield from strings(v)
+        elif isinstance(x, (list, tuple)):
+            for v in x:
+                yield from strings(v)
+
+    named = [(k, s) for k, opt in registry().items() for s in strings(opt.model_dump()) if BY_NAME.match(s)]
+    assert named == []
+    assert {"grpo_bench.evidence_checks", "grpo_bench.op_categories"} <= set(_bench_registry_owners())
+
+
+def test_loaded_by_name_check_is_not_blind():
+    """A planted module that loads an evidence check by name, either way, is found."""
+    src = {"bench.measure.planted": 'import importlib\nCHECK = "bench.engines.embedded.evidence:dynamic_bsz"\n'
+                                    'mod = importlib.import_module("bench.engines.embedded.evidence")\n'}
+    assert _loads_by_name(src) == [("bench.measure.planted", 2, "bench.engines.embedded.evidence"),
+                                   ("bench.measure.planted", 3, "bench.engines.embedded.evidence")]
+
+
+def test_run_time_dependencies_follow_the_package_order():
+    """Every dependency resolved at run time (entry points of every registry, names resolved by the modules of
+    :data:`LOADS_BY_NAME`) goes the way the package order allows; each registry's group has an owner here."""
+    from bench.core.plugins import GROUPS
+
+    owners = _bench_registry_owners()
+    assert set(GROUPS) <= set(owners), set(GROUPS) - set(owners)
+    edges = runtime_edges()
+    assert any(a == "bench.engines.embedded.evidence" and b == "bench.measure.evidence" for a, b, _ in edges)
+    assert any(a == "bench.measure.op_categories" and b == "bench.measure.op_categories" for a, b, _ in edges)
+    assert runtime_order_violations() == []
+
+
+def test_run_time_order_check_is_not_blind():
+    """Planted run-time dependencies against the order are found: an evidence check registered from ``spec``
+    (below ``measure``, which owns the registry and imports ``spec``), and a measure module naming an engine's
+    module by string (``engines`` imports ``measure``)."""
+    entries = {**_own_entry_points()}
+    entries["grpo_bench.evidence_checks"] = {**entries["grpo_bench.evidence_checks"],
+                                             "planted": "bench.spec.optimizations.dynamic_bsz:OPTIMIZATION"}
+    bad = runtime_order_violations(entries, sources={})
+    assert len(bad) == 1 and bad[0].startswith("bench.spec -> bench.measure at run time (entry point "
+                                               "grpo_bench.evidence_checks: planted = ")
+    planted = {"bench.measure.planted": 'CHECK = "bench.engines.embedded.evidence:dynamic_bsz"\n'}
+    assert runtime_order_violations({}, planted) == [
+        "bench.measure -> bench.engines at run time (bench.measure.planted:1 names bench.engines.embedded.evidence), "
+        "while bench.engines imports bench.measure"]

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.core.engine_registry import engine_names
-from bench.measure.evidence import FinishedRun, env_check, factor_evidence
-from bench.spec.optimizations import applicability, evidence_check, registry
+from bench.measure.evidence import FinishedRun, env_check, evidence_check, factor_evidence
+from bench.spec.optimizations import applicability, registry
 from bench.spec.plan import ID_BASIS_FACTORS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -47,6 +47,8 @@ RECIPES = [
      'toytrace = "bench.measure.toytrace:ToyTraceReader"'),
     ("optimization.py", "bench/spec/optimizations/toy_opt.py", "grpo_bench.optimizations",
      'toy_opt = "bench.spec.optimizations.toy_opt:OPTIMIZATION"'),
+    ("evidence.py", "bench/engines/toy_evidence.py", "grpo_bench.evidence_checks",
+     '"toy_opt@toy" = "bench.engines.toy_evidence:TOY_OPT"'),
     ("welch.py", "bench/stats/toy_welch.py", "grpo_bench.stat_tests",
      'toy_welch = "bench.stats.toy_welch:ToyWelchTest"'),
 ]

@@ -32,6 +32,7 @@ from bench.measure.op_categories import (
     BUILTIN_RULES,
     CATEGORIES,
     CategoryRule,
+    CategoryRules,
     categorize,
     category_rules,
     kernel_details_categories,
@@ -166,14 +167,25 @@ def test_registered_rules_first_or_last():
         CategoryRule("matmul", r"x", "stream")
 
 
-def test_entry_point_rules_come_after_first_registered_and_before_builtins(monkeypatch):
-    from bench.measure import op_categories
+PLUGIN_RULES = CategoryRules("toy", (CategoryRule("rotary", r"^Range$", "type"),))
 
-    plugin = CategoryRule("rotary", r"^Range$", "type")  # as a package's grpo_bench.op_categories entry would
-    monkeypatch.setattr(op_categories, "_PLUGINS", [plugin])
+
+def test_entry_point_rules_come_after_first_registered_and_before_builtins(monkeypatch):
+    from importlib.metadata import EntryPoint
+
+    from bench.core import plugins
+    from bench.measure.op_categories import ENTRY_POINT_GROUP, RULES
+
+    # a package's grpo_bench.op_categories entry (this module's PLUGIN_RULES), found by the shared registry's lookup
+    plugin_ep = EntryPoint(name="toy", value=f"{__name__}:PLUGIN_RULES", group=ENTRY_POINT_GROUP)
+    own = plugins.entry_points
+    monkeypatch.setattr(plugins, "entry_points", lambda g: own(g) + ([plugin_ep] if g == ENTRY_POINT_GROUP else []))
+    monkeypatch.setattr(RULES, "_loaded", False)
+    monkeypatch.setattr(RULES, "_items", {})
     first = register_category_rule(CategoryRule("copy", r"^Range$", "type"), first=True)
     try:
-        assert category_rules()[:3] == [first, plugin, BUILTIN_RULES[0]]
+        assert RULES.names()[:2] == ["builtin", "toy"]
+        assert category_rules()[:3] == [first, PLUGIN_RULES.rules[0], BUILTIN_RULES[0]]
         assert categorize("Range", op_type="Range") == "copy"
     finally:
         unregister_category_rule(first)

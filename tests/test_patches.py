@@ -230,8 +230,7 @@ def test_off_after_verl_npu_patches_table_is_eager_in_the_evidence(bench_patches
     from transformers.models.qwen3 import modeling_qwen3
     from transformers.models.qwen3_vl import modeling_qwen3_vl as m
 
-    from bench.measure.evidence import FinishedRun
-    from bench.spec.optimizations import evidence_check
+    from bench.measure.evidence import FinishedRun, evidence_check
 
     eager, qwen3_eager = m.Qwen3VLTextRMSNorm.forward, modeling_qwen3.Qwen3RMSNorm.forward
     report = bench_patches.activate("qwen3vl_npu_fused:off", str(tmp_path))

@@ -1,11 +1,13 @@
-"""Extensions found by lookup: the entry points of the harness's four registries, built-ins and plugins alike.
+"""Extensions found by lookup: the entry points of the harness's registries, built-ins and plugins alike.
 
 Groups (``[project.entry-points."<group>"]`` of a ``pyproject.toml``), each entry ``name = "module:attribute"``:
 
 * ``grpo_bench.engines``: an engine class (:class:`bench.engines.base.Engine`);
 * ``grpo_bench.readers``: a trace or metrics reader (:class:`bench.measure.formats.Reader` subclass or instance);
 * ``grpo_bench.optimizations``: an :class:`bench.spec.optimizations.Optimization`;
-* ``grpo_bench.stat_tests``: a two-sample test (:class:`bench.stats.stat_tests.StatTest` subclass or instance).
+* ``grpo_bench.stat_tests``: a two-sample test (:class:`bench.stats.stat_tests.StatTest` subclass or instance);
+* ``grpo_bench.evidence_checks``: an evidence check (:class:`bench.measure.evidence.EvidenceCheck`);
+* ``grpo_bench.op_categories``: a set of operator-category rules (:class:`bench.measure.op_categories.CategoryRules`).
 
 Each registry is one :class:`Registry`: entry points loaded on the first lookup, run-time registrations after
 them, one duplicate policy (:func:`same_extension`) and one live view.
@@ -33,7 +35,8 @@ T = TypeVar("T")
 
 #: this project's distribution name (its own entries are read from the source tree when there is one)
 DIST = "grpo-ablation-bench"
-GROUPS = ("grpo_bench.engines", "grpo_bench.readers", "grpo_bench.optimizations", "grpo_bench.stat_tests")
+GROUPS = ("grpo_bench.engines", "grpo_bench.readers", "grpo_bench.optimizations", "grpo_bench.stat_tests",
+          "grpo_bench.evidence_checks", "grpo_bench.op_categories")
 SOURCE_PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
 

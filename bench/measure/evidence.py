@@ -1,11 +1,13 @@
 """Evidence that each factor did what its level says, read from the finished run, for every engine alike.
 
-Each optimization names, per target, a check (:attr:`bench.spec.optimizations.Optimization.evidence_checks`,
-``"module:function"``). A check is ``check(level, run) -> (verdict, detail)`` with ``run`` a
-:class:`FinishedRun`: the run folder and what the run's processes wrote there (the patch reports
-``patches/*.json``, the run's own ``evidence.json``, the run config the harness wrote, the config verl
-composed). Verdicts: ``confirmed`` (the run shows the level's effect), ``missing`` (nothing shows it: a
-silent no-op, flagged), ``contradicted`` (the run shows the other level), ``n/a`` (the factor does not apply).
+Each check is an entry of the registry :data:`CHECKS` (entry-point group ``grpo_bench.evidence_checks``, like the
+engines and the readers; :class:`EvidenceCheck`: the factor, the target ``"<engine>:<platform>"`` or
+``"<engine>:*"``, and the function), found by :func:`evidence_check`; nothing names a check's module. The function
+is ``check(level, run) -> (verdict, detail)`` with ``run`` a :class:`FinishedRun`: the run folder and what the
+run's processes wrote there (the patch reports ``patches/*.json``, the run's own ``evidence.json``, the run config
+the harness wrote, the config verl composed). Verdicts: ``confirmed`` (the run shows the level's effect),
+``missing`` (nothing shows it: a silent no-op, flagged), ``contradicted`` (the run shows the other level), ``n/a``
+(the factor does not apply).
 """
 
 from __future__ import annotations
@@ -15,9 +17,10 @@ import json
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from bench.spec.optimizations import evidence_check, registry
+from bench.core.plugins import Registry
+from bench.spec.optimizations import registry
 
 #: Verdict words, in order of concern.
 VERDICTS = ("contradicted", "missing", "confirmed", "n/a")
@@ -86,6 +89,51 @@ class FinishedRun:
         except (OSError, ValueError, yaml.YAMLError):
             return {}
         return got if isinstance(got, dict) else {}
+
+
+@dataclass(frozen=True)
+class EvidenceCheck:
+    """One evidence check, an entry of :data:`CHECKS` (module text).
+
+    Attributes:
+        factor: the optimization's key (``dynamic_bsz``).
+        target: where it reads a run, ``"<engine>:<platform>"`` or ``"<engine>:*"``.
+        check: ``check(level, run) -> (verdict, detail)``, ``run`` a :class:`FinishedRun`; verdicts in
+            :data:`VERDICTS`.
+    """
+
+    factor: str
+    target: str
+    check: Callable[..., tuple[str, str]]
+
+    @property
+    def name(self) -> str:
+        """The registry name, ``"<factor>@<target>"``."""
+        return f"{self.factor}@{self.target}"
+
+
+def _is_check(obj: Any) -> None:
+    if not isinstance(obj, EvidenceCheck) or not callable(obj.check) or ":" not in obj.target:
+        raise ValueError(f"not an EvidenceCheck(factor, target '<engine>:<platform>', check): {obj!r}")
+
+
+#: the evidence checks, name ``"<factor>@<target>"`` -> :class:`EvidenceCheck` (group ``grpo_bench.evidence_checks``)
+CHECKS: Registry[EvidenceCheck] = Registry("grpo_bench.evidence_checks", "evidence check", lambda c: c.name,
+                                           instantiate=False, check=_is_check)
+
+
+def evidence_check(key: str, engine: str, platform: str) -> Callable[..., tuple[str, str]] | None:
+    """The evidence check of factor ``key`` on ``engine``/``platform`` (the :data:`CHECKS` entry
+    ``key@engine:platform``, else ``key@engine:*``), or ``None`` when none is registered.
+
+    Raises:
+        BenchError: an entry point of the group that cannot be loaded or is not an :class:`EvidenceCheck`.
+    """
+    items = CHECKS.items()
+    for target in (f"{engine}:{platform}", f"{engine}:*"):
+        if f"{key}@{target}" in items:
+            return items[f"{key}@{target}"].check
+    return None
 
 
 def _call(check, level: int, run: FinishedRun) -> tuple[str, str]:
@@ -164,3 +212,8 @@ def patch_check(name: str, level: int, run: FinishedRun, where: str = "") -> tup
     if not run.reports:
         return "missing", "no patch report in the run"
     return "missing", f"patch {name} applied in none of {len(requested)} process(es) that requested it"
+
+
+#: the checks of this module (entry points of ``grpo_bench.evidence_checks`` in ``pyproject.toml``)
+TASK_QUEUE_NPU = EvidenceCheck("task_queue", "verl:npu", task_queue)
+MC2_NPU = EvidenceCheck("mc2", "verl:npu", mc2)

@@ -5,8 +5,9 @@
 rules are data (:data:`BUILTIN_RULES`): ordered, the first match wins, regular expressions searched
 case-insensitively in one field (``name``, ``type``, ``core``, or ``any``: name, then type). More rules are
 added with :func:`register_category_rule` (before the built-ins with ``first=True``, else after them) or by an
-installed package's entry points of group ``grpo_bench.op_categories`` (each a :class:`CategoryRule` or a list
-of them); :func:`category_rules` is the lookup, read on every call. No rule matching: ``"other"``.
+installed package's entry points of group ``grpo_bench.op_categories`` (each a :class:`CategoryRules`, tried
+before the built-ins); all are entries of the shared registry :data:`RULES`, whose ``builtin`` entry is
+:data:`BUILTIN_RULES`; :func:`category_rules` is the lookup, read on every call. No rule matching: ``"other"``.
 
 Categories (:data:`CATEGORIES`): ``matmul`` (GEMM, batched / grouped matmul, convolution), ``attention``,
 ``normalization``, ``rotary`` (RoPE, MRoPE), ``elementwise`` (arithmetic, activations, casts, fills,
@@ -43,7 +44,7 @@ from typing import Any
 import ijson
 import numpy as np
 
-from bench.core.plugins import load
+from bench.core.plugins import Registry
 from bench.measure._common import MeasureError, read_csv_rows
 from bench.measure.ascend_step_trace import int_or_none
 from bench.measure.chrome_trace import event_number, hashable, iter_trace_events
@@ -110,46 +111,67 @@ BUILTIN_RULES: tuple[CategoryRule, ...] = (
 )
 del _R
 
-_EARLY: list[tuple[bool, CategoryRule]] = []
+#: where a set of rules is tried, in this order (first match wins)
+PLACES = ("first", "plugin", "builtin", "last")
+
+
+@dataclass(frozen=True)
+class CategoryRules:
+    """A named, ordered set of :class:`CategoryRule`, an entry of :data:`RULES`.
+
+    Attributes:
+        name: the registry name (a plugin's entry-point name, ``builtin`` for :data:`BUILTIN_RULES`).
+        rules: the rules, in the order they are tried.
+        place: where the set is tried (:data:`PLACES`): ``first`` (registered to override everything),
+            ``plugin`` (an installed package's entry point: before the built-ins), ``builtin``, ``last`` (only what
+            the others leave).
+    """
+
+    name: str
+    rules: tuple[CategoryRule, ...]
+    place: str = "plugin"
+
+
+def _is_rules(obj: Any) -> None:
+    if not isinstance(obj, CategoryRules) or obj.place not in PLACES:
+        raise ValueError(f"not a CategoryRules(name, rules, place in {PLACES}): {obj!r}")
+    for rule in obj.rules:
+        if not isinstance(rule, CategoryRule) or rule.category not in CATEGORIES:
+            raise ValueError(f"unknown category {getattr(rule, 'category', rule)!r}; one of {CATEGORIES}")
+
+
+#: the built-in rules as the registry's ``builtin`` entry (entry point of ``grpo_bench.op_categories``)
+BUILTIN = CategoryRules("builtin", BUILTIN_RULES, "builtin")
+#: the category rule sets, name -> :class:`CategoryRules` (entry-point group ``grpo_bench.op_categories``, then
+#: :func:`register_category_rule`): the shared :class:`bench.core.plugins.Registry`, like engines and readers
+RULES: Registry[CategoryRules] = Registry(ENTRY_POINT_GROUP, "category rules", lambda r: r.name, instantiate=False,
+                                          check=_is_rules)
 
 
 def register_category_rule(rule: CategoryRule, *, first: bool = False) -> CategoryRule:
-    """Add ``rule`` to the lookup: before the built-in rules with ``first=True`` (to override them), else
-    after them (for names no built-in rule matches). Returns ``rule``."""
-    if rule.category not in CATEGORIES:
-        raise ValueError(f"unknown category {rule.category!r}; one of {CATEGORIES}")
-    _EARLY.append((first, rule))
+    """Add ``rule`` to :data:`RULES`: before every other rule with ``first=True`` (to override them), else
+    after them (for names no other rule matches). Returns ``rule``.
+
+    Raises:
+        ValueError: ``rule.category`` is not one of :data:`CATEGORIES`.
+    """
+    RULES.register(CategoryRules(f"registered-{id(rule)}", (rule,), "first" if first else "last"))
     return rule
 
 
 def unregister_category_rule(rule: CategoryRule) -> None:
     """Remove a rule added by :func:`register_category_rule` (no error when absent)."""
-    _EARLY[:] = [(f, r) for f, r in _EARLY if r is not rule]
-
-
-_PLUGINS: list[CategoryRule] | None = None
-
-
-def _plugin_rules() -> list[CategoryRule]:
-    """The rules of the ``grpo_bench.op_categories`` entry points, loaded at the first lookup (as the other
-    registries fill theirs)."""
-    global _PLUGINS
-    if _PLUGINS is None:
-        out: list[CategoryRule] = []
-        for name, obj in load(ENTRY_POINT_GROUP):
-            for rule in obj if isinstance(obj, (list, tuple)) else [obj]:
-                if not isinstance(rule, CategoryRule) or rule.category not in CATEGORIES:
-                    raise ValueError(f"entry point {ENTRY_POINT_GROUP}: {name}: not a CategoryRule of a category "
-                                     f"in {CATEGORIES}: {rule!r}")
-                out.append(rule)
-        _PLUGINS = out
-    return list(_PLUGINS)
+    for name, entry in list(RULES.items().items()):
+        if len(entry.rules) == 1 and entry.rules[0] is rule and name.startswith("registered-"):
+            RULES.unregister(name)
 
 
 def category_rules() -> list[CategoryRule]:
-    """The rules in the order they are tried: registered ``first`` ones, the entry points of
-    ``grpo_bench.op_categories``, :data:`BUILTIN_RULES`, then the other registered ones."""
-    return ([r for f, r in _EARLY if f] + _plugin_rules() + list(BUILTIN_RULES) + [r for f, r in _EARLY if not f])
+    """The rules in the order they are tried: the sets of :data:`RULES` by :data:`PLACES` (registered ``first``
+    ones, the entry points of installed packages, :data:`BUILTIN_RULES`, then the other registered ones), each
+    place in registry order."""
+    sets = list(RULES.items().values())
+    return [rule for place in PLACES for entry in sets if entry.place == place for rule in entry.rules]
 
 
 def categorize(name: str, *, op_type: str | None = None, core: str | None = None,

@@ -21,6 +21,7 @@ from typing import Any
 from bench.measure.evidence import (  # noqa: F401  (re-exported: where these lived before)
     HYDRA_CONFIG,
     VERDICTS,
+    EvidenceCheck,
     FinishedRun,
     factor_evidence,
     flagged,
@@ -222,3 +223,11 @@ def mrope_cache(level: int, run: FinishedRun) -> tuple[str, str]:
         return "confirmed", "no MRoPE cache patch requested"
     return "missing", "no MRoPE cache patch report in the run"
 
+
+
+#: the checks of this module on verl, every platform (entry points of ``grpo_bench.evidence_checks``)
+DYNAMIC_BSZ = EvidenceCheck("dynamic_bsz", "verl:*", dynamic_bsz)
+FORWARD_PREFETCH = EvidenceCheck("forward_prefetch", "verl:*", forward_prefetch)
+GRAPH_MODE = EvidenceCheck("graph_mode", "verl:*", graph_mode)
+RMSNORM_FUSED = EvidenceCheck("rmsnorm_fused", "verl:*", rmsnorm_fused)
+MROPE_CACHE = EvidenceCheck("mrope_cache", "verl:*", mrope_cache)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bench.measure.evidence import FinishedRun, env_check
+from bench.measure.evidence import EvidenceCheck, FinishedRun, env_check
 
 
 def _section(run: FinishedRun, key: str) -> dict[str, Any] | None:
@@ -49,3 +49,9 @@ def dynamic_bsz(level: int, run: FinishedRun) -> tuple[str, str]:
 def task_queue(level: int, run: FinishedRun) -> tuple[str, str]:
     """``TASK_QUEUE_ENABLE`` as the run's process saw it (read by torch_npu's dispatcher on an NPU)."""
     return env_check("TASK_QUEUE_ENABLE", level, run)
+
+
+#: the embedded engine's checks (entry points of ``grpo_bench.evidence_checks``)
+RMSNORM_FUSED = EvidenceCheck("rmsnorm_fused", "embedded:*", rmsnorm_fused)
+DYNAMIC_BSZ = EvidenceCheck("dynamic_bsz", "embedded:*", dynamic_bsz)
+TASK_QUEUE_NPU = EvidenceCheck("task_queue", "embedded:npu", task_queue)

@@ -21,7 +21,6 @@ from bench.spec.optimizations.registry import (
     compact_label,
     conflict_lifts,
     conflicts_of,
-    evidence_check,
     factor_keys,
     not_read,
     register_optimization,
@@ -34,6 +33,6 @@ from bench.spec.optimizations.versions import stack_versions
 
 __all__ = ["CONFLICTS", "FACTOR_KEYS", "OPTIMIZATIONS", "REGISTRY", "Conflict", "Mechanism", "Optimization",
            "Requirement",
-           "applicability", "article_factors", "compact_label", "conflict_lifts", "conflicts_of", "evidence_check",
+           "applicability", "article_factors", "compact_label", "conflict_lifts", "conflicts_of",
            "factor_keys", "not_read", "register_optimization", "registry", "resolve", "stack_versions",
            "switch_ranges", "unregister_optimization"]

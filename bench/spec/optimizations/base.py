@@ -62,11 +62,8 @@ class Optimization(BaseModel):
         not_applicable: per target, why the factor cannot be applied there.
         requires: settings the factor needs; unmet -> not applicable with the reason.
         evidence: how a run shows the factor took effect (prose).
-        evidence_checks: per target, the check that reads a finished run and judges whether the level
-            took effect, as ``"module:function"`` (imported when a run is measured); the function takes
-            ``(level, run)`` with ``run`` a :class:`bench.measure.evidence.FinishedRun` (the run folder, its
-            patch reports, run config and composed config) and returns ``(verdict, detail)`` with verdict in
-            ``confirmed | missing | contradicted | n/a`` (see :mod:`bench.measure.evidence`).
+        (the checks that read a finished run and judge whether the level took effect are entries of the
+        evidence-check registry, :data:`bench.measure.evidence.CHECKS`, not fields here)
         article_level: the level whose gain the article reports; the report puts that level's gain
             beside the article's (table and ``article.png``); ``None``: no article figure.
         code: a short code (a few letters, e.g. ``dbsz``) for compact cell labels (:func:`compact_label`:
@@ -89,7 +86,6 @@ class Optimization(BaseModel):
     not_applicable: dict[str, str] = Field(default_factory=dict)
     requires: tuple[Requirement, ...] = ()
     evidence: str = ""
-    evidence_checks: dict[str, str] = Field(default_factory=dict)
     article_level: int | None = None
     code: str = ""
     switches: dict[str, tuple[SwitchRange, ...]] = Field(default_factory=dict)

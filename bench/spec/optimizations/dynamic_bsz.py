@@ -31,8 +31,6 @@ OPTIMIZATION = Optimization(
     mechanisms={"verl:*": {0: M(overrides=_DYN_OFF_OVERRIDES), 1: M(overrides=_DYN_ON_OVERRIDES)},
                 "embedded:*": {0: M(config={"use_dynamic_bsz": False}), 1: M(config=_EMBEDDED_ON)}},
     evidence="micro-batches formed per pass and padded vs real tokens (perf/*micro_batches*)",
-    evidence_checks={"verl:*": "bench.measure.verl_evidence:dynamic_bsz",
-                     "embedded:*": "bench.engines.embedded.evidence:dynamic_bsz"},
     switches={"verl:*": (SwitchRange(
         package=VERL, switch="actor_rollout_ref.actor.use_dynamic_bsz",
         since=Bound(version="0.2", source="verl tag v0.2, the first tag whose trainer config has use_dynamic_bsz"),

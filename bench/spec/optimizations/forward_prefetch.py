@@ -12,7 +12,6 @@ OPTIMIZATION = Optimization(
                                  "actor_rollout_ref.ref.fsdp_config.forward_prefetch", kind="overrides")},
     not_applicable={"embedded:*": "the embedded engine trains in one process without FSDP: nothing to prefetch"},
     evidence="fsdp_config.forward_prefetch in the resolved verl config; FSDP2 ignores it in some verl versions",
-    evidence_checks={"verl:*": "bench.measure.verl_evidence:forward_prefetch"},
     switches={"verl:*": (SwitchRange(
         package=VERL, switch="actor_rollout_ref.{actor,ref}.fsdp_config.forward_prefetch",
         since=Bound(version="0.4.1", source="verl tag v0.4.1, the first tag whose trainer config has it"),

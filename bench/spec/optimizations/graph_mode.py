@@ -15,7 +15,6 @@ OPTIMIZATION = Optimization(
         "new sequence length and costs more than a short benchmark run, so there is no faithful analog",
     },
     evidence="rollout.enforce_eager in the resolved verl config",
-    evidence_checks={"verl:*": "bench.measure.verl_evidence:graph_mode"},
     switches={"verl:*": (SwitchRange(
         package=VERL, switch="actor_rollout_ref.rollout.enforce_eager",
         since=Bound(version="0.1", source="verl tag v0.1 (ppo_trainer.yaml)"),

@@ -24,7 +24,6 @@ OPTIMIZATION = Optimization(
     requires=(Requirement(setting="rollout_tp", minimum=2, reason="MC2 fuses the tensor-parallel all-reduce: it "
                           "needs rollout tensor_model_parallel_size >= 2"),),
     evidence=f"{_SWITCH} in the vLLM worker environment",
-    evidence_checks={"verl:npu": "bench.measure.evidence:mc2"},
     switches={"verl:npu": (SwitchRange(
         package="vllm_ascend", switch=_SWITCH,
         since=Bound(version="0.10.0rc1", source="vllm-ascend PR 1926, first in tag v0.10.0rc1; absent in v0.9.2rc1"),

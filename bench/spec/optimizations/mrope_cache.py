@@ -52,7 +52,6 @@ OPTIMIZATION = Optimization(
     ),
     evidence="the patch's counters in each vLLM process: forwards served, layers that reused the "
     "forward's cos/sin (cache hits)",
-    evidence_checks={"verl:*": "bench.measure.verl_evidence:mrope_cache"},
     switches={
         "verl:npu": (SwitchRange(
             package="vllm_ascend", switch=_ASCEND_SWITCH,

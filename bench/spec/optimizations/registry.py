@@ -158,24 +158,6 @@ def resolve(key: str, level: int, engine: str, platform: str) -> Mechanism:
     raise KeyError(f"{key} has no mechanism on {engine}:{platform}")
 
 
-def evidence_check(key: str, engine: str, platform: str):
-    """The evidence check of factor ``key`` on ``engine``/``platform`` (a callable, see
-    :attr:`Optimization.evidence_checks`), or ``None`` when the registry names none.
-
-    Raises:
-        KeyError: unknown factor key.
-        ImportError / AttributeError: the named module or function does not exist.
-    """
-    import importlib
-
-    opt = REGISTRY[key]
-    for target in (f"{engine}:{platform}", f"{engine}:*"):
-        if target in opt.evidence_checks:
-            module, _, func = opt.evidence_checks[target].partition(":")
-            return getattr(importlib.import_module(module), func)
-    return None
-
-
 def article_factors() -> list[tuple[str, int]]:
     """``(factor, level)`` of the optimizations with an article figure (:attr:`Optimization.article_level`),
     largest article gain first: the rows of the report's comparison with the article."""

@@ -47,8 +47,6 @@ OPTIMIZATION = Optimization(
                 "verl:cuda": on_off("actor_rollout_ref.model.use_liger", kind="overrides"),
                 "embedded:*": on_off("rmsnorm_fused", kind="config")},
     evidence="the RMSNorm forward installed in each process (patch report / run evidence)",
-    evidence_checks={"verl:*": "bench.measure.verl_evidence:rmsnorm_fused",
-                     "embedded:*": "bench.engines.embedded.evidence:rmsnorm_fused"},
     switches={
         "verl:npu": (SwitchRange(package="transformers",
                                  switch="patch qwen3vl_npu_fused (transformers' Qwen3-VL classes)",
