@@ -3,7 +3,8 @@
 Recipes: a copy of the repository gets, for each recipe, its one new file (the files of the toy plugin,
 ``tests/plugin_pkg/grpo_bench_toy/``, copied where the recipe says) and its one line under the recipe's
 entry-point group in ``pyproject.toml``; then, on that copy, through the CLI: two sweeps of the toy engine
-(the toy reader's Free ratio, the toy optimization's evidence), a report (the article figure beside ours), a
+(the toy reader's Free ratio, the toy optimization's evidence), a report (the article figure beside ours, the
+toy format's operators in "where it acts"), a
 gate with the toy statistical test; every test that enumerates a registry and the layout tests, run from a
 virtual environment inside the copy; and a new embedded config field at its default plus the new optimization
 leave every shipped matrix's launches and cell ids as pinned (the copy's own ``tests/test_launch_pins.py``).
@@ -132,6 +133,11 @@ def sweep_report_gate(work: Path, pythonpath: list[Path]) -> None:
     md = next(sweep_a.rglob("report.md")).read_text()
     row = next(line for line in md.splitlines() if line.startswith("| Toy optimization (9.9)"))
     assert row.split(" | ")[1] == "+50.0%"  # the article figure of the registry entry, beside ours
+    # the toy format's operators (its reader's step_ops) in "where it acts": every run's, by category and op
+    where = md[md.index("## Where each optimization acts"):]
+    assert "Runs with a trace: 4." in where, where[:2000]
+    assert "| matmul |" in where and "| copy |" in where, where[:2000]
+    assert "Trace diff `toy_opt=1`" in where and "| `toy_matmul` |" in where, where[:2000]
 
     second = run("run", "toy.yaml", "--force", *common)
     assert second.returncode == 0, second.stderr[-2000:]
