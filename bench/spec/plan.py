@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.core.engine_registry import engine_class, get_engine
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, InputError
 from bench.spec.design import Cell, DesignResult, expand
 from bench.spec.launch import Launch
 from bench.spec.matrix import Matrix
@@ -253,6 +253,9 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
 
 #: run orders of a sweep: ``blocked`` (default) and ``sequential`` (every repeat of cell 1, then cell 2 ...)
 ORDERS = ("blocked", "sequential")
+#: what the library calls the run order in its messages (:class:`bench.core.errors.InputError`; ``--order`` in
+#: the commands)
+RUN_ORDER = "run order"
 
 
 class RunOrder(BaseModel):
@@ -314,7 +317,7 @@ def run_order(cell_ids: list[str], repeats: int, kind: str = "blocked", seed: in
     import numpy as np
 
     if kind not in ORDERS:
-        raise BenchError(f"--order {kind}: unknown run order (allowed: {', '.join(ORDERS)})")
+        raise InputError(RUN_ORDER, f"{RUN_ORDER} {kind}: unknown run order (allowed: {', '.join(ORDERS)})")
     if kind == "sequential":
         return RunOrder(kind=kind, seed=None, runs=[(c, k) for c in cell_ids for k in range(repeats)])
     if seed is None:

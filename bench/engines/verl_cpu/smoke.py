@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.engines.verl.launch import VerlEngine
+from bench.core.engine_registry import get_engine
 from bench.engines.verl.overrides import key_of
 from bench.engines.verl_cpu import target
 from bench.spec.matrix import Base, Matrix
@@ -164,9 +164,9 @@ def smoke_cells(matrix: Matrix, plan: Plan, steps: int = 2) -> list[SmokeCell]:
     """The CPU smoke launch of every run of ``plan`` (a verl matrix's plan on its own platform).
 
     Raises:
-        BenchError: the smoke settings cannot be built (from :meth:`VerlEngine.build`).
+        BenchError: the smoke settings cannot be built (from :meth:`bench.engines.verl.launch.VerlEngine.build`).
     """
-    engine = VerlEngine()
+    engine = get_engine("verl")  # the registry's instance: this module is what VerlEngine.smoke_cells calls
     out = []
     base, left_user = smoke_base(matrix, steps)
     ctx = base.context()
