@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bench import __version__
 from bench.commands import COMMANDS, command_class
+from bench.commands.base import cli_message
 from bench.core.errors import BenchError, Terminated, current_step, is_no_space, printable
 from bench.core.paths import check_folder, check_names, resolve_path
 from bench.tracking.store import check_tracking_uri, in_memory, sqlite_path
@@ -310,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
         check_paths_and_uri(args)
         return int(args._command.run(args) or 0)
     except BenchError as exc:
-        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"error: {_one_line(cli_message(exc))}", file=sys.stderr)
         return exc.exit_code
     except Terminated as exc:
         code, word = STOP_SIGNALS.get(getattr(exc, "signum", signal.SIGTERM), STOP_SIGNALS[signal.SIGTERM])

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from bench.core.files import atomic_write_json
-from bench.engines.embedded.speed_probe import spec as probe_kernel
+from bench.engines.builtins.speed_probe import spec as probe_kernel
 from bench.measure import summarize
 from bench.records.results import SWEEP, ResultsDir, run_dir
 from bench.records.run_record import SCHEMA_VERSION

@@ -23,7 +23,7 @@ import numpy as np
 import yaml
 
 from bench.core.process import ExecResult
-from bench.engines.embedded.speed_probe import spec as probe_kernel
+from bench.engines.builtins.speed_probe import spec as probe_kernel
 from bench.execution.executors import ResolvedLaunch
 from bench.records.snapshot import levels_key
 from bench.records.speed import PROBE_METRIC

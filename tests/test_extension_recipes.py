@@ -3,10 +3,12 @@
 Recipes: a copy of the repository gets, for each recipe, its one new file (the files of the toy plugin,
 ``tests/plugin_pkg/grpo_bench_toy/``, copied where the recipe says) and its one line under the recipe's
 entry-point group in ``pyproject.toml``; then, on that copy, through the CLI: two sweeps of the toy engine
-(the toy reader's Free ratio, the toy optimization's evidence), a report (the article figure beside ours), a
+(the toy reader's Free ratio, the toy optimization's evidence), a report (the article figure beside ours, the
+toy format's operators in "where it acts"), a
 gate with the toy statistical test; every test that enumerates a registry and the layout tests, run from a
 virtual environment inside the copy; and a new embedded config field at its default plus the new optimization
-leave every shipped matrix's cell ids as pinned.
+leave every shipped matrix's launches and cell ids as pinned (the copy's own ``tests/test_launch_pins.py``).
+The copy is a git checkout of its own and each recipe's ``git add`` is run as the recipe says.
 
 Plugin: ``tests/plugin_pkg`` installed with pip into a temporary folder (``--target``), found through its
 entry points by the unchanged ``python run_bench.py`` of this checkout.
@@ -23,7 +25,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from _repo_copy import copy_tracked
+from _repo_copy import copy_tracked, tracked_files
 
 ROOT = Path(__file__).resolve().parents[1]
 PLUGIN = ROOT / "tests" / "plugin_pkg"
@@ -64,16 +66,28 @@ def add_entry_point(pyproject: str, group: str, line: str) -> str:
     return pyproject[:end] + "\n" + line + pyproject[end:]
 
 
+def git(cwd: Path, *args: str) -> None:
+    """``git ARGS`` in ``cwd`` (a fixed identity, so a commit needs no user configuration)."""
+    subprocess.run(["git", "-c", "user.name=recipe", "-c", "user.email=recipe@localhost", *args], cwd=cwd,
+                   check=True, capture_output=True, timeout=300)
+
+
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory) -> Path:
-    """A copy of the repository with the four recipes applied literally (and one new embedded config field)."""
+    """A copy of the repository, a git checkout of its own, with the four recipes applied literally (the new file,
+    its entry-point line, ``git add`` of the file) and one new embedded config field."""
     dest = tmp_path_factory.mktemp("repo")
     copy_tracked(ROOT, dest)
+    git(dest, "init", "-q")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "copy")
     pyproject = (dest / "pyproject.toml").read_text()
     for src, target, group, line in RECIPES:
         shutil.copy2(PLUGIN / "grpo_bench_toy" / src, dest / target)
         pyproject = add_entry_point(pyproject, group, line)
+        git(dest, "add", target)  # as the recipe says: a copy of the checkout sees tracked files only
     (dest / "pyproject.toml").write_text(pyproject)
+    assert set(t for _, t, _, _ in RECIPES) <= set(tracked_files(dest))
     config = dest / "bench" / "engines" / "embedded" / "config.py"
     text = config.read_text()
     anchor = "    seed: int = Field(0, ge=0, le=2**32 - 1, strict=True)\n"
@@ -121,6 +135,11 @@ def sweep_report_gate(work: Path, pythonpath: list[Path]) -> None:
     md = next(sweep_a.rglob("report.md")).read_text()
     row = next(line for line in md.splitlines() if line.startswith("| Toy optimization (9.9)"))
     assert row.split(" | ")[1] == "+50.0%"  # the article figure of the registry entry, beside ours
+    # the toy format's operators (its reader's step_ops) in "where it acts": every run's, by category and op
+    where = md[md.index("## Where each optimization acts"):]
+    assert "Runs with a trace: 4." in where, where[:2000]
+    assert "| matmul |" in where and "| copy |" in where, where[:2000]
+    assert "Trace diff `toy_opt=1`" in where and "| `toy_matmul` |" in where, where[:2000]
 
     second = run("run", "toy.yaml", "--force", *common)
     assert second.returncode == 0, second.stderr[-2000:]
@@ -188,18 +207,24 @@ def test_registry_enumerating_tests_and_the_layout_hold_on_the_copy(repo):
     assert int(summary.split(" passed")[0].split()[-1]) >= 40, summary  # the registry tests and the layout tests
 
 
-@pytest.mark.parametrize("matrix", ["full.yaml", "ablation.yaml", "verl_cpu.yaml"])
-def test_cell_ids_survive_a_new_optimization_and_config_field(repo, tmp_path, matrix):
-    """With ``toy_opt`` registered (it applies to the embedded engine: an env var at its off level) and a new
-    embedded run-config field at its default, every cell keeps its pinned id."""
-    proc = bench("run", str(repo / "matrix" / matrix), "--dry-run", "--json", "--order-seed", "0",
-                 cwd=tmp_path, pythonpath=[repo])
+def test_launch_pins_survive_a_new_optimization_and_config_field(repo, tmp_path):
+    """With ``toy_opt`` registered (it applies to the embedded engine: an env var at each level) and a new
+    embedded run-config field at its default, the copy's own ``tests/test_launch_pins.py`` passes: every shipped
+    matrix keeps its argv, env, patches, run config and cell ids, since no shipped matrix lists ``toy_opt``."""
+    listed = tmp_path / "listed.yaml"  # the additions reach a launch where a matrix lists them: not a blind test
+    listed.write_text((repo / "matrix" / "smoke.yaml").read_text().replace(
+        "  dynamic_bsz: [off, on]\n", "  dynamic_bsz: [off, on]\n  toy_opt: [0, 1]\n"))
+    proc = bench("run", str(listed), "--dry-run", "--json", "--order-seed", "0", cwd=tmp_path, pythonpath=[repo])
     assert proc.returncode == 0, proc.stderr[-2000:]
-    plan = json.loads(proc.stdout)
-    if plan["engine"] == "embedded":  # the additions reached the launches, so the test is not blind
-        assert all(r["launch"]["config"]["toy_field"] == 0 and r["launch"]["env"]["TOY_OPT"] == "0"
-                   for r in plan["runs"])
-    assert sorted(r["cell_id"] for r in plan["runs"]) == sorted(json.loads(PINS.read_text())[matrix]["runs"])
+    runs = json.loads(proc.stdout)["runs"]
+    assert sorted(r["launch"]["env"]["TOY_OPT"] for r in runs) == ["0", "0", "1", "1"]
+    assert all(r["launch"]["config"]["toy_field"] == 0 for r in runs)
+    pins = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_launch_pins.py"],
+                          cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, capture_output=True, text=True,
+                          timeout=1200)
+    assert pins.returncode == 0, pins.stdout[-4000:]
+    summary = pins.stdout.strip().splitlines()[-1]
+    assert f"{len(list((repo / 'matrix').glob('*.yaml'))) + 1} passed" in summary, summary
 
 
 def test_plugin_package_works_with_the_unchanged_cli(tmp_path):

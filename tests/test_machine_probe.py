@@ -10,7 +10,7 @@ import pytest
 
 
 def test_window_times_the_kernel_for_its_length():
-    from bench.engines.embedded.speed_probe import spec
+    from bench.engines.builtins.speed_probe import spec
     from bench.execution.machine_probe import MIN_REPS, BracketProbe, bracket_record
 
     probe = BracketProbe(seconds=0.3)

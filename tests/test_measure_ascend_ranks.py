@@ -125,8 +125,8 @@ def test_kernel_details_reader(tmp_path):
 
 def test_top_operators_of_every_step_look_each_rank_up_once(tmp_path, monkeypatch):
     """The MLflow summary of a run with two profiled Ascend steps finds the profiles and hashes a rank's files once
-    for the run, not once per step (``step_top_ops``'s memo)."""
-    import bench.measure.top_ops as top_ops
+    for the run, not once per step (``step_top_ops``'s memo, which the Ascend reader keeps its files in)."""
+    import bench.measure.ascend as ascend
 
     run = _run(tmp_path, ranks=2)
     got = collect(run)
@@ -138,8 +138,8 @@ def test_top_operators_of_every_step_look_each_rank_up_once(tmp_path, monkeypatc
             return real(*args, **kwargs)
         return wrapper
 
-    monkeypatch.setattr(top_ops, "find_ascend_profiles", counted("profiles", top_ops.find_ascend_profiles))
-    monkeypatch.setattr(top_ops, "parse_files", counted("parse", top_ops.parse_files))
+    monkeypatch.setattr(ascend, "find_ascend_profiles", counted("profiles", ascend.find_ascend_profiles))
+    monkeypatch.setattr(ascend, "parse_files", counted("parse", ascend.parse_files))
     rec = {"free_ratio": {str(k): v for k, v in got["free_ratio"].items()}, "summary": {"profiled_steps": [3, 4]},
            "free_ratio_detail": {str(k): v for k, v in got["free_ratio_detail"].items()}}
     _, prof = profile_summary(rec, run, 0.25)

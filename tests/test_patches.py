@@ -493,7 +493,7 @@ def test_speed_probe_patch_adds_the_kernel_time_to_every_step_with_the_file_logg
     import bench_patches.verl_speed_probe as sprobe
     import numpy as np
 
-    from bench.engines.embedded.speed_probe import spec
+    from bench.engines.builtins.speed_probe import spec
 
     (tmp_path / "fake_tracking_061p.py").write_text(FAKE_TRACKING_061)
     monkeypatch.syspath_prepend(str(tmp_path))

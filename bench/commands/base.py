@@ -7,6 +7,24 @@ import argparse
 from pathlib import Path
 from typing import ClassVar
 
+from bench.core.errors import InputError
+from bench.records.results import RESULTS_FOLDER
+from bench.spec.plan import RUN_ORDER
+from bench.tracking.store import TRACKING_URI
+
+#: the library's names of inputs (an :class:`~bench.core.errors.InputError`'s ``what``) -> the flag the commands
+#: take for each: the one place where a library's words become command-line flags
+FLAGS = {TRACKING_URI: "--tracking-uri", RESULTS_FOLDER: "--results", RUN_ORDER: "--order"}
+
+
+def cli_message(exc: BaseException) -> str:
+    """``exc``'s message as a command prints it: an :class:`~bench.core.errors.InputError` whose input has a flag
+    (:data:`FLAGS`) starts with that flag instead of the library's name for it; any other message is unchanged."""
+    text = str(exc)
+    if isinstance(exc, InputError) and exc.what in FLAGS:
+        return FLAGS[exc.what] + text[len(exc.what):]
+    return text
+
 
 class Command:
     """One subcommand.

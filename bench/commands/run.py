@@ -25,7 +25,6 @@ from bench.commands.dry_run import (
 from bench.commands.run_planning import add_planning_arguments, closing_verdict_line, prepare, print_planning
 from bench.core.engine_registry import engine_class, engines_with, get_engine
 from bench.core.errors import BenchError, clip_words
-from bench.engines.verl_cpu.smoke import not_exercised, smoke_base, smoke_cells
 from bench.execution.executors import LocalExecutor
 from bench.execution.forkserver import ForkServerExecutor
 from bench.execution.progress import FORKSERVER_STARTING, LiveProgress, make_console, run_status
@@ -361,9 +360,11 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     plan = make_plan(matrix, strict=False)
     if getattr(args, "cells", None) is not None:
         plan = select_cells(plan, args.cells, args.matrix)
-    cells = smoke_cells(matrix, plan, args.smoke_steps)
+    engine = get_engine(matrix.engine)
+    cells = engine.smoke_cells(matrix, plan, args.smoke_steps)
     if args.dry_run:
-        kw = {"matrix_name": matrix.name, "steps": args.smoke_steps, "not_exercised": not_exercised(plan, matrix)}
+        kw = {"matrix_name": matrix.name, "steps": args.smoke_steps,
+              "not_exercised": engine.not_exercised(plan, matrix)}
         if getattr(args, "json", False):
             print(json.dumps(smoke_json(cells, **kw), indent=1))
         elif getattr(args, "verbose", False):
@@ -375,8 +376,8 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
         else:
             print_smoke_dry_run(cells, console, **kw)
         return 0
-    base, _ = smoke_base(matrix, args.smoke_steps)
-    get_engine(matrix.engine).preflight(matrix.model_copy(update={"platform": "cpu", "base": base}),
+    base, _ = engine.smoke_base(matrix, args.smoke_steps)
+    engine.preflight(matrix.model_copy(update={"platform": "cpu", "base": base}),
                                  [c.spec.launch for c in cells], "cpu")
     check_writable(args.results)
 
@@ -394,7 +395,7 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     folder, results = run_smoke(matrix, plan, args.results, steps=args.smoke_steps, on_cell=on_cell)
     console.print(f"\nsmoke run of {args.matrix} on this CPU ({args.smoke_steps} step(s) per cell, tiny model "
                   f"{base.model}): {len(results)} cell(s) in {time.monotonic() - started:.0f} s", markup=False)
-    for key, why in not_exercised(plan, matrix).items():
+    for key, why in engine.not_exercised(plan, matrix).items():
         console.print(f"not exercised on CPU: {key}: {why} (its variables and patches are still launched)",
                       markup=False)
     for r in results:

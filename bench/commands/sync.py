@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bench.commands.base import Command, given
-from bench.core.errors import BenchError, say
+from bench.commands.base import Command, cli_message, given
+from bench.core.errors import BenchError, InputError, say
 from bench.records.results import SWEEP, check_sweep_meta, find_sweep
 from bench.tracking import Tracker, check_tracking_uri
 from bench.tracking.upload_queue import QUEUE, check_sweep_files, pending, sync_sweep
@@ -60,7 +60,8 @@ def main(args: argparse.Namespace) -> int:
           f"closed {done['closed']} parent run(s); {left} sweep(s) still pending")
     if errors:  # one line: the first unusable file (the queue of its sweep stays)
         more = f" (and {len(errors) - 1} more sweep(s) with unusable files)" if len(errors) > 1 else ""
-        raise type(errors[0])(f"{errors[0]}{more}")
+        first = errors[0]
+        raise (BenchError if isinstance(first, InputError) else type(first))(f"{cli_message(first)}{more}")
     return 1 if left else 0
 
 

@@ -19,6 +19,27 @@ class BenchError(Exception):
     exit_code = 2
 
 
+class InputError(BenchError):
+    """Bad input named in the library's own terms: ``what`` is the input (``"tracking URI"``, or the label a
+    caller passed down, e.g. a matrix key), and the message starts with it (``"<what> <value>: <what is
+    wrong>"``). A command maps ``what`` to the flag the user typed (:func:`bench.commands.base.cli_message`), so no
+    library module speaks in command-line flags.
+
+    Args:
+        what: the input's name, the message's first words.
+        message: the whole message, starting with ``what``.
+
+    Raises:
+        ValueError: the message does not start with ``what``.
+    """
+
+    def __init__(self, what: str, message: str) -> None:
+        if not message.startswith(what):
+            raise ValueError(f"InputError: message {message[:60]!r} does not start with {what!r}")
+        super().__init__(message)
+        self.what = what
+
+
 def printable(text: object) -> str:
     """``text`` safe to print on a terminal: every control or format character (Unicode categories ``Cc``, ``Cf``:
     ESC, BEL, a carriage return, a bidirectional override ...) and every lone surrogate (``Cs``) written as its Python

@@ -13,7 +13,7 @@ import os
 import stat
 from pathlib import Path
 
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, InputError
 
 #: longest path component, bytes (Linux ``NAME_MAX``)
 NAME_MAX = 255
@@ -51,13 +51,13 @@ def check_names(flag: str, path: Path, shown: object = None) -> None:
     shown = str(path) if shown is None else str(shown)
     text = os.fsencode(str(path))
     if not text or b"\x00" in text:
-        raise BenchError(f"{flag} {shown!r}: not a usable path")
+        raise InputError(flag, f"{flag} {shown!r}: not a usable path")
     name_max, path_max = limits(path)
     if len(text) > path_max:
-        raise BenchError(f"{flag} {shown[:60]}...: path longer than {path_max} bytes")
+        raise InputError(flag, f"{flag} {shown[:60]}...: path longer than {path_max} bytes")
     for part in Path(path).parts:
         if len(os.fsencode(part)) > name_max:
-            raise BenchError(f"{flag} {shown[:60]}...: component {part[:40]}... is longer than {name_max} "
+            raise InputError(flag, f"{flag} {shown[:60]}...: component {part[:40]}... is longer than {name_max} "
                              "bytes (the file system's limit)")
 
 
@@ -89,8 +89,8 @@ def resolve_path(flag: str, path: str | Path, shown: object = None) -> Path:
                 walked = Path(os.path.realpath(walked, strict=True))
             except OSError as exc:
                 if exc.errno == errno.ELOOP:
-                    raise BenchError(f"{flag} {shown}: {walked} is a loop of symbolic links") from None
-                raise BenchError(f"{flag} {shown}: {walked} is a link to {os.readlink(walked)}, which does not "
+                    raise InputError(flag, f"{flag} {shown}: {walked} is a loop of symbolic links") from None
+                raise InputError(flag, f"{flag} {shown}: {walked} is a link to {os.readlink(walked)}, which does not "
                                  "exist (remove the link or create its target)") from None
         elif not os.path.lexists(walked):
             walked = walked.joinpath(*current.parts[len(walked.parts):])
@@ -113,7 +113,7 @@ def check_not_system(flag: str, path: str | Path, what: str = "folder") -> None:
         for p in (absolute, real):
             inside = p == Path(root) or Path(root) in p.parents
             if inside and not any(p == Path(e) or Path(e) in p.parents for e in SYSTEM_EXCEPTIONS):
-                raise BenchError(f"{flag} {path}: inside {root}, a kernel file system (choose a normal {what})")
+                raise InputError(flag, f"{flag} {path}: inside {root}, a kernel file system (choose a normal {what})")
 
 
 def check_folder(flag: str, path: str | Path, *, extra: tuple[str, ...] = ()) -> None:
@@ -142,17 +142,18 @@ def check_folder(flag: str, path: str | Path, *, extra: tuple[str, ...] = ()) ->
     try:
         st = os.stat(probe)
     except OSError as exc:
-        raise BenchError(f"{flag} {path}: cannot use {probe}: {exc.strerror}") from None
+        raise InputError(flag, f"{flag} {path}: cannot use {probe}: {exc.strerror}") from None
     if not stat.S_ISDIR(st.st_mode):
         kind = "a pipe" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or \
             stat.S_ISBLK(st.st_mode) else "a file"
-        raise BenchError(f"{flag} {path}: folder is not writable ({probe} is {kind}, not a folder)")
+        raise InputError(flag, f"{flag} {path}: folder is not writable ({probe} is {kind}, not a folder)")
     try:
         readonly = bool(os.statvfs(probe).f_flag & os.ST_RDONLY)
     except OSError:
         readonly = False
     if readonly or not os.access(probe, os.W_OK | os.X_OK):
-        raise BenchError(f"{flag} {path}: folder is not writable ({probe}{', a read-only mount' if readonly else ''})")
+        ro = ", a read-only mount" if readonly else ""
+        raise InputError(flag, f"{flag} {path}: folder is not writable ({probe}{ro})")
 
 
 def check_matrix_folder(results: str | Path, name: str) -> None:

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ValidationError
 
 from bench.core.engine_registry import engine_class
 from bench.core.engine_registry import get_engine as lookup
-from bench.core.errors import did_you_mean
+from bench.core.errors import BenchError, did_you_mean
 from bench.spec.launch import Launch  # the launch an engine builds (engines name it from here, as the recipe does)
 from bench.spec.loading import value_message
 from bench.spec.matrix import Base, Matrix
@@ -49,8 +49,9 @@ class Engine(Protocol):
     Methods with a default in :class:`EngineBase`: ``check_options`` (validate the engine's ``base``
     sub-block when the matrix is read), ``id_config`` (the run config as it names a cell),
     ``placeholders`` (launch placeholders this engine's launches hold, filled on the machine that runs them),
-    ``startup_text`` (what a run does before its first step, for the progress line) and ``classify_failure``
-    (the kind and reason of a failed run read from its folder, for the record).
+    ``startup_text`` (what a run does before its first step, for the progress line), ``classify_failure``
+    (the kind and reason of a failed run read from its folder, for the record), and, for an engine that
+    ``supports_smoke``, ``smoke_base``, ``smoke_cells`` and ``not_exercised`` (what ``run --smoke`` runs).
     """
 
     name: str
@@ -122,6 +123,28 @@ class EngineBase:
             msg = (f"unknown key{did_you_mean(str(err['loc'][-1]), fields)} (allowed: {', '.join(fields)})"
                    if err["type"] == "extra_forbidden" else value_message(err))
             raise ValueError(f"{where}: {msg}") from None
+
+    def smoke_base(self, matrix: Matrix, steps: int = 2) -> tuple[Base, list[str]]:
+        """The matrix's ``base`` as a smoke run of ``steps`` steps on this CPU uses it, and what it leaves out
+        (``"key: why"``); only for an engine that :attr:`supports_smoke`.
+
+        Raises:
+            BenchError: this engine has no smoke run.
+        """
+        raise BenchError(f"engine {self.name!r}: no smoke run (supports_smoke is false)")
+
+    def smoke_cells(self, matrix: Matrix, plan: Any, steps: int = 2) -> list[Any]:
+        """The smoke cells of ``plan`` (a :class:`bench.spec.plan.Plan` of ``matrix``): objects with ``spec`` (a
+        :class:`bench.spec.plan.RunSpec` launched on this CPU), ``source_label``, ``left_out`` and ``inert``.
+
+        Raises:
+            BenchError: this engine has no smoke run, or the smoke settings cannot be built.
+        """
+        raise BenchError(f"engine {self.name!r}: no smoke run (supports_smoke is false)")
+
+    def not_exercised(self, plan: Any, matrix: Matrix | None = None) -> dict[str, str]:
+        """The factors ``plan`` varies that a smoke run cannot exercise, with the reason (default: none)."""
+        return {}
 
     @staticmethod
     def id_config(config: dict[str, Any]) -> dict[str, Any]:

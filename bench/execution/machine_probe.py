@@ -9,7 +9,7 @@ bracket-probe``: over the runs of a sweep, each cell centred on its own mean, do
 probe times correlate). The record keeps it as ``machine_probe`` (:func:`bracket_record`); no figure uses it until
 that check says it tracks.
 
-The kernel is the embedded engine's speed probe (:data:`bench.engines.embedded.speed_probe.PROBE`, one intra-op
+The kernel is the engines' shared speed probe (:data:`bench.engines.builtins.speed_probe.PROBE`, one intra-op
 thread, about 30 ms on the CI VM), so its time means the same thing in both engines; the spec is prefixed
 ``bracket:`` so that a bracket probe is never compared with an in-run one.
 """
@@ -21,7 +21,7 @@ import statistics
 import time
 from typing import Any
 
-from bench.engines.embedded.speed_probe import SpeedProbe, spec
+from bench.engines.builtins.speed_probe import SpeedProbe, spec
 
 #: seconds of kernel repetitions per window (before and after a run); the window's figure is their median
 SECONDS = 1.5

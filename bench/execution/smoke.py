@@ -1,5 +1,5 @@
 """The smoke run of ``run_bench.py MATRIX --smoke`` (:func:`run_smoke`): each smoke cell of a matrix
-(:func:`bench.engines.verl_cpu.smoke.smoke_cells`: the cell's own launch on this CPU with a tiny model) run once
+(the engine's ``smoke_cells``: the cell's own launch on this CPU with a tiny model) run once
 for real, one after another, with what each cell's run showed in ``smoke.json``."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bench.core.engine_registry import get_engine
 from bench.core.files import atomic_write_json
-from bench.engines.verl_cpu.smoke import not_exercised, smoke_cells
 from bench.execution.executors import LocalExecutor
 from bench.execution.runner import execute_spec
 from bench.measure.patch_reports import patch_evidence
@@ -25,10 +25,11 @@ def run_smoke(matrix: Matrix, plan: Plan, results_root: Path, *, steps: int = 2,
     "reason": first verl error line, "failure_kind", "left_out": [...], "inert_env": [...],
     "patches": {patch: "applied in N; refused in M: why"}, "evidence": {factor: verdict}}``.
     ``evidence`` holds only the factors whose evidence is missing or contradicted, among those the CPU
-    target can exercise (:func:`not_exercised` lists the others). ``smoke.json`` in the folder holds the list.
+    target can exercise (the engine's ``not_exercised`` lists the others). ``smoke.json`` in the folder holds the list.
     """
-    cells = smoke_cells(matrix, plan, steps)
-    inert_factors = not_exercised(plan, matrix)
+    engine = get_engine(plan.engine)
+    cells = engine.smoke_cells(matrix, plan, steps)
+    inert_factors = engine.not_exercised(plan, matrix)
     folder = Path(results_root) / f"{matrix.name}-smoke" / time.strftime("%Y%m%d-%H%M%S")
     folder.mkdir(parents=True, exist_ok=True)
     executor = executor or LocalExecutor()

@@ -20,7 +20,10 @@ The step trace files and their columns: :mod:`bench.measure.ascend_step_trace`. 
 ``step_trace_time.csv``, ``kernel_details.csv`` and ``trace_view.json`` are parsed at once over the cores
 and through the parsed-profile cache (:func:`bench.measure.trace_pool.parse_files`): the kernels per step
 (:mod:`bench.measure.ascend_kernels`) and the trace's windows and top operators feed the top operators of
-MLflow's ``profile_summary.json`` (:mod:`bench.measure.top_ops`).
+MLflow's ``profile_summary.json`` (:mod:`bench.measure.top_ops`) and the operators of "where it acts"
+(:meth:`AscendReader.step_ops`); each rank's ``kernel_details.csv`` / ``op_statistic.csv`` / ``trace_view.json``
+gives its categories (:meth:`AscendReader.categories`), the step trace (else msprof-analyze's
+``cluster_step_trace_time.csv``) its ranks' time breakdown (:meth:`AscendReader.ranks`).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ import importlib
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from bench.measure._common import MeasureError, rel_path
-from bench.measure.ascend_kernels import rank_files
+from bench.measure.ascend_kernels import KERNEL_DETAILS_CSV, TRACE_VIEW_JSON, kernel_top, profile_files, rank_files
 from bench.measure.ascend_step_trace import (
     ANALYSIS_DB,
     OUTPUT_DIR,
@@ -41,9 +45,17 @@ from bench.measure.ascend_step_trace import (
     read_step_trace_csv,
     read_step_trace_db,
 )
-from bench.measure.formats import Measurements, Reader, ReadOptions
+from bench.measure.formats import CategorySource, Measurements, RankTimes, Reader, ReadOptions, StepOps
+from bench.measure.op_categories import kernel_details_categories, op_statistic_categories, trace_categories
+from bench.measure.rank_overlap import ascend_rank_breakdown, read_cluster_step_trace
 from bench.measure.trace_cache import CACHE_DIR
+from bench.measure.trace_ops import step_entry
 from bench.measure.trace_pool import parse_files
+
+#: the per-rank operator statistics of the whole profile (no steps)
+OP_STATISTIC_CSV = "op_statistic.csv"
+#: msprof-analyze's cluster step trace (under ``cluster_analysis_output/``)
+CLUSTER_STEP_TRACE_CSV = "cluster_step_trace_time.csv"
 
 
 @dataclass
@@ -367,3 +379,130 @@ class AscendReader(Reader):
                 out.missing_ranks[step] = list(across.missing_ranks)
         return out
 
+
+    @staticmethod
+    def _rank(source: str) -> int | None:
+        """The rank of a Free-ratio source ``rank N`` (``None``: not one of this format's)."""
+        parts = source.split()
+        return int(parts[1]) if len(parts) == 2 and parts[0] == "rank" and parts[1].lstrip("-").isdigit() else None
+
+    def _profiles(self, run_dir: Path, memo: dict) -> list[AscendProfile]:
+        if (self.name, "profiles") not in memo:  # once per run folder, not once per step
+            memo[self.name, "profiles"] = find_ascend_profiles(run_dir)
+        return memo[self.name, "profiles"]
+
+    def step_ops(self, run_dir: Path, step: int, source: str, memo: dict) -> StepOps | None:
+        """The rank's ``kernel_details.csv`` kernels of the step (their durations summed by name), else its
+        ``trace_view.json`` window like a torch trace."""
+        rank = self._rank(source)
+        if rank is None:
+            return None
+        for prof in self._profiles(run_dir, memo):
+            if prof.rank != rank:
+                continue
+            files = profile_files(prof)
+            for kind in ("kernel_details", "trace"):
+                if kind not in files:
+                    continue
+                key = (self.name, kind, files[kind])
+                if key not in memo:
+                    memo[key] = parse_files([(kind, files[kind])], cache_dir=run_dir / CACHE_DIR)[0]
+                got = memo[key]
+                if not isinstance(got, dict):
+                    continue
+                label = rel_path(files[kind], run_dir)
+                if kind == "kernel_details":
+                    hit = step_entry(got.get("steps") or [], step)
+                    if hit:
+                        return StepOps(source=label, basis="device", ops=[tuple(o) for o in hit["ops"]])
+                else:
+                    hit = step_entry(got.get("top_ops") or [], step)
+                    if hit and "ops" in hit:
+                        ops = hit["ops"]
+                        basis = "device" if ops.get("device") else "cpu"
+                        return StepOps(source=label, basis=basis, ops=[tuple(o) for o in ops.get(basis) or []],
+                                       window_ms=hit.get("window_ms"))
+        return None
+
+    def top_ops(self, run_dir: Path, step: int, source: str, memo: dict, n: int) -> dict[str, Any] | None:
+        """The rank's ``kernel_details.csv`` (device kernels, durations summed per name) and ``trace_view.json``
+        (CPU operators, and the device half when there is no ``kernel_details.csv``); the share is of the step's
+        window (the trace's ``ProfilerStep`` window, else msprof's step time ``Computing + Communication(Not
+        Overlapped) + Free`` of the rank)."""
+        rank = self._rank(source)
+        if rank is None:
+            return None
+        for prof in self._profiles(run_dir, memo):
+            if prof.rank != rank:
+                continue
+            if (self.name, prof.path) not in memo:  # a rank's files are looked up (hashed) once, not once per step
+                files = profile_files(prof)
+                jobs = list(files.items())
+                if prof.output and prof.output.endswith(".csv"):
+                    jobs.append(("step_trace", prof.output))
+                memo[self.name, prof.path] = files, dict(zip([k for k, _ in jobs],
+                                                             parse_files(jobs, cache_dir=run_dir / CACHE_DIR)))
+            files, got = memo[self.name, prof.path]
+            trace = got.get("trace") if isinstance(got.get("trace"), dict) else None
+            table = step_entry(trace["top_ops"], step) if trace else None
+            window = table["window_ms"] * 1e3 if table and table.get("window_ms") else None
+            if window is None and isinstance(got.get("step_trace"), dict):
+                rows = got["step_trace"]["rows"]
+                window = sum(StepTraceRow(**r).step_time_us for r in rows
+                             if r.get("step") == step or (r.get("step") is None and len(rows) == 1)) or None
+            device = None
+            if isinstance(got.get("kernel_details"), dict):
+                device = kernel_top(got["kernel_details"], step, window, n)
+            if device is None and table:
+                device = table["device"][:n]
+            if device is None and table is None:
+                continue
+            src = files.get("kernel_details") or files.get("trace")
+            return {"source": os.path.relpath(src, run_dir),
+                    "window_ms": None if window is None else round(window / 1e3, 3),
+                    "cpu": table["cpu"][:n] if table else [], "device": device or []}
+        return None
+
+    def categories(self, run_dir: Path) -> tuple[list[CategorySource], list[str]]:
+        """Each profile folder's ``kernel_details.csv``, else its ``op_statistic.csv`` (no steps: the folder's
+        step), else its ``trace_view.json``; the role folder names the phase."""
+        out, warnings = [], []
+        for prof in find_ascend_profiles(run_dir):
+            base = Path(prof.path) / OUTPUT_DIR
+            kind = next((k for k, name in (("kernel_details", KERNEL_DETAILS_CSV), ("op_statistic", OP_STATISTIC_CSV),
+                                           ("trace", TRACE_VIEW_JSON)) if (base / name).is_file()), None)
+            if kind is None:
+                continue
+            path = base / {"kernel_details": KERNEL_DETAILS_CSV, "op_statistic": OP_STATISTIC_CSV,
+                           "trace": TRACE_VIEW_JSON}[kind]
+            try:
+                if kind == "kernel_details":
+                    got = kernel_details_categories(path)["steps"]
+                elif kind == "op_statistic":
+                    got = [{"step": None, **op_statistic_categories(path)}]
+                else:
+                    tc = trace_categories(path)
+                    got = tc["steps"]
+                    warnings.extend(f"{rel_path(path, run_dir)}: {w}" for w in tc["warnings"])
+            except MeasureError as exc:
+                warnings.append(str(exc))
+                continue
+            out.append(CategorySource(path=rel_path(path, run_dir), kind=kind, rank=prof.rank, role=prof.role, steps=[
+                {"step": s["step"] if s["step"] is not None else prof.path_step, "category_us": s["category_us"]}
+                for s in got]))
+        return out, warnings
+
+    def ranks(self, run_dir: Path, expected_ranks: int | None = None) -> tuple[RankTimes | None, list[str]]:
+        """Every rank's step trace (:func:`bench.measure.rank_overlap.ascend_rank_breakdown`), else
+        msprof-analyze's ``cluster_step_trace_time.csv`` anywhere under the run folder."""
+        af = read_ascend_free(run_dir, expected_ranks=expected_ranks)
+        warnings = list(af.warnings)
+        if af.rows:
+            return RankTimes("ascend_step_trace", ascend_rank_breakdown(af.rows)), warnings
+        cluster = sorted(Path(run_dir).rglob(CLUSTER_STEP_TRACE_CSV))
+        if cluster:
+            try:
+                return RankTimes("cluster_step_trace", read_cluster_step_trace(cluster[0])), warnings
+            except MeasureError as exc:
+                warnings.append(str(exc))
+        return None, warnings

@@ -26,6 +26,7 @@ from __future__ import annotations
 import gzip
 import math
 import os
+import re
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,6 +35,13 @@ import ijson
 import numpy as np
 
 from bench.measure._common import merge_segments, union_length_in
+
+#: the torch profiler's step window: an event named ``ProfilerStep#<N>`` (category ``user_annotation`` or
+#: ``cpu_op``) spans step ``N``; the one definition every trace parser matches
+STEP_PREFIX = "ProfilerStep#"
+STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
+#: chrome-trace categories of device activity (kernels, memcpy, memset)
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
 
 class Intervals:

@@ -47,15 +47,13 @@ import numpy as np
 from bench.core.plugins import Registry
 from bench.measure._common import MeasureError, read_csv_rows
 from bench.measure.ascend_step_trace import int_or_none
-from bench.measure.chrome_trace import event_number, hashable, iter_trace_events
+from bench.measure.chrome_trace import DEVICE_CATEGORIES, STEP_RE, event_number, hashable, iter_trace_events
 from bench.measure.trace_ops import self_times
 
 CATEGORIES = ("matmul", "attention", "normalization", "rotary", "elementwise", "copy", "ai_cpu",
               "communication", "memcpy", "other")
 FIELDS = ("name", "type", "core", "any")
 ENTRY_POINT_GROUP = "grpo_bench.op_categories"
-DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
 
 @dataclass(frozen=True)
@@ -309,10 +307,10 @@ def read_trace_events(path: str | os.PathLike) -> dict[str, Any]:
             ts, dur, name, cat = event_number(ev.get("ts")), event_number(ev.get("dur")), ev.get("name"), ev.get("cat")
             if ts is None or dur is None or dur < 0 or not isinstance(name, str):
                 continue
-            m = _STEP_RE.match(name)
+            m = STEP_RE.match(name)
             if m and cat in ("user_annotation", "cpu_op"):
                 windows.append((int(m.group(1)), ts, ts + dur))
-            elif cat in DEVICE_CATS:
+            elif cat in DEVICE_CATEGORIES:
                 args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
                 device.append((ts, dur, name, cat, hashable(args.get("stream", ev.get("tid")))))
             elif cat == "cpu_op":

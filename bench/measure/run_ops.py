@@ -5,11 +5,12 @@ scan that gave its Free ratio and top operators: :func:`bench.measure.trace_ops.
 of each step window, ``ops``), never from a second parse of the trace; a cache that was deleted (or written by an
 older parser version) is refilled by that same one parse.
 
-Sources: the step's Free-ratio sources in the run record (``free_ratio_detail[step].sources``): ``torch`` (a
-torch chrome trace: device kernels / memcpy / memset by duration when the trace has device events, else the
-``cpu_op`` self times) and ``ascend`` (``rank N``: that rank's ``kernel_details.csv``, its kernels' summed
-durations by name; else its ``trace_view.json`` like a torch trace). Several sources of one step (ranks, verl
-roles) add up. The phase of a source is :func:`bench.measure.op_categories.phase_of` of its path (verl's
+Sources: the step's Free-ratio sources in the run record (``free_ratio_detail[step].sources``), each read by the
+reader of its format (its ``kind``: :meth:`bench.measure.formats.Reader.step_ops`; ``torch``: a torch chrome
+trace's device kernels / memcpy / memset by duration when the trace has device events, else the ``cpu_op`` self
+times; ``ascend`` (``rank N``): that rank's ``kernel_details.csv``, its kernels' summed durations by name, else
+its ``trace_view.json`` like a torch trace; a plugin format: its own rows). Several sources of one step (ranks,
+verl roles) add up. The phase of a source is :func:`bench.measure.op_categories.phase_of` of its path (verl's
 ``<step>/<role>/`` folders); a source whose path names no phase counts under ``"all"`` (the embedded engine's
 one trace covers the whole step). Categories: :func:`bench.measure.op_categories.categorize` of each
 operator's name, read at every call (rules registered later apply to old runs too). Ascend kernels are keyed by
@@ -28,63 +29,14 @@ from typing import Any
 
 from bench.core.files import atomic_write_json
 from bench.measure._common import MeasureError
-from bench.measure.ascend import find_ascend_profiles
-from bench.measure.ascend_kernels import profile_files
+from bench.measure.formats import reader_named
 from bench.measure.op_categories import CATEGORIES, categorize, phase_of
-from bench.measure.trace_cache import CACHE_DIR
-from bench.measure.trace_ops import step_entry
-from bench.measure.trace_pool import parse_files
 
 #: the file beside ``record.json`` that holds :func:`run_op_times`
 OP_TIMES = "op_times.json"
 FORMAT = "grpo-bench-op-times"
 FORMAT_VERSION = 1
 ALL_PHASES = "all"
-
-
-def _ops_of_entry(entry: dict) -> tuple[str, list]:
-    """``(basis, [[name, calls, us]])`` of one top-operators entry of a trace: device ops when it has any."""
-    ops = entry.get("ops") or {}
-    if ops.get("device"):
-        return "device", ops["device"]
-    return "cpu", ops.get("cpu") or []
-
-
-def _torch_ops(path: Path, step: int, cache: Path, memo: dict) -> tuple[str, list] | None:
-    if path not in memo:
-        memo[path] = parse_files([("trace", path)], cache_dir=cache)[0]
-    got = memo[path]
-    if not isinstance(got, dict):
-        return None
-    hit = step_entry(got.get("top_ops") or [], step)
-    return _ops_of_entry(hit) if hit and "ops" in hit else None
-
-
-def _ascend_ops(rdir: Path, rank: int, step: int, memo: dict) -> tuple[str, list, str] | None:
-    if "profiles" not in memo:
-        memo["profiles"] = find_ascend_profiles(rdir)
-    for prof in memo["profiles"]:
-        if prof.rank != rank:
-            continue
-        files = profile_files(prof)
-        for kind in ("kernel_details", "trace"):
-            if kind not in files:
-                continue
-            key = (kind, files[kind])
-            if key not in memo:
-                memo[key] = parse_files([(kind, files[kind])], cache_dir=rdir / CACHE_DIR)[0]
-            got = memo[key]
-            if not isinstance(got, dict):
-                continue
-            if kind == "kernel_details":
-                hit = step_entry(got.get("steps") or [], step)
-                if hit:
-                    return "device", [list(o) for o in hit["ops"]], files[kind]
-            else:
-                hit = step_entry(got.get("top_ops") or [], step)
-                if hit and "ops" in hit:
-                    return (*_ops_of_entry(hit), files[kind])
-    return None
 
 
 def run_op_times(run_dir: str | os.PathLike, record: dict[str, Any]) -> dict[str, Any]:
@@ -108,22 +60,16 @@ def run_op_times(run_dir: str | os.PathLike, record: dict[str, Any]) -> dict[str
                                 "ops": {}, "sources": []}
         for src in d.get("sources") or []:
             kind, name = src.get("kind"), str(src.get("source", ""))
+            reader = reader_named(str(kind))
             try:
-                if kind == "torch":
-                    got = _torch_ops(rdir / name, k, rdir / CACHE_DIR, memo) if (rdir / name).is_file() else None
-                    label = name
-                elif kind == "ascend" and name.startswith("rank "):
-                    hit = _ascend_ops(rdir, int(name.split()[1]), k, memo)
-                    got, label = (hit[:2], os.path.relpath(hit[2], rdir)) if hit else (None, name)
-                else:
-                    got, label = None, name
+                got = reader.step_ops(rdir, k, name, memo) if reader is not None else None
             except (MeasureError, ValueError) as exc:
                 out["warnings"].append(f"step {step}: {name}: {exc}")
                 continue
             if got is None:
                 out["warnings"].append(f"step {step}: {name}: no operator table (unreadable or no such step)")
                 continue
-            basis, ops = got
+            basis, ops, label = got.basis, got.ops, got.source
             phase = phase_of(label) or ALL_PHASES
             ph = slot["phases"].setdefault(phase, dict.fromkeys(CATEGORIES, 0.0))
             for op_name, _calls, us in ops:

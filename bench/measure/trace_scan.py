@@ -21,7 +21,6 @@ other ``cpu_op`` events are counted, and kept per ``(pid, tid)`` until the first
 from __future__ import annotations
 
 import os
-import re
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,13 +30,18 @@ import numpy as np
 
 import bench.measure.trace_fast as trace_fast
 from bench.measure._common import MeasureError
-from bench.measure.chrome_trace import Intervals, event_number, hashable, iter_trace_events
+from bench.measure.chrome_trace import (
+    DEVICE_CATEGORIES,
+    STEP_PREFIX,
+    STEP_RE,
+    Intervals,
+    event_number,
+    hashable,
+    iter_trace_events,
+)
 from bench.measure.trace_ops import OpStore
 
-DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 STEP_CATEGORIES = frozenset({"user_annotation", "cpu_op"})
-STEP_PREFIX = "ProfilerStep#"
-_STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 #: the readers :func:`scan_trace` accepts
 ENGINES = ("auto", "fast", "ijson")
 
@@ -137,7 +141,7 @@ def _scan_ijson(p: Path, block: int, raw=None) -> Scan:
                 thread = (ev.get("pid"), ev.get("tid"))
                 name = ev.get("name")
                 if type(name) is str and name.startswith(STEP_PREFIX):
-                    m = _STEP_RE.match(name)
+                    m = STEP_RE.match(name)
                     if m:
                         thread = (hashable(thread[0]), hashable(thread[1]))
                         windows.setdefault(thread, []).append((int(m.group(1)), ts, dur))
@@ -286,7 +290,7 @@ def _steps_batch(scan: Scan, steps: list, keep_cpu: bool) -> None:
         cand = [j for j, name in enumerate(names) if type(name) is str and name.startswith(STEP_PREFIX)]
     wins = set()
     for j in cand:
-        m = _STEP_RE.match(names[j])
+        m = STEP_RE.match(names[j])
         if m:
             e = valid[j]
             thread = (hashable(e.pid), hashable(e.tid))

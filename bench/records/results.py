@@ -29,7 +29,14 @@ from typing import Any
 
 from filelock import FileLock, Timeout
 
-from bench.core.errors import NO_SPACE, BenchError, DiskFullError, did_you_mean, is_no_space  # noqa: F401 - re-exported
+from bench.core.errors import (  # noqa: F401 - re-exported
+    NO_SPACE,
+    BenchError,
+    DiskFullError,
+    InputError,
+    did_you_mean,
+    is_no_space,
+)
 from bench.core.files import read_json
 from bench.core.inputs import check_numbers
 from bench.core.paths import check_folder, check_matrix_folder
@@ -38,6 +45,9 @@ from bench.spec.optimizations import REGISTRY
 from bench.spec.stack import STACK_FACTOR
 
 SWEEP = "sweep.json"
+#: what the library calls the results folder in its messages (:class:`bench.core.errors.InputError`; ``--results``
+#: in the commands)
+RESULTS_FOLDER = "results folder"
 
 
 def folder_size(path: Path) -> int:
@@ -80,7 +90,7 @@ def check_writable(root: Path, matrix_name: str | None = None) -> None:
             break
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise BenchError(f"--results {root}: folder is not writable ({probe})")
+        raise InputError(RESULTS_FOLDER, f"{RESULTS_FOLDER} {root}: folder is not writable ({probe})")
 
 
 def check_output_folder(out: Path, files: tuple[str, ...], given: bool) -> None:

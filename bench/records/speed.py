@@ -1,7 +1,7 @@
 """Speed normalization: per-step samples corrected for the machine's speed at the time of the step.
 
 The embedded engine times a fixed reference kernel around every unprofiled step (the speed probe,
-:mod:`bench.engines.embedded.speed_probe`, logged as ``bench/speed_probe_s``). On a shared VM the
+:mod:`bench.engines.builtins.speed_probe`, logged as ``bench/speed_probe_s``). On a shared VM the
 CPU's speed drifts by several percent between minutes, which moves every step of a sweep alike and
 no per-step test can tell from a change of the code. Dividing each step time by the probe time of its
 step removes that drift (measured on the CI VM: SD of 20-s block means 4.6 % raw, 1.4 % normalized).

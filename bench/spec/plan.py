@@ -8,10 +8,11 @@ For each design cell, in order:
 4. cells whose applicable levels are equal are *merged* into one run, reported for each cell.
 
 Each run becomes a :class:`RunSpec`; its ``cell_id`` is a stable hash of the resolved launch (engine,
-platform, argv, env, patches, config), so the same configuration always maps to the same folder. Ids stay
-stable under additions: a factor registered after :data:`ID_BASIS_FACTORS` enters the hash only where the
-matrix lists it or sets it off its off level, and an engine reduces its run config to what names a cell
-(:attr:`bench.engines.base.Engine.id_config`: the embedded engine leaves out a new field at its default).
+platform, argv, env, patches, config), so the same configuration always maps to the same folder. Launches and
+ids stay stable under additions: a factor registered after :data:`ID_BASIS_FACTORS` enters a launch (and so the
+hash) only where the matrix lists it or sets it off its off level (:func:`launch_levels`), and an engine reduces
+its run config to what names a cell (:attr:`bench.engines.base.Engine.id_config`: the embedded engine leaves out a
+new field at its default).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from bench.core.engine_registry import engine_class, get_engine
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, InputError
 from bench.spec.design import Cell, DesignResult, expand
 from bench.spec.launch import Launch
 from bench.spec.matrix import Matrix
@@ -134,9 +135,10 @@ def merge_mechanisms(mechs: list[Mechanism]) -> Mechanism:
     return Mechanism(env=env, config=config, overrides=tuple(overrides), patches=tuple(patches))
 
 
-#: the factors whose off level has named every cell since cell ids began; a factor registered later enters a
-#: cell's id only where the matrix lists it or the cell sets it off its off level (so adding an optimization
-#: keeps the id of every existing cell: old sweeps resume, baselines match)
+#: the factors whose off level has entered every launch (and named every cell) since cell ids began; a factor
+#: registered later enters a cell's launch and id only where the matrix lists it or the cell sets it off its off
+#: level (so adding an optimization keeps the launch and id of every existing cell: old sweeps resume, baselines
+#: match, the launch pins hold)
 ID_BASIS_FACTORS = frozenset({"rmsnorm_fused", "task_queue", "dynamic_bsz", "forward_prefetch", "mc2", "mrope_cache",
                               "graph_mode"})
 
@@ -152,8 +154,16 @@ def cell_id_of(engine: str, platform: str, launch: Launch) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def _id_levels(levels: dict[str, int | None], listed: set[str]) -> dict[str, int | None]:
-    """The levels that name a cell (see :data:`ID_BASIS_FACTORS`)."""
+def launch_levels(levels: dict[str, int | None], listed: set[str] | frozenset[str]) -> dict[str, int | None]:
+    """The factor levels whose mechanisms enter a cell's launch (and so its id): every level of a factor of
+    :data:`ID_BASIS_FACTORS`, of a factor the matrix lists (``listed``: its ``factors`` keys), or off its registry
+    off level, and every ``None`` (not applicable: no mechanism). An optimization a matrix does not list sits at
+    its off level in every cell and contributes nothing, so adding one leaves every shipped launch unchanged.
+
+    Args:
+        levels: a cell's effective levels (``{factor: level or None}``).
+        listed: the factors the matrix lists.
+    """
     reg = REGISTRY
     return {k: v for k, v in levels.items()
             if v is None or k in ID_BASIS_FACTORS or k in listed or (k in reg and v != reg[k].off)}
@@ -199,24 +209,19 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
     runs: list[RunSpec] = []
     for effective, cells in groups.items():
         levels = dict(effective)
-        mech = merge_mechanisms([resolve(k, v, matrix.engine, platform) for k, v in levels.items()
+        used = launch_levels(levels, set(matrix.factors))
+        mech = merge_mechanisms([resolve(k, v, matrix.engine, platform) for k, v in used.items()
                                  if v is not None and k in REGISTRY])
-        id_levels = _id_levels(levels, set(matrix.factors))
         try:
-            launch = engine.build(matrix.base, mech, platform, levels, strict=strict)
-            id_launch = launch if id_levels == levels else engine.build(
-                matrix.base, merge_mechanisms([resolve(k, v, matrix.engine, platform)
-                                               for k, v in id_levels.items() if v is not None and k in REGISTRY]),
-                platform, id_levels, strict=strict)
+            launch = engine.build(matrix.base, mech, platform, used, strict=strict)
         except BenchError as exc:
             raise BenchError(f"{matrix.source}: {exc}") from None
         stack = matrix.stack_of(levels.get(STACK_FACTOR))
         if stack is not None:  # the stack's name names the cell; its interpreter, paths and env apply at launch
             launch = launch.model_copy(update={"env": {**launch.env, STACK_ENV: stack[0]}})
-            id_launch = id_launch.model_copy(update={"env": {**id_launch.env, STACK_ENV: stack[0]}})
         runs.append(
             RunSpec(
-                cell_id=cell_id_of(matrix.engine, platform, id_launch),
+                cell_id=cell_id_of(matrix.engine, platform, launch),
                 engine=matrix.engine,
                 platform=platform,
                 levels=levels,
@@ -248,6 +253,9 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
 
 #: run orders of a sweep: ``blocked`` (default) and ``sequential`` (every repeat of cell 1, then cell 2 ...)
 ORDERS = ("blocked", "sequential")
+#: what the library calls the run order in its messages (:class:`bench.core.errors.InputError`; ``--order`` in
+#: the commands)
+RUN_ORDER = "run order"
 
 
 class RunOrder(BaseModel):
@@ -309,7 +317,7 @@ def run_order(cell_ids: list[str], repeats: int, kind: str = "blocked", seed: in
     import numpy as np
 
     if kind not in ORDERS:
-        raise BenchError(f"--order {kind}: unknown run order (allowed: {', '.join(ORDERS)})")
+        raise InputError(RUN_ORDER, f"{RUN_ORDER} {kind}: unknown run order (allowed: {', '.join(ORDERS)})")
     if kind == "sequential":
         return RunOrder(kind=kind, seed=None, runs=[(c, k) for c in cell_ids for k in range(repeats)])
     if seed is None:

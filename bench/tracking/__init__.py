@@ -44,7 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.core.errors import BenchError, DiskFullError, doing, is_no_space
+from bench.core.errors import BenchError, DiskFullError, InputError, doing, is_no_space
 from bench.core.metadata import git_commit, versions  # noqa: F401  (re-exported; gathered in bench.core.metadata)
 from bench.tracking.naming import (  # noqa: F401  (re-exported: the public names of bench.tracking)
     EXPERIMENT_KIND,
@@ -66,6 +66,7 @@ from bench.tracking.store import (  # noqa: F401  (re-exported)
     HTTP_DEFAULTS,
     PROBE_TIMEOUT_S,
     SCHEMES,
+    TRACKING_URI,
     _artifact_location,
     check_tracking_uri,
     discard_half_made,
@@ -129,11 +130,12 @@ class Tracker:
                                     f"(nothing kept); free space in {db.parent if db else 'its folder'} and rerun") \
                     from None
             if db is not None and "database is locked" in str(exc):  # sqlite waited its busy timeout
-                raise BenchError(f"--tracking-uri {tracking_uri}: {db} stays locked by another process (a harness, "
-                                 "`sync` or `mlflow ui` writing it); rerun when it is done, or give another "
-                                 "--tracking-uri") from None
+                raise InputError(TRACKING_URI, f"{TRACKING_URI} {tracking_uri}: {db} stays locked by another process "
+                                 "(a harness, `sync` or `mlflow ui` writing it); rerun when it is done, or give "
+                                 "another tracking URI") from None
             first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise BenchError(f"--tracking-uri {tracking_uri}: cannot open MLflow store: {first}") from None
+            raise InputError(TRACKING_URI,
+                             f"{TRACKING_URI} {tracking_uri}: cannot open MLflow store: {first}") from None
 
     def _experiment(self, experiment: str) -> str:
         """The experiment's id (created when missing); sets its kind and description where it has none

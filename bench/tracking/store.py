@@ -11,7 +11,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from bench.core.errors import BenchError, clip_words
+from bench.core.errors import InputError, clip_words
 from bench.core.paths import check_not_system, resolve_path
 
 #: MLflow HTTP settings the harness uses unless the variable is already set: timeout per request (s),
@@ -23,6 +23,9 @@ HTTP_DEFAULTS = {"MLFLOW_HTTP_REQUEST_TIMEOUT": "10", "MLFLOW_HTTP_REQUEST_MAX_R
 PROBE_TIMEOUT_S = 5.0
 #: an MLflow REST call the probe makes after ``/health`` (a read: the default experiment, by name)
 API_PROBE = "/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
+#: what the library calls the tracking store's URI in its messages (:class:`bench.core.errors.InputError`); the
+#: commands print their flag in its place (``--tracking-uri``)
+TRACKING_URI = "tracking URI"
 #: URI schemes a tracking URI may use (MLflow 3 no longer opens a ``file:`` store: refused with a hint)
 SCHEMES = ("sqlite", "http", "https", "postgresql", "mysql", "mssql", "databricks")
 #: database schemes -> the Python modules SQLAlchemy may use as their driver (one must be importable)
@@ -102,12 +105,17 @@ def outage_reason(exc: BaseException, uri: str, limit: int = 200) -> str:
     return clip_words(f"{type(exc).__name__}: {lines[0]}", limit) if lines else type(exc).__name__
 
 
-def _lower_scheme(uri: str, flag: str) -> None:
+def _uri_error(text: str) -> InputError:
+    """The error ``"tracking URI <text>"`` (``text``: the URI, then ``: <what is wrong>``)."""
+    return InputError(TRACKING_URI, f"{TRACKING_URI} {text}")
+
+
+def _lower_scheme(uri: str, what: str) -> None:
     """Refuse a URL whose scheme is not in lower case (``SQLITE:///x.db``: SQLAlchemy and MLflow know no such
     dialect)."""
     scheme = uri.split("://", 1)[0] if "://" in uri else ""
     if scheme != scheme.lower():
-        raise BenchError(f"{flag} {uri}: write the scheme in lower case ({scheme.lower()}://...)")
+        raise InputError(what, f"{what} {uri}: write the scheme in lower case ({scheme.lower()}://...)")
 
 
 def in_memory(uri: str) -> bool:
@@ -127,33 +135,33 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
     ``http(s)`` server that answers within :data:`PROBE_TIMEOUT_S`.
 
     Raises:
-        BenchError: naming ``--tracking-uri``, the URI and what is wrong.
+        InputError: naming the tracking URI (:data:`TRACKING_URI`) and what is wrong.
     """
     if not isinstance(uri, str) or not uri.strip() or "\x00" in uri:
-        raise BenchError(f"--tracking-uri {uri!r}: empty or not a URI (allowed: {ALLOWED_URIS})")
+        raise _uri_error(f"{uri!r}: empty or not a URI (allowed: {ALLOWED_URIS})")
     if in_memory(uri):
-        raise BenchError(f"--tracking-uri {uri}: an in-memory database keeps nothing after this process (runs "
+        raise _uri_error(f"{uri}: an in-memory database keeps nothing after this process (runs "
                          "would be lost); use sqlite:///PATH or a tracking server")
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
-    _lower_scheme(uri, "--tracking-uri")
+    _lower_scheme(uri, TRACKING_URI)
     if uri.strip() == "databricks" or scheme == "databricks":  # MLflow's word for a Databricks workspace
         if probe:
             check_databricks(uri)
         return
     if scheme == "file" or (scheme == "" and uri.strip()):
-        raise BenchError(f"--tracking-uri {uri}: MLflow {_mlflow_version()} keeps no file store (a folder of runs); "
+        raise _uri_error(f"{uri}: MLflow {_mlflow_version()} keeps no file store (a folder of runs); "
                          f"use sqlite:///PATH (allowed: {ALLOWED_URIS})")
     if scheme.split("+", 1)[0] not in SCHEMES:
-        raise BenchError(f"--tracking-uri {uri}: unsupported scheme (allowed: {ALLOWED_URIS})")
-    check_database(uri, "--tracking-uri", "mlflow")
+        raise _uri_error(f"{uri}: unsupported scheme (allowed: {ALLOWED_URIS})")
+    check_database(uri, TRACKING_URI, "mlflow")
     if scheme in ("http", "https"):
         parsed = urllib.parse.urlparse(uri)
         if not parsed.hostname:
-            raise BenchError(f"--tracking-uri {uri}: no host")
+            raise _uri_error(f"{uri}: no host")
         try:
             parsed.port  # noqa: B018 - raises on a bad port
         except ValueError:
-            raise BenchError(f"--tracking-uri {uri}: bad port") from None
+            raise _uri_error(f"{uri}: bad port") from None
         if not probe:
             return
         deadline = time.monotonic() + PROBE_TIMEOUT_S
@@ -167,11 +175,11 @@ def check_tracking_uri(uri: str, probe: bool = True) -> None:
             except urllib.error.HTTPError as exc:  # it answered: a server without /health is still a server,
                 # but an API path unknown to it (404 without MLflow's JSON error) is not MLflow's
                 if path == API_PROBE and exc.code == 404 and b"error_code" not in (exc.read(4096) or b""):
-                    raise BenchError(f"--tracking-uri {uri}: the server answers /health but not the MLflow API "
+                    raise _uri_error(f"{uri}: the server answers /health but not the MLflow API "
                                      f"(HTTP 404 at {API_PROBE}); give the URL of an MLflow tracking server") from None
             except (OSError, ValueError) as exc:
                 why = getattr(exc, "reason", None) or exc
-                raise BenchError(f"--tracking-uri {uri}: tracking server {what} within {PROBE_TIMEOUT_S:g} s "
+                raise _uri_error(f"{uri}: tracking server {what} within {PROBE_TIMEOUT_S:g} s "
                                  f"({why}); start it (or wait until it serves), or use a sqlite:/// store and "
                                  "`run_bench.py sync` later") from None
 
@@ -185,7 +193,7 @@ def check_databricks(uri: str) -> None:
     """
     if os.environ.get("DATABRICKS_HOST") or (Path.home() / ".databrickscfg").is_file():
         return
-    raise BenchError(f"--tracking-uri {uri}: a Databricks workspace, but none is configured (set DATABRICKS_HOST and "
+    raise _uri_error(f"{uri}: a Databricks workspace, but none is configured (set DATABRICKS_HOST and "
                      "DATABRICKS_TOKEN, or write a profile to ~/.databrickscfg); or use sqlite:///PATH")
 
 
@@ -222,65 +230,66 @@ def sqlite_kind(db: Path) -> str | None:
     return f"other: {', '.join(user[:5])}{', ...' if len(user) > 5 else ''}" if user else None
 
 
-def _check_kind(flag: str, uri: str, db: Path, want: str) -> None:
+def _check_kind(label: str, uri: str, db: Path, want: str) -> None:
     kind = sqlite_kind(db)
     if kind is None or kind == want:
         return
     use = ("sqlite:///<results>/mlflow.db, the default" if want == "mlflow"
            else "sqlite:///<results>/optuna.db, the default")
     if kind.startswith("damaged: "):
-        raise BenchError(f"{flag} {uri}: {db} is damaged ({kind.removeprefix('damaged: ')}); restore it from a "
+        raise InputError(label, f"{label} {uri}: {db} is damaged ({kind.removeprefix('damaged: ')}); restore it from a "
                          f"copy, or give a new file ({use})")
     what = STORE_KINDS.get(kind) or f"a SQLite database of something else (tables {kind.removeprefix('other: ')})"
-    raise BenchError(f"{flag} {uri}: {db} is {what}, not {STORE_KINDS[want]}; give another file ({use})")
+    raise InputError(label, f"{label} {uri}: {db} is {what}, not {STORE_KINDS[want]}; give another file ({use})")
 
 
-def check_database(uri: str, flag: str, want: str | None = None) -> None:
+def check_database(uri: str, label: str, want: str | None = None) -> None:
     """The database part of a store URL, checked without writing anything: for ``sqlite:///PATH`` a file that is a
     SQLite database (or absent, in a writable folder) with names of legal length and, with ``want`` ("mlflow" or
     "optuna"), one that holds that kind of store or nothing yet (:func:`sqlite_kind`); for a database server URL
     (``postgresql``, ``mysql``, ``mssql``, with an optional ``+driver``) an installed driver. Other URLs pass.
 
     Raises:
-        BenchError: naming ``flag``, the URL and what is wrong (the other kind of store, a damaged file).
+        InputError: starting with ``label`` (what the caller calls the URL: :data:`TRACKING_URI`, a matrix key),
+            the URL and what is wrong (the other kind of store, a damaged file).
     """
-    _lower_scheme(uri, flag)
+    _lower_scheme(uri, label)
     scheme = uri.split(":", 1)[0].lower() if ":" in uri else ""
     dialect, _, driver = scheme.partition("+")
     if dialect in DB_DRIVERS:
         wanted = (driver,) if driver else DB_DRIVERS[dialect]
         if not any(_importable(m) for m in wanted):
-            raise BenchError(f"{flag} {uri}: no {dialect} driver installed (pip install one of: "
+            raise InputError(label, f"{label} {uri}: no {dialect} driver installed (pip install one of: "
                              f"{', '.join(wanted)}), or use sqlite:///PATH")
     db = sqlite_path(uri)
     if dialect == "sqlite" and db is None:
-        raise BenchError(f"{flag} {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
+        raise InputError(label, f"{label} {uri}: a sqlite URI is sqlite:///PATH (three slashes)")
     if db is not None:
         if uri.split("?", 1)[0].endswith("/"):
-            raise BenchError(f"{flag} {uri}: names a folder (allowed: sqlite:///PATH to a database file, e.g. "
+            raise InputError(label, f"{label} {uri}: names a folder (allowed: sqlite:///PATH to a database file, e.g. "
                              f"sqlite:///{str(db).rstrip('/') or 'results'}/mlflow.db)")
-        resolve_path(flag, db, uri)  # names within limits, no dangling link (MLflow retried one for 100 s)
+        resolve_path(label, db, uri)  # names within limits, no dangling link (MLflow retried one for 100 s)
         if not db.exists() or db.is_file():  # a device or folder there is named below as "not a file"
-            check_not_system(flag, db, "file")
+            check_not_system(label, db, "file")
         folder = db.parent
         while not folder.exists() and folder.parent != folder:
             folder = folder.parent
         if db.exists():
             if not db.is_file():
-                raise BenchError(f"{flag} {uri}: {db} is not a file")
+                raise InputError(label, f"{label} {uri}: {db} is not a file")
             try:
                 with open(db, "rb") as fh:
                     head = fh.read(16)
             except OSError as exc:
-                raise BenchError(f"{flag} {uri}: cannot read {db}: {exc.strerror}") from None
+                raise InputError(label, f"{label} {uri}: cannot read {db}: {exc.strerror}") from None
             if head and head != b"SQLite format 3\x00":
-                raise BenchError(f"{flag} {uri}: {db} is not a SQLite database")
+                raise InputError(label, f"{label} {uri}: {db} is not a SQLite database")
             if not os.access(db, os.W_OK) or not os.access(db.parent, os.W_OK | os.X_OK):
-                raise BenchError(f"{flag} {uri}: {db} is not writable")
+                raise InputError(label, f"{label} {uri}: {db} is not writable")
             if head and want is not None:
-                _check_kind(flag, uri, db, want)
+                _check_kind(label, uri, db, want)
         elif not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
-            raise BenchError(f"{flag} {uri}: folder {folder} is not writable")
+            raise InputError(label, f"{label} {uri}: folder {folder} is not writable")
 
 
 def _importable(module: str) -> bool:

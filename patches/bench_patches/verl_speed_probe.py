@@ -1,7 +1,7 @@
 """Measurement plumbing for verl runs on a CPU (not an optimization): the machine-speed probe timed between steps.
 
 The embedded engine times a fixed reference kernel next to every step (``bench/speed_probe_s``,
-:mod:`bench.engines.embedded.speed_probe`), and the analysis divides step times by it where it tracks them. A
+:mod:`bench.engines.builtins.speed_probe`), and the analysis divides step times by it where it tracks them. A
 real verl run's steps run in other processes (Ray workers, vLLM's engine), but its driver logs every step's
 metrics through verl's ``FileLogger`` (``trainer.logger=[...,file]``) after the step ended and before the next one
 starts, when the workers wait for it. This patch times the same kernel there, :data:`REPS` times (median, seconds)
@@ -13,7 +13,7 @@ docs/planning.md): over 10 runs its run median tracked the run's median step, r 
 fell from 14.8 % to 5.0 %. The patch record names the kernel (``probe``), which the run record's evidence takes as
 ``speed_probe`` (:func:`bench.records.speed.probe_from_patches`).
 
-The kernel and its identity come from the harness (``bench.engines.embedded.speed_probe``; the repository is on
+The kernel and its identity come from the harness (``bench.engines.builtins.speed_probe``; the repository is on
 ``PYTHONPATH`` of every run process); the step's own timing (``timing_s/step``) ended before the probe runs, so the
 probe adds wall time to the run (about ``REPS`` x 30 ms per step) but none to a measured step.
 """
@@ -42,7 +42,7 @@ def _probe_time() -> float | None:
     """Median seconds of :data:`REPS` runs of the reference kernel in this process (``None`` when it cannot run)."""
     try:
         if _STATE["probe"] is None:
-            from bench.engines.embedded.speed_probe import SpeedProbe
+            from bench.engines.builtins.speed_probe import SpeedProbe
 
             _STATE["probe"] = SpeedProbe()
         probe = _STATE["probe"]
@@ -74,7 +74,7 @@ def _install(module: ModuleType) -> None:
     log.__wrapped__ = current
     cls.log = log
     if rec is not None:
-        from bench.engines.embedded.speed_probe import spec
+        from bench.engines.builtins.speed_probe import spec
 
         rec["probe"] = {"spec": spec(), "metric": METRIC, "placement": PLACEMENT}
         rec.action(f"{module.__name__}.FileLogger.log: the speed-probe kernel {rec['probe']['spec']} timed {REPS} "

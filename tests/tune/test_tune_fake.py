@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from bench.core.process import ExecResult
-from bench.engines.embedded.speed_probe import spec as probe_kernel
+from bench.engines.builtins.speed_probe import spec as probe_kernel
 from bench.execution.executors import ResolvedLaunch
 from bench.records.speed import PROBE_METRIC
 

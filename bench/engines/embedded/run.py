@@ -31,16 +31,16 @@ import yaml
 from bench.core.errors import BenchError
 from bench.engines.builtins import data as data_mod
 from bench.engines.builtins import model as model_mod
+from bench.engines.builtins.speed_probe import METRIC as PROBE_METRIC
+from bench.engines.builtins.speed_probe import SpeedProbe
+from bench.engines.builtins.speed_probe import source as probe_source
+from bench.engines.builtins.speed_probe import spec as probe_spec
 from bench.measure.flops import MODEL_CONFIG_FILE
 
 from . import checkpoint
 from .batching import InfeasibleError
 from .config import RunConfig
 from .profiling import StepProfiler
-from .speed_probe import METRIC as PROBE_METRIC
-from .speed_probe import SpeedProbe
-from .speed_probe import source as probe_source
-from .speed_probe import spec as probe_spec
 
 log = logging.getLogger("bench.embedded")
 PHASES = ("gen", "reward", "old_log_prob", "ref", "adv", "update_actor")

@@ -59,7 +59,7 @@ from bench.engines.verl.overrides import (
     profiler_overrides,
 )
 from bench.engines.verl.probe import probe_machine
-from bench.engines.verl_cpu import assets, target
+from bench.engines.verl_cpu import assets, smoke, target
 from bench.engines.verl_cpu.target import verl_python
 from bench.measure.verl_failure import classify
 from bench.spec.launch import Launch, fill_placeholders
@@ -131,6 +131,18 @@ class VerlEngine(EngineBase):
             return None
         return classify(log_tail, timed_out=timed_out, steps_done=steps_done, returncode=returncode,
                         overrides=[a for a in argv[1:] if "=" in a])
+
+    def smoke_base(self, matrix: Matrix, steps: int = 2) -> tuple[Base, list[str]]:
+        """:func:`bench.engines.verl_cpu.smoke.smoke_base`."""
+        return smoke.smoke_base(matrix, steps)
+
+    def smoke_cells(self, matrix: Matrix, plan: Any, steps: int = 2) -> list[Any]:
+        """:func:`bench.engines.verl_cpu.smoke.smoke_cells` (the ``verl:cpu`` launch of each cell)."""
+        return smoke.smoke_cells(matrix, plan, steps)
+
+    def not_exercised(self, plan: Any, matrix: Matrix | None = None) -> dict[str, str]:
+        """:func:`bench.engines.verl_cpu.smoke.not_exercised`."""
+        return smoke.not_exercised(plan, matrix)
 
     def build(
         self, base: Base, mechanism: Mechanism, platform: str, levels: dict[str, int | None], *, strict: bool

@@ -31,12 +31,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.engines.verl.launch import VerlEngine
+from bench.core.engine_registry import get_engine
 from bench.engines.verl.overrides import key_of
 from bench.engines.verl_cpu import target
 from bench.spec.matrix import Base, Matrix
 from bench.spec.optimizations import REGISTRY, applicability, resolve
-from bench.spec.plan import Plan, RunSpec, cell_id_of, merge_mechanisms
+from bench.spec.plan import Plan, RunSpec, cell_id_of, launch_levels, merge_mechanisms
 
 #: Key patterns of overrides that only make sense on an accelerator, with the reason they are left out.
 ACCELERATOR_ONLY: tuple[tuple[str, str], ...] = (
@@ -164,16 +164,17 @@ def smoke_cells(matrix: Matrix, plan: Plan, steps: int = 2) -> list[SmokeCell]:
     """The CPU smoke launch of every run of ``plan`` (a verl matrix's plan on its own platform).
 
     Raises:
-        BenchError: the smoke settings cannot be built (from :meth:`VerlEngine.build`).
+        BenchError: the smoke settings cannot be built (from :meth:`bench.engines.verl.launch.VerlEngine.build`).
     """
-    engine = VerlEngine()
+    engine = get_engine("verl")  # the registry's instance: this module is what VerlEngine.smoke_cells calls
     out = []
     base, left_user = smoke_base(matrix, steps)
     ctx = base.context()
     vl_note = [f"smoke: multimodal matrix: {base.model} with {base.data} image prompts"] if ctx["multimodal"] else []
     for run in plan.runs:
         levels = dict(run.levels)
-        mechs = [resolve(k, v, "verl", plan.platform) for k, v in levels.items() if v is not None]
+        used = launch_levels(levels, set(matrix.factors))  # an optimization the matrix does not list: nothing
+        mechs = [resolve(k, v, "verl", plan.platform) for k, v in used.items() if v is not None]
         mech = merge_mechanisms(mechs)
         left = [f"base.overrides: {x}" for x in left_user]
         kept_factor = []
@@ -183,9 +184,9 @@ def smoke_cells(matrix: Matrix, plan: Plan, steps: int = 2) -> list[SmokeCell]:
                 left.append(f"factor override {o}: {why}")
             else:
                 kept_factor.append(o)
-        extra, notes = cpu_counterparts(levels, plan.platform, ctx)
+        extra, notes = cpu_counterparts(used, plan.platform, ctx)
         mech = mech.model_copy(update={"overrides": tuple(kept_factor), "patches": mech.patches + tuple(extra)})
-        launch = engine.build(base, mech, "cpu", levels, strict=False)
+        launch = engine.build(base, mech, "cpu", used, strict=False)
         launch = launch.model_copy(update={"notes": launch.notes + vl_note + notes})
         inert = [f"{k}={v}: {INERT_ENV[k]} (kept, no effect on CPU)" for k, v in launch.env.items() if k in INERT_ENV]
         spec = RunSpec(cell_id=cell_id_of("verl", "cpu", launch), engine="verl", platform="cpu", levels=levels,

@@ -1,5 +1,6 @@
 """Engine ``toy``: one short Python process per run that writes verl's file-logger JSONL, a patch report and
-a trace of the toy format (no torch, about 0.1 s per run); slower steps with ``TOY_OPT=0``."""
+a trace of the toy format (its Free ratio and its operators; no torch, about 0.1 s per run); slower steps with
+``TOY_OPT=0``."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import json, os, sys, time
 from pathlib import Path
 out = Path(sys.argv[1]); cfg = json.loads(sys.argv[2])
 on = os.environ.get("TOY_OPT") == "1"
+ops = []
 with open(out / "metrics.jsonl", "w") as fh:
     for step in range(1, cfg["steps"] + 1):
         t0 = time.perf_counter()
@@ -23,7 +25,10 @@ with open(out / "metrics.jsonl", "w") as fh:
         st = time.perf_counter() - t0
         fh.write(json.dumps({"step": step, "data": {"timing_s/step": st, "timing_s/gen": gen,
                                                     "perf/throughput": 100.0 / st}}) + "\n")
+        # the toy format's operators: "<step> <name> <calls> <self us>", the loop and the sleep as measured
+        ops += [f"{step} toy_matmul 1 {gen * 1e6:.1f}", f"{step} toy_copy 1 {(st - gen) * 1e6:.1f}"]
 (out / "toy_free.txt").write_text(f"{cfg['steps']} {0.25 if on else 0.4}\n")
+(out / "toy_ops.txt").write_text("\n".join(ops) + "\n")
 (out / "patches").mkdir(exist_ok=True)
 report = {"role": "toy", "patches": {"toy_opt": {"status": "applied", "mode": "on" if on else "off"}}}
 (out / "patches" / "toy-host-1.json").write_text(json.dumps(report))
