@@ -13,6 +13,14 @@ harnesses share, creating experiments and runs) runs as it does outside tests. H
 fresh-database path stays covered. ``BENCH_TEST_MIGRATE_MLFLOW=1`` turns the copy off (every store migrated).
 
 Also marks ``registry`` every test that enumerates a registry (:mod:`_registry_tests`), for the recipe test.
+
+Parallel runs (README's test command: ``pytest -n 2 --dist loadgroup --no-loadscope-reorder``, pytest-xdist): each
+test module is one xdist group, so a module's fixtures (a sweep, a Ray head, a venv) are built once, by one worker;
+every module with a heavy test (marked ``heavy``, ``ray`` or ``browser``: it starts verl:cpu, vLLM, a Ray head or
+Chromium) joins the one group ``heavy``, sent first to one worker, so that no two heavy process trees run at once
+while the other worker takes the light modules. ``BENCH_TEST_HEAVY_LOCK=PATH``: each heavy test also holds a file
+lock on ``PATH`` from its set-up to its tear-down (a machine shared with other test suites). A plain ``pytest``
+(no ``-n``, or ``-p no:xdist``) runs the tests in their usual order, one at a time.
 """
 
 from __future__ import annotations
@@ -28,6 +36,13 @@ from pathlib import Path
 
 import pytest
 from _registry_tests import enumerating_tests
+
+#: markers of a test that starts a heavy process tree (verl:cpu, vLLM, a Ray head or node, the browser check)
+HEAVY_MARKS = ("heavy", "ray", "browser")
+#: the xdist group of every module that holds a heavy test
+HEAVY_GROUP = "heavy"
+#: the modules that hold a heavy test (set at collection)
+_HEAVY_MODULES = pytest.StashKey[set]()
 
 _MODULE = "mlflow.store.db.utils"
 #: folder of the session's template store (created on first use, removed at the end of the session)
@@ -100,12 +115,43 @@ def pytest_configure(config) -> None:
         sys.meta_path.insert(0, _PatchOnImport())
 
 
+def is_heavy(item: pytest.Item) -> bool:
+    """Whether ``item`` starts a heavy process tree (one of :data:`HEAVY_MARKS`)."""
+    return any(item.get_closest_marker(m) is not None for m in HEAVY_MARKS)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the xdist_group marks
 def pytest_collection_modifyitems(config, items) -> None:
-    """Mark ``registry`` each collected test whose function enumerates a registry (:func:`enumerating_tests`)."""
+    """Mark ``registry`` each collected test whose function enumerates a registry (:func:`enumerating_tests`); under
+    ``--dist loadgroup`` group the tests by module, the modules with a heavy test in :data:`HEAVY_GROUP`, first."""
     for item in items:
         fn = getattr(item, "function", None)
         if fn is not None and fn.__name__ in enumerating_tests(Path(str(item.path))):
             item.add_marker(pytest.mark.registry)
+    heavy = {item.path for item in items if is_heavy(item)}
+    config.stash[_HEAVY_MODULES] = heavy
+    if not getattr(config.option, "loadgroup", False):  # set by xdist on its workers under --dist loadgroup
+        return
+    root = Path(str(config.rootpath))
+    for item in items:
+        group = HEAVY_GROUP if item.path in heavy else Path(str(item.path)).relative_to(root).as_posix()
+        item.add_marker(pytest.mark.xdist_group(group))
+    items.sort(key=lambda item: item.path not in heavy)  # stable: the heavy group is the first work unit
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """With ``BENCH_TEST_HEAVY_LOCK=PATH``, each test of a module that holds a heavy test (:func:`is_heavy`) runs
+    holding a file lock on ``PATH`` (set-up, call and tear-down, so a module's Ray head too); otherwise nothing
+    changes."""
+    path = os.environ.get("BENCH_TEST_HEAVY_LOCK")
+    if not path or item.path not in item.config.stash.get(_HEAVY_MODULES, set()):
+        yield
+        return
+    from filelock import FileLock
+
+    with FileLock(path):
+        yield
 
 
 def pytest_unconfigure(config) -> None:

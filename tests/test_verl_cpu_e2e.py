@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = verl_python()
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.heavy,
     pytest.mark.skipif(not verl_stack.has("verl", "vllm"), reason=verl_stack.NOT_INSTALLED),
 ]
 

@@ -27,7 +27,8 @@ if ROOT_PATCHES not in sys.path:
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = verl_python()
-pytestmark = pytest.mark.skipif(not verl_stack.has("verl", "vllm"), reason=verl_stack.NOT_INSTALLED)
+pytestmark = [pytest.mark.heavy,
+              pytest.mark.skipif(not verl_stack.has("verl", "vllm"), reason=verl_stack.NOT_INSTALLED)]
 
 
 def _run(code: str, tmp_path: Path, patches: str = "verl_cpu", platform: bool = True,

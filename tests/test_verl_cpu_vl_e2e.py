@@ -36,6 +36,7 @@ PY = verl_python()
 _READY = verl_stack.has("verl", "vllm", "torchvision")
 pytestmark = [
     pytest.mark.slow,
+    pytest.mark.heavy,
     pytest.mark.skipif(not _READY, reason="the verl CPU stack with torchvision is not installed "
                                           "(bash tools/install_verl_cpu.sh)"),
 ]

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PY = verl_python()
 TINY = json.loads((ROOT / "bench" / "engines" / "builtins" / "qwen3vl_tiny.json").read_text())["text_config"]
 LAYERS = TINY["num_hidden_layers"]
-pytestmark = pytest.mark.skipif(not verl_stack.has("vllm"), reason=verl_stack.NOT_INSTALLED)
+pytestmark = [pytest.mark.heavy, pytest.mark.skipif(not verl_stack.has("vllm"), reason=verl_stack.NOT_INSTALLED)]
 
 SCRIPT = """
 import json, sys, torch
