@@ -151,8 +151,8 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
     command = getattr(args, "command", None) or "run"
     check_names("--results", args.results)
     dry = bool(getattr(args, "dry_run", False))
-    interleaved = command == "gate" and (getattr(args, "interleave", None) is not None
-                                         or getattr(args, "stacks", None) is not None)  # runs a sweep
+    interleaved = command == "bisect" or command == "gate" and (getattr(args, "interleave", None) is not None
+                                                                or getattr(args, "stacks", None) is not None)  # sweeps
     writes = command in ("run", "tune") or (command == "baseline" and getattr(args, "action", None) == "save") or \
         interleaved
     if writes:
