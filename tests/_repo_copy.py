@@ -58,9 +58,15 @@ def git(repo: Path, *args: str) -> str:
                           env={**os.environ, **GIT_ENV}).stdout
 
 
-def plant_slowdown(repo: Path) -> None:
-    """Apply :data:`SLOW_PATCH` to the embedded engine's step in the checkout ``repo`` (its anchor once there)."""
+def plant_slowdown(repo: Path, relative: float | None = None) -> None:
+    """Apply :data:`SLOW_PATCH` to the embedded engine's step in the checkout ``repo`` (its anchor once there).
+
+    ``relative``: sleep that fraction of the time the step has taken so far (generation and log-probs) instead of
+    0.6 s, so the slowdown keeps its relative size however busy the machine is."""
     step = repo / "bench/engines/embedded/step.py"
     text = step.read_text()
     assert text.count(SLOW_PATCH[0]) == 1, "anchor of the planted slowdown not found"
-    step.write_text(text.replace(*SLOW_PATCH))
+    patch = SLOW_PATCH[1]
+    if relative is not None:
+        patch = patch.replace("time.sleep(0.6)", f"time.sleep({relative!r} * (time.perf_counter() - t_step))")
+    step.write_text(text.replace(SLOW_PATCH[0], patch))

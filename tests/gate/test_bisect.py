@@ -4,10 +4,11 @@ bisection of a small git repository holding this harness, interrupted after its 
 The search rule is checked exhaustively on every first-slower position of small ranges (the probe count never
 exceeds the ``k`` the alpha was split over, the commit named is the planted one, a probe that cannot judge stops
 it with the range that still holds the answer). The real bisection: commits good (as is) -> neutral -> slow (the
-embedded engine's update phase sleeps 0.6 s per step, :data:`_repo_copy.SLOW_PATCH`); bad = slow. Its three
-probes (bad vs good: slower; neutral vs good: not slower; slow vs neutral: the final pair, slower) run through
-``python run_bench.py bisect``; the first invocation is interrupted (Ctrl-C) once the first probe is kept, and the
-same command finishes: the first probe is not run again, the slow commit is named, no worktree is left behind.
+embedded engine's update phase sleeps half the time its step took before it: :func:`_repo_copy.plant_slowdown`);
+bad = slow. Its three probes (bad vs good: slower; neutral vs good: not slower; slow vs neutral: the final pair,
+slower) run through ``python run_bench.py bisect``; the first invocation is interrupted (Ctrl-C) once the first
+probe is kept, and the same command finishes: the first probe is not run again, the slow commit is named, no
+worktree is left behind.
 """
 
 from __future__ import annotations
@@ -153,7 +154,7 @@ def test_bisect_names_the_planted_commit_and_resumes_after_an_interrupt(tmp_path
     git(repo, "commit", "-qm", "good")
     (repo / "README.md").write_text((repo / "README.md").read_text() + "\n<!-- neutral -->\n")
     git(repo, "commit", "-qam", "neutral")
-    plant_slowdown(repo)
+    plant_slowdown(repo, relative=0.5)  # +30-50 % of a step, however busy the machine
     git(repo, "commit", "-qam", "slow")
     slow, neutral = git(repo, "rev-parse", "HEAD", "HEAD~1").split()
     (tmp_path / "m.yaml").write_text(MATRIX)
