@@ -17,6 +17,7 @@ named (and whether it is the planted one), the probes (commit, verdict, change, 
 wall time. ``--until HH:MM`` (UTC) starts nothing that would likely end after it.
 
     python benchmarks/bisect_tries.py --work /tmp/bisect-tries --tries 5 --budget 7m
+    python benchmarks/bisect_tries.py --work /tmp/bisect-tries --budget 15m --alpha 0.2 --set base.steps=5  # busy
 """
 
 from __future__ import annotations
@@ -72,7 +73,8 @@ def bisect_cmd(args: argparse.Namespace, work: Path, good: str, bad: str, name: 
     """The ``run_bench.py bisect`` command line of one try."""
     return [sys.executable, str(ROOT / "run_bench.py"), "bisect", "--repo", str(work / "repo"), "--good", good,
             "--bad", bad, "--matrix", str((ROOT / args.matrix).resolve()), "--results", str(work / name),
-            "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", *(["--budget", args.budget] if args.budget else [])]
+            "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}", *(["--budget", args.budget] if args.budget else []),
+            "--alpha", str(args.alpha), *[x for o in args.set for x in ("--set", o)]]
 
 
 def run(cmd: list[str], interrupt_when: Path | None = None) -> tuple[int, str, float]:
@@ -126,6 +128,8 @@ def main() -> None:
     p.add_argument("--slowdown", type=float, default=0.10)
     p.add_argument("--matrix", default="matrix/gate.yaml")
     p.add_argument("--budget", default="7m", help="each probe's wall budget")
+    p.add_argument("--alpha", type=float, default=0.05, help="the whole bisection's alpha")
+    p.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", help="matrix override (repeatable)")
     p.add_argument("--until", default=None, metavar="HH:MM", help="UTC time after which nothing new starts")
     args = p.parse_args()
     work = args.work.resolve()
@@ -141,7 +145,8 @@ def main() -> None:
         hh, mm = map(int, args.until.split(":"))
         until = dt.datetime.now(dt.timezone.utc).replace(hour=hh, minute=mm, second=0, microsecond=0).timestamp()
     print(f"repo {work / 'repo'}: good {shas['good'][:10]}, {args.commits} commits, planted {args.slowdown:.0%} at "
-          f"{shas['slow'][:10]} (commit {args.slow_at}); matrix {args.matrix}, budget {args.budget} per probe",
+          f"{shas['slow'][:10]} (commit {args.slow_at}); matrix {args.matrix} {' '.join(args.set)}, budget "
+          f"{args.budget} per probe, alpha {args.alpha}",
           flush=True)
     for name, good, bad, interrupt in plan:
         if name in done:
