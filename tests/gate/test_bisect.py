@@ -3,12 +3,14 @@ bisection of a small git repository holding this harness, interrupted after its 
 
 The search rule is checked exhaustively on every first-slower position of small ranges (the probe count never
 exceeds the ``k`` the alpha was split over, the commit named is the planted one, a probe that cannot judge stops
-it with the range that still holds the answer). The real bisection: commits good (as is) -> neutral -> slow (the
-embedded engine's update phase sleeps half the time its step took before it: :func:`_repo_copy.plant_slowdown`);
-bad = slow. Its three probes (bad vs good: slower; neutral vs good: not slower; slow vs neutral: the final pair,
-slower) run through ``python run_bench.py bisect``; the first invocation is interrupted (Ctrl-C) once the first
-probe is kept, and the same command finishes: the first probe is not run again, the slow commit is named, no
-worktree is left behind.
+it with the range that still holds the answer). The real bisection: commits good (as is) -> slow (the
+embedded engine's update phase sleeps as long as its step took before it, :func:`_repo_copy.plant_slowdown`: about
++60-80 %, beyond ``--max-mde``, so both probes decide in a few blocks however busy the machine) -> neutral; bad =
+neutral. Its two probes (bad vs good: slower; slow vs good: slower, and its parent is good, so that pair needs no
+re-confirmation) run through ``python run_bench.py bisect``; the first invocation is interrupted (Ctrl-C) once the
+first probe is kept, and the same command finishes: the first probe is not run again, the slow commit is named, no
+worktree is left behind. A "not slower" probe and the final pair's re-confirmation are covered by the search rule's
+tests and measured by ``benchmarks/bisect_tries.py`` (docs/bisect.md).
 """
 
 from __future__ import annotations
@@ -152,11 +154,11 @@ def test_bisect_names_the_planted_commit_and_resumes_after_an_interrupt(tmp_path
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "good")
+    plant_slowdown(repo, relative=1.0)  # +60-80 % of a step, however busy the machine
+    git(repo, "commit", "-qam", "slow")
     (repo / "README.md").write_text((repo / "README.md").read_text() + "\n<!-- neutral -->\n")
     git(repo, "commit", "-qam", "neutral")
-    plant_slowdown(repo, relative=0.5)  # +30-50 % of a step, however busy the machine
-    git(repo, "commit", "-qam", "slow")
-    slow, neutral = git(repo, "rev-parse", "HEAD", "HEAD~1").split()
+    neutral, slow = git(repo, "rev-parse", "HEAD", "HEAD~1").split()
     (tmp_path / "m.yaml").write_text(MATRIX)
     results = tmp_path / "results"
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "GITHUB_STEP_SUMMARY")}
@@ -180,17 +182,18 @@ def test_bisect_names_the_planted_commit_and_resumes_after_an_interrupt(tmp_path
     assert len(git(repo, "worktree", "list").strip().splitlines()) == 1, "temporary worktree left behind"
     (state,) = results.glob("bisect/*/bisect.json")
     first = json.loads(state.read_text())["probes"]
-    assert [(p["commit"], p["verdict"]) for p in first.values()] == [(slow, SLOWER)], out1
+    assert [(p["commit"], p["verdict"]) for p in first.values()] == [(neutral, SLOWER)], out1
     kept = {p: p.read_text() for p in state.parent.glob("probes/*/bis/*/*/r*/record.json")}
     # 2nd invocation, the same command: the first probe is taken from the state, the bisection finishes
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"bisect: first slower commit {slow} 'slow'" in res.stdout, res.stdout
     assert "probe 1 (range): " in res.stdout and "(finished earlier)" in res.stdout
-    probes = json.loads(state.read_text())["probes"].values()
-    assert sorted((p["role"], p["base"] == neutral, p["commit"], p["verdict"]) for p in probes) == sorted([
-        ("range", False, slow, SLOWER), ("search", False, neutral, NOT_SLOWER), ("confirm", True, slow, SLOWER)])
-    assert all(p["change"] > 0.2 for p in probes if p["verdict"] == SLOWER)
+    good = git(repo, "rev-parse", "HEAD~2").strip()
+    probes = list(json.loads(state.read_text())["probes"].values())
+    assert [(p["role"], p["base"], p["commit"], p["verdict"]) for p in probes] == [
+        ("range", good, neutral, SLOWER), ("search", good, slow, SLOWER)]
+    assert all(p["ci_low"] > 0 and p["change"] > 0.2 for p in probes)  # slower: beyond the threshold
     for p, text in kept.items():  # the first probe's runs were not run again
         assert p.read_text() == text
     assert len(git(repo, "worktree", "list").strip().splitlines()) == 1
