@@ -197,3 +197,13 @@ def test_bisect_names_the_planted_commit_and_resumes_after_an_interrupt(tmp_path
     for p, text in kept.items():  # the first probe's runs were not run again
         assert p.read_text() == text
     assert len(git(repo, "worktree", "list").strip().splitlines()) == 1
+
+
+def test_the_range_is_the_first_parent_line_a_merge_counts_once(tmp_path):
+    from bench.gate.bisect import resolve_range
+
+    repo = _tiny_repo(tmp_path / "repo", side_branch=True)  # c0 c1 c2 on main, side off c1, merged into main
+    rng = resolve_range(repo, "HEAD~3", "HEAD")
+    line = git(repo, "rev-parse", "HEAD~2", "HEAD~1", "HEAD").split()
+    assert rng.commits == tuple(line) and rng.good == git(repo, "rev-parse", "HEAD~3").strip()
+    assert rng.subjects[line[-1]] == "merge" and rng.at(0) == rng.good and rng.at(3) == rng.bad
