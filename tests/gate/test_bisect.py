@@ -115,7 +115,8 @@ def _tiny_repo(root: Path, side_branch: bool = False) -> Path:
 
 
 @pytest.mark.parametrize("case", ["unknown_good", "unknown_bad", "same", "not_ancestor", "not_git", "no_folder",
-                                  "side_branch", "no_harness", "budget", "alpha", "blocks", "no_matrix"])
+                                  "side_branch", "no_harness", "budget", "alpha", "blocks", "no_matrix",
+                                  "corrupt_state"])
 def test_bisect_bad_input_is_one_line_exit_2_nothing_written(box, capsys, case):  # noqa: F811 - the fixture
     repo = _tiny_repo(box / "repo", side_branch=case == "side_branch")
     (box / "m.yaml").write_text(GOOD)
@@ -132,7 +133,13 @@ def test_bisect_bad_input_is_one_line_exit_2_nothing_written(box, capsys, case):
             "alpha": (["--good", "HEAD~1", "--bad", "HEAD", "--alpha", "0.7"], ("--alpha",)),
             "blocks": (["--good", "HEAD~1", "--bad", "HEAD", "--blocks", "1"], ("--blocks",)),
             "no_matrix": (["--good", "HEAD~1", "--bad", "HEAD", "--matrix", "none.yaml"], ("none.yaml",)),
+            "corrupt_state": (["--good", "HEAD~1", "--bad", "HEAD"], ("bisect.json", "not a bisect state file")),
             }[case]
+    if case == "corrupt_state":  # a state file that is not one: refused before any probe runs
+        good, bad = git(repo, "rev-parse", "HEAD~1", "HEAD").split()
+        state = box / "results" / "bisect" / f"t-{good[:10]}-{bad[:10]}" / "bisect.json"
+        state.parent.mkdir(parents=True)
+        state.write_text("{not json")
     if case == "no_harness":
         git(repo, "rm", "-q", "-r", "bench")
         git(repo, "commit", "-qm", "no harness")
