@@ -1,10 +1,10 @@
 """Command line: ``python run_bench.py [run] MATRIX.yaml`` and the other subcommands of :mod:`bench.commands`
-(``tune``, ``gate``, ``report``, ``compare``, ``baseline``, ``sync``).
+(``tune``, ``gate``, ``report``, ``compare``, ``baseline``, ``bisect``, ``history``, ``sync``).
 
 Exit codes: 0 success; 1 a sweep with failed cells, a gate regression, a full disk or an unexpected
 error; 2 bad input (one line on stderr naming file, key and allowed values; nothing written); 3 the gate
-cannot judge (too noisy, too few samples: :data:`bench.gate.verdicts.EXIT_CANNOT_JUDGE`); 130 interrupted
-(Ctrl-C); 143 terminated (SIGTERM).
+(or ``bisect``) cannot judge (too noisy, too few samples: :data:`bench.gate.verdicts.EXIT_CANNOT_JUDGE`); 130
+interrupted (Ctrl-C); 143 terminated (SIGTERM).
 
 Error boundary (every subcommand): a :class:`~bench.core.errors.BenchError` is printed as one line; any other
 exception as one line naming the step in progress (:class:`bench.core.errors.doing`) and the path of a log
@@ -152,8 +152,8 @@ def check_paths_and_uri(args: argparse.Namespace) -> None:
     command = getattr(args, "command", None) or "run"
     check_names("--results", args.results)
     dry = bool(getattr(args, "dry_run", False))
-    interleaved = command == "gate" and (getattr(args, "interleave", None) is not None
-                                         or getattr(args, "stacks", None) is not None)  # runs a sweep
+    interleaved = command == "bisect" or command == "gate" and (getattr(args, "interleave", None) is not None
+                                                                or getattr(args, "stacks", None) is not None)  # sweeps
     writes = command in ("run", "tune") or (command == "baseline" and getattr(args, "action", None) == "save") or \
         interleaved
     if writes:

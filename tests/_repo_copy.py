@@ -35,3 +35,38 @@ def copy_tracked(root: Path, dest: Path) -> list[str]:
         shutil.copy2(src, dest / rel)
         copied.append(rel)
     return copied
+
+
+#: a slowdown planted in the embedded engine's update phase (the interleaved gate's and bisect's real tests): the
+#: line it follows, and that line followed by a marker file in the run folder and a 0.6 s sleep per step
+SLOW_PATCH = (
+    '    with phase(timing, "update_actor", tr.device):\n',
+    '    with phase(timing, "update_actor", tr.device):\n'
+    '        import pathlib as _pl\n'
+    '        _pl.Path("code_marker_slow_commit").write_text(__file__)\n'
+    '        time.sleep(0.6)\n',
+)
+#: the author and committer of the tests' commits
+GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t"}
+
+
+def git(repo: Path, *args: str) -> str:
+    """``git -C repo ARGS``'s output (raises ``CalledProcessError`` on failure), with :data:`GIT_ENV`."""
+    import os
+
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True,
+                          env={**os.environ, **GIT_ENV}).stdout
+
+
+def plant_slowdown(repo: Path, relative: float | None = None) -> None:
+    """Apply :data:`SLOW_PATCH` to the embedded engine's step in the checkout ``repo`` (its anchor once there).
+
+    ``relative``: sleep that fraction of the time the step has taken so far (generation and log-probs) instead of
+    0.6 s, so the slowdown keeps its relative size however busy the machine is."""
+    step = repo / "bench/engines/embedded/step.py"
+    text = step.read_text()
+    assert text.count(SLOW_PATCH[0]) == 1, "anchor of the planted slowdown not found"
+    patch = SLOW_PATCH[1]
+    if relative is not None:
+        patch = patch.replace("time.sleep(0.6)", f"time.sleep({relative!r} * (time.perf_counter() - t_step))")
+    step.write_text(text.replace(SLOW_PATCH[0], patch))

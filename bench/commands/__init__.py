@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "report": "effects, interactions, confidence intervals and plots of a sweep",
     "compare": "compare two sweeps directly (no saved baseline): gate's verdicts and exit codes",
     "baseline": "store a sweep as a named baseline for the gate",
+    "bisect": "find the first commit of good..bad that made a matrix slower (interleaved probes, resumable)",
     "history": "change points of a stored baseline's history (per cell, machine and stack), with plots",
     "sync": "upload to MLflow what an outage of the tracking server left queued (idempotent)",
 }

@@ -85,7 +85,8 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
 @contextlib.contextmanager
 def git_worktree(repo: Path, commit: str, prefix: str = "bench-tree-") -> Iterator[Path]:
     """``repo`` checked out at ``commit``, detached, into a temporary ``git worktree`` (its folder yielded),
-    removed when the block ends, however it ends (``worktree remove --force``, the folder, ``worktree prune``).
+    removed when the block ends, however it ends (``worktree remove --force --force``, also a worktree an interrupted
+    add left locked; the folder; ``worktree prune``).
 
     Raises:
         BenchError: ``git worktree add`` failed (git's last line).
@@ -100,7 +101,9 @@ def git_worktree(repo: Path, commit: str, prefix: str = "bench-tree-") -> Iterat
         yield tree
     finally:
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            _git(repo, "worktree", "remove", "--force", str(tree))
+            # twice --force: an add cut short (Ctrl-C while git checks out) leaves the worktree locked, which one
+            # --force does not remove and prune skips
+            _git(repo, "worktree", "remove", "--force", "--force", str(tree))
         shutil.rmtree(tmp, ignore_errors=True)
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             _git(repo, "worktree", "prune")

@@ -123,13 +123,14 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str | None, results
                          alpha: float, max_mde: float | None = None, normalize: bool = True, force: bool = False,
                          spawn: bool = False, order_seed: int | None = None, out: Path | None = None,
                          budget_s: float | None = None, side_by_side: bool = False,
-                         stacks: tuple[str, str] | None = None,
+                         stacks: tuple[str, str] | None = None, candidate_root: Path | None = None,
                          on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the interleaved gate sweep and judge it; returns the result (``exit_code``, ``verdict``, ``rows``,
     ``files``, ``sweep``, ``wall_s``). Thresholds are fractions; ``budget_s`` (wall seconds, from the start of
     this call) stops the sweep before a block that would likely end past it (:class:`GateStopRule`).
     ``stacks``: ``(BASE, CAND)``, a gate between two stacks the matrix declares (:mod:`bench.gate.stacks`): both
-    sides run this checkout, each in its own stack (``baseline_ref`` then ``None``).
+    sides run this checkout, each in its own stack (``baseline_ref`` then ``None``). ``candidate_root``: another
+    checkout of the harness as the candidate (``bisect``: a commit's worktree) instead of this working tree.
 
     Raises:
         BenchError: bad matrix, unknown revision, unknown or equal stacks, bad flags.
@@ -154,7 +155,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str | None, results
     if n_blocks < 2:
         raise BenchError(f"--blocks {n_blocks}: a paired comparison needs 2 or more blocks")
     plan.repeats = n_blocks
-    cand = candidate_version()
+    cand = candidate_version() if candidate_root is None else candidate_version(Path(candidate_root))
     fork = plan.platform in engine_class(matrix.engine).forkserver_platforms and not spawn
 
     def make(root: Path):

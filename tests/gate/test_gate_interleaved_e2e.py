@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from _repo_copy import copy_tracked
+from _repo_copy import SLOW_PATCH, copy_tracked
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,13 +46,6 @@ factors:
 repeats: 2
 """
 
-SLOW_PATCH = (
-    '    with phase(timing, "update_actor", tr.device):\n',
-    '    with phase(timing, "update_actor", tr.device):\n'
-    '        import pathlib as _pl\n'
-    '        _pl.Path("code_marker_slow_commit").write_text(__file__)\n'
-    '        time.sleep(0.6)\n',
-)
 
 
 CPUS_SEEN = ('        import os as _os\n'
