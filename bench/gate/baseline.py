@@ -47,7 +47,7 @@ from bench.records.snapshot import (
 )
 from bench.spec.loading import value_message
 from bench.spec.metrics import METRICS
-from bench.tracking import Tracker
+from bench.tracking import Tracker, store_failure
 
 BASELINES = "baselines"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -329,6 +329,5 @@ def tag_parent(tracking_uri: str | None, snap: dict[str, Any], tags: dict[str, s
         for k, v in tags.items():
             tr.client.set_tag(rid, k, v)
     except Exception as exc:  # a missing run or an unreachable store must not lose the saved file
-        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        return f"MLflow tagging of parent run {rid} at {tracking_uri} failed: {first}"
+        return f"MLflow tagging of parent run {rid} at {tracking_uri} failed: {store_failure(exc, tracking_uri)}"
     return None
