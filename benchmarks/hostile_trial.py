@@ -5,7 +5,8 @@ folder, and is judged as a new user would judge it:
 
 - a case that must be refused is **clean** when it exits 2 with exactly one stderr line that starts with
   ``error:`` and names what the case broke (a file, key or option; ``must`` below), with no traceback, no raw
-  control character, nothing created, changed or removed in its folder, no process left running, in < 10 s;
+  control character, nothing created, changed or removed in its folder, no process left running, in < 10 s of CPU
+  time (the wall time is printed too; on a shared machine it measures the other jobs as much as this one);
 - a case that may also succeed (``any``) is clean as a refusal above or as an exit in ``ok_rcs`` with no traceback,
   no library wording (SQL, SQLAlchemy, pydantic) and no process left;
 - anything else is not clean; its class, exit code, time and first stderr line are printed.
@@ -28,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import sqlite3
 import stat
@@ -140,8 +142,9 @@ def matrix_cases() -> list[Case]:
                 "micro_batch_size_per_gpu"):
         add(f"null base.{key}", (key,), doc=with_base(**{key: None}))
     # missing required
-    for key in ("name", "base", "factors"):
-        add(f"missing {key}", (key,), doc={k: v for k, v in BASE.items() if k != key})
+    for key in ("name", "base", "factors"):  # base has defaults (docs/matrix.md): either answer is right
+        add(f"missing {key}", (key,), expect="refuse" if key == "name" else "any",
+            doc={k: v for k, v in BASE.items() if k != key})
     # types
     bad_vals = {"string number": "3", "float": 3.5, "bool": True, "list": [3], "mapping": {"a": 3},
                 "negative": -1, "zero": 0, "huge": 10**30, "2^63": 2**63, "NaN": float("nan"),
@@ -249,7 +252,9 @@ def matrix_cases() -> list[Case]:
     add("stack null body", (), expect="any", doc=st({"a": {}, "b": None}))
     # tune block
     def tb(tune):
-        return dict(BASE, tune=tune)
+        good = {"fixed": {"dynamic_bsz": "on"}, "n_trials": 2,
+                "space": {"ppo_max_token_len_per_gpu": {"low": 1, "high": 4, "unit": "seq", "log": True}}}
+        return dict(BASE, tune={**good, **tune})
     add("tune n_trials NaN", ("tune",), doc=tb({"n_trials": float("nan")}))
     add("tune sampler unknown", ("sampler",), doc=tb({"sampler": {"type": "TPEE"}}))
     add("tune study 300", ("study",), doc=tb({"study": "s" * 300}))
@@ -332,7 +337,7 @@ def path_cases() -> list[Case]:
             ("http no server", "http://127.0.0.1:9", None, ("127.0.0.1:9",)),
             ("postgres no driver", "postgresql://u@127.0.0.1/x", None, ("postgres", "driver")),
             ("empty", "", None, ("tracking",)),
-            ("ESC in uri", "sqlite:///a\x1b[2J.db", None, ("\\x1b",)),
+            ("ESC in uri (a legal file name)", "sqlite:///a\x1b[2J.db", None, ("\\x1b", "decoy")),
     ):
         add(f"run --tracking-uri {what}", ["run", "m.yaml", "--tracking-uri", uri], setup, must)
     add("$MLFLOW_TRACKING_URI memory", ["run", "m.yaml"], None, ("memory",))
@@ -343,9 +348,10 @@ def path_cases() -> list[Case]:
         lambda d: (d / "R" / "mlflow.db").mkdir(parents=True), ("mlflow.db",))
     add(".lock a folder", ["run", "m.yaml", "--results", "R"],
         lambda d: (d / "R" / "trial" / ".lock").mkdir(parents=True), (".lock",), expect="any")
+    # the matrix is checked first: its decoy model is named, and nothing is written
     add("latest not a link", ["run", "m.yaml", "--results", "R"],
-        lambda d: (d / "R" / "trial" / "latest").mkdir(parents=True), ("latest",))
-    add("matrix folder is a file", ["run", "m.yaml", "--results", "R"], mkfile("R/trial"), ("trial",))
+        lambda d: (d / "R" / "trial" / "latest").mkdir(parents=True), ("latest", "decoy"))
+    add("matrix folder is a file", ["run", "m.yaml", "--results", "R"], mkfile("R/trial"), ("trial", "decoy"))
     # seed-based commands with bad paths
     for cmd in (["report", "seed"], ["gate", "--baseline", "b", "--candidate", "seed"],
                 ["compare", "seed", "seed"], ["history", "b"]):
@@ -375,7 +381,9 @@ def path_cases() -> list[Case]:
         ("baselines",), seed=True)
     # tune paths (refused before any run; the decoy model stops a real run)
     def tmat(d, **tune):
-        write_matrix(d / "t.yaml", doc=dict(with_base(model="./decoy-missing-model"), tune=tune or {}))
+        good = {"fixed": {"dynamic_bsz": "on"}, "n_trials": 2,
+                "space": {"ppo_max_token_len_per_gpu": {"low": 1, "high": 4, "unit": "seq", "log": True}}}
+        write_matrix(d / "t.yaml", doc=dict(with_base(model="./decoy-missing-model"), tune={**good, **tune}))
     for what, argv, setup, must in (
             ("--study 300", ["--study", long], None, ("study",)),
             ("--study empty", ["--study", ""], None, ("study",)),
@@ -758,6 +766,7 @@ class Result:
     case: Case
     rc: int
     wall: float
+    cpu: float
     lines: list[str]
     changed: list[str]
     procs: list[int]
@@ -765,7 +774,11 @@ class Result:
     why: str
 
 
-def judge(c: Case, rc: int, wall: float, out: str, err: str, changed: list[str], procs: list[int]) -> tuple[str, str]:
+def judge(c: Case, rc: int, wall: float, cpu: float, out: str, err: str, changed: list[str],
+          procs: list[int]) -> tuple[str, str]:
+    """The verdict (``clean`` / ``unclean``) and why. Time is judged on the CPU seconds of the process tree (the
+    machine this runs on is shared: a wall-clock second there is a tenth of a CPU second at a load of 20 on two
+    cores); a wall time of 60 s or more (the cap) is never clean."""
     lines = [ln for ln in err.splitlines() if ln.strip()]
     text = out + err
     raw_ctrl = any(ch in text for ch in ("\x1b", "\x07"))
@@ -779,7 +792,7 @@ def judge(c: Case, rc: int, wall: float, out: str, err: str, changed: list[str],
     refusal_ok = (rc == 2 and len(lines) == 1 and lines[0].startswith("error:") and not changed and not libs
                   and (not c.must or any(m.lower() in lines[0].lower() for m in c.must)))
     if c.expect == "refuse" or (c.expect == "any" and rc == 2):
-        if refusal_ok and wall < LIMIT_S:
+        if refusal_ok and cpu < LIMIT_S and wall < 60:
             return "clean", ""
         if rc != 2:
             return "unclean", f"exit {rc}, expected 2"
@@ -791,8 +804,8 @@ def judge(c: Case, rc: int, wall: float, out: str, err: str, changed: list[str],
             return "unclean", f"library words {libs}"
         if not lines[0].startswith("error:"):
             return "unclean", "line does not start with error:"
-        if wall >= LIMIT_S:
-            return "unclean", f"slow refusal {wall:.1f}s"
+        if cpu >= LIMIT_S or wall >= 60:
+            return "unclean", f"slow refusal {cpu:.1f} s CPU, {wall:.1f} s wall"
         return "unclean", f"line names none of {c.must}"
     if rc in c.ok_rcs and not libs:
         return "clean", ""
@@ -812,6 +825,7 @@ def run_case(i: int, c: Case, seed_dir: Path | None, tmp_root: Path) -> Result:
         env.update({"PYTHONPATH": str(REPO), MARK: case_id, "NO_COLOR": "1"}, **c.env)
         env.pop("H48_TRIAL_UNSET", None)
         t0 = time.monotonic()
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         try:
             p = subprocess.run(["nice", "-n", "10", sys.executable, str(REPO / "run_bench.py"), *c.argv], cwd=d,
                                env=env, capture_output=True, timeout=60, start_new_session=True)
@@ -819,6 +833,8 @@ def run_case(i: int, c: Case, seed_dir: Path | None, tmp_root: Path) -> Result:
         except subprocess.TimeoutExpired as e:
             rc, out, err = 124, e.stdout or b"", (e.stderr or b"") + b"\n(timed out after 60 s)"
         wall = time.monotonic() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
         time.sleep(0.2)
         procs = leftover(case_id)
         for pid in procs:
@@ -830,9 +846,9 @@ def run_case(i: int, c: Case, seed_dir: Path | None, tmp_root: Path) -> Result:
         changed = sorted(k for k in set(before) | set(after) if before.get(k) != after.get(k))
         out_s = out.decode("utf-8", "replace")
         err_s = err.decode("utf-8", "replace")
-        verdict, why = judge(c, rc, wall, out_s, err_s, changed, procs)
+        verdict, why = judge(c, rc, wall, cpu, out_s, err_s, changed, procs)
         lines = [ln for ln in err_s.splitlines() if ln.strip()]
-        return Result(c, rc, wall, lines, changed, procs, verdict, why)
+        return Result(c, rc, wall, cpu, lines, changed, procs, verdict, why)
     finally:
         for dirpath, dirnames, _ in os.walk(d):
             for n in dirnames:
@@ -901,7 +917,8 @@ def main() -> int:
                 print(f"... {i + 1}/{len(cases)} cases, {time.monotonic() - t_all:.0f} s", flush=True)
             if r.verdict != "clean":
                 first = (r.lines[-1] if r.lines else "")[:160].encode("unicode_escape").decode()
-                print(f"NOT CLEAN [{c.cls}] {c.name}: {r.why} (exit {r.rc}, {r.wall:.1f}s) | {first}", flush=True)
+                print(f"NOT CLEAN [{c.cls}] {c.name}: {r.why} (exit {r.rc}, {r.wall:.1f} s wall, {r.cpu:.1f} s CPU) "
+                      f"| {first}", flush=True)
     finally:
         shutil.rmtree(tmp_root, ignore_errors=True)
     by_cls: dict[str, list[Result]] = {}
@@ -916,9 +933,12 @@ def main() -> int:
     print(f"\n{n} cases, {ok} clean ({100 * ok / max(n, 1):.1f} %); {len(heavy)} heavy cases skipped; "
           f"total {time.monotonic() - t_all:.0f} s")
     if slow:
-        print(f"slowest refusal: {slow.wall:.1f} s ({slow.case.cls}: {slow.case.name})")
+        hog = max(refusals, key=lambda r: r.cpu)
+        print(f"slowest refusal: {slow.wall:.1f} s wall ({slow.case.cls}: {slow.case.name}); most CPU in a refusal: "
+              f"{hog.cpu:.1f} s ({hog.case.cls}: {hog.case.name}); load average {os.getloadavg()[0]:.1f}")
     if a.json:
         a.json.write_text(json.dumps([{"cls": r.case.cls, "name": r.case.name, "rc": r.rc, "wall_s": round(r.wall, 2),
+                                       "cpu_s": round(r.cpu, 2),
                                        "verdict": r.verdict, "why": r.why, "stderr": r.lines[-3:]}
                                       for r in results], indent=1))
     return 0 if ok == n else 1

@@ -32,7 +32,7 @@ from filelock import FileLock, Timeout
 from bench.core.errors import NO_SPACE, BenchError, DiskFullError, did_you_mean, is_no_space  # noqa: F401 - re-exported
 from bench.core.files import read_json
 from bench.core.inputs import check_numbers
-from bench.core.paths import check_folder, check_matrix_folder
+from bench.core.paths import check_folder, check_matrix_folder, check_names
 from bench.records.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
 from bench.spec.optimizations import REGISTRY
 from bench.spec.stack import STACK_FACTOR
@@ -190,6 +190,7 @@ class ResultsDir:
         Raises:
             BenchError: no such sweep.
         """
+        check_names("sweep", Path(ref), ref)
         cand = [Path(ref), self.base / str(ref)]
         for c in cand:
             if (c / SWEEP).exists():
@@ -214,8 +215,10 @@ def find_sweep(ref: str | Path, root: Path) -> Path:
     ``<matrix name>/<sweep id>`` under ``root``.
 
     Raises:
-        BenchError: nothing matches.
+        BenchError: nothing matches, or ``ref`` has a name longer than the file system allows (it was an
+            "unexpected OSError: File name too long", exit 1).
     """
+    check_names("sweep", Path(ref), ref)
     for cand in (Path(ref), Path(ref) / "latest", Path(root) / str(ref), Path(root) / str(ref) / "latest"):
         if (cand / SWEEP).exists():
             check_sweep_meta(cand / SWEEP)
