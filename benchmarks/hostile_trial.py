@@ -179,7 +179,7 @@ def matrix_cases() -> list[Case]:
     add("explicit design unknown cell", ("design", "cell", "rmsnorm"),
         doc=dict(BASE, design={"type": "explicit", "cells": [{"rmsnorm_fused": "on"}]}))
     add("design mapping no type", ("type",), doc=dict(BASE, design={"resolution": 3}))
-    add("fractional bad generators", ("generators",),
+    add("fractional bad generators (one varied factor)", ("generators", "design"),
         doc=dict(BASE, design={"type": "fractional", "generators": "a b zz"}))
     add("fractional resolution string", ("resolution",),
         doc=dict(BASE, design={"type": "fractional", "resolution": "4"}))

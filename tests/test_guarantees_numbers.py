@@ -187,6 +187,22 @@ def test_a_negative_number_in_sweep_json_is_refused(saved):
         meta.write_text(text)
 
 
+@pytest.mark.parametrize("command", [["report", "synth"], ["baseline", "save", "synth", "--name", "nb"]])
+def test_a_sweep_json_without_planned_repeats_is_refused(saved, command):
+    """The hostile trial of issue 48: without ``plan.repeats`` a sweep was read as planned for 1 repeat (a missing
+    repeat of a 2-repeat sweep was then not reported pending), exit 0."""
+    folder, _ = saved
+    meta = _sweep_dir(folder) / "sweep.json"
+    text = meta.read_text()
+    data = json.loads(text)
+    del data["plan"]["repeats"]
+    meta.write_text(json.dumps(data))
+    try:
+        cli(folder, [*command, "--results", "res"], ("sweep.json", "plan.repeats missing"))
+    finally:
+        meta.write_text(text)
+
+
 def _record_paths(text: str) -> list[tuple]:
     """The numeric fields of a record whose value must be finite and not negative (the per-step metrics other than
     times, throughput and lengths are stored as logged; ``returncode`` may be a negative signal number;

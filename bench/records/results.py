@@ -268,7 +268,10 @@ def check_sweep_meta(path: Path) -> dict:
             raise BenchError(f"{path}: matrix.{key}: {type(matrix[key]).__name__} (allowed: "
                              f"{'a JSON object' if kind is dict else 'a list'})")
     seq = meta.get("sequential") if isinstance(meta.get("sequential"), dict) else {}
-    for key, value in (("plan.repeats", meta["plan"].get("repeats", 1)),
+    if "repeats" not in meta["plan"]:  # read as 1, a missing repeat of a 2-repeat sweep was not reported pending
+        raise BenchError(f"{path}: not a sweep record: plan.repeats missing (allowed: an integer >= 1, the repeats "
+                         "the sweep planned)")
+    for key, value in (("plan.repeats", meta["plan"]["repeats"]),
                        ("sequential.stopped_after", 1 if seq.get("stopped_after") is None else seq["stopped_after"])):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
             raise BenchError(f"{path}: not a sweep record: {key} {value!r} (allowed: an integer >= 1)")
