@@ -170,6 +170,26 @@ def test_any_baseline_number_replaced_is_refused_by_baseline_show(saved):
     prop()
 
 
+@pytest.mark.parametrize("part", ["samples", "summary", "cell summary"])
+def test_a_text_where_a_baseline_holds_figures_is_refused(saved, part):
+    """The hostile trial of issue 48: a text in place of a number of a repeat's figures (``"fast"``) passed the
+    number check, and the gate read the file as written (exit 3 on a string step count). Every such text, at any
+    depth of the repeat's measured parts, is refused (property in process; one case through the entry point)."""
+    folder, text = saved
+    data = json.loads(text)
+    where = ("cells", 0) if part == "cell summary" else ("cells", 0, "repeats", 0, part)
+    block = data["cells"][0]["summary"] if part == "cell summary" else data["cells"][0]["repeats"][0].get(part)
+    paths = [p for p in numeric_paths(block) if p]
+    assert paths, part
+    leaf = (*where, *(("summary",) if part == "cell summary" else ()), *paths[len(paths) // 2])
+    _edited(folder, text, leaf, "fast")
+    try:
+        cli(folder, ["baseline", "show", "b", "--results", "res"],
+            ("res/baselines/b.json", ".".join(map(str, leaf[:-1])), "text 'fast'"))
+    finally:
+        (folder / "res" / "baselines" / "b.json").write_text(text)
+
+
 def _sweep_dir(folder: Path) -> Path:
     return next((folder / "res" / "synth").glob("2*"))
 
