@@ -53,6 +53,7 @@ FLAG_RANGES: dict[str, tuple[float, float, bool]] = {
     "timeout": (0.0, 30 * 86400.0, False),
     "order_seed": (0, 2**32 - 1, True),
     "smoke_steps": (1, 10, True),
+    "fail_on_new": (1, 1_000_000, True),
 }
 _PLANNED = ("--sequential", "--precision", "--budget")
 #: options that only act together with another one (subcommand -> option -> any of these must be given too):

@@ -33,10 +33,12 @@ CASES = {
                          "argument --candidate"),
     "gate --baseline": (["gate", "--candidate", "synth", "--baseline", "{e}", "--results", "res"],
                         "argument --baseline"),
+    "history --out": (["history", "b", "--results", "res", "--out", "{e}"], "argument --out"),  # the trial
+    "history": (["history", "{e}", "--results", "res"], "argument NAME"),
 }
 
 
-@pytest.mark.parametrize("case", ["report --out", "gate --out", "run", "report", "sync"])
+@pytest.mark.parametrize("case", ["report --out", "gate --out", "run", "report", "sync", "history --out"])
 def test_an_empty_value_is_refused_by_name(sweep_box, case):
     argv, name = CASES[case]
     cli(sweep_box, [a.replace("{e}", "") for a in argv], (name, "'' is empty"))

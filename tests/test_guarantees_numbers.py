@@ -170,6 +170,26 @@ def test_any_baseline_number_replaced_is_refused_by_baseline_show(saved):
     prop()
 
 
+@pytest.mark.parametrize("part", ["samples", "summary", "cell summary"])
+def test_a_text_where_a_baseline_holds_figures_is_refused(saved, part):
+    """The hostile trial of issue 48: a text in place of a number of a repeat's figures (``"fast"``) passed the
+    number check, and the gate read the file as written (exit 3 on a string step count). Every such text, at any
+    depth of the repeat's measured parts, is refused (property in process; one case through the entry point)."""
+    folder, text = saved
+    data = json.loads(text)
+    where = ("cells", 0) if part == "cell summary" else ("cells", 0, "repeats", 0, part)
+    block = data["cells"][0]["summary"] if part == "cell summary" else data["cells"][0]["repeats"][0].get(part)
+    paths = [p for p in numeric_paths(block) if p]
+    assert paths, part
+    leaf = (*where, *(("summary",) if part == "cell summary" else ()), *paths[len(paths) // 2])
+    _edited(folder, text, leaf, "fast")
+    try:
+        cli(folder, ["baseline", "show", "b", "--results", "res"],
+            ("res/baselines/b.json", ".".join(map(str, leaf[:-1])), "text 'fast'"))
+    finally:
+        (folder / "res" / "baselines" / "b.json").write_text(text)
+
+
 def _sweep_dir(folder: Path) -> Path:
     return next((folder / "res" / "synth").glob("2*"))
 
@@ -183,6 +203,22 @@ def test_a_negative_number_in_sweep_json_is_refused(saved):
     meta.write_text(json.dumps(data))
     try:
         cli(folder, ["report", "synth", "--results", "res", "--out", "rep"], ("sweep.json", "created_at", "negative"))
+    finally:
+        meta.write_text(text)
+
+
+@pytest.mark.parametrize("command", [["report", "synth"], ["baseline", "save", "synth", "--name", "nb"]])
+def test_a_sweep_json_without_planned_repeats_is_refused(saved, command):
+    """The hostile trial of issue 48: without ``plan.repeats`` a sweep was read as planned for 1 repeat (a missing
+    repeat of a 2-repeat sweep was then not reported pending), exit 0."""
+    folder, _ = saved
+    meta = _sweep_dir(folder) / "sweep.json"
+    text = meta.read_text()
+    data = json.loads(text)
+    del data["plan"]["repeats"]
+    meta.write_text(json.dumps(data))
+    try:
+        cli(folder, [*command, "--results", "res"], ("sweep.json", "plan.repeats missing"))
     finally:
         meta.write_text(text)
 

@@ -61,6 +61,13 @@ def test_a_study_name_too_long_is_refused_before_anything_is_written(box):
     cli(box, ["tune", "t.yaml", "--results", "res", "--study", LONG], ("--study", "at most 100"))
 
 
+@pytest.mark.parametrize("command", [["report"], ["compare", "synth"], ["sync"]])
+def test_a_sweep_name_too_long_is_refused_by_name(sweep_box, command):
+    """The hostile trial of issue 48: ``report <300 characters>`` ended as "unexpected OSError: File name too long",
+    exit 1; every sweep reference goes through :func:`bench.records.results.find_sweep`."""
+    cli(sweep_box, [*command, LONG, "--results", "res"], ("sweep", "longer than 255 bytes"))
+
+
 def test_a_tune_study_too_long_is_refused_by_dry_run(box):
     (box / "t.yaml").write_text(TUNE.replace("  n_trials: 2\n", f"  n_trials: 2\n  study: {LONG}\n"))
     cli(box, ["run", "t.yaml", "--dry-run"], ("t.yaml", "tune.study", "at most 100 characters"))
@@ -76,6 +83,8 @@ SLOTS = {
     "matrix": ["run", "{p}", "--dry-run"],
     "baseline": ["gate", "--candidate", "synth", "--baseline", "{p}", "--results", "res"],
     "gate-out": ["compare", "synth", "synth", "--results", "res", "--out", "{p}"],
+    "sweep": ["report", "{p}", "--results", "res"],  # the trial: a 300-character sweep was an unexpected OSError
+    "history-out": ["history", "b", "--results", "res", "--out", "{p}"],
 }
 
 

@@ -17,7 +17,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.commands.base import Command
+from bench.commands.base import Command, given, given_path
 from bench.core.errors import BenchError
 from bench.core.files import atomic_write_json
 from bench.gate.baseline import load_baseline
@@ -69,7 +69,8 @@ def options(args: argparse.Namespace) -> HistoryOptions:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Arguments of ``history``."""
-    p.add_argument("name", metavar="NAME", help="the baseline: a name under <results>/baselines/ or its file")
+    p.add_argument("name", metavar="NAME", type=given,
+                   help="the baseline: a name under <results>/baselines/ or its file")
     p.add_argument("--metric", action="append", choices=[*METRICS, "all"], default=None,
                    help="the metric of the series (repeatable; default step_time; all = every one)")
     p.add_argument("--alpha", type=float, default=DEFAULT_ALPHA,
@@ -80,7 +81,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stack", default=None, help="only the saves of this stack (as printed; 'unknown' for none)")
     p.add_argument("--fail-on-new", type=int, default=None, metavar="N",
                    help="exit 1 when a change point lies in the last N saves of a series (for a nightly job)")
-    p.add_argument("--out", type=Path, default=None, metavar="DIR",
+    p.add_argument("--out", type=given_path, default=None, metavar="DIR",
                    help="write a PNG per series and history.json here")
 
 

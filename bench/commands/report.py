@@ -62,7 +62,7 @@ from bench.report.plots import plot_article, plot_effects, plot_long_tail, plot_
 from bench.report.tables import analyze, article_rows, claims_on_runs
 from bench.report.where import where_metrics, where_section
 from bench.stats.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD, N_BOOT
-from bench.tracking import NOTE, REPORT_POINTER, Tracker, mlflow_key, note
+from bench.tracking import NOTE, REPORT_POINTER, Tracker, mlflow_key, note, store_failure
 
 
 def build(sweep: Path, results: Path, *, alpha: float = 0.05, n_boot: int = N_BOOT, seed: int = 0,
@@ -202,8 +202,7 @@ def log_mlflow(data: dict[str, Any], files: list[Path], tracking_uri: str) -> st
         if not current.startswith(REPORT_POINTER):
             tr.client.set_tag(rid, NOTE, note(REPORT_POINTER + ("\n\n" + current if current else "")))
     except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        return f"report not logged to MLflow run {rid} at {tracking_uri}: {first}"
+        return f"report not logged to MLflow run {rid} at {tracking_uri}: {store_failure(exc, tracking_uri)}"
     return None
 
 

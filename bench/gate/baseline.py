@@ -47,7 +47,7 @@ from bench.records.snapshot import (
 )
 from bench.spec.loading import value_message
 from bench.spec.metrics import METRICS
-from bench.tracking import Tracker
+from bench.tracking import Tracker, store_failure
 
 BASELINES = "baselines"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -160,6 +160,30 @@ SIGNED = ("history[].log_step_time*", "history[].log_cpu_time*", "cells[].repeat
 MAX_SD_LOG = 10.0
 
 
+#: the parts of a baseline's repeat that hold measured figures only (numbers, lists and objects of them, null): a
+#: text there (a hand-edited ``"fast"``) passed the number check and was read as written
+_MEASURED = ("samples", "host_load", "timing", "workload", "steps", "summary")
+#: keys under those parts that describe a figure in words (the MFU's basis, where the peak memory came from)
+_WORDS = ("mfu_basis", "peak_memory_source")
+
+
+def _no_text(value: Any, key: str, path: Path | str) -> None:
+    """Refuse a text anywhere in ``value`` but under :data:`_WORDS`.
+
+    Raises:
+        BenchError: naming the file and the key.
+    """
+    if isinstance(value, str):
+        raise BenchError(f"{path}: not a valid baseline: {key}: text {value[:40]!r} (allowed: a number or null)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k not in _WORDS:
+                _no_text(v, f"{key}.{k}", path)
+    elif isinstance(value, list):
+        for n, v in enumerate(value):
+            _no_text(v, f"{key}.{n}", path)
+
+
 def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
     """Check the parts of a baseline every reader indexes (``source``, each cell's ``key``, ``label``,
     ``levels`` and ``repeats`` with their ``samples``), so a hand-edited file fails as one line; and every number in
@@ -172,6 +196,13 @@ def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
     from pydantic import ValidationError
 
     check_numbers(data, f"{path}: not a valid baseline", signed=SIGNED)
+    for i, cell in enumerate(data.get("cells") or [] if isinstance(data.get("cells"), list) else []):
+        if isinstance(cell, dict):  # the cell's own figures (its median step time ...)
+            _no_text(cell.get("summary"), f"cells.{i}.summary", path)
+        for j, rep in enumerate(cell.get("repeats") or [] if isinstance(cell, dict) else []):
+            if isinstance(rep, dict):
+                for key in _MEASURED:
+                    _no_text(rep.get(key), f"cells.{i}.repeats.{j}.{key}", path)
     try:
         _shape_model().model_validate(data)
     except ValidationError as exc:
@@ -329,6 +360,5 @@ def tag_parent(tracking_uri: str | None, snap: dict[str, Any], tags: dict[str, s
         for k, v in tags.items():
             tr.client.set_tag(rid, k, v)
     except Exception as exc:  # a missing run or an unreachable store must not lose the saved file
-        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        return f"MLflow tagging of parent run {rid} at {tracking_uri} failed: {first}"
+        return f"MLflow tagging of parent run {rid} at {tracking_uri} failed: {store_failure(exc, tracking_uri)}"
     return None

@@ -293,7 +293,7 @@ def log_mlflow(result: dict[str, Any], tracking_uri: str, files: dict[str, Path]
     params alpha, family; the result as ``history.json``), and per series a child run whose metric (the series'
     metric, step = position in the history) is the series as shown, with its change points as a tag and its PNG
     (``files``: series name -> path). Returns a warning instead of raising (``None``: logged)."""
-    from bench.tracking import Tracker  # deferred: MLflow is imported only when a store is given
+    from bench.tracking import Tracker, store_failure  # deferred: MLflow is imported only when a store is given
 
     matrix = next((r["matrix"] for r in result["series"] if r["matrix"]), None) or "default"
     try:
@@ -315,6 +315,5 @@ def log_mlflow(result: dict[str, Any], tracking_uri: str, files: dict[str, Path]
                          artifacts=[], status="FINISHED")
         tr.client.log_dict(rid, {k: v for k, v in result.items()}, "history.json")
     except Exception as exc:  # MLflow is a mirror: a store that fails must not lose the printed result
-        first = str(exc).splitlines()[0] if str(exc) else repr(exc)
-        return f"history not logged to MLflow at {tracking_uri}: {first}"
+        return f"history not logged to MLflow at {tracking_uri}: {store_failure(exc, tracking_uri)}"
     return None

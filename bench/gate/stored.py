@@ -36,7 +36,7 @@ from bench.spec.metrics import METRICS
 from bench.stats.decide import gate_outcome
 from bench.stats.estimators import N_BOOT
 from bench.stats.stat_tests import TESTS, describe_tests
-from bench.tracking import Tracker, mlflow_key
+from bench.tracking import Tracker, mlflow_key, store_failure
 
 
 def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) -> str | None:
@@ -81,7 +81,7 @@ def _log_mlflow(result: dict[str, Any], tracking_uri: str, files: list[Path]) ->
             except Exception:
                 pass
     except Exception as exc:
-        return f"MLflow gate run not logged ({tracking_uri}): {str(exc).splitlines()[0] if str(exc) else exc!r}"
+        return f"MLflow gate run not logged ({tracking_uri}): {store_failure(exc, tracking_uri)}"
     return None
 
 

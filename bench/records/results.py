@@ -39,7 +39,7 @@ from bench.core.errors import (  # noqa: F401 - re-exported
 )
 from bench.core.files import read_json
 from bench.core.inputs import check_numbers
-from bench.core.paths import check_folder, check_matrix_folder
+from bench.core.paths import check_folder, check_matrix_folder, check_names
 from bench.records.run_record import RECORD, load_records  # noqa: F401 - the record loader, re-exported for readers
 from bench.spec.optimizations import REGISTRY
 from bench.spec.stack import STACK_FACTOR
@@ -200,6 +200,7 @@ class ResultsDir:
         Raises:
             BenchError: no such sweep.
         """
+        check_names("sweep", Path(ref), ref)
         cand = [Path(ref), self.base / str(ref)]
         for c in cand:
             if (c / SWEEP).exists():
@@ -224,8 +225,10 @@ def find_sweep(ref: str | Path, root: Path) -> Path:
     ``<matrix name>/<sweep id>`` under ``root``.
 
     Raises:
-        BenchError: nothing matches.
+        BenchError: nothing matches, or ``ref`` has a name longer than the file system allows (it was an
+            "unexpected OSError: File name too long", exit 1).
     """
+    check_names("sweep", Path(ref), ref)
     for cand in (Path(ref), Path(ref) / "latest", Path(root) / str(ref), Path(root) / str(ref) / "latest"):
         if (cand / SWEEP).exists():
             check_sweep_meta(cand / SWEEP)
@@ -275,7 +278,10 @@ def check_sweep_meta(path: Path) -> dict:
             raise BenchError(f"{path}: matrix.{key}: {type(matrix[key]).__name__} (allowed: "
                              f"{'a JSON object' if kind is dict else 'a list'})")
     seq = meta.get("sequential") if isinstance(meta.get("sequential"), dict) else {}
-    for key, value in (("plan.repeats", meta["plan"].get("repeats", 1)),
+    if "repeats" not in meta["plan"]:  # read as 1, a missing repeat of a 2-repeat sweep was not reported pending
+        raise BenchError(f"{path}: not a sweep record: plan.repeats missing (allowed: an integer >= 1, the repeats "
+                         "the sweep planned)")
+    for key, value in (("plan.repeats", meta["plan"]["repeats"]),
                        ("sequential.stopped_after", 1 if seq.get("stopped_after") is None else seq["stopped_after"])):
         if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= 100_000:
             raise BenchError(f"{path}: not a sweep record: {key} {value!r} (allowed: an integer >= 1)")

@@ -150,8 +150,6 @@ def fractional(matrix: Matrix, design: FractionalDesign) -> DesignResult:
     Raises:
         BenchError: a varied factor has more than two levels, or pyDOE3 cannot build the design.
     """
-    import pyDOE3
-
     levels = _levels(matrix)
     varied = [k for k in levels if len(levels[k]) > 1]
     many = [k for k in varied if len(levels[k]) != 2]
@@ -169,6 +167,8 @@ def fractional(matrix: Matrix, design: FractionalDesign) -> DesignResult:
         raise BenchError(f"{matrix.source}: design.resolution: {design.resolution} is above what a two-level fraction "
                          f"of {n} factors reaches: at most {n} (the half fraction 2^({n}-1), whose defining word "
                          f"holds every factor); give resolution <= {n}, or design: full")
+    import pyDOE3  # deferred: after the checks above (its scipy import takes seconds on a busy machine)
+
     try:
         if design.generators:
             x = pyDOE3.fracfact(design.generators)

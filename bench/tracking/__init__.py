@@ -73,6 +73,7 @@ from bench.tracking.store import (  # noqa: F401  (re-exported)
     http_defaults,
     outage_reason,
     sqlite_path,
+    store_failure,
 )
 
 _MAX_BATCH = 1000  # MLflow's log_batch limit on metrics per call
@@ -109,6 +110,11 @@ class Tracker:
                     "alembic",
                 ):  # "Creating initial MLflow database tables..." is not for the terminal
                     logging.getLogger(name).setLevel(logging.WARNING)
+                # a failing store: MLflow logs the SQL statement and a traceback before it raises (and its
+                # system-metrics thread logs every failed flush); the harness says why in one line of its own
+                # (mark_down / the BenchError below), so these never reach the console
+                for name in ("mlflow.store.db.utils", "mlflow.system_metrics", "mlflow.utils.async_logging"):
+                    logging.getLogger(name).setLevel(logging.CRITICAL)
                 self._mlflow = mlflow
                 if db is not None:  # two harnesses creating one fresh database: one migrates, the other waits
                     from filelock import FileLock
@@ -133,9 +139,8 @@ class Tracker:
                 raise InputError(TRACKING_URI, f"{TRACKING_URI} {tracking_uri}: {db} stays locked by another process "
                                  "(a harness, `sync` or `mlflow ui` writing it); rerun when it is done, or give "
                                  "another tracking URI") from None
-            first = (str(exc).splitlines() or [type(exc).__name__])[0]
-            raise InputError(TRACKING_URI,
-                             f"{TRACKING_URI} {tracking_uri}: cannot open MLflow store: {first}") from None
+            raise InputError(TRACKING_URI, f"{TRACKING_URI} {tracking_uri}: cannot open MLflow store: "
+                             f"{outage_reason(exc, tracking_uri, named=False)}") from None
 
     def _experiment(self, experiment: str) -> str:
         """The experiment's id (created when missing); sets its kind and description where it has none
@@ -345,7 +350,7 @@ class Tracker:
         try:
             from mlflow.system_metrics.system_metrics_monitor import SystemMetricsMonitor
 
-            logging.getLogger("mlflow.system_metrics").setLevel(logging.ERROR)
+            logging.getLogger("mlflow.system_metrics").setLevel(logging.CRITICAL)  # see __init__
             mon = SystemMetricsMonitor(run_id, sampling_interval=SYSTEM_METRICS_INTERVAL_S,
                                        resume_logging=True, tracking_uri=self.uri)
             mon.start()

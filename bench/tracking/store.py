@@ -11,7 +11,7 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from bench.core.errors import InputError, clip_words
+from bench.core.errors import BenchError, InputError, clip_words
 from bench.core.paths import check_not_system, resolve_path
 
 #: MLflow HTTP settings the harness uses unless the variable is already set: timeout per request (s),
@@ -69,15 +69,26 @@ _OUTAGES = (
     (r"sslerror|ssl:|certificate verify", "failed the TLS handshake"),
     (r"database is locked", "stayed locked by another process"),
     (r"unable to open database file|readonly database|read-only", "cannot be written"),
+    (r"file is not a database|database disk image is malformed|no such table|no such column|"
+     r"can't locate revision|not an mlflow database", "is not a usable MLflow database (corrupted, "
+     "truncated or replaced)"),
+    (r"database or disk is full|disk i/o error|no space left on device", "could not write (disk full or an I/O "
+     "error)"),
 )
+#: lines of a library's error text that are never ours to print: SQLAlchemy's statement, its parameters and its
+#: help link
+_LIBRARY_LINES = re.compile(r"^\s*(\(|\[sql:|\[parameters:|\(background on this error|from |where |values )",
+                            re.IGNORECASE)
 
 
-def outage_reason(exc: BaseException, uri: str, limit: int = 200) -> str:
+def outage_reason(exc: BaseException, uri: str, limit: int = 200, named: bool = True) -> str:
     """One line, in our words, saying why the tracking store at ``uri`` stopped taking uploads (the queued line and
     the warning show it): what the store did (refused the connection, no answer within the HTTP timeout, an HTTP
-    status, ...) read from ``exc`` and the exceptions it wraps, never the library's text; an error of another kind
-    gives its type and first line, at most ``limit`` characters, cut between words
-    (:func:`bench.core.errors.clip_words`)."""
+    status, a database file that is no longer an MLflow database, ...) read from ``exc`` and the exceptions it
+    wraps, never the library's text (SQLAlchemy's ``[SQL: ...]`` statement and parameters are never shown); an
+    error of another kind gives its type and first line, at most ``limit`` characters, cut between words
+    (:func:`bench.core.errors.clip_words`). ``named=False``: without the leading "the tracking store URI" (for a
+    message that names the URI already)."""
     texts, seen, cur = [], 0, exc
     while cur is not None and seen < 10:
         texts.append(f"{type(cur).__name__} {cur}")
@@ -100,14 +111,24 @@ def outage_reason(exc: BaseException, uri: str, limit: int = 200) -> str:
                 timeout = f"{float(timeout):g}"
             except ValueError:
                 pass
-            return f"{where} {what.format(code=code, timeout=timeout)}"
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not ln.strip().startswith("(")]
+            what = what.format(code=code, timeout=timeout)
+            return f"{where} {what}" if named else what
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip() and not _LIBRARY_LINES.match(ln)]
     return clip_words(f"{type(exc).__name__}: {lines[0]}", limit) if lines else type(exc).__name__
 
 
 def _uri_error(text: str) -> InputError:
     """The error ``"tracking URI <text>"`` (``text``: the URI, then ``: <what is wrong>``)."""
     return InputError(TRACKING_URI, f"{TRACKING_URI} {text}")
+
+
+def store_failure(exc: BaseException, uri: str) -> str:
+    """Why a call to the MLflow store at ``uri`` failed, in one line of our words, for a warning that names the
+    store already ("report not logged to MLflow at URI: <this>"): a :class:`BenchError`'s own message, else
+    :func:`outage_reason` without the store's name (never SQLAlchemy's statement or MLflow's text)."""
+    if isinstance(exc, BenchError):
+        return str(exc)
+    return outage_reason(exc, uri, named=False)
 
 
 def _lower_scheme(uri: str, what: str) -> None:
