@@ -14,7 +14,10 @@ from bench.tracking.store import TRACKING_URI
 
 #: the library's names of inputs (an :class:`~bench.core.errors.InputError`'s ``what``) -> the flag the commands
 #: take for each: the one place where a library's words become command-line flags
-FLAGS = {TRACKING_URI: "--tracking-uri", RESULTS_FOLDER: "--results", RUN_ORDER: "--order"}
+FLAGS = {TRACKING_URI: "--tracking-uri", RESULTS_FOLDER: "--results", RUN_ORDER: "--order",
+         # bisect's inputs (bench.gate.bisect)
+         "good revision": "--good", "bad revision": "--bad", "repository": "--repo", "threshold": "--threshold",
+         "alpha": "--alpha", "budget": "--budget", "blocks": "--blocks"}
 
 
 def cli_message(exc: BaseException) -> str:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, InputError
 from bench.core.files import atomic_write_json, read_json
 from bench.execution.stacks import git_worktree
 from bench.gate.interleaved import DEFAULT_BLOCKS, run_interleaved_gate
@@ -58,6 +58,9 @@ SLOWER, NOT_SLOWER = "slower", "not slower"
 #: the file a probe's base/commit must hold to be a checkout of the harness
 HARNESS_MARK = "bench/__init__.py"
 
+
+#: the inputs named in bad-input messages (a command prints its flag in their place: bench.commands.base.FLAGS)
+GOOD, BAD = "good revision", "bad revision"
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
@@ -85,7 +88,7 @@ class BisectRange:
         return self.good if i == 0 else self.commits[i - 1]
 
 
-def resolve_range(repo: Path | None, good: str, bad: str, *, flag: str = "--repo") -> BisectRange:
+def resolve_range(repo: Path | None, good: str, bad: str, *, flag: str = "repository") -> BisectRange:
     """The commits between ``good`` and ``bad`` in ``repo`` (default: this harness's checkout), checked.
 
     Raises:
@@ -95,32 +98,33 @@ def resolve_range(repo: Path | None, good: str, bad: str, *, flag: str = "--repo
     """
     folder = Path(repo).expanduser() if repo is not None else REPO_ROOT
     if not folder.is_dir():
-        raise BenchError(f"{flag} {repo}: not a folder (allowed: a git repository holding the harness)")
+        raise InputError(flag, f"{flag} {repo}: not a folder (allowed: a git repository holding the harness)")
     top = _git(folder, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
-        raise BenchError(f"{flag} {folder}: not a git repository (allowed: a git checkout of the harness)")
+        raise InputError(flag, f"{flag} {folder}: not a git repository (allowed: a git checkout of the harness)")
     root = Path(top.stdout.strip())
     shas = {}
-    for name, rev in (("--good", good), ("--bad", bad)):
+    for name, rev in ((GOOD, good), (BAD, bad)):
         res = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
         if res.returncode != 0 or not res.stdout.strip():
-            raise BenchError(f"{name} {rev}: unknown revision in {root} (allowed: a commit, branch or tag there)")
+            raise InputError(name, f"{name} {rev}: unknown revision in {root} (allowed: a commit, branch or tag there)")
         shas[name] = res.stdout.strip()
-    g, b = shas["--good"], shas["--bad"]
+    g, b = shas[GOOD], shas[BAD]
     if g == b:
-        raise BenchError(f"--good {good} and --bad {bad}: the same commit {g[:12]} (allowed: good an ancestor of bad)")
+        raise InputError(GOOD, f"{GOOD} {good} and {BAD} {bad}: the same commit {g[:12]} "
+                         "(allowed: good an ancestor of bad)")
     if _git(root, "merge-base", "--is-ancestor", g, b).returncode != 0:
-        raise BenchError(f"--good {good}: not an ancestor of --bad {bad} in {root} (allowed: an older commit of bad's "
-                         "history)")
+        raise InputError(GOOD, f"{GOOD} {good}: not an ancestor of {BAD} {bad} in {root} "
+                         "(allowed: an older commit of bad's history)")
     res = _git(root, "rev-list", "--first-parent", "--reverse", f"{g}..{b}")
     commits = tuple(res.stdout.split())
     if res.returncode != 0 or not commits or _git(root, "rev-parse", f"{commits[0]}^1").stdout.strip() != g:
-        raise BenchError(f"--good {good}: not on the first-parent line of --bad {bad} (merged in from a side "
+        raise InputError(GOOD, f"{GOOD} {good}: not on the first-parent line of {BAD} {bad} (merged in from a side "
                          "branch; allowed: a commit on that line, e.g. the merge base)")
-    for name, sha in (("--good", g), ("--bad", b)):
+    for name, sha in ((GOOD, g), (BAD, b)):
         if _git(root, "cat-file", "-e", f"{sha}:{HARNESS_MARK}").returncode != 0:
-            raise BenchError(f"{name} {sha[:12]}: holds no harness ({HARNESS_MARK}) in {root} (allowed: commits of a "
-                             "checkout of this harness)")
+            raise InputError(name, f"{name} {sha[:12]}: holds no harness ({HARNESS_MARK}) in {root} "
+                             "(allowed: commits of a checkout of this harness)")
     log = _git(root, "log", "--no-walk", "--format=%H %s", g, *commits).stdout
     subjects = dict(line.split(" ", 1) if " " in line else (line, "") for line in log.splitlines())
     return BisectRange(repo=root, good=g, bad=b, commits=commits, subjects=subjects)
@@ -233,11 +237,11 @@ def run_bisect(*, matrix_path: Path, good: str, bad: str, results: Path, trackin
     """
     t0 = time.time()
     if not 0 <= threshold < 1:
-        raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
+        raise InputError("threshold", f"threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
     if not 0 < alpha < 0.5:
-        raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
+        raise InputError("alpha", f"alpha {alpha}: must be in (0, 0.5)")
     if budget_s is not None and budget_s <= 0:
-        raise BenchError(f"--budget {budget_s}: must be a positive duration (e.g. 90s, 10m)")
+        raise InputError("budget", f"budget {budget_s}: must be a positive duration (e.g. 90s, 10m)")
     matrix = load_matrix(matrix_path, overrides)
     if matrix.tune is not None:
         check_tune_block(matrix)
@@ -246,7 +250,7 @@ def run_bisect(*, matrix_path: Path, good: str, bad: str, results: Path, trackin
                          "without the stack factor)")
     n_blocks = blocks if blocks is not None else max(matrix.repeats, DEFAULT_BLOCKS)
     if n_blocks < 2:
-        raise BenchError(f"--blocks {n_blocks}: a paired comparison needs 2 or more blocks")
+        raise InputError("blocks", f"blocks {n_blocks}: a paired comparison needs 2 or more blocks")
     rng = resolve_range(repo, good, bad)
     n = len(rng.commits)
     k, a_probe = probe_alpha(n, alpha)
