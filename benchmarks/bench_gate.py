@@ -693,13 +693,14 @@ def family_cmd(args: argparse.Namespace) -> None:
     h = pool["header"]
     print(f"pool {Path(args.pool).name}: {len(pool['gates'])} gates, {h['blocks']} blocks, {h['failed_runs']} failed "
           f"run(s), {h['machine']}, load {h['load_average_mean']}; alpha {args.alpha}, threshold {args.threshold:.0%}, "
-          f"up to {args.blocks} looks, {args.trials} gates a row, {'until the stop' if args.stop else 'all looks'}")
+          f"up to {args.blocks} looks, {args.trials} gates a row, {'until the stop' if args.stop else 'all looks'}"
+          + ("; synthetic probe blind to each gate's own mean" if args.offset_blind else ""))
     for cells in args.cells:
         for rho in args.rho:
             t0 = time.time()
             got = real_pools.gate_family(pool, reps=args.trials, cells=cells, looks=args.blocks, alpha=args.alpha,
                                          threshold=args.threshold, rho=None if rho < 0 else rho, seed=args.seed,
-                                         stop=args.stop)
+                                         stop=args.stop, offset_blind=args.offset_blind)
             n = got["n"]
             print(f"cells {cells} probe {'recorded' if rho < 0 else f'r={rho}'}: interval error {got['interval']:.2%} "
                   f"(MC SE {real_pools.mc_se(got['interval'], n):.2%}, 95 % {got['interval_ci'][0]:.2%}-"
@@ -863,6 +864,8 @@ def main() -> None:
     f.add_argument("--alpha", type=float, default=0.05)
     f.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
     f.add_argument("--all-looks", dest="stop", action="store_false", help="every look, not only until the stop")
+    f.add_argument("--offset-blind", action="store_true",
+                   help="the synthetic probe sees none of a recorded gate's own mean (a stress case)")
     f.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     if args.mode == "pool":

@@ -64,7 +64,8 @@ def _machine() -> str:
 
 def record_gate_pool(gate_dirs: Sequence[Path], target: str) -> dict[str, Any]:
     """The gate pool of ``gate_dirs`` (interleaved gate sweep folders of unchanged code): a header (target, machine,
-    per sweep its id, UTC start, commit and mean host load) and ``gates``: per sweep its ``blocks`` in block order,
+    per sweep its id, UTC start and commit) and ``gates``: per sweep its complete ``blocks`` (both versions ran,
+    ok or failed; a block the sweep never finished is left out) in block order,
     each ``{"block", "runs": [{"version", "status", "failure_kind", "order", "wall_s", "timed_steps",
     "step_time_s", "speed_probe_s"}]}`` (``order``: the run's place in the sweep; probes empty where a step has
     none). No path of this machine. Times in seconds."""
@@ -73,7 +74,7 @@ def record_gate_pool(gate_dirs: Sequence[Path], target: str) -> dict[str, Any]:
 
     probe = _probe_metric()
     gates, header_sweeps, loads = [], [], []
-    for gi, d in enumerate(gate_dirs):
+    for d in gate_dirs:
         meta = read_json(Path(d) / SWEEP) or {}
         recs = sorted((r for r in load_records(Path(d)) if r.get("code_version") in ("baseline", "candidate")),
                       key=lambda r: r.get("started_at") or 0)
@@ -94,14 +95,17 @@ def record_gate_pool(gate_dirs: Sequence[Path], target: str) -> dict[str, Any]:
                 "order": i, "wall_s": round(float(r.get("wall_s") or 0.0), 3), "timed_steps": timed,
                 "step_time_s": [round(float(v), 6) for v in s.get("step_time_samples_s") or []],
                 "speed_probe_s": [round(float(v), 7) for v in pr] if pr and all(v for v in pr) else []})
-        gates.append({"gate": gi, "blocks": [{"block": k, "runs": v} for k, v in sorted(blocks.items())]})
-        header_sweeps.append({"gate": gi, "sweep_id": meta.get("sweep_id"), "commit": meta.get("git_commit"),
+        gates.append({"gate": len(gates), "blocks": [{"block": k, "runs": v} for k, v in sorted(blocks.items())
+                                                     if {r["version"] for r in v} == {"baseline", "candidate"}]})
+        header_sweeps.append({"gate": len(gates) - 1, "matrix": meta.get("matrix_name"),
+                              "sweep_id": meta.get("sweep_id"), "commit": meta.get("git_commit"),
                               "started_utc": datetime.fromtimestamp(t0, timezone.utc).strftime("%Y-%m-%d %H:%M")})
     header = {"format_version": FORMAT_VERSION, "kind": "gate", "target": target, "machine": _machine(),
               "load_average_mean": round(float(np.mean(loads)), 2) if loads else None, "sweeps": header_sweeps,
               "blocks": sum(len(g["blocks"]) for g in gates),
               "failed_runs": sum(r["status"] != "ok" for g in gates for b in g["blocks"] for r in b["runs"]),
-              "what": "interleaved gate sweeps of unchanged code (gate --interleave HEAD), every block as recorded"}
+              "what": "interleaved gate sweeps of unchanged code (gate --interleave HEAD, or gate --stacks a b with "
+              "one stack declared twice), every complete block as recorded"}
     return {"header": header, "gates": gates}
 
 
@@ -164,46 +168,56 @@ def moving_blocks(rng: np.random.Generator, n: int, k: int, chunk: int = CHUNK) 
     return out[:k]
 
 
-def _synthetic_probe(pool: dict[str, Any], rho: float, seed: int = 45) -> dict[tuple[int, int], float]:
-    """Per (gate, block index) a probe log ratio ``p = rho * (d - m_g) + sqrt(1 - rho^2) * s * e`` with ``d`` the
-    block's log ratio, ``m_g`` its gate's mean, ``s`` the pooled SD of ``d - m_g`` and ``e`` standard normal, fixed
-    per block (seeded): a probe that tracks the real block-to-block noise with correlation ``rho``, and that the
-    candidate does not move (mean 0)."""
+def _synthetic_probe(pool: dict[str, Any], rho: float, seed: int = 45, offset_blind: bool = False
+                     ) -> dict[tuple[int, int], float]:
+    """Per (gate, block index) a probe log ratio ``p = rho * x + sqrt(1 - rho^2) * s * e`` with ``x`` the block's log
+    ratio ``d`` (the truth is 0: the code is the same on both sides), ``s`` the pooled SD of ``x`` and ``e`` standard
+    normal, fixed per block (seeded): a probe that tracks the real block noise with correlation ``rho``.
+    ``offset_blind``: ``x = d - m_g`` (``m_g`` its gate's mean), a probe that sees none of a gate's own offset (each
+    recorded gate's mean taken as a version offset no probe sees: a stress case, since with 4-10 blocks a gate's mean
+    is mostly noise)."""
     rng = np.random.default_rng(seed)
     dev: dict[tuple[int, int], float] = {}
     for gi, g in enumerate(pool["gates"]):
         ds = {i: block_ratio(b) for i, b in enumerate(g["blocks"])}
         ok = [v for v in ds.values() if v is not None]
-        m = float(np.mean(ok)) if ok else 0.0
+        m = float(np.mean(ok)) if ok and offset_blind else 0.0
         dev.update({(gi, i): v - m for i, v in ds.items() if v is not None})
     s = float(np.std(list(dev.values()), ddof=1)) if len(dev) > 1 else 0.0
     return {k: rho * v + math.sqrt(max(0.0, 1 - rho * rho)) * s * float(rng.normal()) for k, v in sorted(dev.items())}
 
 
-_PROBES: dict[tuple[int, float], dict[tuple[int, int], float]] = {}
+_PROBES: dict[tuple[int, float, bool], dict[tuple[int, int], float]] = {}
 
 
 def gate_records(rng: np.random.Generator, pool: dict[str, Any], *, blocks: int, cells: int = 1,
-                 change: float = 0.0, rho: float | None = None, independent: bool = False) -> list[dict[str, Any]]:
+                 change: float = 0.0, rho: float | None = None, independent: bool = False,
+                 offset_blind: bool = False) -> list[dict[str, Any]]:
     """Run records of one simulated interleaved gate of ``cells`` cells and ``blocks`` blocks (module text): one
-    recorded gate sweep drawn at random, per cell a moving-block bootstrap of its blocks (:func:`moving_blocks`),
+    recorded gate sweep drawn at random among those of at least ``blocks`` blocks (all, where none is that long), per
+    cell ``blocks`` of its blocks without repeats (:func:`moving_blocks`: a subsample, so a gate's mean varies about
+    its recorded offset as a real gate's would; a recorded gate shorter than the simulated one repeats blocks, and its
+    resamples then keep its sample mean as an offset with half the noise: the error rates come out too high),
     each block's two runs as recorded (a failed run stays failed: the real comparison leaves its block out), the
     candidate's timed steps ``1 + change`` times as long. The speed probe is the recorded one, or with ``rho`` the
-    synthetic one of :func:`_synthetic_probe` (both versions' probe ``PROBE_S``, the candidate's times ``exp(p)``).
+    synthetic one of :func:`_synthetic_probe` (both versions' probe ``PROBE_S``, the candidate's times ``exp(p)``;
+    ``offset_blind`` passed on).
+    ``_src`` = (recorded gate index, block index).
 
     ``independent``: the old resampling, for comparison only: every gate centred on its own mean block ratio and
     each block drawn independently from all gates."""
     probe = _probe_metric()
     probes = None
     if rho is not None:
-        key = (id(pool), rho)
+        key = (id(pool), rho, offset_blind)
         probes = _PROBES.get(key)
         if probes is None:
-            probes = _PROBES[key] = _synthetic_probe(pool, rho)
+            probes = _PROBES[key] = _synthetic_probe(pool, rho, offset_blind=offset_blind)
     gates = pool["gates"]
     if independent:
         flat = [(gi, i) for gi, g in enumerate(gates) for i in range(len(g["blocks"]))]
-    gi = int(rng.integers(0, len(gates)))
+    long = [j for j, g in enumerate(gates) if len(g["blocks"]) >= blocks] or list(range(len(gates)))
+    gi = long[int(rng.integers(0, len(long)))]
     out = []
     for c in range(cells):
         if independent:
@@ -218,7 +232,7 @@ def gate_records(rng: np.random.Generator, pool: dict[str, Any], *, blocks: int,
                 scale = (1.0 + change) * math.exp(-centre) if cand else 1.0
                 st = [v * scale for v in r["step_time_s"]]
                 rec: dict[str, Any] = {
-                    "cell_id": f"c{c}", "label": f"cell {c}", "repeat": k, "code_version": r["version"],
+                    "cell_id": f"c{c}", "label": f"cell {c}", "repeat": k, "code_version": r["version"], "_src": (g, i),
                     "status": r["status"], "failure_kind": r.get("failure_kind"), "wall_s": r["wall_s"],
                     "summary": {"timed_steps": r["timed_steps"], "step_time_samples_s": st},
                     "steps": {str(t): {STEP: v} for t, v in zip(r["timed_steps"], st)}}
@@ -248,16 +262,22 @@ def _gate_mean(pool: dict[str, Any], g: int) -> float:
 
 def gate_family(pool: dict[str, Any], *, reps: int, cells: int, looks: int, alpha: float, threshold: float,
                 change: float = 0.0, rho: float | None = None, seed: int = 0, stop: bool = True,
-                independent: bool = False) -> dict[str, Any]:
+                independent: bool = False, offset_blind: bool = False) -> dict[str, Any]:
     """Error rates of the interleaved gate at a true ``change`` over ``reps`` simulated gates (:func:`gate_records`),
     each run look by look through the real stop rule (:class:`bench.gate.interleaved.GateStopRule` with the declared
     analysis of :func:`bench.gate.runs.declare_analysis`: covariate, Bonferroni over the cells, repeated intervals),
     until it stops (``stop``) or over all ``looks``. Returns counts and shares with Wilson 95 % intervals:
     ``interval`` = gates where some look's interval of some cell misses the truth; ``false`` = gates where some
     look gives a cell a wrong verdict (at a true 0: regression or improvement; above 0: improvement, or pass at a
-    true change >= the max MDE); ``regression`` / ``pass`` = the final verdicts; mean ``blocks`` used."""
+    true change >= the max MDE); ``regression`` / ``pass`` = the final verdicts; mean ``blocks`` used;
+    ``cell_looks`` (a cell at a look of at least :data:`bench.gate.runs.COVARIATE_MIN_BLOCKS` complete blocks, each
+    with a probe), ``unfitted`` (of those, where the covariate was not fitted) and ``probe_t`` (of those, where a
+    paired t test of the probe's block log ratios gives p < 0.01: where the pre-issue-45 rule switched the covariate
+    off)."""
+    from scipy import stats as sps
+
     from bench.gate.interleaved import GateStopRule
-    from bench.gate.runs import declare_analysis
+    from bench.gate.runs import COVARIATE_MIN_BLOCKS, block_pairs, declare_analysis
 
     class _Rule(GateStopRule):  # the real rule; keeps the comparison its stop decision was made on
         def compare(self, records: list[dict[str, Any]], look: int, final: bool = False) -> dict[str, Any]:
@@ -265,18 +285,26 @@ def gate_family(pool: dict[str, Any], *, reps: int, cells: int, looks: int, alph
             return self.last
 
     rng = np.random.default_rng(seed)
-    ivl = false = reg = pss = 0
+    ivl = false = reg = pss = cell_looks = unfitted = probe_t = 0
     used = []
     for _ in range(reps):
-        recs = gate_records(rng, pool, blocks=looks, cells=cells, change=change, rho=rho, independent=independent)
+        recs = gate_records(rng, pool, blocks=looks, cells=cells, change=change, rho=rho, independent=independent,
+                            offset_blind=offset_blind)
         an = declare_analysis(cells=[f"c{c}" for c in range(cells)], threshold=threshold, alpha=alpha, max_mde=None,
                               normalize=True, max_looks=looks)
         rule = _Rule(threshold=threshold, alpha=alpha, max_mde=None, normalize=True, max_blocks=looks, analysis=an)
         miss = wrong = False
         final = None
         for look in range(1, looks + 1):
-            got = rule.after_block([r for r in recs if r["repeat"] < look], look)
+            part = [r for r in recs if r["repeat"] < look]
+            got = rule.after_block(part, look)
+            pairs = {cid: c["pairs"] for cid, c in block_pairs(part).items()}
             for row in rule.last["rows"]:
+                dp = [x[2] for x in pairs.get(row["cell_id"], [])]
+                if len(dp) >= COVARIATE_MIN_BLOCKS and None not in dp:
+                    cell_looks += 1
+                    unfitted += not row["normalized"]
+                    probe_t += bool(np.std(dp) > 0 and sps.ttest_1samp(dp, 0.0).pvalue < 0.01)
                 if row.get("ci_low") is not None and not row["ci_low"] <= change <= row["ci_high"]:
                     miss = True
                 v = row["verdict"]
@@ -295,7 +323,8 @@ def gate_family(pool: dict[str, Any], *, reps: int, cells: int, looks: int, alph
     return {"n": reps, "cells": cells, "rho": rho, "looks": looks, "alpha": alpha, "change": change,
             "interval_k": ivl, "interval": ivl / reps, "interval_ci": wilson(ivl, reps),
             "false_k": false, "false": false / reps, "false_ci": wilson(false, reps),
-            "regression": reg / reps, "pass": pss / reps, "blocks": float(np.mean(used))}
+            "regression": reg / reps, "pass": pss / reps, "blocks": float(np.mean(used)),
+            "cell_looks": cell_looks, "unfitted": unfitted, "probe_t": probe_t}
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
