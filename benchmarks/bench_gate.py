@@ -61,8 +61,10 @@ sys.path.insert(0, str(ROOT))
 from bench.core.files import read_json  # noqa: E402
 from bench.gate.verdicts import compare_snapshots  # noqa: E402
 from bench.records.snapshot import snapshot  # noqa: E402
-from bench.records.speed import PROBE_METRIC  # noqa: E402
 from bench.stats.estimators import DEFAULT_ALPHA, DEFAULT_THRESHOLD  # noqa: E402
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import real_pools  # noqa: E402
 
 KINDS = ("identical", "delay5", "delay10")
 #: bootstrap resamples per gate here (the CLI uses 2000; 400 keeps thousands of simulated gates fast)
@@ -566,71 +568,24 @@ def _sim_records(rng: np.random.Generator, change: float, blocks: int, sd_pair: 
     return out
 
 
-def _pool(dirs: list[str]) -> tuple[list[tuple[float, float | None]], float]:
-    """Blocks of real recorded interleaved gate sweeps (``results/<matrix>/<sweep>`` folders of `gate
-    --interleave` of unchanged code, or plain sweeps of one code whose repeats ``2k`` and ``2k + 1`` are paired
-    as baseline and candidate of block ``k``): per complete block ``(d, dp)``, the step-time and probe log ratios
-    (:func:`bench.gate.runs.block_pairs`), each sweep's centred on its own mean (the truth is then 0
-    exactly), and the mean wall seconds of a block (both runs)."""
-    from bench.gate.runs import block_pairs
-    from bench.records.results import load_records
-
-    pool, walls = [], []
-    for d in dirs:
-        recs = load_records(Path(d))
-        if not any(r.get("code_version") for r in recs):  # a plain sweep of one code: repeats 2k, 2k+1 pair up
-            recs = [dict(r, repeat=int(r["repeat"]) // 2, code_version=("baseline", "candidate")[int(r["repeat"]) % 2])
-                    for r in recs]
-        by_block: dict[int, float] = {}
-        for r in recs:
-            if r.get("code_version") in ("baseline", "candidate") and r.get("wall_s"):
-                by_block[r["repeat"]] = by_block.get(r["repeat"], 0.0) + float(r["wall_s"])
-        walls += list(by_block.values())
-        for c in block_pairs(recs).values():
-            ds = [x[1] for x in c["pairs"]]
-            dps = [x[2] for x in c["pairs"]]
-            if len(ds) < 3:
-                continue
-            md = float(np.mean(ds))
-            mp = float(np.mean(dps)) if all(v is not None for v in dps) else None
-            pool += [(x - md, None if mp is None else v - mp) for x, v in zip(ds, dps)]
-    if not pool:
-        raise SystemExit(f"no complete blocks in {dirs}")
-    return pool, float(np.mean(walls)) if walls else float("nan")
-
-
-def _resampled(rng: np.random.Generator, pool: list, change: float, blocks: int, cells: int) -> list[dict]:
-    """Records of a simulated gate: ``cells`` cells, ``blocks`` blocks each drawn with replacement from the real
-    pool, the candidate's step time shifted by ``log(1 + change)``."""
-    out = []
-    for c in range(cells):
-        for k, i in enumerate(rng.integers(0, len(pool), blocks)):
-            d, dp = pool[i]
-            for v, x, p in (("baseline", 0.0, 0.0), ("candidate", d + math.log1p(change), dp or 0.0)):
-                rec = {"cell_id": f"c{c}", "repeat": k, "code_version": v, "status": "ok", "label": f"cell {c}",
-                       "summary": {"timed_steps": [2], "step_time_samples_s": [0.5 * math.exp(x)]},
-                       "steps": {"2": {"timing_s/step": 0.5 * math.exp(x)}}}
-                if dp is not None:
-                    rec["steps"]["2"][PROBE_METRIC] = 0.03 * math.exp(p)
-                out.append(rec)
-    return out
-
-
 def oc(args: argparse.Namespace) -> None:
     """The interleaved gate's operating characteristic from real recorded runs: ``--trials`` simulated gates per
-    true change (0, T/2, T, 1.5T, 2T of the threshold T), blocks resampled from real gate sweeps of unchanged code
-    (``--from``), ``--cells`` cells, each gate run look by look through the real stop rule
+    true change (0, T/2, T, 1.5T, 2T of the threshold T), each built from ONE recorded gate sweep of unchanged code
+    (``--pool``, :func:`real_pools.gate_records`: whole gates, a moving-block bootstrap of their blocks, per-gate
+    offsets and failed runs kept), ``--cells`` cells, each gate run look by look through the real stop rule
     (:class:`bench.gate.interleaved.GateStopRule` with the declared analysis: covariate, Bonferroni over the cells,
     repeated intervals) up to ``--blocks``. Prints per change the probability of each verdict with its Wilson
     interval, the coverage of the final interval (every cell's), the median blocks and the wall time they take
-    at the recorded seconds per block; ``--plot FILE`` draws the curve."""
+    at the recorded seconds per block; then the smallest fixed design as powerful; ``--plot FILE`` draws the curve."""
     from bench.gate.interleaved import GateStopRule
     from bench.gate.runs import declare_analysis
 
-    pool, wall = _pool(args.from_dir)
+    pool = real_pools.load_pool(Path(args.pool))
+    wall = float(np.mean([sum(r["wall_s"] for r in b["runs"]) for g in pool["gates"] for b in g["blocks"][1:]]))
     rng = np.random.default_rng(args.seed)
     T, alpha = args.threshold, args.alpha
-    print(f"interleaved gate OC from {len(pool)} real blocks ({len(args.from_dir)} sweep(s), {wall:.1f} s a block), "
+    print(f"interleaved gate OC from {pool['header']['blocks']} real blocks of {len(pool['gates'])} recorded gates "
+          f"({wall:.1f} s a block after the first), "
           f"{args.cells} cell(s), up to {args.blocks} blocks, threshold {T:.0%}, alpha {alpha} per gate, "
           f"{args.trials} gates per row, seed {args.seed}")
     print("true change  regression [95% CI]      pass [95% CI]            cannot judge  coverage  blocks  wall")
@@ -644,7 +599,7 @@ def oc(args: argparse.Namespace) -> None:
                                   max_looks=args.blocks)
             rule = GateStopRule(threshold=T, alpha=alpha, max_mde=None, normalize=True, max_blocks=args.blocks,
                                 analysis=an)
-            recs = _resampled(rng, pool, change, args.blocks, args.cells)
+            recs = real_pools.gate_records(rng, pool, blocks=args.blocks, cells=args.cells, change=change)
             for look in range(1, args.blocks + 1):
                 if rule.after_block([r for r in recs if r["repeat"] < look], look).stop:
                     break
@@ -677,8 +632,8 @@ def oc(args: argparse.Namespace) -> None:
             for _ in range(args.trials // 2):
                 an = declare_analysis(cells=[f"c{c}" for c in range(args.cells)], threshold=T, alpha=alpha,
                                       max_mde=None, normalize=True, max_looks=1)
-                res = paired_comparison(_resampled(rng, pool, change, nb, args.cells), threshold=T, alpha=alpha,
-                                        analysis=an)
+                res = paired_comparison(real_pools.gate_records(rng, pool, blocks=nb, cells=args.cells, change=change),
+                                        threshold=T, alpha=alpha, analysis=an)
                 reg += res["verdict"] == "regression"
             rates.append(reg / (args.trials // 2))
         last = (nb, rates)
@@ -714,6 +669,44 @@ def oc(args: argparse.Namespace) -> None:
         fig.tight_layout()
         fig.savefig(args.plot, dpi=120)
         print(f"plot: {args.plot}")
+
+
+def pool_cmd(args: argparse.Namespace) -> None:
+    """Write a gate pool (:func:`real_pools.record_gate_pool`) from interleaved gate sweep folders of unchanged code
+    (``--from``) to ``--out``."""
+    missing = [d for d in args.from_dir if not (Path(d) / "sweep.json").is_file()]
+    if missing:
+        raise SystemExit(f"pool: not a sweep folder (no sweep.json): {', '.join(missing)}")
+    data = real_pools.record_gate_pool([Path(d) for d in args.from_dir], args.target)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, separators=(",", ":")) + "\n")
+    h = data["header"]
+    print(f"wrote {out}: {len(data['gates'])} gates, {h['blocks']} blocks, {h['failed_runs']} failed run(s)")
+
+
+def family_cmd(args: argparse.Namespace) -> None:
+    """Family error of the interleaved gate at a true 0 on a gate pool (:func:`real_pools.gate_family`): per number of
+    cells and probe correlation, ``--trials`` gates, the share with an interval missing 0 at some look and with a
+    false verdict at some look, with their Wilson intervals and Monte Carlo standard errors."""
+    pool = real_pools.load_pool(Path(args.pool))
+    h = pool["header"]
+    print(f"pool {Path(args.pool).name}: {len(pool['gates'])} gates, {h['blocks']} blocks, {h['failed_runs']} failed "
+          f"run(s), {h['machine']}, load {h['load_average_mean']}; alpha {args.alpha}, threshold {args.threshold:.0%}, "
+          f"up to {args.blocks} looks, {args.trials} gates a row, {'until the stop' if args.stop else 'all looks'}"
+          + ("; synthetic probe blind to each gate's own mean" if args.offset_blind else ""))
+    for cells in args.cells:
+        for rho in args.rho:
+            t0 = time.time()
+            got = real_pools.gate_family(pool, reps=args.trials, cells=cells, looks=args.blocks, alpha=args.alpha,
+                                         threshold=args.threshold, rho=None if rho < 0 else rho, seed=args.seed,
+                                         stop=args.stop, offset_blind=args.offset_blind)
+            n = got["n"]
+            print(f"cells {cells} probe {'recorded' if rho < 0 else f'r={rho}'}: interval error {got['interval']:.2%} "
+                  f"(MC SE {real_pools.mc_se(got['interval'], n):.2%}, 95 % {got['interval_ci'][0]:.2%}-"
+                  f"{got['interval_ci'][1]:.2%}); false verdict {got['false']:.2%} (MC SE "
+                  f"{real_pools.mc_se(got['false'], n):.2%}); pass {got['pass']:.1%}, blocks {got['blocks']:.1f} "
+                  f"[{time.time() - t0:.0f} s]", flush=True)
 
 
 def interleaved_sim(args: argparse.Namespace) -> None:
@@ -848,8 +841,8 @@ def main() -> None:
     m.add_argument("--trials", type=int, default=200)
     m.add_argument("--seed", type=int, default=0)
     o = sub.add_parser("oc", help="operating characteristic of the interleaved gate, resampling real gate sweeps")
-    o.add_argument("--from", dest="from_dir", nargs="+", required=True,
-                   help="sweep folders of `gate --interleave` runs of unchanged code")
+    o.add_argument("--pool", default=str(real_pools.POOLS / "gate_aa_embedded.json"),
+                   help="gate pool (benchmarks/pools/gate_*.json, written by the `pool` mode)")
     o.add_argument("--cells", type=int, default=1)
     o.add_argument("--blocks", type=int, default=40)
     o.add_argument("--trials", type=int, default=1000)
@@ -857,7 +850,30 @@ def main() -> None:
     o.add_argument("--alpha", type=float, default=DEFAULT_ALPHA)
     o.add_argument("--seed", type=int, default=0)
     o.add_argument("--plot", default=None, help="PNG file for the curve")
+    q = sub.add_parser("pool", help="write a gate pool from interleaved gate sweeps of unchanged code")
+    q.add_argument("--from", dest="from_dir", nargs="+", required=True, help="gate sweep folders")
+    q.add_argument("--target", default="embedded:cpu")
+    q.add_argument("--out", default=str(real_pools.POOLS / "gate_aa_embedded.json"))
+    f = sub.add_parser("family", help="family error at a true 0 on a gate pool, per cells and probe correlation")
+    f.add_argument("--pool", default=str(real_pools.POOLS / "gate_aa_embedded.json"))
+    f.add_argument("--cells", type=int, nargs="+", default=[1, 2, 4])
+    f.add_argument("--rho", type=float, nargs="+", default=[-1.0, 0.5, 0.9],
+                   help="probe correlations (a synthetic probe tracking the real block noise); -1: the recorded probe")
+    f.add_argument("--blocks", type=int, default=12)
+    f.add_argument("--trials", type=int, default=500)
+    f.add_argument("--alpha", type=float, default=0.05)
+    f.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
+    f.add_argument("--all-looks", dest="stop", action="store_false", help="every look, not only until the stop")
+    f.add_argument("--offset-blind", action="store_true",
+                   help="the synthetic probe sees none of a recorded gate's own mean (a stress case)")
+    f.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.mode == "pool":
+        pool_cmd(args)
+        return
+    if args.mode == "family":
+        family_cmd(args)
+        return
     if args.mode == "oc":
         oc(args)
         return

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+from real_pools import moving_blocks  # benchmarks/ (this script's folder) is on sys.path
 
 from bench.planning import sequential
 from bench.planning.sequential import EffectsStopRule
@@ -163,16 +164,18 @@ def recorded_model(fix: dict[str, Any]) -> Any:
 
 def centred_blocks(fix: dict[str, Any]) -> list[list[dict[str, Any]]]:
     """The complete recorded blocks (every cell of the sweep present, failed runs included), each its runs in
-    recorded order, each run with ``scale``: ``exp(grand mean - its cell's mean)`` of the recorded run values
-    (``value_log`` of the ok runs), so that every cell's scaled run values average the same (no real effect is
-    left), and ``cost_s``: its duration plus the recorded gap before the next run of its sweep (the harness's time
-    between runs; the sweep's last run: the median gap)."""
+    recorded order, in recorded order of sweep and block, each run with ``scale``: ``exp(grand mean - its cell's
+    mean)``, ONE factor per cell over the whole pool (the mean of its ok runs' ``value_log`` over every recorded
+    sweep moved to the grand mean), so that no real effect is left while each sweep's offset and its sweep x cell
+    departures stay as recorded (issue 45: the old per-sweep centring erased them), and ``cost_s``: its duration
+    plus the recorded gap before the next run of its sweep (the harness's time between runs; the sweep's last run:
+    the median gap)."""
     runs, serial = fix["runs"], next(_SERIAL)
-    means: dict[tuple[int, str], list[float]] = {}
+    means: dict[str, list[float]] = {}
     for r in runs:
         if r["status"] == "ok" and r["value_log"] is not None:
-            means.setdefault((r["sweep"], r["cell_id"]), []).append(r["value_log"])
-    grand = {s: float(np.mean([np.mean(v) for (s2, _), v in means.items() if s2 == s])) for s, _ in means}
+            means.setdefault(r["cell_id"], []).append(r["value_log"])
+    grand = float(np.mean([np.mean(v) for v in means.values()])) if means else 0.0
     gaps: dict[tuple[int, int], float] = {}
     for s in {r["sweep"] for r in runs}:
         seq = sorted((r for r in runs if r["sweep"] == s), key=lambda r: r["order"])
@@ -182,8 +185,8 @@ def centred_blocks(fix: dict[str, Any]) -> list[list[dict[str, Any]]]:
     cells = {s: {r["cell_id"] for r in runs if r["sweep"] == s} for s in {r["sweep"] for r in runs}}
     blocks: dict[tuple[int, int], list[dict[str, Any]]] = {}
     for r in runs:
-        m = means.get((r["sweep"], r["cell_id"]))
-        scale = math.exp(grand[r["sweep"]] - float(np.mean(m))) if m else 1.0
+        m = means.get(r["cell_id"])
+        scale = math.exp(grand - float(np.mean(m))) if m else 1.0
         blocks.setdefault((r["sweep"], r["block"]), []).append(
             {**r, "scale": scale, "cost_s": r["wall_s"] + gaps.get((r["sweep"], r["order"]), med_gap), "src": serial})
     return [sorted(v, key=lambda r: r["order"]) for k, v in sorted(blocks.items())
@@ -192,28 +195,25 @@ def centred_blocks(fix: dict[str, Any]) -> list[list[dict[str, Any]]]:
 
 def resample(rng: np.random.Generator, blocks: list[list[dict[str, Any]]], n_blocks: int, factor: str,
              change: float) -> list[dict[str, Any]]:
-    """Records of one simulated sweep of ``n_blocks`` blocks. Each block takes the cell order of a recorded block
-    drawn at random (:func:`centred_blocks`), and for each of its cells a recorded run of that cell drawn with
-    replacement from all its recorded runs (failed runs included, so failures come at their recorded rate); the
-    timed steps of a run with ``factor`` on (level 1) take ``1 + change`` times as long. Each record carries
-    ``_cost_s`` (wall seconds it took) and ``_key`` (its source run and scale).
+    """Records of one simulated sweep of ``n_blocks`` blocks, the real dependence kept (issue 45): ONE recorded sweep
+    drawn at random (its offset, its machine state, its failures), then a moving-block bootstrap of its complete
+    blocks (:func:`real_pools.moving_blocks`: chunks of consecutive recorded blocks, so drift and serial correlation
+    within a chunk stay; every recorded block once before any comes twice), each block WHOLE: every cell's recorded
+    run of that block, in the recorded order, failed runs included (the real reader leaves them out). The timed
+    steps of a run with ``factor`` on (level 1) take ``1 + change`` times as long. Each record carries ``_cost_s``
+    (wall seconds it took) and ``_key`` (its source run and scale).
 
-    Runs are drawn per cell, not as whole recorded blocks: with a handful of recorded blocks, whole blocks drawn
-    with replacement repeat one another exactly in the first looks (two of two blocks the same one time in six
-    with six blocks), a fit whose residuals are all 0 and an interval of width 0 that no real sweep produces
-    (measured: a family false-effect rate of 10 % at a true 0 over 60 sweeps); and drawn without replacement, in
-    cycles, every complete cycle reproduces the centred means exactly (no sampling error at all). The block
-    effect, 0.000 in the recorded model of ``docs/method.md``, goes into the run-to-run noise this way, which
-    errs on the safe side."""
-    by_cell: dict[str, list[dict[str, Any]]] = {}
+    A simulated sweep longer than its recorded sweep repeats recorded blocks; with a pool of few blocks per sweep
+    (``recorded_runs_embedded.json``: 3) such ties make later intervals too narrow, so the figures of
+    ``docs/method.md`` come from ``benchmarks/pools/sweep_small4_embedded.json`` (10 blocks a sweep)."""
+    by_sweep: dict[int, list[list[dict[str, Any]]]] = {}
     for b in blocks:
-        for r in b:
-            by_cell.setdefault(r["cell_id"], []).append(r)
+        by_sweep.setdefault(b[0]["sweep"], []).append(b)
+    sweeps = sorted(by_sweep)
+    mine = by_sweep[sweeps[int(rng.integers(0, len(sweeps)))]]
     out = []
-    for k in range(n_blocks):
-        for t in blocks[int(rng.integers(0, len(blocks)))]:
-            pool = by_cell[t["cell_id"]]
-            r = pool[int(rng.integers(0, len(pool)))]
+    for k, i in enumerate(moving_blocks(rng, len(mine), n_blocks)):
+        for r in mine[i]:
             mult = (1.0 + change) if r["levels"].get(factor) == 1 else 1.0
             rec = to_record(r, r["scale"] * mult, repeat=k)
             rec["_cost_s"], rec["_key"] = r["cost_s"], (r["src"], r["sweep"], r["order"], r["scale"] * mult)

@@ -144,3 +144,5 @@ def test_noise_components_and_mde():
     small, big = mde_from_se(0.01, alpha=0.05), mde_from_se(0.02, alpha=0.05)
     assert 0 < small < big
     assert mde_from_se(0.01, alpha=0.01, threshold=0.05) > 0.05
+    # a tiny alpha on 1 df (gate --alpha 1e-6 at its 2nd block) is "cannot see any change", not OverflowError
+    assert mde_from_se(0.2, alpha=1e-6 / 2, df=1) == math.inf

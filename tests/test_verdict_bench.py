@@ -151,47 +151,58 @@ def test_recorded_runs_fixture_loads_with_every_field_and_no_machine_path():
     assert not re.search(r'"/[^"]', text)  # no string of the fixture is an absolute path
 
 
-def test_resampler_centres_every_cell_and_draws_each_cell_from_its_own_runs():
-    """Centred blocks: every cell's scaled run values (as the real reader sees them) average the same grand mean, so
-    no real effect is left; a resampled block holds every cell once, in a recorded block's cell order, each run drawn
-    from that cell's own recorded runs, and only the runs with the changed factor on are slower, by exactly
-    1 + change."""
+def test_resampler_centres_each_cell_once_and_keeps_whole_blocks_of_one_sweep():
+    """Issue 45: one scale per cell over the whole pool (its pooled scaled run values, as the real reader sees them,
+    average the grand mean: no real effect left), so each recorded sweep keeps its own offset; a resampled sweep
+    takes every block WHOLE (every cell's run of one recorded block, in its recorded order) from ONE recorded sweep,
+    in chunks of consecutive recorded blocks (each once before any repeats), and only the runs with the changed
+    factor on are slower, by exactly 1 + change."""
     fix = sv.load_fixture(FIXTURE)
     blocks = sv.centred_blocks(fix)
     per_cell: dict[str, list[float]] = {}
+    per_sweep: dict[int, list[float]] = {}
     for b in blocks:
         for r in b:
             if r["status"] == "ok":
                 _, y, _, _ = sequential.run_observations([sv.to_record(r, r["scale"])])
                 assert math.isclose(y[0], r["value_log"] + math.log(r["scale"]), abs_tol=1e-6)
                 per_cell.setdefault(r["cell_id"], []).append(y[0])
+                per_sweep.setdefault(r["sweep"], []).append(y[0])
     means = [float(np.mean(v)) for v in per_cell.values()]
     raw = [float(np.mean([r["value_log"] for b in blocks for r in b if r["cell_id"] == c and r["status"] == "ok"]))
            for c in per_cell]
     assert max(means) - min(means) < 1e-4 < max(raw) - min(raw)  # the recorded cells differed; centred, they do not
+    sweep_means = [float(np.mean(v)) for v in per_sweep.values()]
+    assert max(sweep_means) - min(sweep_means) > 1e-3  # the sweeps' offsets stay (per-sweep centring erased them)
+    assert len({r["cell_id"]: r["scale"] for b in blocks for r in b}) == len({(r["cell_id"], r["scale"])
+                                                                               for b in blocks for r in b})
     rng = np.random.default_rng(4)
-    recs = sv.resample(rng, blocks, 40, "dynamic_bsz", 0.10)
-    assert len(recs) == 40 * 4 and [r["repeat"] for r in recs] == [k for k in range(40) for _ in range(4)]
     by_src = {(r["sweep"], r["order"]): r for b in blocks for r in b}
-    orders = {tuple(r["cell_id"] for r in b) for b in blocks}
-    used = set()
-    for k in range(40):
-        srcs = [by_src[rec["_key"][1:3]] for rec in recs[4 * k: 4 * k + 4]]
-        assert tuple(s["cell_id"] for s in srcs) in orders  # every cell once, in a recorded block's order
-        for rec, s in zip(recs[4 * k: 4 * k + 4], srcs):
-            assert rec["cell_id"] == s["cell_id"] and rec["levels"] == s["levels"]
-            mult = 1.10 if s["levels"]["dynamic_bsz"] == 1 else 1.0
-            got = rec["summary"]["step_time_samples_s"]
-            assert np.allclose(got, np.array(s["step_time_s"]) * s["scale"] * mult)
-            assert rec["_cost_s"] >= s["wall_s"]
-            used.add((s["sweep"], s["order"]))
-    assert len(used) > len(blocks) * 4 // 2  # runs of many recorded blocks mixed, not whole blocks
+    for _ in range(5):
+        recs = sv.resample(rng, blocks, 12, "dynamic_bsz", 0.10)
+        assert len(recs) == 12 * 4 and [r["repeat"] for r in recs] == [k for k in range(12) for _ in range(4)]
+        srcs = [by_src[rec["_key"][1:3]] for rec in recs]
+        assert len({s["sweep"] for s in srcs}) == 1  # one recorded sweep
+        for k in range(12):
+            blk = srcs[4 * k: 4 * k + 4]
+            assert len({s["block"] for s in blk}) == 1  # a whole recorded block ...
+            assert [s["order"] for s in blk] == sorted(s["order"] for s in blk)  # ... in its recorded order
+            for rec, src in zip(recs[4 * k: 4 * k + 4], blk):
+                mult = 1.10 if src["levels"]["dynamic_bsz"] == 1 else 1.0
+                assert np.allclose(rec["summary"]["step_time_samples_s"], np.array(src["step_time_s"]) * src["scale"]
+                                   * mult)
+                assert rec["_cost_s"] >= src["wall_s"]
+        n = len({s["block"] for s in by_src.values() if s["sweep"] == srcs[0]["sweep"]})
+        first = [srcs[4 * k]["block"] for k in range(n)]
+        assert sorted(first) == list(range(n))  # every recorded block once before any comes twice
+        assert sum((b - a) % n == 1 for a, b in zip(first, first[1:])) >= n // 2  # in runs of consecutive blocks
 
 
 def test_short_resampled_simulation_runs_the_real_stop_rule():
-    """50 resampled sweeps of up to 6 blocks at a true 0 and at 2 x the 5 % threshold of dynamic_bsz, each through
-    the shipped stop rule look by look: rates are shares in [0, 1], the change is called 'slower' far more often at
-    2T than at 0, and a sweep's wall time is its runs' recorded seconds (at most 6 blocks of them)."""
+    """50 resampled sweeps of up to 3 blocks (the recorded sweeps' length: longer ones repeat blocks, issue 45) at a
+    true 0 and at 2 x the 5 % threshold of dynamic_bsz, each through the shipped stop rule look by look: rates are
+    shares in [0, 1], the change is called 'slower' far more often at 2T than at 0, and a sweep's wall time is its
+    runs' recorded seconds (at most 3 blocks of them)."""
     fix = sv.load_fixture(FIXTURE)
     blocks = sv.centred_blocks(fix)
     block_s = max(sum(r["cost_s"] for r in b) for b in blocks)
@@ -200,10 +211,10 @@ def test_short_resampled_simulation_runs_the_real_stop_rule():
         got = {}
         for mult in (0.0, 2.0):
             rng = np.random.default_rng([9, int(mult)])
-            res = [sv.sequential_sweep(sv.resample(rng, blocks, 6, "dynamic_bsz", mult * 0.05), 4, 6, 0.05, 0.05)
+            res = [sv.sequential_sweep(sv.resample(rng, blocks, 3, "dynamic_bsz", mult * 0.05), 4, 3, 0.05, 0.05)
                    for _ in range(50)]
             got[mult] = sv.score(res, "dynamic_bsz", mult * 0.05, 0.05)
-            assert all(1 <= s["blocks"] <= 6 and 0 < s["wall_s"] <= 6 * block_s + 60 for s in res)
+            assert all(1 <= s["blocks"] <= 3 and 0 < s["wall_s"] <= 3 * block_s + 60 for s in res)
     finally:
         sequential.run_observations = sv._RUN_OBSERVATIONS
     for s in got.values():

@@ -25,13 +25,15 @@ def mde_from_se(se: float, *, alpha: float, power: float = 0.8, threshold: float
     """Smallest true relative change detected with probability ``power`` given the log-scale SE.
 
     Two-sided test at ``alpha`` (normal approximation; Student t quantiles on ``df`` degrees of freedom
-    when given); with a ``threshold`` the estimate must also exceed it (the gate's rule).
+    when given); with a ``threshold`` the estimate must also exceed it (the gate's rule). ``inf`` where the log
+    change is beyond what a float holds (a tiny alpha on 1 degree of freedom: ``gate --alpha 1e-6`` at its second
+    block raised OverflowError).
     """
     za, zp = _quantiles(alpha, power, df)
     d = (za + zp) * se
     if threshold:
         d = max(d, math.log1p(threshold) + zp * se)
-    return math.expm1(d)
+    return math.expm1(d) if d < 700 else math.inf
 
 
 @lru_cache(maxsize=65536)
