@@ -113,6 +113,19 @@ def pooled(values: list[float], level: float = 0.95) -> tuple[float, float, floa
     return math.expm1(m), math.expm1(m - h), math.expm1(m + h)
 
 
+def cpu_ratios(sweep: str | Path) -> list[float]:
+    """Per complete block of a gate sweep, ``log(cpu_cand / cpu_base)`` of the runs' median step CPU time
+    (``summary.cpu_time_median_s`` of each ``record.json``): the comparison without the CPU share the machine's other
+    jobs took (a wall-time ratio carries it)."""
+    runs: dict[int, dict[str, float]] = {}
+    for rec in Path(sweep).glob("*/r*/record.json"):
+        r = json.loads(rec.read_text())
+        cpu = (r.get("summary") or {}).get("cpu_time_median_s")
+        if r.get("status") == "ok" and cpu:
+            runs.setdefault(r["repeat"], {})[r["code_version"]] = float(cpu)
+    return [math.log(v["candidate"] / v["baseline"]) for _, v in sorted(runs.items()) if len(v) == 2]
+
+
 def summary(done: list[dict]) -> None:
     """Print the table of ``done`` tries and the shares and pooled A/A offset (module docstring)."""
     print("| try | start (UTC) | kind | verdict (exit) | blocks | wall s | change [RCI] | raw change | "
@@ -140,6 +153,15 @@ def summary(done: list[dict]) -> None:
         if p is not None:
             print(f"A/A offset ({what}), mean over {len(vals)} gates: {p[0]:+.2%} (95 % t interval over gates "
                   f"{p[1]:+.2%} to {p[2]:+.2%})")
+    for kind in ("A/A", "slowed"):
+        per = [cpu_ratios(e["sweep"]) for e in done if e["kind"] == kind and e.get("sweep")]
+        per = [x for x in per if x]
+        p = pooled([float(np.mean(x)) for x in per])
+        if p is not None:
+            sd = [float(np.std(x, ddof=1)) for x in per if len(x) > 1]
+            print(f"{kind}, median step CPU time: mean over {len(per)} gates of the per-gate mean block log ratio "
+                  f"{p[0]:+.2%} (95 % t interval over gates {p[1]:+.2%} to {p[2]:+.2%}); SD of a block's CPU-time "
+                  f"log ratio median {np.median(sd):.3f}")
     sds = [r["sd_pair"] for e in done for r in e["rows"][:1] if r.get("sd_pair") is not None]
     if sds:
         print(f"SD of a block's log ratio: median {np.median(sds):.3f} (range {min(sds):.3f}-{max(sds):.3f})")
