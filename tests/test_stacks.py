@@ -253,3 +253,30 @@ def test_a_stack_level_reads_as_its_name_in_every_label():
     assert _stack_term_label("stack", ["a", "b"]) == "stack (b vs a)"
     assert _stack_term_label("dynamic_bsz:stack", ["a", "b"]) == "dynamic_bsz:stack (b vs a)"
     assert _stack_term_label("stack=2", names) == "stack=c (vs a)"
+
+
+def test_the_stack_executor_waits_for_every_stacks_server_before_the_first_run(tmp_path):
+    """Two real fork servers (each preloading only ``json``: cheap): the first run (stack ``a``) starts only when
+    ``b``'s server has imported too, so no first-block run shares the CPUs with another stack's imports; the run is
+    forked from ``a``'s server and leaves ``b``'s server running and idle."""
+    import json
+    import sys
+
+    from bench.execution.executors import ResolvedLaunch
+    from bench.execution.forkserver import ForkServerExecutor
+    from bench.execution.stacks import OpenStack, StackExecutor
+
+    stacks = {n: OpenStack(name=n, python=sys.executable, paths=[], env={}) for n in ("a", "b")}
+    ex = StackExecutor(lambda st: ForkServerExecutor(preload=("json",), python=st.python), stacks)
+    try:
+        assert not any(e.ready for e in ex.executors.values())
+        run = tmp_path / "r0"
+        run.mkdir()
+        res = ex.execute(ResolvedLaunch([sys.executable, "-m", "platform"], {STACK_ENV: "a"}, run, 60.0))
+        assert res.returncode == 0, (run / "run.log").read_text()
+        assert ex.executors["b"].ready and ex.executors["b"].proc.poll() is None
+        assert json.loads((run / "launcher.json").read_text())["server_pid"] == ex.executors["a"].proc.pid
+        assert (run / "run.log").read_text().strip()  # platform printed its line
+    finally:
+        ex.close()
+    assert all(e.proc is None for e in ex.executors.values())

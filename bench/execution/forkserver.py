@@ -190,6 +190,14 @@ class ForkServerExecutor:
                 raise RuntimeError("fork server did not start")
             self.ready = True
 
+    def wait_ready(self) -> None:
+        """Block until the server has imported its modules (started if needed); a server that does not start is
+        left to :meth:`execute` (which falls back to a local process)."""
+        try:
+            self._ensure()
+        except (OSError, RuntimeError, AttributeError):
+            pass
+
     def pin(self, cpus: set[int]) -> None:
         """Runs forked from now on run on ``cpus`` only: the server's main thread forks them and a child inherits
         its CPU affinity (``os.sched_setaffinity``); a server that does not start is left to :meth:`execute`."""

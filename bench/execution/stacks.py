@@ -258,9 +258,13 @@ class StackExecutor:
     def __init__(self, make: Callable[[OpenStack], Executor], stacks: dict[str, OpenStack]):
         self.make, self.stacks = make, stacks
         self.executors: dict[str, Executor] = {n: make(s) for n, s in stacks.items()}
+        self.warm = False
 
     def execute(self, launch: ResolvedLaunch) -> ExecResult:
-        """Run ``launch`` with its stack's executor.
+        """Run ``launch`` with its stack's executor. Before the first run, every stack's server is waited for
+        (``wait_ready``): the first run would otherwise share the 2 cores with the other stacks' servers still
+        importing torch, transformers and verl, a slowdown of one side in the first block only, which no block
+        cancels (one shared server, as ``gate --interleave`` has, never has it).
 
         Raises:
             BenchError: the launch names no stack of this sweep.
@@ -268,6 +272,10 @@ class StackExecutor:
         name = launch.env.get(STACK_ENV)
         if name not in self.stacks:
             raise BenchError(f"run {launch.run_dir}: stack {name!r} unknown (known: {sorted(self.stacks)})")
+        if not self.warm:
+            for ex in self.executors.values():
+                getattr(ex, "wait_ready", lambda: None)()
+            self.warm = True
         if name not in self.executors:
             self.executors[name] = self.make(self.stacks[name])
         return self.executors[name].execute(launch)
