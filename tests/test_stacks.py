@@ -239,6 +239,19 @@ def test_a_run_started_with_python_m_records_its_imports_at_exit(tmp_path):
     torch = got["packages"]["torch"]  # installed here, not imported by that process
     assert torch["imported"] is False and torch["dist"] and torch["file"] is None
 
+    # a `python -m` process the main process starts (verl's vLLM engine is one) writes nothing, even when it ends
+    # first: only the run's main process records what the run imported
+    (tmp_path / "versions.json").unlink()
+    (tmp_path / "bench_child_mod.py").write_text("import json\n")
+    (tmp_path / "bench_main_mod.py").write_text(
+        "import os, subprocess, sys\n"
+        "subprocess.run([sys.executable, '-m', 'bench_child_mod'], check=True)\n"
+        "print('after child', os.path.exists(os.path.join(os.environ['BENCH_RUN_DIR'], 'versions.json')))\n")
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "bench_main_mod"], env=env, check=True, cwd=tmp_path,
+                         capture_output=True, text=True).stdout
+    assert out.strip() == "after child False" and (tmp_path / "versions.json").is_file()
+
 
 def test_a_stack_level_reads_as_its_name_in_every_label():
     from bench.report.tables import _stack_term_label
