@@ -46,9 +46,17 @@ def _chain() -> None:
 def _bench_versions_at_exit() -> None:
     """In a run's main process (started with ``python -m MODULE``; Ray's script-started workers are not), write
     the versions this process imported into ``$BENCH_RUN_DIR/versions.json`` when it exits normally
-    (:func:`bench.core.metadata.write_run_versions`; the embedded engine writes its own before ``os._exit``)."""
+    (:func:`bench.core.metadata.write_run_versions`; the embedded engine writes its own before ``os._exit``).
+
+    The main process is the run's first Python process: it puts its pid in ``BENCH_RUN_MAIN_PID``, which every
+    process it starts inherits (Ray's workers, vLLM's engine processes, some started with ``python -m`` too), and
+    those write nothing: a verl run's vLLM process, which imports no verl, once wrote the run's versions."""
     if not os.environ.get("BENCH_RUN_DIR"):
         return
+    owner = os.environ.get("BENCH_RUN_MAIN_PID")
+    if owner and owner != str(os.getpid()):
+        return
+    os.environ["BENCH_RUN_MAIN_PID"] = str(os.getpid())
     import atexit
 
     def write() -> None:

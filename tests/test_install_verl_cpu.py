@@ -112,3 +112,18 @@ def test_torchvision_comes_back_without_dependencies_after_the_cuda_builds_are_r
     assert "--no-deps" in cmd and "-c" in cmd and cmd[cmd.index("-c") + 1].endswith("constraints-verl-cpu.txt")
     pins = (ROOT / "constraints-verl-cpu.txt").read_text().splitlines()
     assert "torchvision==0.28.0" in pins and "torch==2.13.0+cpu" in pins
+
+
+def test_another_verl_release_keeps_every_other_pin_and_a_bad_one_is_refused(tmp_path):
+    """``BENCH_VERL_VERSION`` (a second verl stack for a ``stack`` factor, docs/stacks.md): every install uses the
+    venv's own copy of the pins with only verl's line changed; a value that is no release number is refused."""
+    cmds = _commands(tmp_path, BENCH_VERL_VERSION="0.9.0")
+    pins = str(tmp_path / "venv" / "constraints-verl-cpu.txt")
+    installs = [c for c in cmds if c[1:4] == ["-m", "pip", "install"] and "-c" in c]
+    assert len(installs) == 4 and all(c[c.index("-c") + 1] == pins for c in installs)
+    assert not (tmp_path / "venv").exists()
+    full = {**os.environ, "BENCH_INSTALL_DRY_RUN": "1", "BENCH_VERL_VERSION": "0.9;rm"}
+    p = subprocess.run(["bash", str(SCRIPT), str(tmp_path / "venv")], env=full, capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        "error: BENCH_VERL_VERSION '0.9;rm' is not a release number (e.g. 0.9.0)"] and not p.stdout

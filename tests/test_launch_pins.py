@@ -38,8 +38,26 @@ def _normalize(value):
     return value
 
 
+#: shipped matrices whose stacks are named by variables (docs/stacks.md): both stacks get the verl CPU stack's
+#: interpreter here (the launches leave it to the stack, ``{verl_python}``; the dry run probes it for real)
+STACK_VARS = {"verl_cpu_stacks.yaml": ("BENCH_VERL_090_PYTHON", "BENCH_VERL_091_PYTHON")}
+
+
+def _stack_env(matrix: Path) -> dict[str, str]:
+    names = STACK_VARS.get(matrix.name, ())
+    if not names:
+        return {}
+    sys.path.insert(0, str(REPO))
+    from bench.engines.verl_cpu.target import verl_python
+
+    python = verl_python()
+    if python == sys.executable or not Path(python).exists():
+        pytest.skip(f"{matrix.name}: the verl CPU stack is not installed (bash tools/install_verl_cpu.sh)")
+    return dict.fromkeys(names, python)
+
+
 def _dry_run(matrix: Path, *extra: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), **_stack_env(matrix)}
     out = subprocess.run(
         [sys.executable, str(REPO / "run_bench.py"), "run", str(matrix), "--dry-run", "--json", "--order-seed", "0",
          *extra],
@@ -63,14 +81,14 @@ def _same_launch(want: dict, got: dict) -> bool:
 
 def launches(matrix: Path) -> dict[str, dict]:
     """The pinned form of one matrix: ``{"runs": {cell_id: {argv, env, patches[, config]}}}`` plus ``"smoke"`` (the same
-    for the ``--smoke`` cells) when the matrix's engine supports smoke runs."""
+    for the ``--smoke`` cells) when the matrix's engine supports smoke runs and it has no stack factor."""
     plan = _dry_run(matrix)
     sys.path.insert(0, str(REPO))
     from bench.core.engine_registry import engine_class
 
     engine = engine_class(plan["engine"])
     out = {"engine": plan["engine"], "runs": _cells(plan["runs"], engine.shows_config)}
-    if engine.supports_smoke:
+    if engine.supports_smoke and "stacks" not in plan:  # --smoke refuses a stack factor (docs/stacks.md)
         out["smoke"] = _cells(_dry_run(matrix, "--smoke")["cells"], False)
     return out
 

@@ -239,6 +239,19 @@ def test_a_run_started_with_python_m_records_its_imports_at_exit(tmp_path):
     torch = got["packages"]["torch"]  # installed here, not imported by that process
     assert torch["imported"] is False and torch["dist"] and torch["file"] is None
 
+    # a `python -m` process the main process starts (verl's vLLM engine is one) writes nothing, even when it ends
+    # first: only the run's main process records what the run imported
+    (tmp_path / "versions.json").unlink()
+    (tmp_path / "bench_child_mod.py").write_text("import json\n")
+    (tmp_path / "bench_main_mod.py").write_text(
+        "import os, subprocess, sys\n"
+        "subprocess.run([sys.executable, '-m', 'bench_child_mod'], check=True)\n"
+        "print('after child', os.path.exists(os.path.join(os.environ['BENCH_RUN_DIR'], 'versions.json')))\n")
+    env["PYTHONPATH"] += os.pathsep + str(tmp_path)
+    out = subprocess.run([sys.executable, "-m", "bench_main_mod"], env=env, check=True, cwd=tmp_path,
+                         capture_output=True, text=True).stdout
+    assert out.strip() == "after child False" and (tmp_path / "versions.json").is_file()
+
 
 def test_a_stack_level_reads_as_its_name_in_every_label():
     from bench.report.tables import _stack_term_label
@@ -280,3 +293,51 @@ def test_the_stack_executor_waits_for_every_stacks_server_before_the_first_run(t
     finally:
         ex.close()
     assert all(e.proc is None for e in ex.executors.values())
+#: the shipped matrix of two verl releases, each in its own venv, crossed with dynamic_bsz (docs/stacks.md)
+VERL_STACKS = Path(__file__).resolve().parent.parent / "matrix" / "verl_cpu_stacks.yaml"
+#: the variables naming its two interpreters
+VERL_STACK_VARS = ("BENCH_VERL_090_PYTHON", "BENCH_VERL_091_PYTHON")
+
+
+def test_the_shipped_verl_stacks_matrix_plans_two_venvs_crossed_with_dynamic_bsz(monkeypatch):
+    """The verl engine builds the cells of a ``stack`` factor (it once looked the stack up as an optimization);
+    each venv comes from its variable, the launches leave the interpreter to the stack (``{verl_python}``)."""
+    for i, var in enumerate(VERL_STACK_VARS):
+        monkeypatch.setenv(var, f"/venvs/v{i}/bin/python")
+    m = load_matrix(VERL_STACKS)
+    assert m.engine == "verl" and m.stack_levels == ["verl-0.9.0", "verl-0.9.1"] and m.repeats == 2
+    assert [m.stacks[n].python for n in m.stack_levels] == ["/venvs/v0/bin/python", "/venvs/v1/bin/python"]
+    plan = make_plan(m, "cpu", strict=False)
+    got = sorted((r.stack, r.levels["dynamic_bsz"]) for r in plan.runs)
+    assert got == [("verl-0.9.0", 0), ("verl-0.9.0", 1), ("verl-0.9.1", 0), ("verl-0.9.1", 1)]
+    assert len({r.cell_id for r in plan.runs}) == 4
+    assert all(r.launch.argv[0] == "{verl_python}" and "/venvs/" not in " ".join(r.launch.argv) for r in plan.runs)
+    dyn = {r.levels["dynamic_bsz"]: "actor_rollout_ref.actor.use_dynamic_bsz=true" in r.launch.argv for r in plan.runs}
+    assert dyn == {0: False, 1: True}
+    assert {r.label for r in plan.runs} == {"verl-0.9.0", "verl-0.9.1", "dynamic_bsz+verl-0.9.0",
+                                            "dynamic_bsz+verl-0.9.1"}
+
+
+def test_the_shipped_verl_stacks_matrix_without_its_variables_is_refused(box, capsys, monkeypatch):  # noqa: F811
+    for var in VERL_STACK_VARS:
+        monkeypatch.delenv(var, raising=False)
+    check_refused(box, ["run", str(VERL_STACKS), "--dry-run"], capsys,
+                  ("verl_cpu_stacks.yaml", "stacks.verl-0.9.0.python", "BENCH_VERL_090_PYTHON"))
+
+
+def test_the_import_probe_applies_its_engines_runtime_patches(tmp_path):
+    """The probe imports as a run does: ``patches/`` first on the path and ``BENCH_PATCHES`` set (the verl CPU stack
+    cannot import verl's trainer without the ``verl_cpu`` patch's torchvision workaround); here a patch name that
+    does not exist, whose refusal only ``patches/sitecustomize.py`` prints."""
+    import sys
+
+    from bench.engines.base import capability
+    from bench.execution.stacks import OpenStack, probe, probe_result
+
+    assert capability("verl", "stack_probe_patches")("cpu") == ("verl_cpu",)
+    assert capability("embedded", "stack_probe_patches")("cpu") == ()
+    stack = OpenStack(name="a", python=sys.executable, paths=[], env={})
+    proc = probe(stack, ("json",), ("bench_no_such_patch",))
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0 and "unknown patch 'bench_no_such_patch'" in err
+    assert probe_result("m.yaml", "a", probe(stack, ("json",)))["python"] == sys.executable

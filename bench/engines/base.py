@@ -170,6 +170,13 @@ class EngineBase:
         return ()
 
     @staticmethod
+    def stack_probe_patches(platform: str) -> tuple[str, ...]:
+        """The runtime patches (``BENCH_PATCHES`` specs, ``patches/`` first on the path) a stack's import probe
+        applies, as this engine's runs on ``platform`` apply them, so the probe imports what a run can import
+        (a workaround a run needs to import its packages); default none."""
+        return ()
+
+    @staticmethod
     def stack_placeholders(python: str) -> dict[str, str]:
         """The launch placeholders (besides ``{python}``) that name the interpreter of a run, filled with a
         stack's interpreter ``python`` for the runs of that stack; default none."""

@@ -39,7 +39,7 @@ from typing import Any, Callable, Iterator
 from bench.core.errors import BenchError
 from bench.core.process import ExecResult
 from bench.engines.base import capability
-from bench.execution.executors import Executor, ResolvedLaunch, close_executors
+from bench.execution.executors import PATCHES_DIR, Executor, ResolvedLaunch, close_executors
 from bench.spec.launch import REPO_ROOT
 from bench.spec.matrix import Matrix
 from bench.spec.stack import STACK_ENV, Stack
@@ -153,10 +153,14 @@ def stack_launch_env(stack: OpenStack, base: dict[str, str] | None = None) -> di
     return env
 
 
-def probe(stack: OpenStack, packages: tuple[str, ...]) -> subprocess.Popen:
+def probe(stack: OpenStack, packages: tuple[str, ...], patches: tuple[str, ...] = ()) -> subprocess.Popen:
     """Start the import probe of ``stack`` (its interpreter, paths and variables): imports ``packages`` in order,
     then prints :func:`bench.core.metadata.run_versions` as JSON; on the first import that fails, prints
-    ``{"failed": name, "error": ...}`` and exits 3. Read it with :func:`probe_result`."""
+    ``{"failed": name, "error": ...}`` and exits 3. Read it with :func:`probe_result`.
+
+    ``patches``: runtime patch specs the probe applies as a run of its engine does (``patches/`` first on the
+    path, ``BENCH_PATCHES``; :meth:`bench.engines.base.EngineBase.stack_probe_patches`), so that it imports
+    what a run can; no run folder, so no patch report is written."""
     code = ("import importlib, json, sys\n"
             "sys.modules.setdefault('sklearn', None)\n"
             f"for name in {list(packages)!r}:\n"
@@ -167,8 +171,12 @@ def probe(stack: OpenStack, packages: tuple[str, ...]) -> subprocess.Popen:
             "        sys.exit(3)\n"
             "from bench.core.metadata import run_versions\n"
             "print(json.dumps(run_versions()))\n")
+    env = stack_launch_env(stack)
+    if patches:
+        env["PYTHONPATH"] = os.pathsep.join([str(PATCHES_DIR), env["PYTHONPATH"]])
+        env["BENCH_PATCHES"] = ",".join(patches)
     return subprocess.Popen([stack.python, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=stack_launch_env(stack), cwd=tempfile.gettempdir(), start_new_session=True)
+                            env=env, cwd=tempfile.gettempdir(), start_new_session=True)
 
 
 def probe_result(where: str, name: str, proc: subprocess.Popen, timeout_s: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
@@ -214,6 +222,7 @@ def open_stacks(matrix: Matrix, platform: str, names: list[str] | None = None) -
         return
     where = matrix.source or matrix.name
     packages = tuple(capability(matrix.engine, "stack_packages")(platform))
+    patches = tuple(capability(matrix.engine, "stack_probe_patches")(platform))
     with contextlib.ExitStack() as trees:
         out: dict[str, OpenStack] = {}
         for name in names:
@@ -229,7 +238,7 @@ def open_stacks(matrix: Matrix, platform: str, names: list[str] | None = None) -
                 meta.append({"path": sp.path, "rev": sp.rev, "commit": commit})
             out[name] = OpenStack(name=name, python=python, paths=paths, env=dict(stack.env), trees=meta,
                                   harness=stack.is_harness())
-        procs = {name: probe(s, packages) for name, s in out.items()}  # in parallel: each imports for seconds
+        procs = {name: probe(s, packages, patches) for name, s in out.items()}  # in parallel: each imports for seconds
         try:
             for name, proc in procs.items():
                 out[name].versions = probe_result(where, name, proc)

@@ -173,6 +173,12 @@ def _matches(cell: Cell, when: dict[str, int]) -> bool:
     return all(cell.get(k) == v for k, v in when.items())
 
 
+def _optimization_levels(levels: dict[str, int | None]) -> dict[str, int | None]:
+    """``levels`` without the ``stack`` factor: what an engine's ``build`` reads (every key an optimization of
+    the registry; a stack is no optimization, its interpreter, paths and variables apply at launch)."""
+    return {k: v for k, v in levels.items() if k != STACK_FACTOR}
+
+
 def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = True) -> Plan:
     """Expand the matrix's design and turn the runnable cells into :class:`RunSpec` s.
 
@@ -212,8 +218,8 @@ def make_plan(matrix: Matrix, platform: str | None = None, *, strict: bool = Tru
         used = launch_levels(levels, set(matrix.factors))
         mech = merge_mechanisms([resolve(k, v, matrix.engine, platform) for k, v in used.items()
                                  if v is not None and k in REGISTRY])
-        try:
-            launch = engine.build(matrix.base, mech, platform, used, strict=strict)
+        try:  # an engine builds from the optimizations' levels; the stack applies at launch (below, and the runner)
+            launch = engine.build(matrix.base, mech, platform, _optimization_levels(used), strict=strict)
         except BenchError as exc:
             raise BenchError(f"{matrix.source}: {exc}") from None
         stack = matrix.stack_of(levels.get(STACK_FACTOR))

@@ -112,6 +112,13 @@ class VerlEngine(EngineBase):
         return ("torch", "verl.trainer.main_ppo", "vllm")
 
     @staticmethod
+    def stack_probe_patches(platform: str) -> tuple[str, ...]:
+        """On ``cpu`` the CPU target's workarounds (``verl_cpu``): without its ``torchvision_op_schemas``,
+        ``import verl.trainer.main_ppo`` dies in the verl CPU stack (transformers' model imports load torchvision,
+        whose compiled ops cannot load beside torch ``2.13.0+cpu``), as it would in a run."""
+        return (target.PATCHES[0],) if platform == "cpu" else ()
+
+    @staticmethod
     def stack_placeholders(python: str) -> dict[str, str]:
         """``{verl_python}``: a stack's runs use the stack's interpreter instead of ``$BENCH_VERL_PYTHON``."""
         return {"verl_python": python}
