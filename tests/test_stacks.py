@@ -119,7 +119,8 @@ def test_bad_stacks_on_this_machine_are_refused_before_anything_runs(box, capsys
     ]
     for stack_b, expected in cases:
         _with_b(box, stack_b)
-        check_refused(box, ["run", "m.yaml", *mode], capsys, expected)
+        # the last case imports the planted verl tree in a probe: bounded by a run's start-up, not a refusal's
+        check_refused(box, ["run", "m.yaml", *mode], capsys, expected, cap_s=300)
     assert leftovers() == before
     assert len(_git(broken_repo, "worktree", "list").splitlines()) == 1
 
