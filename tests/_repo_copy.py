@@ -70,3 +70,28 @@ def plant_slowdown(repo: Path, relative: float | None = None) -> None:
     if relative is not None:
         patch = patch.replace("time.sleep(0.6)", f"time.sleep({relative!r} * (time.perf_counter() - t_step))")
     step.write_text(text.replace(SLOW_PATCH[0], patch))
+
+
+def short_gate_matrix(name: str, repeats: int) -> str:
+    """The matrix text of the real interleaved-gate tests (gate vs a git revision, bisect): one embedded cell,
+    3 short steps, one intra-op thread, ``repeats`` blocks at most."""
+    return f"""name: {name}
+engine: embedded
+platform: cpu
+base:
+  steps: 3
+  warmup_steps: 1
+  profile_steps: []
+  train_batch_size: 4
+  n: 2
+  ppo_mini_batch_size: 4
+  micro_batch_size_per_gpu: 2
+  max_prompt_length: 160
+  max_response_length: 24
+  timeout_s: 300
+  seed: 0
+  env: {{OMP_NUM_THREADS: "1", MKL_NUM_THREADS: "1"}}
+factors:
+  dynamic_bsz: [on]
+repeats: {repeats}
+"""

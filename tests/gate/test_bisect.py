@@ -25,33 +25,14 @@ from pathlib import Path
 
 import pytest
 from _badinput import GOOD, box, check_refused  # noqa: F401 - box is a fixture
-from _repo_copy import copy_tracked, git, plant_slowdown
+from _repo_copy import copy_tracked, git, plant_slowdown, short_gate_matrix
 
 from bench.gate.bisect import NOT_SLOWER, SLOWER, probe_alpha, search
 
 ROOT = Path(__file__).resolve().parents[2]
 
-#: the real bisection's matrix: one embedded cell, short runs (tests/gate/test_gate_interleaved_e2e.py's)
-MATRIX = """name: bis
-engine: embedded
-platform: cpu
-base:
-  steps: 3
-  warmup_steps: 1
-  profile_steps: []
-  train_batch_size: 4
-  n: 2
-  ppo_mini_batch_size: 4
-  micro_batch_size_per_gpu: 2
-  max_prompt_length: 160
-  max_response_length: 24
-  timeout_s: 300
-  seed: 0
-  env: {OMP_NUM_THREADS: "1", MKL_NUM_THREADS: "1"}
-factors:
-  dynamic_bsz: [on]
-repeats: 4
-"""
+#: the real bisection's matrix: one embedded cell, short runs (the interleaved gate's real tests')
+MATRIX = short_gate_matrix("bis", repeats=4)
 
 
 @pytest.mark.parametrize("n", range(1, 10))

@@ -21,30 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
-from _repo_copy import SLOW_PATCH, copy_tracked
+from _repo_copy import SLOW_PATCH, copy_tracked, short_gate_matrix
 
 ROOT = Path(__file__).resolve().parents[2]
 
-MATRIX = """name: gate_e2e
-engine: embedded
-platform: cpu
-base:
-  steps: 3
-  warmup_steps: 1
-  profile_steps: []
-  train_batch_size: 4
-  n: 2
-  ppo_mini_batch_size: 4
-  micro_batch_size_per_gpu: 2
-  max_prompt_length: 160
-  max_response_length: 24
-  timeout_s: 300
-  seed: 0
-  env: {OMP_NUM_THREADS: "1", MKL_NUM_THREADS: "1"}
-factors:
-  dynamic_bsz: [on]
-repeats: 2
-"""
+MATRIX = short_gate_matrix("gate_e2e", repeats=2)
 
 
 
