@@ -151,7 +151,8 @@ def settings_key(settings: dict[str, Any]) -> str:
 class BisectState:
     """The finished probes of a bisection, in ``<folder>/bisect.json`` (written whole, atomically, after each
     probe): ``{"format": "grpo-bench-bisect", "probes": {"<base>..<commit>@<settings key>": probe}, "settings":
-    {key: settings}, "result": the last result}``. Nothing is written until the first probe ends."""
+    {key: settings}, "result": the last result}``; a probe's ``finished_unix`` (seconds since the epoch) orders
+    them, the keys are sorted. Nothing is written until the first probe ends."""
 
     def __init__(self, folder: Path):
         self.folder, self.path = Path(folder), Path(folder) / STATE_FILE
@@ -284,7 +285,7 @@ def run_bisect(*, matrix_path: Path, good: str, bad: str, results: Path, trackin
                 overrides=overrides, blocks=n_blocks, threshold=threshold, alpha=a_probe, max_mde=max_mde,
                 normalize=normalize, spawn=spawn, order_seed=order_seed, budget_s=budget_s, on_event=on_event)
         p = {**head, **probe_summary(gate), "wall_s": time.time() - t1, "alpha": a_probe,
-             "gate": gate.get("files", [None])[-1], "resumed": False}
+             "gate": gate.get("files", [None])[-1], "resumed": False, "finished_unix": time.time()}
         state.put({k: v for k, v in p.items() if k not in ("index", "resumed")}, skey, settings)
         probes.append(p)
         emit("done", p)

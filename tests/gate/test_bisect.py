@@ -178,7 +178,8 @@ def test_bisect_names_the_planted_commit_and_resumes_after_an_interrupt(tmp_path
     assert f"bisect: first slower commit {slow} 'slow'" in res.stdout, res.stdout
     assert "probe 1 (range): " in res.stdout and "(finished earlier)" in res.stdout
     good = git(repo, "rev-parse", "HEAD~2").strip()
-    probes = list(json.loads(state.read_text())["probes"].values())
+    # the state file's keys are sorted: the probes' order is their finishing time
+    probes = sorted(json.loads(state.read_text())["probes"].values(), key=lambda p: p["finished_unix"])
     assert [(p["role"], p["base"], p["commit"], p["verdict"]) for p in probes] == [
         ("range", good, neutral, SLOWER), ("search", good, slow, SLOWER)]
     assert all(p["ci_low"] > 0 and p["change"] > 0.2 for p in probes)  # slower: beyond the threshold
