@@ -291,3 +291,27 @@ def test_the_saved_baseline_and_sweep_pass_the_check(saved):
     assert main(["baseline", "show", str(folder / "res" / "baselines" / "b.json")]) == 0
     assert math.isfinite(json.loads(text)["sweep_to_sweep"]["sd_log"])
     shutil.rmtree(folder / "gate-out", ignore_errors=True)
+
+
+def test_a_text_where_the_baselines_matrix_held_a_number_is_refused(saved):
+    """The fresh trial of issue 48: ``base.steps: "x"`` in a baseline was kept as written (the matrix as it ran is
+    metadata). Every numeric key of the matrix's ``base`` (:func:`bench.gate.baseline.numeric_base_keys`) that the
+    baseline holds, given a text, is refused naming it (in process for each key; one key through the entry point)."""
+    from bench.gate.baseline import numeric_base_keys
+
+    folder, text = saved
+    data = json.loads(text)
+    keys = sorted(numeric_base_keys() & set(data["base"]))
+    assert {"steps", "train_batch_size", "n"} <= set(keys), keys
+    path = folder / "res" / "baselines" / "b.json"
+    for key in keys:
+        edited = json.loads(text)
+        edited["base"][key] = "x"
+        with pytest.raises(BenchError, match=rf"b\.json: not a valid baseline: base\.{key}: 'x' \(allowed: a number"):
+            check_baseline_shape(edited, path)
+    _edited(folder, text, ("base", "steps"), "x")
+    try:
+        cli(folder, ["gate", "--candidate", "synth", "--baseline", "b", "--results", "res", "--no-expect",
+                     "--out", "gate-out"], ("res/baselines/b.json", "base.steps", "'x'"))
+    finally:
+        path.write_text(text)

@@ -17,7 +17,9 @@ from bench.tracking.store import TRACKING_URI
 FLAGS = {TRACKING_URI: "--tracking-uri", RESULTS_FOLDER: "--results", RUN_ORDER: "--order",
          # bisect's inputs (bench.gate.bisect)
          "good revision": "--good", "bad revision": "--bad", "repository": "--repo", "threshold": "--threshold",
-         "alpha": "--alpha", "budget": "--budget", "blocks": "--blocks"}
+         "alpha": "--alpha", "budget": "--budget", "blocks": "--blocks", "stack": "--stack",
+         # gate --stacks (bench.gate.stacks)
+         "stacks": "--stacks"}
 
 
 def cli_message(exc: BaseException) -> str:

@@ -39,6 +39,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the matrix each probe runs (e.g. matrix/gate.yaml)")
     p.add_argument("--repo", type=given, default=None, metavar="PATH",
                    help="the git repository holding the harness's commits (default: this checkout's)")
+    p.add_argument("--stack", type=given, default=None, metavar="NAME",
+                   help="bisect the commits of a source tree of this stack of --matrix (its stacks: key; e.g. your "
+                        "verl fork) instead of the harness's; --repo then picks the tree when it has several")
     p.add_argument("--set", action="append", default=[], metavar="base.KEY=VALUE", dest="overrides",
                    help="override a base setting of --matrix (repeatable)")
     p.add_argument("--blocks", type=int, default=None, metavar="N",
@@ -104,9 +107,10 @@ def main(args: argparse.Namespace) -> int:
                      tracking_uri=args.tracking_uri, repo=args.repo, overrides=args.overrides, blocks=args.blocks,
                      threshold=args.threshold, alpha=args.alpha, max_mde=args.max_mde,
                      normalize=args.normalize == "auto", budget_s=budget_s, spawn=args.spawn,
-                     order_seed=args.order_seed, on_probe=on_probe, on_event=on_event)
+                     order_seed=args.order_seed, stack=args.stack, on_probe=on_probe, on_event=on_event)
     s = res["settings"]
-    print(f"\nbisect {res['good'][:12]}..{res['bad'][:12]} ({res['commits']} commits, matrix {s['matrix']}): "
+    tree = f" of stack {res['stack']}'s tree {res['repo']}" if res.get("stack") else ""
+    print(f"\nbisect {res['good'][:12]}..{res['bad'][:12]} ({res['commits']} commits{tree}, matrix {s['matrix']}): "
           f"{len(res['probes'])} probes of at most {s['probes_max']}, each at alpha {s['alpha_per_probe']:.4f}; "
           f"P(wrong commit named) <= {s['alpha']}")
     for p in res["probes"]:

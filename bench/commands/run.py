@@ -22,13 +22,19 @@ from bench.commands.dry_run import (
     print_stacks,
     smoke_json,
 )
-from bench.commands.run_planning import add_planning_arguments, closing_verdict_line, prepare, print_planning
+from bench.commands.run_planning import (
+    add_planning_arguments,
+    check_planning_flags,
+    closing_verdict_line,
+    prepare,
+    print_planning,
+)
 from bench.core.engine_registry import engine_class, engines_with, get_engine
 from bench.core.errors import BenchError, clip_words
 from bench.execution.executors import LocalExecutor
 from bench.execution.forkserver import ForkServerExecutor
 from bench.execution.progress import FORKSERVER_STARTING, LiveProgress, make_console, run_status
-from bench.execution.ray_executor import RayJobExecutor
+from bench.execution.ray_executor import RayJobExecutor, ray_address_parts
 from bench.execution.ray_parallel import RayNodesExecutor
 from bench.execution.smoke import run_smoke
 from bench.execution.stacks import StackExecutor, open_stacks
@@ -78,6 +84,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_planning_arguments(p)
 
 
+def cell_patterns(pattern: str) -> list[str]:
+    """The comma-separated alternatives of a ``--cells`` pattern (checked before the matrix is read).
+
+    Raises:
+        BenchError: an empty pattern.
+    """
+    alts = [a.strip() for a in pattern.split(",") if a.strip()]
+    if not alts:
+        raise BenchError(f"--cells {pattern!r}: empty pattern (give a label, a cell id or a glob)")
+    return alts
+
+
 def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -> Plan:
     """The plan restricted to the runs whose label or cell id matches ``pattern``.
 
@@ -89,9 +107,7 @@ def select_cells(plan: Plan, pattern: str, matrix_file: str | Path = "matrix") -
     """
     from fnmatch import fnmatchcase
 
-    alts = [a.strip() for a in pattern.split(",") if a.strip()]
-    if not alts:
-        raise BenchError(f"--cells {pattern!r}: empty pattern (give a label, a cell id or a glob)")
+    alts = cell_patterns(pattern)
 
     def hit(run, alt: str) -> bool:
         if any(ch in alt for ch in "*?["):
@@ -270,8 +286,14 @@ def make_executor(args: argparse.Namespace, engine: str = "", platform: str = ""
 
 def main(args: argparse.Namespace) -> int:
     """Run (or dry-run) a matrix; 0 when every cell finished, 1 when some failed, 2 on bad input."""
-    if getattr(args, "parallel", None) is not None:  # its form, before the matrix (a dry run never meets Ray)
+    # the flags' own forms first: a bad flag is named before the matrix's errors (a dry run never meets Ray)
+    if getattr(args, "parallel", None) is not None:
         check_parallel(args.parallel)
+    if getattr(args, "ray_address", None):
+        ray_address_parts(args.ray_address)
+    if getattr(args, "cells", None) is not None:
+        cell_patterns(args.cells)
+    check_planning_flags(args)
     console = make_console(PLAIN_WIDTH)  # CI log or file: no colours, no 80-column default
     matrix = load_matrix(args.matrix, getattr(args, "overrides", None))  # its expect claims too
     if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command
@@ -416,7 +438,8 @@ def smoke_main(args: argparse.Namespace, matrix, console: Console) -> int:
     return 0 if all(r["status"] == "ran" for r in results) else 1
 
 
-__all__ = ["add_arguments", "main", "plain_table", "select_cells", "print_plan", "print_summary", "smoke_main"]
+__all__ = ["add_arguments", "cell_patterns", "main", "plain_table", "select_cells", "print_plan", "print_summary",
+           "smoke_main"]
 
 
 class Run(Command, name="run"):

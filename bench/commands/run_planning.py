@@ -96,12 +96,12 @@ class Prepared:
     planning: dict[str, Any] | None = None
 
 
-def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
-    """Apply ``--precision``/``--budget`` (re-plan steps and repeats from the target's noise and cost model)
-    and ``--sequential`` (the effects' stop rule over the plan's repeats as looks).
+def check_planning_flags(args: argparse.Namespace) -> None:
+    """The forms of ``--threshold``, ``--alpha``, ``--precision`` and ``--budget`` (and that at most one of the last
+    two is given), checked before the matrix is read so that a bad flag is named before the matrix's own errors.
 
     Raises:
-        BenchError: bad values, both --precision and --budget, or a sequential sweep in a non-blocked order.
+        BenchError: naming the flag, its value and what is allowed.
     """
     precision, budget = getattr(args, "precision", None), getattr(args, "budget", None)
     threshold, alpha = getattr(args, "threshold", 0.05), getattr(args, "alpha", 0.05)
@@ -113,6 +113,20 @@ def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
         raise BenchError("--precision and --budget: give one of them (allowed: --precision P or --budget DURATION)")
     if precision is not None and not 0 < precision < 1:
         raise BenchError(f"--precision {precision}: must be a fraction in (0, 1) (0.02 = 2 %)")
+    if budget is not None:
+        parse_duration(budget)
+
+
+def prepare(args: argparse.Namespace, matrix: Any, plan: Any) -> Prepared:
+    """Apply ``--precision``/``--budget`` (re-plan steps and repeats from the target's noise and cost model)
+    and ``--sequential`` (the effects' stop rule over the plan's repeats as looks).
+
+    Raises:
+        BenchError: bad values, both --precision and --budget, or a sequential sweep in a non-blocked order.
+    """
+    check_planning_flags(args)
+    precision, budget = getattr(args, "precision", None), getattr(args, "budget", None)
+    threshold, alpha = getattr(args, "threshold", 0.05), getattr(args, "alpha", 0.05)
     planning = None
     if precision is not None or budget is not None:
         budget_s = parse_duration(budget) if budget is not None else None

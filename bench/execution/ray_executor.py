@@ -94,18 +94,17 @@ def submission_id_for(run_dir: Path) -> str:
 RAY_SCHEMES = ("http", "https", "ray", "tcp")
 
 
-def refuse_closed_port(address: str, timeout_s: float = 2.0) -> None:
-    """Raise :class:`BenchError` at once when ``address`` is not of a Ray address's form (one line in our words,
-    before Ray parses it) or nothing listens at its host and port.
+def ray_address_parts(address: str) -> tuple[str, int] | None:
+    """``(host, port)`` of a ``--ray-address`` (``port`` 0 for an ``http(s)://host`` without one, a job server behind
+    a proxy); ``None`` for ``auto`` or an empty text. Checks the form only (no connection): run it before anything
+    else is read, so that a bad address is named before the matrix's own errors.
 
-    ``address`` is what ``--ray-address`` takes: ``http://host:port`` (the job server), ``ray://host:port`` or a
-    bare ``host:port`` (a GCS address, which Ray rewrites to the node's own IP and retries for tens of seconds
-    before it gives up). A refused TCP connection is certain to fail whatever Ray tries next; a timeout or any
-    other socket error is left to Ray (a firewall may drop the probe but let Ray's protocol through).
+    Raises:
+        BenchError: not of a Ray address's form (one line in our words, before Ray parses it).
     """
     text = address.strip()
     if text.lower() == "auto" or not text:
-        return
+        return None
     parts = urlsplit(text if "://" in text else f"tcp://{text}")
     try:
         host, port = parts.hostname, parts.port
@@ -116,8 +115,22 @@ def refuse_closed_port(address: str, timeout_s: float = 2.0) -> None:
             any(c.isspace() for c in text) or parts.path not in ("", "/"):  # Ray's own words reached the user
         raise BenchError(f"--ray-address {address}: not a Ray address (allowed: http://HOST:PORT, https://HOST:PORT, "
                          "ray://HOST:PORT, HOST:PORT, or auto)")
-    if port is None:
+    return host, port or 0
+
+
+def refuse_closed_port(address: str, timeout_s: float = 2.0) -> None:
+    """Raise :class:`BenchError` at once when ``address`` is not of a Ray address's form (one line in our words,
+    before Ray parses it) or nothing listens at its host and port.
+
+    ``address`` is what ``--ray-address`` takes: ``http://host:port`` (the job server), ``ray://host:port`` or a
+    bare ``host:port`` (a GCS address, which Ray rewrites to the node's own IP and retries for tens of seconds
+    before it gives up). A refused TCP connection is certain to fail whatever Ray tries next; a timeout or any
+    other socket error is left to Ray (a firewall may drop the probe but let Ray's protocol through).
+    """
+    hp = ray_address_parts(address)
+    if hp is None or not hp[1]:
         return
+    host, port = hp
     try:
         with socket.create_connection((host, port), timeout=timeout_s):
             return

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import re
 import time
+import typing
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -46,6 +47,7 @@ from bench.records.snapshot import (
     snapshot,
 )
 from bench.spec.loading import value_message
+from bench.spec.matrix import Base
 from bench.spec.metrics import METRICS
 from bench.tracking import Tracker, store_failure
 
@@ -184,11 +186,24 @@ def _no_text(value: Any, key: str, path: Path | str) -> None:
             _no_text(v, f"{key}.{n}", path)
 
 
+@functools.cache
+def numeric_base_keys() -> frozenset[str]:
+    """The keys of a matrix's ``base`` that hold a number (:class:`bench.spec.matrix.Base`'s fields typed ``int`` or
+    ``float``, optional or not): a baseline keeps the matrix as it ran, so a text there was hand-edited."""
+    out = set()
+    for name, field in Base.model_fields.items():
+        args = typing.get_args(field.annotation) or (field.annotation,)
+        if any(a in (int, float) for a in args) and str not in args:
+            out.add(name)
+    return frozenset(out)
+
+
 def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
     """Check the parts of a baseline every reader indexes (``source``, each cell's ``key``, ``label``,
     ``levels`` and ``repeats`` with their ``samples``), so a hand-edited file fails as one line; and every number in
     it (:func:`bench.core.inputs.check_numbers`: finite, not negative but in :data:`SIGNED`; ``sweep_to_sweep.sd_log``
-    at most :data:`MAX_SD_LOG`): a NaN ``sd_log`` was read as no offset and changed the gate's verdict silently.
+    at most :data:`MAX_SD_LOG`): a NaN ``sd_log`` was read as no offset and changed the gate's verdict silently; and
+    no text where the matrix's ``base`` holds a number (:func:`numeric_base_keys`).
 
     Raises:
         BenchError: naming the file and the first missing or mistyped key.
@@ -196,6 +211,11 @@ def check_baseline_shape(data: dict[str, Any], path: Path | str) -> None:
     from pydantic import ValidationError
 
     check_numbers(data, f"{path}: not a valid baseline", signed=SIGNED)
+    base = data.get("base")
+    for key in sorted(numeric_base_keys() & set(base) if isinstance(base, dict) else ()):
+        if isinstance(base[key], (str, bool, list, dict)):  # the matrix as it ran held a number there
+            raise BenchError(f"{path}: not a valid baseline: base.{key}: {str(base[key])[:40]!r} (allowed: a number, "
+                             f"as the matrix's base.{key})")
     for i, cell in enumerate(data.get("cells") or [] if isinstance(data.get("cells"), list) else []):
         if isinstance(cell, dict):  # the cell's own figures (its median step time ...)
             _no_text(cell.get("summary"), f"cells.{i}.summary", path)

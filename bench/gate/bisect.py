@@ -26,6 +26,12 @@ commit is at most alpha**, for a range whose commits are each either not slower 
 probe that cannot judge within its budget (``--budget``, ``--blocks``) stops the bisection: it says so and names
 the range still holding the first slower commit; it never guesses.
 
+**A stack's tree** (``stack``, ``--stack NAME``): the commits are those of the git repository of a source tree
+that the matrix's stack ``NAME`` puts first on the path (a user's verl fork), not the harness's. Each probe is then
+a gate between two stacks, ``NAME@<base>`` and ``NAME@<commit>`` (:func:`bench.gate.stacks.pin_stack_sides`: the
+stack with that tree checked out at each revision, named ``NAME-<sha 10>``); both sides run this checkout of the
+harness, each in the stack's interpreter with its variables.
+
 **Resume** (:class:`BisectState`): ``<results>/bisect/<matrix>-<good>-<bad>/bisect.json`` keeps every finished
 probe under its commit pair and the fixed analysis settings (:func:`settings_key`); rerunning the same command
 skips them, and a probe interrupted mid-sweep resumes its gate sweep (its own results folder under ``probes/``).
@@ -46,9 +52,11 @@ from bench.core.errors import BenchError, InputError
 from bench.core.files import atomic_write_json, read_json
 from bench.execution.stacks import git_worktree
 from bench.gate.interleaved import DEFAULT_BLOCKS, run_interleaved_gate
+from bench.gate.stacks import REV_SEP, STACK, stack_tree
 from bench.gate.verdicts import CANNOT_JUDGE, EXIT_CANNOT_JUDGE, EXIT_PASS
 from bench.spec.launch import REPO_ROOT
 from bench.spec.loading import load_matrix
+from bench.spec.stack import MAX_STACK_NAME
 from bench.tune.storage import check_tune_block
 
 #: the state file of a bisection, in its folder
@@ -88,8 +96,11 @@ class BisectRange:
         return self.good if i == 0 else self.commits[i - 1]
 
 
-def resolve_range(repo: Path | None, good: str, bad: str, *, flag: str = "repository") -> BisectRange:
+def resolve_range(repo: Path | None, good: str, bad: str, *, flag: str = "repository",
+                  mark: str | None = HARNESS_MARK) -> BisectRange:
     """The commits between ``good`` and ``bad`` in ``repo`` (default: this harness's checkout), checked.
+    ``mark``: a file both ends must hold (default :data:`HARNESS_MARK`: a checkout of the harness; ``None`` for
+    a stack's tree).
 
     Raises:
         BenchError: ``repo`` is not a folder or not inside a git repository; ``good``/``bad`` is not a revision
@@ -121,9 +132,9 @@ def resolve_range(repo: Path | None, good: str, bad: str, *, flag: str = "reposi
     if res.returncode != 0 or not commits or _git(root, "rev-parse", f"{commits[0]}^1").stdout.strip() != g:
         raise InputError(GOOD, f"{GOOD} {good}: not on the first-parent line of {BAD} {bad} (merged in from a side "
                          "branch; allowed: a commit on that line, e.g. the merge base)")
-    for name, sha in ((GOOD, g), (BAD, b)):
-        if _git(root, "cat-file", "-e", f"{sha}:{HARNESS_MARK}").returncode != 0:
-            raise InputError(name, f"{name} {sha[:12]}: holds no harness ({HARNESS_MARK}) in {root} "
+    for name, sha in ((GOOD, g), (BAD, b)) if mark else ():
+        if _git(root, "cat-file", "-e", f"{sha}:{mark}").returncode != 0:
+            raise InputError(name, f"{name} {sha[:12]}: holds no harness ({mark}) in {root} "
                              "(allowed: commits of a checkout of this harness)")
     log = _git(root, "log", "--no-walk", "--format=%H %s", g, *commits).stdout
     subjects = dict(line.split(" ", 1) if " " in line else (line, "") for line in log.splitlines())
@@ -210,14 +221,16 @@ def probe_summary(gate: dict[str, Any]) -> dict[str, Any]:
 def run_bisect(*, matrix_path: Path, good: str, bad: str, results: Path, tracking_uri: str, repo: Path | None = None,
                overrides: list[str] | None = None, blocks: int | None = None, threshold: float, alpha: float,
                max_mde: float | None = None, normalize: bool = True, budget_s: float | None = None,
-               spawn: bool = False, order_seed: int | None = None,
+               spawn: bool = False, order_seed: int | None = None, stack: str | None = None,
                on_probe: Callable[[str, dict[str, Any]], None] | None = None,
                on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Find the first commit of ``good..bad`` (first parents) that makes ``matrix_path`` slower (module text).
 
     Args:
         matrix_path, overrides: the matrix every probe runs (a matrix without the stack factor).
-        good, bad: revisions of ``repo`` (default: this harness's checkout).
+        good, bad: revisions of ``repo`` (default: this harness's checkout; with ``stack``, the repository of that
+            stack's source tree, :func:`stack_tree`).
+        stack: bisect the commits of this stack's source tree instead of the harness's (module text).
         results: results folder; the state is ``<results>/bisect/<matrix>-<good>-<bad>/``.
         blocks, budget_s: each probe's most blocks (default: the matrix's repeats, at least 8) and wall seconds.
         threshold, max_mde: the gate's (fractions); ``alpha``: the whole bisection's (each probe ``alpha / k``).
@@ -252,15 +265,19 @@ def run_bisect(*, matrix_path: Path, good: str, bad: str, results: Path, trackin
     n_blocks = blocks if blocks is not None else max(matrix.repeats, DEFAULT_BLOCKS)
     if n_blocks < 2:
         raise InputError("blocks", f"blocks {n_blocks}: a paired comparison needs 2 or more blocks")
-    rng = resolve_range(repo, good, bad)
+    tree = stack_tree(matrix, stack, repo, label=STACK) if stack is not None else None
+    rng = resolve_range(tree[1] if tree else repo, good, bad, mark=None if tree else HARNESS_MARK)
     n = len(rng.commits)
     k, a_probe = probe_alpha(n, alpha)
     settings = {"matrix": matrix.name, "matrix_fingerprint": matrix.fingerprint(), "threshold": threshold,
                 "alpha": alpha, "probes_max": k, "alpha_per_probe": a_probe,
                 "max_mde": 2 * threshold if max_mde is None else max_mde, "normalize": bool(normalize),
                 "blocks": n_blocks, "budget_s": budget_s, "spawn": bool(spawn)}
+    if stack is not None:
+        settings["stack"] = stack
     skey = settings_key(settings)
-    folder = Path(results) / "bisect" / f"{matrix.name}-{rng.good[:10]}-{rng.bad[:10]}"
+    folder = Path(results) / "bisect" / (f"{matrix.name}-{rng.good[:10]}-{rng.bad[:10]}"
+                                         + (f"-{stack[:MAX_STACK_NAME]}" if stack is not None else ""))
     state = BisectState(folder)
     probes: list[dict[str, Any]] = []
     emit = on_probe or (lambda stage, probe: None)
@@ -277,13 +294,17 @@ def run_bisect(*, matrix_path: Path, good: str, bad: str, results: Path, trackin
             return p
         emit("start", head)
         t1 = time.time()
-        with git_worktree(rng.repo, base, prefix="bench-bisect-base-") as base_tree, \
-                git_worktree(rng.repo, commit, prefix="bench-bisect-commit-") as commit_tree:
-            gate = run_interleaved_gate(
-                matrix_path=matrix_path, baseline_ref=str(base_tree), candidate_root=commit_tree,
-                results=folder / "probes" / f"{base[:10]}-{commit[:10]}", tracking_uri=tracking_uri,
-                overrides=overrides, blocks=n_blocks, threshold=threshold, alpha=a_probe, max_mde=max_mde,
-                normalize=normalize, spawn=spawn, order_seed=order_seed, budget_s=budget_s, on_event=on_event)
+        common = dict(results=folder / "probes" / f"{base[:10]}-{commit[:10]}", tracking_uri=tracking_uri,
+                      overrides=overrides, blocks=n_blocks, threshold=threshold, alpha=a_probe, max_mde=max_mde,
+                      normalize=normalize, spawn=spawn, order_seed=order_seed, budget_s=budget_s, on_event=on_event)
+        if tree is not None:  # the stack twice, its tree at base and at commit, both run by this checkout
+            gate = run_interleaved_gate(matrix_path=matrix_path, baseline_ref=None, stack_repo=tree[2],
+                                        stacks=(f"{stack}{REV_SEP}{base}", f"{stack}{REV_SEP}{commit}"), **common)
+        else:
+            with git_worktree(rng.repo, base, prefix="bench-bisect-base-") as base_tree, \
+                    git_worktree(rng.repo, commit, prefix="bench-bisect-commit-") as commit_tree:
+                gate = run_interleaved_gate(matrix_path=matrix_path, baseline_ref=str(base_tree),
+                                            candidate_root=commit_tree, **common)
         p = {**head, **probe_summary(gate), "wall_s": time.time() - t1, "alpha": a_probe,
              "gate": gate.get("files", [None])[-1], "resumed": False, "finished_unix": time.time()}
         state.put({k: v for k, v in p.items() if k not in ("index", "resumed")}, skey, settings)
@@ -293,7 +314,8 @@ def run_bisect(*, matrix_path: Path, good: str, bad: str, results: Path, trackin
 
     def finish(outcome: str, code: int, **extra: Any) -> dict[str, Any]:
         wall = time.time() - t0
-        res = {"outcome": outcome, "exit_code": code, "repo": str(rng.repo), "good": rng.good, "bad": rng.bad,
+        res = {"outcome": outcome, "exit_code": code, "repo": str(rng.repo), "stack": stack, "good": rng.good,
+               "bad": rng.bad,
                "commits": n, "settings": settings, "probes": probes, "wall_s": wall,
                "wall_s_total": sum(p["wall_s"] for p in probes if p.get("resumed")) + wall,
                "state": str(state.path), **extra}

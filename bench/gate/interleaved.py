@@ -41,7 +41,7 @@ from bench.execution.sweep import Sweep
 from bench.gate.markdown import append_step_summary, render_interleaved
 from bench.gate.runs import declare_analysis, paired_comparison
 from bench.gate.side_by_side import SideBySide
-from bench.gate.stacks import check_stack_sides, stack_executor, stack_sides
+from bench.gate.stacks import check_stack_sides, pin_stack_sides, stack_executor, stack_sides
 from bench.gate.versions import BASELINE, CANDIDATE, VersionedExecutor, baseline_checkout, candidate_version
 from bench.planning.sequential import Decision, Look, decide
 from bench.records.results import load_records
@@ -124,12 +124,15 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str | None, results
                          spawn: bool = False, order_seed: int | None = None, out: Path | None = None,
                          budget_s: float | None = None, side_by_side: bool = False,
                          stacks: tuple[str, str] | None = None, candidate_root: Path | None = None,
+                         stack_repo: Path | None = None,
                          on_event: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """Run the interleaved gate sweep and judge it; returns the result (``exit_code``, ``verdict``, ``rows``,
     ``files``, ``sweep``, ``wall_s``). Thresholds are fractions; ``budget_s`` (wall seconds, from the start of
     this call) stops the sweep before a block that would likely end past it (:class:`GateStopRule`).
     ``stacks``: ``(BASE, CAND)``, a gate between two stacks the matrix declares (:mod:`bench.gate.stacks`): both
-    sides run this checkout, each in its own stack (``baseline_ref`` then ``None``). ``candidate_root``: another
+    sides run this checkout, each in its own stack (``baseline_ref`` then ``None``); a side ``NAME@REV`` is that stack
+    with its source tree at ``REV`` (:func:`bench.gate.stacks.pin_stack_sides`; ``stack_repo`` picks the tree when the
+    stack has several in git repositories). ``candidate_root``: another
     checkout of the harness as the candidate (``bisect``: a commit's worktree) instead of this working tree.
 
     Raises:
@@ -144,7 +147,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str | None, results
     if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command
         check_tune_block(matrix)
     if stacks is not None:
-        stacks = check_stack_sides(matrix, stacks)
+        stacks = check_stack_sides(matrix, pin_stack_sides(matrix, stacks, stack_repo))
         if side_by_side:
             raise BenchError("--side-by-side: not with --stacks (allowed: one run at a time between two stacks)")
     elif matrix.stack_levels:  # the stacks would not run: every level would get this checkout's own

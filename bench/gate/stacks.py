@@ -11,19 +11,113 @@ here judges.
 
 Two sides with the same name would share one fork server and be one stack: refused. An A/A check declares
 the same stack twice under two names (``a: {}``, ``b: {}``): two servers, started alike.
+
+A side may be **a stack at a revision of its own tree**, ``NAME@REV`` (:func:`pin_stack_sides`): the stack ``NAME``
+with the source tree whose git repository the revision belongs to (:func:`stack_tree`) checked out at ``REV``; its
+interpreter, other trees and variables as declared. ``gate --stacks fork@v0.9.0 fork`` compares a verl fork's tag
+with its working tree, ``bisect --stack fork`` probes two commits of it.
 """
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
 from typing import Any
 
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, InputError
 from bench.execution.executors import Executor, LocalExecutor
 from bench.execution.forkserver import ForkServerExecutor
 from bench.execution.stacks import OpenStack, StackExecutor
 from bench.gate.versions import BASELINE, CANDIDATE
 from bench.spec.matrix import Matrix
-from bench.spec.stack import STACK_FACTOR
+from bench.spec.stack import MAX_STACK_NAME, STACK_FACTOR, Stack, StackPath
+
+#: the input naming a stack whose tree is bisected or pinned (a command prints its flag: bench.commands.base.FLAGS)
+STACK = "stack"
+#: ``NAME@REV``: a side that is a stack at a revision of its source tree
+REV_SEP = "@"
+
+
+def _git(folder: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=120)
+
+
+def stack_tree(matrix: Matrix, stack: str, repo: Path | None = None, label: str = STACK) -> tuple[int, Path, Path]:
+    """``(i, folder, repository)``: the source tree of the matrix's stack ``stack`` whose commits a bisection walks or
+    a pinned side checks out: its ``paths[i]``, the first one inside a git repository, or the one in ``repo``.
+
+    Raises:
+        InputError: (starting with ``label``) ``stack`` not declared under ``stacks:``, none of its paths in a git
+            repository; (``repository``) ``repo`` not the repository of one of them. One line each.
+    """
+    where = matrix.source or matrix.name
+    if stack not in matrix.stacks:
+        raise InputError(label, f"{label} {stack}: not a stack of {where} (allowed: the names under its key stacks: "
+                         f"{', '.join(matrix.stacks) or 'none declared'})")
+    trees = []
+    for i, sp in enumerate(matrix.stacks[stack].paths):
+        folder = Path(sp.path).expanduser()
+        top = _git(folder, "rev-parse", "--show-toplevel") if folder.is_dir() else None
+        if top is not None and top.returncode == 0:
+            trees.append((i, folder.absolute(), Path(top.stdout.strip()).resolve()))
+    if repo is not None:
+        want = Path(repo).expanduser().resolve()
+        hit = [t for t in trees if want in (t[2], t[1].resolve())]
+        if not hit:
+            allowed = ", ".join(str(t[2]) for t in trees) or "none: no path of it is in a git repository"
+            raise InputError("repository", f"repository {repo}: not the git repository of a source tree of stack "
+                             f"{stack} (allowed: {allowed})")
+        return hit[0]
+    if not trees:
+        raise InputError(label, f"{label} {stack}: none of its paths is inside a git repository (allowed: a stack "
+                         "whose source tree is a git checkout, e.g. paths: [{path: ~/verl-fork}])")
+    return trees[0]
+
+
+def pinned_name(stack: str, sha: str) -> str:
+    """The name of the stack ``stack`` pinned at commit ``sha``: ``NAME-<sha 10>`` (``NAME`` cut so that it stays
+    within :data:`bench.spec.stack.MAX_STACK_NAME`)."""
+    return f"{stack[:MAX_STACK_NAME - 11]}-{sha[:10]}"
+
+
+def pin_stack_sides(matrix: Matrix, names: tuple[str, str] | list[str], repo: Path | None = None,
+                    label: str = "stacks") -> tuple[str, str]:
+    """The gate's two side names with each ``NAME@REV`` replaced by a stack of its own, added to ``matrix.stacks`` (in
+    memory; the sweep records it): ``NAME`` with its tree (:func:`stack_tree`, ``repo`` picks one) at the commit
+    ``REV`` resolves to, named :func:`pinned_name`. A name without ``@`` is returned as it is.
+
+    Raises:
+        InputError: (starting with ``label``) an empty name or revision, an unknown revision of the tree's repository,
+            a pinned name that the matrix already declares otherwise; :func:`stack_tree`'s.
+    """
+    if len(names) != 2:  # check_stack_sides names it
+        return tuple(names)  # type: ignore[return-value]
+    out = []
+    for text in names:
+        name, sep, rev = str(text).partition(REV_SEP)
+        if not sep:
+            out.append(name)
+            continue
+        if not name or not rev:
+            raise InputError(label, f"{label} {text}: a side at a revision is NAME@REV (allowed: a stack of the matrix "
+                             "and a commit, tag or branch of its source tree)")
+        i, folder, top = stack_tree(matrix, name, repo, label=label)
+        res = _git(top, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+        if res.returncode != 0 or not res.stdout.strip():
+            raise InputError(label, f"{label} {text}: {rev!r} is not a revision of {top} (allowed: a commit, tag or "
+                             "branch there)")
+        sha = res.stdout.strip()
+        decl = matrix.stacks[name]
+        paths = list(decl.paths)
+        paths[i] = StackPath(path=str(folder), rev=sha)
+        pinned = Stack(python=decl.python, paths=paths, env=dict(decl.env))
+        new = pinned_name(name, sha)
+        if new in matrix.stacks and matrix.stacks[new] != pinned:
+            raise InputError(label, f"{label} {text}: the matrix declares a stack named {new} already (allowed: "
+                             "rename that stack)")
+        matrix.stacks[new] = pinned
+        out.append(new)
+    return out[0], out[1]
 
 
 def check_stack_sides(matrix: Matrix, names: tuple[str, str] | list[str]) -> tuple[str, str]:
@@ -66,4 +160,4 @@ def stack_executor(stacks: dict[str, OpenStack], fork: bool) -> Executor:
     return StackExecutor(lambda st: ForkServerExecutor(python=st.python, paths=st.paths, env=st.env), stacks)
 
 
-__all__ = ["check_stack_sides", "stack_executor", "stack_sides"]
+__all__ = ["check_stack_sides", "pin_stack_sides", "pinned_name", "stack_executor", "stack_sides", "stack_tree"]

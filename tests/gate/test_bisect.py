@@ -196,3 +196,83 @@ def test_the_range_is_the_first_parent_line_a_merge_counts_once(tmp_path):
     line = git(repo, "rev-parse", "HEAD~2", "HEAD~1", "HEAD").split()
     assert rng.commits == tuple(line) and rng.good == git(repo, "rev-parse", "HEAD~3").strip()
     assert rng.subjects[line[-1]] == "merge" and rng.at(0) == rng.good and rng.at(3) == rng.bad
+
+
+@pytest.mark.parametrize("case", ["unknown", "no_git", "other_repo"])
+def test_bisect_of_a_stacks_tree_bad_input_is_one_line_exit_2_nothing_written(box, capsys, case):  # noqa: F811
+    tree = _tiny_repo(box / "tree")
+    (box / "plain").mkdir()
+    other = _tiny_repo(box / "other")
+    (box / "m.yaml").write_text(GOOD + f"stacks:\n  fork: {{paths: ['{tree}']}}\n"
+                                f"  flat: {{paths: ['{box / 'plain'}']}}\n")
+    argv, expected = {
+        "unknown": (["--stack", "nope"], ("--stack nope", "not a stack", "fork, flat")),
+        "no_git": (["--stack", "flat"], ("--stack flat", "none of its paths is inside a git repository")),
+        "other_repo": (["--stack", "fork", "--repo", str(other)], ("--repo", "not the git repository", str(tree))),
+    }[case]
+    check_refused(box, ["bisect", "--good", "HEAD~1", "--bad", "HEAD", "--matrix", "m.yaml", *argv], capsys, expected)
+    assert len(git(tree, "worktree", "list").strip().splitlines()) == 1
+
+
+#: appended to a stack tree's copy of verl's ``core_algos.py`` at the planted commit: each GRPO advantage call sleeps
+#: as long as the step before it took (about +100 % of a step, however busy the machine)
+PLANTED_VERL = """
+
+import time as _bench_time
+_bench_grpo = compute_grpo_outcome_advantage
+_bench_last = [None]
+
+
+def compute_grpo_outcome_advantage(*args, **kwargs):  # planted by tests/gate/test_bisect.py
+    if _bench_last[0] is not None:
+        _bench_time.sleep(_bench_time.perf_counter() - _bench_last[0])
+    out = _bench_grpo(*args, **kwargs)
+    _bench_last[0] = _bench_time.perf_counter()
+    return out
+"""
+
+
+@pytest.mark.slow
+def test_bisect_over_a_stacks_verl_tree_names_the_planted_commit(tmp_path):
+    """``bisect --stack fork``: the commits walked are those of the stack's source tree (a copy of the installed
+    verl in a git repository: good, slow (the GRPO advantage sleeps), neutral), each probe a gate between the stack
+    at the base's and at the commit's revision (``fork@<sha>``); the harness is this checkout."""
+    import shutil
+    from importlib.util import find_spec
+
+    fork = tmp_path / "fork"
+    shutil.copytree(Path(find_spec("verl").origin).parent, fork / "verl", ignore=shutil.ignore_patterns("__pycache__"))
+    git(fork, "init", "-q")
+    git(fork, "add", "-A")
+    git(fork, "commit", "-qm", "good")
+    algos = fork / "verl" / "trainer" / "ppo" / "core_algos.py"
+    algos.write_text(algos.read_text() + PLANTED_VERL)
+    git(fork, "commit", "-qam", "slow")
+    (fork / "NOTES.md").write_text("neutral\n")
+    git(fork, "add", "-A")
+    git(fork, "commit", "-qm", "neutral")
+    good, slow, neutral = git(fork, "rev-parse", "HEAD~2", "HEAD~1", "HEAD").split()
+    (tmp_path / "m.yaml").write_text(MATRIX + f"stacks:\n  fork: {{paths: ['{fork}']}}\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "GITHUB_STEP_SUMMARY")}
+    env["PYTHONPATH"] = str(ROOT)
+    cmd = [sys.executable, str(ROOT / "run_bench.py"), "bisect", "--stack", "fork", "--good", "HEAD~2", "--bad",
+           "HEAD", "--matrix", str(tmp_path / "m.yaml"), "--results", str(tmp_path / "results"), "--blocks", "4",
+           "--alpha", "0.45", "--threshold", "0.2", "--max-mde", "0.5", "--order-seed", "5"]
+    res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert f"bisect: first slower commit {slow} 'slow'" in res.stdout, res.stdout
+    assert f"of stack fork's tree {fork}" in res.stdout, res.stdout
+    (state,) = (tmp_path / "results").glob("bisect/bis-*-fork/bisect.json")
+    probes = sorted(json.loads(state.read_text())["probes"].values(), key=lambda p: p["finished_unix"])
+    assert [(p["role"], p["base"], p["commit"], p["verdict"]) for p in probes] == [
+        ("range", good, neutral, SLOWER), ("search", good, slow, SLOWER)]
+    assert all(p["ci_low"] > 0 and p["change"] > 0.2 for p in probes)
+    # each probe: the stack twice (fork-<sha>), its tree checked out at the two revisions; each run imported verl
+    # from its own side's checkout (a temporary worktree, not the folder itself)
+    recs = [json.loads(p.read_text()) for p in (state.parent / "probes" / f"{good[:10]}-{slow[:10]}").rglob(
+        "record.json")]
+    sides = {r["stack"]["name"]: r["stack"]["trees"][0]["commit"] for r in recs}
+    assert sides == {f"fork-{good[:10]}": good, f"fork-{slow[:10]}": slow}, sides
+    files = [r["run_versions"]["packages"]["verl"]["file"] for r in recs]
+    assert len(recs) >= 4 and not any(f.startswith(str(fork)) for f in files), files
+    assert len(git(fork, "worktree", "list").strip().splitlines()) == 1, "temporary worktree left behind"

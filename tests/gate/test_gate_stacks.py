@@ -52,6 +52,55 @@ def test_a_stack_gate_checks_its_stacks_on_this_machine_first(box, capsys):  # n
                   ("m.yaml", "stacks.b.python", "does not exist"))
 
 
+def _tree_repo(root: Path) -> list[str]:
+    """A git repository of two commits (a source tree a stack names); returns their shas, oldest first."""
+    root.mkdir()
+    for i in range(2):
+        (root / "mod.py").write_text(f"X = {i}\n")
+        for args in (["init", "-q"] if i == 0 else []), ["add", "-A"], ["commit", "-qm", f"c{i}"]:
+            if args:
+                subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True,
+                               env={**os.environ, "GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@localhost",
+                                    "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@localhost"})
+    out = subprocess.run(["git", "-C", str(root), "rev-list", "--reverse", "HEAD"], capture_output=True, text=True)
+    return out.stdout.split()
+
+
+def _fork_matrix(folder: Path) -> str:
+    (folder / "plain").mkdir()
+    return AA.replace("  a: {}\n  b: {}\n", f"  a: {{}}\n  fork: {{paths: ['{folder / 'fork'}'], env: {{X: '1'}}}}\n"
+                      f"  flat: {{paths: ['{folder / 'plain'}']}}\n")
+
+
+@pytest.mark.parametrize("sides, expected", [
+    (["fork@nosuch", "fork"], ("--stacks fork@nosuch", "'nosuch' is not a revision", "allowed")),
+    (["@HEAD", "fork"], ("--stacks @HEAD", "NAME@REV")),
+    (["fork@", "fork"], ("--stacks fork@", "NAME@REV")),
+    (["nope@HEAD", "fork"], ("--stacks nope", "not a stack", "a, fork, flat")),
+    (["flat@HEAD", "flat"], ("--stacks flat", "none of its paths is inside a git repository")),
+])
+def test_a_side_at_a_revision_of_a_stacks_tree_is_checked_first(box, capsys, sides, expected):  # noqa: F811
+    _tree_repo(box / "fork")
+    (box / "m.yaml").write_text(_fork_matrix(box))
+    check_refused(box, ["gate", "--matrix", "m.yaml", "--results", "res", "--stacks", *sides], capsys, expected)
+
+
+def test_a_side_at_a_revision_is_the_stack_with_that_tree_checked_out(tmp_path):
+    """``fork@REV``: the stack ``fork`` with its tree at the commit REV names (a stack of its own, ``fork-<sha>``,
+    its variables and interpreter kept); a plain name stays; the same revision twice is one stack."""
+    from bench.gate.stacks import pin_stack_sides
+    from bench.spec.loading import load_matrix
+
+    c0, c1 = _tree_repo(tmp_path / "fork")
+    (tmp_path / "m.yaml").write_text(_fork_matrix(tmp_path))
+    m = load_matrix(tmp_path / "m.yaml")
+    assert pin_stack_sides(m, ["fork@HEAD~1", "fork"]) == (f"fork-{c0[:10]}", "fork")
+    pinned = m.stacks[f"fork-{c0[:10]}"]
+    assert [(p.path, p.rev) for p in pinned.paths] == [(str(tmp_path / "fork"), c0)] and pinned.env == {"X": "1"}
+    assert pin_stack_sides(m, ["fork@HEAD~1", f"fork@{c1}"]) == (f"fork-{c0[:10]}", f"fork-{c1[:10]}")
+    assert pin_stack_sides(m, ["a", "fork"]) == ("a", "fork")
+
+
 @pytest.mark.slow
 def test_an_a_a_gate_between_two_identical_stacks_never_says_regression(tmp_path):
     """Two identical stacks, one fork server each, 2 blocks of the one cell (the cheapest gate the interleaved
