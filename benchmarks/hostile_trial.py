@@ -179,7 +179,8 @@ def matrix_cases() -> list[Case]:
     add("explicit design unknown cell", ("design", "cell", "rmsnorm"),
         doc=dict(BASE, design={"type": "explicit", "cells": [{"rmsnorm_fused": "on"}]}))
     add("design mapping no type", ("type",), doc=dict(BASE, design={"resolution": 3}))
-    add("fractional bad generators (one varied factor)", ("generators", "design"),
+    # one varied factor: the design itself is refused first ("needs at least 3 varied factors"), before its generators
+    add("fractional bad generators (one varied factor)", ("design", "3 varied factors"),
         doc=dict(BASE, design={"type": "fractional", "generators": "a b zz"}))
     add("fractional resolution string", ("resolution",),
         doc=dict(BASE, design={"type": "fractional", "resolution": "4"}))
@@ -586,9 +587,10 @@ def store_cases() -> list[Case]:
                      ["gate", "--baseline", "b", "--candidate", "seed"]):
             cs.append(Case("stores", f"{argv[0]}: mlflow.db {kind}", argv + ["--results", "R"], db(kind),
                            must=("mlflow.db",), expect="any", ok_rcs=(0, 3), seed=True))
+        # an empty file is an empty SQLite database, a store not created yet (as a missing one): the decoy is named
         cs.append(Case("stores", f"run: mlflow.db {kind}", ["run", "m.yaml", "--results", "R"],
                        lambda d, _f=db(kind): (write_matrix(d / "m.yaml", doc=with_base(model="./decoy")), _f(d)),
-                       must=("mlflow.db",), seed=True))
+                       must=("decoy",) if kind == "empty" else ("mlflow.db",), seed=True))
     return cs
 
 

@@ -640,9 +640,8 @@ _FLAG_RE = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 #: a module not listed may have none)
 FLAG_MESSAGES_LEFT = {
     "bench/execution/blocks.py": 1, "bench/execution/ray_executor.py": 4, "bench/execution/ray_parallel.py": 4,
-    "bench/execution/sweep.py": 1, "bench/gate/baseline.py": 3, "bench/gate/history.py": 6,
-    "bench/gate/interleaved.py": 6, "bench/gate/side_by_side.py": 1, "bench/gate/stacks.py": 3,
-    "bench/gate/stored.py": 5, "bench/gate/versions.py": 1, "bench/planning/apply.py": 1,
+    "bench/execution/sweep.py": 1, "bench/gate/baseline.py": 1, "bench/gate/history.py": 3,
+    "bench/gate/interleaved.py": 2, "bench/gate/stored.py": 1, "bench/planning/apply.py": 1,
     "bench/tracking/__init__.py": 1, "bench/tune/settings.py": 4, "bench/tune/tuner.py": 1,
 }
 

@@ -198,6 +198,9 @@ repeats: 2
     # every place a user reads a stack level shows its name: the cells, the stack column, the effect row
     assert sorted(c["cell"] for c in data["cells"]) == ["a", "b"] and data["effects"]["stack_levels"] == ["a", "b"]
     assert terms["stack"]["label"] == "stack (b vs a)" and "0 = a, 1 = b" in fit["coding"]["stack"]
+    # a stack is not an optimization: the article's end-to-end row compares none here (it kept "all-on" = stack b)
+    e2e = data["article"][0]
+    assert e2e["ours_cell"] is None and "no optimization varies" in e2e["note"] and "stack a" in e2e["note"], e2e
     md = (sweep / "report" / "report.md").read_text()
     assert "| a | a |" in md and "| b | b |" in md and "| stack (b vs a) |" in md, md
     # b (level 1) against a: log step time, +2 s on a step of 1-5 s. With 2 blocks the interval has 1 residual

@@ -18,8 +18,10 @@ FLAGS = {TRACKING_URI: "--tracking-uri", RESULTS_FOLDER: "--results", RUN_ORDER:
          # bisect's inputs (bench.gate.bisect)
          "good revision": "--good", "bad revision": "--bad", "repository": "--repo", "threshold": "--threshold",
          "alpha": "--alpha", "budget": "--budget", "blocks": "--blocks", "stack": "--stack",
-         # gate --stacks (bench.gate.stacks)
-         "stacks": "--stacks"}
+         # gate (bench.gate: stacks, interleaved, stored, side_by_side, versions), history, baseline
+         "stacks": "--stacks", "metric": "--metric", "test": "--test", "cell": "--cell",
+         "saves to check": "--fail-on-new", "baseline": "--baseline", "baseline name": "--name",
+         "baseline revision": "--interleave", "side by side": "--side-by-side"}
 
 
 def cli_message(exc: BaseException) -> str:

@@ -31,7 +31,7 @@ import typing
 from pathlib import Path
 from typing import Annotated, Any
 
-from bench.core.errors import BenchError, did_you_mean
+from bench.core.errors import BenchError, InputError, did_you_mean
 from bench.core.files import atomic_write_json, read_json
 from bench.core.inputs import check_numbers
 from bench.core.metadata import machine
@@ -74,7 +74,7 @@ def resolve_baseline(ref: str, results: Path) -> Path:
     if _NAME.match(ref) and cand.is_file():
         return cand
     known = sorted(x.stem for x in baselines_dir(results).glob("*.json")) if baselines_dir(results).is_dir() else []
-    raise BenchError(f"--baseline {ref}: unknown baseline{did_you_mean(ref, known)} (no file {cand}; known: "
+    raise InputError("baseline", f"baseline {ref}: unknown baseline{did_you_mean(ref, known)} (no file {cand}; known: "
                      f"{', '.join(known) or 'none, save one with `run_bench.py baseline save SWEEP --name NAME`'})")
 
 
@@ -243,7 +243,8 @@ def save(sweep_ref: str, name: str, results: Path, tracking_uri: str | None, *, 
             sweep with too few timed steps per cell to ever pass the gate.
     """
     if not _NAME.match(name) or len(name) > 100:
-        raise BenchError(f"--name {name[:60]!r}: use at most 100 letters, digits, '_', '-', '.' (starting with a "
+        raise InputError("baseline name", f"baseline name {name[:60]!r}: use at most 100 letters, digits, '_', '-', "
+                         "'.' (starting with a "
                          "letter or digit)")
     out = baselines_dir(results) / f"{name}.json"
     check_folder("--results", baselines_dir(results))  # <results>/baselines a file, a dangling link ...

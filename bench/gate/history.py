@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.core.errors import BenchError, did_you_mean
+from bench.core.errors import BenchError, InputError, did_you_mean
 
 #: metric -> (scale, unit of a shift): ``log`` (shift in %), ``share`` (shift in percentage points)
 METRICS: dict[str, str] = {"step_time": "log", "step_time_normalized": "log", "throughput": "log",
@@ -160,7 +160,8 @@ def build_series(baseline: dict[str, Any], metrics: list[str], *, cell: str | No
     name = baseline.get("name") or Path(str(baseline.get("_path", "baseline"))).stem
     for m in metrics:
         if m not in METRICS:
-            raise BenchError(f"--metric {m!r}: unknown{did_you_mean(m, list(METRICS))} (allowed: {', '.join(METRICS)})")
+            raise InputError("metric", f"metric {m!r}: unknown{did_you_mean(m, list(METRICS))} "
+                             f"(allowed: {', '.join(METRICS)})")
     position = {id(e): i for i, e in enumerate(baseline.get("history") or [], start=1)}  # 1 = the oldest kept
     entries = [e for e in baseline.get("history") or [] if isinstance(e, dict)]
     entries = _pick(_pick(entries, "--machine", machine, machine_id), "--stack", stack, stack_id)
@@ -178,7 +179,7 @@ def build_series(baseline: dict[str, Any], metrics: list[str], *, cell: str | No
         chosen = [k for k in keys if k == cell or labels.get(k) == cell]
         if not chosen:
             known = [labels.get(k, k) for k in keys]
-            raise BenchError(f"--cell {cell!r}: no such cell in baseline {name}'s history"
+            raise InputError("cell", f"cell {cell!r}: no such cell in baseline {name}'s history"
                              f"{did_you_mean(cell, known)} (allowed: {', '.join(known) or 'none'})")
         keys = chosen
     groups: list[tuple] = []
@@ -230,7 +231,8 @@ def analyse(baseline: dict[str, Any], metrics: list[str], alpha: float, *, cell:
 
     name = baseline.get("name") or Path(str(baseline.get("_path", "baseline"))).stem
     if fail_on_new is not None and fail_on_new < 1:
-        raise BenchError(f"--fail-on-new {fail_on_new}: allowed 1 or more (the number of last saves to check)")
+        raise InputError("saves to check", f"saves to check {fail_on_new}: allowed 1 or more (the number of last "
+                         "saves to check)")
     series, note = build_series(baseline, metrics, cell=cell, machine=machine, stack=stack)
     m = len(series)
     if not m:

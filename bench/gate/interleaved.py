@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.core.engine_registry import engine_class
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, InputError
 from bench.core.files import atomic_write_json, atomic_write_text
 from bench.execution.executors import LocalExecutor
 from bench.execution.forkserver import ForkServerExecutor
@@ -139,9 +139,9 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str | None, results
         BenchError: bad matrix, unknown revision, unknown or equal stacks, bad flags.
     """
     if not 0 <= threshold < 1:
-        raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
+        raise InputError("threshold", f"threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
     if not 0 < alpha < 0.5:
-        raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
+        raise InputError("alpha", f"alpha {alpha}: must be in (0, 0.5)")
     t0 = time.time()
     matrix = load_matrix(matrix_path, overrides)
     if matrix.tune is not None:  # one validation pass: a matrix's tune block is checked by every command
@@ -156,7 +156,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str | None, results
     plan = make_plan(matrix)
     n_blocks = blocks if blocks is not None else max(matrix.repeats, DEFAULT_BLOCKS)
     if n_blocks < 2:
-        raise BenchError(f"--blocks {n_blocks}: a paired comparison needs 2 or more blocks")
+        raise InputError("blocks", f"blocks {n_blocks}: a paired comparison needs 2 or more blocks")
     plan.repeats = n_blocks
     cand = candidate_version() if candidate_root is None else candidate_version(Path(candidate_root))
     fork = plan.platform in engine_class(matrix.engine).forkserver_platforms and not spawn
@@ -167,7 +167,7 @@ def run_interleaved_gate(*, matrix_path: Path, baseline_ref: str | None, results
         return LocalExecutor()
 
     if budget_s is not None and budget_s <= 0:
-        raise BenchError(f"--budget {budget_s}: must be a positive duration (e.g. 90s, 10m)")
+        raise InputError("budget", f"budget {budget_s}: must be a positive duration (e.g. 90s, 10m)")
     # the analysis is fixed here, before the first run, and kept in sweep.json: no look's data changes it
     analysis = declare_analysis(cells=[r.cell_id for r in plan.runs], threshold=threshold, alpha=alpha,
                                 max_mde=max_mde, normalize=normalize, max_looks=n_blocks)

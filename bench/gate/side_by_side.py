@@ -28,7 +28,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from bench.core.errors import BenchError
+from bench.core.errors import InputError
 from bench.execution.blocks import split_blocks
 
 AFFINITY_FILE = "affinity.json"
@@ -44,7 +44,8 @@ def two_cpus() -> tuple[int, int]:
     """
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
-        raise BenchError(f"--side-by-side needs 2 CPUs, this process may use {len(cpus)} ({cpus}); drop the flag")
+        raise InputError("side by side", f"side by side needs 2 CPUs, this process may use {len(cpus)} ({cpus}); "
+                         "drop the flag")
     return cpus[0], cpus[1]
 
 

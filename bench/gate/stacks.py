@@ -34,6 +34,8 @@ from bench.spec.stack import MAX_STACK_NAME, STACK_FACTOR, Stack, StackPath
 
 #: the input naming a stack whose tree is bisected or pinned (a command prints its flag: bench.commands.base.FLAGS)
 STACK = "stack"
+#: the input naming the gate's two sides (``--stacks`` on the command line)
+SIDES = "stacks"
 #: ``NAME@REV``: a side that is a stack at a revision of its source tree
 REV_SEP = "@"
 
@@ -81,7 +83,7 @@ def pinned_name(stack: str, sha: str) -> str:
 
 
 def pin_stack_sides(matrix: Matrix, names: tuple[str, str] | list[str], repo: Path | None = None,
-                    label: str = "stacks") -> tuple[str, str]:
+                    label: str = SIDES) -> tuple[str, str]:
     """The gate's two side names with each ``NAME@REV`` replaced by a stack of its own, added to ``matrix.stacks`` (in
     memory; the sweep records it): ``NAME`` with its tree (:func:`stack_tree`, ``repo`` picks one) at the commit
     ``REV`` resolves to, named :func:`pinned_name`. A name without ``@`` is returned as it is.
@@ -130,13 +132,13 @@ def check_stack_sides(matrix: Matrix, names: tuple[str, str] | list[str]) -> tup
     where = matrix.source or matrix.name
     declared = ", ".join(matrix.stacks) or "none declared"
     if len(names) != 2:
-        raise BenchError(f"--stacks {' '.join(names)}: give two stack names, BASELINE CANDIDATE")
+        raise InputError(SIDES, f"{SIDES} {' '.join(names)}: give two stack names, BASELINE CANDIDATE")
     for n in names:
         if n not in matrix.stacks:
-            raise BenchError(f"--stacks {n}: not a stack of {where} (allowed: the names under its key stacks: "
+            raise InputError(SIDES, f"{SIDES} {n}: not a stack of {where} (allowed: the names under its key stacks: "
                              f"{declared})")
     if names[0] == names[1]:
-        raise BenchError(f"--stacks {names[0]} {names[1]}: the same stack on both sides (allowed: two different "
+        raise InputError(SIDES, f"{SIDES} {names[0]} {names[1]}: the same stack on both sides (allowed: two different "
                          "names; for an A/A check declare the same stack twice under two names, e.g. a: {} and b: {})")
     if STACK_FACTOR in matrix.factors:
         raise BenchError(f"{where}: factors.stack: a gate between stacks puts the two stacks on its two sides "

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from bench.core.errors import BenchError, did_you_mean
+from bench.core.errors import BenchError, InputError, did_you_mean
 from bench.core.files import atomic_write_json, atomic_write_text
 from bench.core.metadata import machine
 from bench.gate.baseline import HISTORY, load_baseline, sweep_to_sweep
@@ -160,14 +160,14 @@ def run_gate(*, baseline_ref: str | None, candidate_ref: str, results: Path, tra
     bad = [m for m in metrics if m not in METRICS]
     if bad or not metrics:
         word = bad[0] if bad else ""
-        raise BenchError(f"--metric {word!r}: unknown metric{did_you_mean(word, METRICS)} "
+        raise InputError("metric", f"metric {word!r}: unknown metric{did_you_mean(word, METRICS)} "
                          f"(allowed: {', '.join(METRICS)})")
     if not 0 <= threshold < 1:
-        raise BenchError(f"--threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
+        raise InputError("threshold", f"threshold {threshold}: must be a fraction in [0, 1) (0.05 = 5 %)")
     if not 0 < alpha < 0.5:
-        raise BenchError(f"--alpha {alpha}: must be in (0, 0.5)")
+        raise InputError("alpha", f"alpha {alpha}: must be in (0, 0.5)")
     if test is not None and test not in TESTS:
-        raise BenchError(f"--test {test}: unknown test{did_you_mean(test, TESTS)} (allowed: {', '.join(TESTS)})")
+        raise InputError("test", f"test {test}: unknown test{did_you_mean(test, TESTS)} (allowed: {', '.join(TESTS)})")
     sweep = find_sweep(candidate_ref, results)
     cand = snapshot(sweep, results)
     expects = validate_expect(cand.get("expect"), cand["source"].get("matrix_file") or sweep) if check_expect else []

@@ -16,7 +16,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from bench.core.errors import BenchError
+from bench.core.errors import BenchError, InputError
 from bench.core.process import ExecResult
 from bench.execution.executors import Executor, ResolvedLaunch, close_executors
 from bench.execution.stacks import git_worktree
@@ -67,7 +67,8 @@ def baseline_checkout(ref: str, repo: Path = REPO_ROOT) -> Iterator[dict[str, An
     try:
         commit = _git(repo, "rev-parse", "--verify", f"{ref}^{{commit}}")
     except BenchError as exc:
-        raise BenchError(f"--interleave {ref}: neither a harness checkout folder nor a git revision of {repo} "
+        raise InputError("baseline revision", f"baseline revision {ref}: neither a harness checkout folder nor a git "
+                         f"revision of {repo} "
                          f"({exc})") from None
     with git_worktree(repo, commit, prefix="bench-baseline-") as tree:
         yield {"root": tree.resolve(), "commit": commit, "ref": ref, "kind": "git"}

@@ -246,11 +246,19 @@ def article_rows(snap: dict[str, Any], rows: list[dict[str, Any]], eff: dict[str
         "note": "",
     }
     if ref is not None:
-        highs = {k: max(c["levels"][k] for c in ok_cells) if v is not None else None for k, v in ref["levels"].items()}
-        e2e["ours_cell"], e2e["ours_cell_ci"] = cell_gain(highs)
-        e2e["note"] = f"all-on vs all-off over the factors varied here ({', '.join(eff.get('varied') or []) or 'none'})"
+        # every optimization on; a stack is not an optimization: the reference cell's stack is kept
+        highs = {k: (v if k == STACK_FACTOR else max(c["levels"][k] for c in ok_cells)) if v is not None else None
+                 for k, v in ref["levels"].items()}
+        varied = [f for f in eff.get("varied") or [] if f != STACK_FACTOR]
+        if varied or STACK_FACTOR not in ref["levels"]:
+            e2e["ours_cell"], e2e["ours_cell_ci"] = cell_gain(highs)
+        e2e["note"] = f"all-on vs all-off over the factors varied here ({', '.join(varied) or 'none'})"
+        if ref["levels"].get(STACK_FACTOR) is not None:
+            stack = level_text(STACK_FACTOR, ref["levels"][STACK_FACTOR], eff.get("stack_levels") or [])
+            e2e["note"] += f", both in stack {stack}"
         if e2e["ours_cell"] is None:
-            e2e["note"] += "; the sweep has no finished all-on cell"
+            e2e["note"] += "; the sweep has no finished all-on cell" if varied or STACK_FACTOR not in ref["levels"] \
+                else "; no optimization varies (a stack is not one)"
     out.append(e2e)
     for key, on_level in article_factors():
         opt = REGISTRY[key]
