@@ -166,7 +166,7 @@ def main() -> None:
         rc, out, wall = run(cmd)
         st = state(work, name) if list((work / name).glob("bisect/*/bisect.json")) else {}
         result = st.get("result") or {}
-        probes = sorted(st.get("probes", {}).values(), key=lambda q: q.get("index", 0))
+        probes = sorted(st.get("probes", {}).values(), key=lambda q: q.get("finished_unix", 0))  # in probe order
         probes = [{k: q.get(k) for k in ("role", "base", "commit", "verdict", "change", "ci_low", "ci_high", "blocks",
                                          "wall_s")} for q in probes]
         e = {"name": name, "started_utc": started, "exit": rc, "result": result, "probes": probes,

@@ -391,15 +391,15 @@ class AscendReader(Reader):
             memo[self.name, "profiles"] = find_ascend_profiles(run_dir)
         return memo[self.name, "profiles"]
 
+    def _rank_profiles(self, run_dir: Path, source: str, memo: dict) -> list[AscendProfile]:
+        """The run's profiles of the rank that ``source`` names (none when it names no rank), in their order."""
+        rank = self._rank(source)
+        return [] if rank is None else [p for p in self._profiles(run_dir, memo) if p.rank == rank]
+
     def step_ops(self, run_dir: Path, step: int, source: str, memo: dict) -> StepOps | None:
         """The rank's ``kernel_details.csv`` kernels of the step (their durations summed by name), else its
         ``trace_view.json`` window like a torch trace."""
-        rank = self._rank(source)
-        if rank is None:
-            return None
-        for prof in self._profiles(run_dir, memo):
-            if prof.rank != rank:
-                continue
+        for prof in self._rank_profiles(run_dir, source, memo):
             files = profile_files(prof)
             for kind in ("kernel_details", "trace"):
                 if kind not in files:
@@ -429,12 +429,7 @@ class AscendReader(Reader):
         (CPU operators, and the device half when there is no ``kernel_details.csv``); the share is of the step's
         window (the trace's ``ProfilerStep`` window, else msprof's step time ``Computing + Communication(Not
         Overlapped) + Free`` of the rank)."""
-        rank = self._rank(source)
-        if rank is None:
-            return None
-        for prof in self._profiles(run_dir, memo):
-            if prof.rank != rank:
-                continue
+        for prof in self._rank_profiles(run_dir, source, memo):
             if (self.name, prof.path) not in memo:  # a rank's files are looked up (hashed) once, not once per step
                 files = profile_files(prof)
                 jobs = list(files.items())
