@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.commands.base import Command, given, given_path
-from bench.core.errors import BenchError
+from bench.commands.base import Command, cli_message, given, given_path
+from bench.core.errors import BenchError, InputError
 from bench.core.files import atomic_write_json
 from bench.gate.baseline import load_baseline
 from bench.gate.history import METRICS, analyse, describe_point, display_values, log_mlflow
@@ -103,7 +103,8 @@ def main(args: argparse.Namespace) -> int:
         base = load_baseline(o.name, o.results)
     except BenchError as exc:  # the name is this command's NAME, not the gate's --baseline
         text = str(exc)
-        raise BenchError(f"history {text[len('--baseline '):]}" if text.startswith("--baseline ") else text) from None
+        named = isinstance(exc, InputError) and exc.what == "baseline"
+        raise BenchError(f"history {text[len(exc.what) + 1:]}" if named else cli_message(exc)) from None
     if o.out is not None:
         check_output_folder(o.out, (HISTORY_FILE,), given=True)
     res = analyse(base, list(o.metrics), o.alpha, cell=o.cell, machine=o.machine, stack=o.stack,

@@ -131,8 +131,8 @@ def test_bisect_bad_input_is_one_line_exit_2_nothing_written(box, capsys, case):
 
 def _bisect(repo: Path, results: Path, tmp: Path) -> list[str]:
     return [sys.executable, str(ROOT / "run_bench.py"), "bisect", "--repo", str(repo), "--good", "HEAD~2", "--bad",
-            "HEAD", "--matrix", str(tmp / "m.yaml"), "--results", str(results), "--blocks", "4", "--alpha", "0.45",
-            "--threshold", "0.2", "--max-mde", "0.5", "--order-seed", "5"]
+            "HEAD", "--matrix", str(tmp / "m.yaml"), "--results", str(results), "--blocks", "6", "--alpha", "0.45",
+            "--threshold", "0.2", "--max-mde", "1.0", "--order-seed", "5"]
 
 
 @pytest.mark.slow
@@ -256,8 +256,8 @@ def test_bisect_over_a_stacks_verl_tree_names_the_planted_commit(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_TRACKING_URI", "GITHUB_STEP_SUMMARY")}
     env["PYTHONPATH"] = str(ROOT)
     cmd = [sys.executable, str(ROOT / "run_bench.py"), "bisect", "--stack", "fork", "--good", "HEAD~2", "--bad",
-           "HEAD", "--matrix", str(tmp_path / "m.yaml"), "--results", str(tmp_path / "results"), "--blocks", "4",
-           "--alpha", "0.45", "--threshold", "0.2", "--max-mde", "0.5", "--order-seed", "5"]
+           "HEAD", "--matrix", str(tmp_path / "m.yaml"), "--results", str(tmp_path / "results"), "--blocks", "6",
+           "--alpha", "0.45", "--threshold", "0.2", "--max-mde", "1.0", "--order-seed", "5"]
     res = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
     assert f"bisect: first slower commit {slow} 'slow'" in res.stdout, res.stdout
