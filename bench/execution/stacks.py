@@ -78,7 +78,8 @@ class OpenStack:
                 "versions": self.versions}
 
 
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+def git(repo: Path, *args: str) -> subprocess.CompletedProcess:
+    """``git -C repo ARGS`` (output captured as text, 120 s at most); the caller reads its return code."""
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
 
 
@@ -94,7 +95,7 @@ def git_worktree(repo: Path, commit: str, prefix: str = "bench-tree-") -> Iterat
     tmp = Path(tempfile.mkdtemp(prefix=prefix))
     tree = tmp / "tree"
     try:
-        res = _git(repo, "worktree", "add", "--detach", str(tree), commit)
+        res = git(repo, "worktree", "add", "--detach", str(tree), commit)
         if res.returncode != 0:
             raise BenchError(f"git worktree add {commit} in {repo}: "
                              f"{((res.stderr or res.stdout).strip().splitlines() or [''])[-1]}")
@@ -103,10 +104,10 @@ def git_worktree(repo: Path, commit: str, prefix: str = "bench-tree-") -> Iterat
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
             # twice --force: an add cut short (Ctrl-C while git checks out) leaves the worktree locked, which one
             # --force does not remove and prune skips
-            _git(repo, "worktree", "remove", "--force", "--force", str(tree))
+            git(repo, "worktree", "remove", "--force", "--force", str(tree))
         shutil.rmtree(tmp, ignore_errors=True)
         with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            _git(repo, "worktree", "prune")
+            git(repo, "worktree", "prune")
 
 
 def _check_python(where: str, name: str, stack: Stack) -> str:
@@ -128,14 +129,14 @@ def _check_tree(where: str, key: str, path: str, rev: str | None) -> tuple[Path,
     if not folder.is_dir():
         raise BenchError(f"{where}: {key}.path: {path} is not a folder (allowed: a source tree to put first on "
                          "the path)")
-    top = _git(folder, "rev-parse", "--show-toplevel")
+    top = git(folder, "rev-parse", "--show-toplevel")
     if rev is None:
-        head = _git(folder, "rev-parse", "HEAD") if top.returncode == 0 else None
+        head = git(folder, "rev-parse", "HEAD") if top.returncode == 0 else None
         return folder.resolve(), None, head.stdout.strip() if head is not None and head.returncode == 0 else None
     if top.returncode != 0:
         raise BenchError(f"{where}: {key}.rev: {rev}: {path} is not inside a git repository (allowed: rev only "
                          "for a tree in a git repository; leave rev out to use the folder as it is)")
-    commit = _git(folder, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    commit = git(folder, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     if commit.returncode != 0:
         raise BenchError(f"{where}: {key}.rev: {rev!r} is not a revision of the repository {top.stdout.strip()} "
                          "(allowed: a commit, tag or branch there)")
@@ -294,5 +295,5 @@ class StackExecutor:
         close_executors(self.executors)
 
 
-__all__ = ["OpenStack", "PROBE_TIMEOUT_S", "StackExecutor", "git_worktree", "open_stacks", "probe", "probe_result",
-           "stack_launch_env"]
+__all__ = ["OpenStack", "PROBE_TIMEOUT_S", "StackExecutor", "git", "git_worktree", "open_stacks", "probe",
+           "probe_result", "stack_launch_env"]

@@ -42,7 +42,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +49,7 @@ from typing import Any, Callable
 
 from bench.core.errors import BenchError, InputError
 from bench.core.files import atomic_write_json, read_json
-from bench.execution.stacks import git_worktree
+from bench.execution.stacks import git, git_worktree
 from bench.gate.interleaved import DEFAULT_BLOCKS, run_interleaved_gate
 from bench.gate.stacks import REV_SEP, STACK, stack_tree
 from bench.gate.verdicts import CANNOT_JUDGE, EXIT_CANNOT_JUDGE, EXIT_PASS
@@ -70,8 +69,6 @@ HARNESS_MARK = "bench/__init__.py"
 #: the inputs named in bad-input messages (a command prints its flag in their place: bench.commands.base.FLAGS)
 GOOD, BAD = "good revision", "bad revision"
 
-def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, timeout=120)
 
 
 @dataclass(frozen=True)
@@ -110,13 +107,13 @@ def resolve_range(repo: Path | None, good: str, bad: str, *, flag: str = "reposi
     folder = Path(repo).expanduser() if repo is not None else REPO_ROOT
     if not folder.is_dir():
         raise InputError(flag, f"{flag} {repo}: not a folder (allowed: a git repository holding the harness)")
-    top = _git(folder, "rev-parse", "--show-toplevel")
+    top = git(folder, "rev-parse", "--show-toplevel")
     if top.returncode != 0:
         raise InputError(flag, f"{flag} {folder}: not a git repository (allowed: a git checkout of the harness)")
     root = Path(top.stdout.strip())
     shas = {}
     for name, rev in ((GOOD, good), (BAD, bad)):
-        res = _git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+        res = git(root, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
         if res.returncode != 0 or not res.stdout.strip():
             raise InputError(name, f"{name} {rev}: unknown revision in {root} (allowed: a commit, branch or tag there)")
         shas[name] = res.stdout.strip()
@@ -124,19 +121,19 @@ def resolve_range(repo: Path | None, good: str, bad: str, *, flag: str = "reposi
     if g == b:
         raise InputError(GOOD, f"{GOOD} {good} and {BAD} {bad}: the same commit {g[:12]} "
                          "(allowed: good an ancestor of bad)")
-    if _git(root, "merge-base", "--is-ancestor", g, b).returncode != 0:
+    if git(root, "merge-base", "--is-ancestor", g, b).returncode != 0:
         raise InputError(GOOD, f"{GOOD} {good}: not an ancestor of {BAD} {bad} in {root} "
                          "(allowed: an older commit of bad's history)")
-    res = _git(root, "rev-list", "--first-parent", "--reverse", f"{g}..{b}")
+    res = git(root, "rev-list", "--first-parent", "--reverse", f"{g}..{b}")
     commits = tuple(res.stdout.split())
-    if res.returncode != 0 or not commits or _git(root, "rev-parse", f"{commits[0]}^1").stdout.strip() != g:
+    if res.returncode != 0 or not commits or git(root, "rev-parse", f"{commits[0]}^1").stdout.strip() != g:
         raise InputError(GOOD, f"{GOOD} {good}: not on the first-parent line of {BAD} {bad} (merged in from a side "
                          "branch; allowed: a commit on that line, e.g. the merge base)")
     for name, sha in ((GOOD, g), (BAD, b)) if mark else ():
-        if _git(root, "cat-file", "-e", f"{sha}:{mark}").returncode != 0:
+        if git(root, "cat-file", "-e", f"{sha}:{mark}").returncode != 0:
             raise InputError(name, f"{name} {sha[:12]}: holds no harness ({mark}) in {root} "
                              "(allowed: commits of a checkout of this harness)")
-    log = _git(root, "log", "--no-walk", "--format=%H %s", g, *commits).stdout
+    log = git(root, "log", "--no-walk", "--format=%H %s", g, *commits).stdout
     subjects = dict(line.split(" ", 1) if " " in line else (line, "") for line in log.splitlines())
     return BisectRange(repo=root, good=g, bad=b, commits=commits, subjects=subjects)
 

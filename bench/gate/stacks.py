@@ -20,14 +20,13 @@ with its working tree, ``bisect --stack fork`` probes two commits of it.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 from bench.core.errors import BenchError, InputError
 from bench.execution.executors import Executor, LocalExecutor
 from bench.execution.forkserver import ForkServerExecutor
-from bench.execution.stacks import OpenStack, StackExecutor
+from bench.execution.stacks import OpenStack, StackExecutor, git
 from bench.gate.versions import BASELINE, CANDIDATE
 from bench.spec.matrix import Matrix
 from bench.spec.stack import MAX_STACK_NAME, STACK_FACTOR, Stack, StackPath
@@ -38,10 +37,6 @@ STACK = "stack"
 SIDES = "stacks"
 #: ``NAME@REV``: a side that is a stack at a revision of its source tree
 REV_SEP = "@"
-
-
-def _git(folder: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(folder), *args], capture_output=True, text=True, timeout=120)
 
 
 def stack_tree(matrix: Matrix, stack: str, repo: Path | None = None, label: str = STACK) -> tuple[int, Path, Path]:
@@ -59,7 +54,7 @@ def stack_tree(matrix: Matrix, stack: str, repo: Path | None = None, label: str 
     trees = []
     for i, sp in enumerate(matrix.stacks[stack].paths):
         folder = Path(sp.path).expanduser()
-        top = _git(folder, "rev-parse", "--show-toplevel") if folder.is_dir() else None
+        top = git(folder, "rev-parse", "--show-toplevel") if folder.is_dir() else None
         if top is not None and top.returncode == 0:
             trees.append((i, folder.absolute(), Path(top.stdout.strip()).resolve()))
     if repo is not None:
@@ -104,7 +99,7 @@ def pin_stack_sides(matrix: Matrix, names: tuple[str, str] | list[str], repo: Pa
             raise InputError(label, f"{label} {text}: a side at a revision is NAME@REV (allowed: a stack of the matrix "
                              "and a commit, tag or branch of its source tree)")
         i, folder, top = stack_tree(matrix, name, repo, label=label)
-        res = _git(top, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+        res = git(top, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
         if res.returncode != 0 or not res.stdout.strip():
             raise InputError(label, f"{label} {text}: {rev!r} is not a revision of {top} (allowed: a commit, tag or "
                              "branch there)")
